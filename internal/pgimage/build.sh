@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Builds a PostgreSQL image from Debian's packages, for machines that cannot pull
+# images from a registry. The result behaves like the official image as far as the
+# tests and testcontainers' postgres module care: POSTGRES_USER, POSTGRES_PASSWORD
+# and POSTGRES_DB are honoured, port 5432, and `postgres -c name=value ...` as the
+# command. It is cached: nothing is built when the image already exists.
+#
+# Usage: build.sh [IMAGE]   (default: certworker-postgres:15)
+#
+# The Debian mirror is read from this machine's apt sources at build time, so no
+# mirror host is written into the repository.
+set -euo pipefail
+
+image=${1:-certworker-postgres:15}
+if docker image inspect "$image" >/dev/null 2>&1; then
+  echo "image $image already present"
+  exit 0
+fi
+
+mirror=${DEBIAN_MIRROR:-}
+if [ -z "$mirror" ]; then
+  # deb822 sources (bookworm's default), then the one-line format.
+  mirror=$(grep -hs '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{print $2}' | grep -v security | head -n1 || true)
+fi
+if [ -z "$mirror" ]; then
+  mirror=$(grep -hs '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list | awk '{print $2}' | grep -v security | head -n1 || true)
+fi
+if [ -z "$mirror" ]; then
+  echo "no Debian mirror found in /etc/apt sources; set DEBIAN_MIRROR" >&2
+  exit 1
+fi
+if ! command -v debootstrap >/dev/null; then
+  echo "debootstrap is not installed (apt-get install debootstrap)" >&2
+  exit 1
+fi
+
+root=$(mktemp -d)
+trap 'rm -rf "$root"' EXIT
+
+debootstrap --variant=minbase --include=postgresql-15,locales-all bookworm "$root" "$mirror" >"$root.log" 2>&1 || {
+  tail -n 30 "$root.log" >&2
+  exit 1
+}
+rm -f "$root.log"
+
+# Debian's package creates a cluster under /etc/postgresql; the entrypoint makes its
+# own data directory instead, as the official image does.
+rm -rf "$root/var/lib/postgresql/15/main" "$root/etc/postgresql/15/main"
+rm -rf "$root/var/cache/apt/archives/"*.deb "$root/var/lib/apt/lists/"*
+
+cat >"$root/usr/local/bin/docker-entrypoint.sh" <<'ENTRY'
+#!/bin/bash
+set -euo pipefail
+bin=/usr/lib/postgresql/15/bin
+export PGDATA=${PGDATA:-/var/lib/postgresql/data}
+user=${POSTGRES_USER:-postgres}
+db=${POSTGRES_DB:-$user}
+
+# The official image's command is `postgres [-c name=value ...]`.
+if [ "${1:-}" = postgres ]; then shift; fi
+
+mkdir -p "$PGDATA" /var/run/postgresql
+chown -R postgres:postgres "$PGDATA" /var/run/postgresql
+chmod 700 "$PGDATA"
+
+if [ ! -s "$PGDATA/PG_VERSION" ]; then
+  pwfile=$(mktemp)
+  printf '%s\n' "${POSTGRES_PASSWORD:-postgres}" >"$pwfile"
+  chown postgres "$pwfile"
+  runuser -u postgres -- "$bin/initdb" -D "$PGDATA" -U "$user" --pwfile="$pwfile" \
+    --auth-local=trust --auth-host=scram-sha-256 -E UTF8 --locale=C.UTF-8 >/dev/null
+  rm -f "$pwfile"
+  echo "host all all all scram-sha-256" >>"$PGDATA/pg_hba.conf"
+  echo "host replication all all scram-sha-256" >>"$PGDATA/pg_hba.conf"
+  echo "listen_addresses = '*'" >>"$PGDATA/postgresql.conf"
+  if [ "$db" != postgres ]; then
+    runuser -u postgres -- "$bin/postgres" --single -D "$PGDATA" postgres <<<"CREATE DATABASE \"$db\" OWNER \"$user\";" >/dev/null
+  fi
+fi
+
+exec runuser -u postgres -- "$bin/postgres" -D "$PGDATA" "$@"
+ENTRY
+chmod 755 "$root/usr/local/bin/docker-entrypoint.sh"
+
+tar -C "$root" -c . | docker import \
+  --change 'ENTRYPOINT ["/usr/local/bin/docker-entrypoint.sh"]' \
+  --change 'CMD ["postgres"]' \
+  --change 'EXPOSE 5432' \
+  --change 'ENV PATH=/usr/lib/postgresql/15/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+  - "$image" >/dev/null
+echo "built $image"

@@ -1,0 +1,294 @@
+// Package pgtest gives tests a real PostgreSQL: one server per test package, and a
+// fresh, migrated database per test, cloned from a template so that tests run in
+// parallel and each one sees the real, global claim queue to itself.
+//
+// Where the server comes from:
+//   - TEST_DATABASE_URL, where set: an existing server (the URL's database is only
+//     used to create the others; the role needs CREATEDB).
+//   - otherwise a container started with testcontainers-go's postgres module, from
+//     CERTWORKER_PG_IMAGE (default DefaultImage). Any image that honours the official
+//     image's POSTGRES_* variables works: the wait is for the port and a successful
+//     query, not for the official image's log lines.
+//
+// A package that uses it calls Main from its TestMain, which stops the container at
+// the end (Ryuk, testcontainers' reaper, is not needed and may not be available).
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver, for goose and the wait
+	"github.com/moby/moby/api/types/network"
+	"github.com/testcontainers/testcontainers-go"
+	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
+	"github.com/testcontainers/testcontainers-go/wait"
+
+	"github.com/certworker/certworker/migrations"
+)
+
+// DefaultImage is used where CERTWORKER_PG_IMAGE is not set.
+const DefaultImage = "postgres:17-alpine"
+
+const templateDB = "certworker_template"
+
+// Server is one PostgreSQL server shared by a test package.
+type Server struct {
+	// AdminURL connects to a maintenance database as a superuser (or a role with
+	// CREATEDB).
+	AdminURL  string
+	container *tcpostgres.PostgresContainer
+	// Extra command-line settings the container was started with.
+	settings []string
+}
+
+var (
+	shared     *Server
+	sharedErr  error
+	sharedOnce sync.Once
+	// Settings passed to the shared container's postgres command (-c name=value),
+	// for packages that need, say, wal_level=logical. Set before the first test.
+	Settings []string
+)
+
+// Main runs the package's tests and then stops the shared server, if one was started.
+func Main(m *testing.M) {
+	setContainerEnv()
+	code := m.Run()
+	if shared != nil && shared.container != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		_ = shared.container.Terminate(ctx)
+		cancel()
+	}
+	os.Exit(code)
+}
+
+// Shared returns the package's server, starting it (and creating the migrated
+// template) on first use.
+func Shared(t testing.TB) *Server {
+	t.Helper()
+	sharedOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		shared, sharedErr = start(ctx, Settings)
+		if sharedErr == nil {
+			sharedErr = shared.createTemplate(ctx)
+		}
+	})
+	if sharedErr != nil {
+		t.Fatalf("test PostgreSQL: %v", sharedErr)
+	}
+	return shared
+}
+
+// StartServer starts a server of its own, not shared, for a test that stops or
+// restarts it. It is terminated when the test ends.
+func StartServer(t testing.TB, settings ...string) *Server {
+	t.Helper()
+	if os.Getenv("TEST_DATABASE_URL") != "" {
+		t.Skip("needs a container of its own; TEST_DATABASE_URL is set")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	s, err := startContainer(ctx, settings)
+	if err != nil {
+		t.Fatalf("test PostgreSQL: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_ = s.container.Terminate(ctx)
+	})
+	if err := s.createTemplate(ctx); err != nil {
+		t.Fatalf("test PostgreSQL: %v", err)
+	}
+	return s
+}
+
+func start(ctx context.Context, settings []string) (*Server, error) {
+	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
+		return &Server{AdminURL: u}, nil
+	}
+	return startContainer(ctx, settings)
+}
+
+// Image is the PostgreSQL image the tests start.
+func Image() string {
+	if img := os.Getenv("CERTWORKER_PG_IMAGE"); img != "" {
+		return img
+	}
+	return DefaultImage
+}
+
+func startContainer(ctx context.Context, settings []string) (*Server, error) {
+	setContainerEnv()
+	cmd := []string{"postgres", "-c", "fsync=off", "-c", "max_connections=300"}
+	for _, s := range settings {
+		cmd = append(cmd, "-c", s)
+	}
+	c, err := tcpostgres.Run(ctx, Image(),
+		tcpostgres.WithDatabase("postgres"),
+		tcpostgres.WithUsername("postgres"),
+		tcpostgres.WithPassword("postgres"),
+		testcontainers.WithCmd(cmd...),
+		testcontainers.WithWaitStrategy(
+			wait.ForSQL("5432/tcp", "pgx", func(host string, port network.Port) string {
+				return fmt.Sprintf("postgres://postgres:postgres@%s/postgres?sslmode=disable",
+					hostPort(host, port.Port()))
+			}).WithStartupTimeout(2*time.Minute).WithPollInterval(200*time.Millisecond),
+		),
+	)
+	if err != nil {
+		if c != nil {
+			_ = c.Terminate(context.Background())
+		}
+		return nil, fmt.Errorf("start %s: %w", Image(), err)
+	}
+	u, err := c.ConnectionString(ctx, "sslmode=disable")
+	if err != nil {
+		_ = c.Terminate(context.Background())
+		return nil, err
+	}
+	return &Server{AdminURL: u, container: c, settings: settings}, nil
+}
+
+func hostPort(host, port string) string {
+	if strings.Contains(host, ":") {
+		return "[" + host + "]:" + port
+	}
+	return host + ":" + port
+}
+
+func (s *Server) createTemplate(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, s.AdminURL)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(ctx)
+	// Two test packages sharing one TEST_DATABASE_URL server build the template under
+	// a lock, and each builds it only once.
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(7427014)"); err != nil {
+		return err
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock(7427014)") //nolint:errcheck
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", templateDB).Scan(&exists); err != nil {
+		return err
+	}
+	if exists {
+		// Rebuilt every run, so that a migration edited during development is seen.
+		if _, err := conn.Exec(ctx, "DROP DATABASE "+templateDB+" WITH (FORCE)"); err != nil {
+			return fmt.Errorf("drop old template: %w", err)
+		}
+	}
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+templateDB); err != nil {
+		return fmt.Errorf("create template: %w", err)
+	}
+	db, err := sql.Open("pgx", s.URL(templateDB))
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if _, err := migrations.ApplyDB(ctx, db); err != nil {
+		return err
+	}
+	return nil
+}
+
+// URL is the server's URL with the database replaced.
+func (s *Server) URL(database string) string {
+	u, err := url.Parse(s.AdminURL)
+	if err != nil {
+		panic(fmt.Sprintf("TEST_DATABASE_URL must be a URL: %v", err))
+	}
+	u.Path = "/" + database
+	return u.String()
+}
+
+// NewDatabase creates a fresh migrated database, dropped when the test ends, and
+// returns its URL.
+func (s *Server) NewDatabase(t testing.TB) string {
+	t.Helper()
+	ctx := context.Background()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "t_" + hex.EncodeToString(b[:])
+	conn, err := pgx.Connect(ctx, s.AdminURL)
+	if err != nil {
+		t.Fatalf("connect to test server: %v", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s", name, templateDB)); err != nil {
+		t.Fatalf("create test database: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, s.AdminURL)
+		if err != nil {
+			return // the server has gone: nothing left to drop
+		}
+		defer conn.Close(ctx)
+		_, _ = conn.Exec(ctx, fmt.Sprintf("DROP DATABASE IF EXISTS %s WITH (FORCE)", name))
+	})
+	return s.URL(name)
+}
+
+// NewDB is a fresh migrated database on the package's shared server.
+func NewDB(t testing.TB) string {
+	t.Helper()
+	return Shared(t).NewDatabase(t)
+}
+
+// NewPool is a pool on a fresh migrated database, closed when the test ends.
+func NewPool(t testing.TB) (*pgxpool.Pool, string) {
+	t.Helper()
+	dsn := NewDB(t)
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatalf("pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, dsn
+}
+
+// Stop stops the server's container (it keeps its data); Start starts it again. For
+// tests of a database that goes away under a running worker.
+func (s *Server) Stop(ctx context.Context) error {
+	timeout := 10 * time.Second
+	return s.container.Stop(ctx, &timeout)
+}
+
+// Start starts a stopped server again on the same port and waits until it answers.
+func (s *Server) Start(ctx context.Context) error {
+	return s.container.Start(ctx)
+}
+
+// setContainerEnv settles two testcontainers settings, each only where the
+// environment has not chosen already:
+//   - Ryuk, its reaper, is off: its image may not be available, and Main and
+//     StartServer stop what they start.
+//   - Ports are reached on localhost. When testcontainers believes it runs inside a
+//     container it dials the default gateway instead, which on a machine whose
+//     Docker engine is local is not where the ports are. A remote engine (DOCKER_HOST
+//     over tcp) keeps testcontainers' own choice.
+func setContainerEnv() {
+	if os.Getenv("TESTCONTAINERS_RYUK_DISABLED") == "" {
+		os.Setenv("TESTCONTAINERS_RYUK_DISABLED", "true")
+	}
+	dh := os.Getenv("DOCKER_HOST")
+	if os.Getenv("TESTCONTAINERS_HOST_OVERRIDE") == "" && (dh == "" || strings.HasPrefix(dh, "unix://")) {
+		os.Setenv("TESTCONTAINERS_HOST_OVERRIDE", "localhost")
+	}
+}
