@@ -41,6 +41,11 @@ CREATE INDEX IF NOT EXISTS proxy_certificates_renew_idx
     ON proxy_certificates (renew_at)
     WHERE auto_renew;
 
+-- Certificates whose renewal time the worker has yet to work out (uploaded by hand).
+CREATE INDEX IF NOT EXISTS proxy_certificates_renew_unknown_idx
+    ON proxy_certificates (id)
+    WHERE renew_at IS NULL AND auto_renew;
+
 -- A CA that answered "rateLimited" is paused for every instance: no order goes to it
 -- before paused_until. Keyed by the ACME directory URL.
 CREATE TABLE IF NOT EXISTS certworker_ca_pauses (
@@ -95,6 +100,7 @@ DROP TRIGGER IF EXISTS certworker_queued_update ON proxy_domains;
 DROP TRIGGER IF EXISTS certworker_queued_insert ON proxy_domains;
 DROP FUNCTION IF EXISTS certworker_queued();
 DROP TABLE IF EXISTS certworker_ca_pauses;
+DROP INDEX IF EXISTS proxy_certificates_renew_unknown_idx;
 DROP INDEX IF EXISTS proxy_certificates_renew_idx;
 DROP INDEX IF EXISTS proxy_domains_provisioning_idx;
 DROP INDEX IF EXISTS proxy_domains_claimable_idx;

@@ -1,0 +1,30 @@
+// Package queue owns every statement that moves a domain between SSL states, and the
+// worker loop that drives them.
+//
+// # State model
+//
+//	pending ──claim──▶ provisioning ──issued──▶ active ──renewal due──▶ pending
+//	   ▲                    │
+//	   └──failure (backoff)─┤──at the attempt limit / invalid name──▶ failed
+//	   └──hand-back, reclaim┘                                            │
+//	   └──────────────────────────── retry ◀─────────────────────────────┘
+//
+// A domain is claimable when it is verified, its provider is acme, it is pending, its
+// attempts are below the limit and its backoff has elapsed. The claim query decides
+// that in one statement (FOR UPDATE SKIP LOCKED), so any number of instances can run;
+// everything else (NOTIFY, timers, the poll) only says "look now".
+//
+// # Leases
+//
+// A claim is a lease: the claiming instance stamps a claim token and renews
+// ssl_lease_expires_at while the order runs. Every write that finishes an order checks
+// the token, so an instance that lost its claim cannot overwrite the instance that
+// took it over. A row whose lease ran out belongs to an instance that died; the next
+// pass on any instance requeues it, with the attempt counted.
+//
+// # Failure handling
+//
+// The worker never exits on a database error: it logs, waits for the next wake, and
+// the claim query picks up where it left off. Results are recorded with retries;
+// a result that cannot be recorded leaves a lease that runs out.
+package queue

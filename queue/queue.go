@@ -1,0 +1,52 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DB is what the queue needs from PostgreSQL: a *pgxpool.Pool, or a single
+// connection in a test.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+var _ DB = (*pgxpool.Pool)(nil)
+
+// Queue is the set of statements that move domains between states. Safe for
+// concurrent use.
+type Queue struct {
+	db  DB
+	cfg Config
+}
+
+// New returns a Queue on db with the given curve (zero fields take the defaults).
+func New(db DB, cfg Config) *Queue {
+	return &Queue{db: db, cfg: cfg.withDefaults()}
+}
+
+// Config is the queue's effective configuration.
+func (q *Queue) Config() Config { return q.cfg }
+
+// Sentinel errors.
+var (
+	// ErrClaimLost: the row is no longer held by this claim (its lease ran out and
+	// another instance requeued it). The result is dropped.
+	ErrClaimLost = errors.New("claim lost: the domain was requeued by another instance")
+	// ErrNotFound: no such domain (or not the caller's tenant's).
+	ErrNotFound = errors.New("domain not found")
+)
+
+// backoffSQL is Config.Backoff in SQL, for the row's own ssl_attempts, in seconds.
+// $base and $cap are parameter placeholders the caller substitutes.
+func backoffSQL(base, cap string) string {
+	return fmt.Sprintf("LEAST(%s * power(2, LEAST(GREATEST(ssl_attempts, 0), %d)), %s)", base, maxShift, cap)
+}

@@ -1,0 +1,123 @@
+package queue_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Claimed an hour ago and never finished: a restart mid-order, or a database error on
+// the way to recording the result. Nothing else moves a row out of 'provisioning', so
+// without the reaper this domain silently never gets a certificate.
+func TestReclaim_ADomainAbandonedMidIssuanceIsRequeued(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, _ := b.domain(t, b.tenant(t), "provisioning", 0, ago(3600))
+	got, err := b.q.ReclaimAbandoned(b.ctx)
+	require.NoError(t, err)
+	require.Len(t, got, 1, "the abandoned domain was not requeued")
+	require.True(t, b.claimsInclude(t, id), "a requeued domain must be claimable again")
+	var attempts int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT ssl_attempts FROM proxy_domains WHERE id = $1`, id).Scan(&attempts))
+	// The interrupted order was still an order. Without counting it, a proxy
+	// crash-looping during issuance would retry without limit.
+	require.Equal(t, 1, attempts, "the interrupted attempt was not counted")
+}
+
+// Claimed a minute ago, without a lease (the reference worker's claim): inside the
+// grace, so another instance may still be working on it. Reclaiming here would have
+// two workers ordering the same certificate.
+func TestReclaim_ALiveOrderIsNotStolenFromTheWorkerRunningIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, _ := b.domain(t, b.tenant(t), "provisioning", 0, ago(60))
+	got, err := b.q.ReclaimAbandoned(b.ctx)
+	require.NoError(t, err)
+	require.Empty(t, got, "a live order was reclaimed")
+	require.Equal(t, "provisioning", b.status(t, id))
+}
+
+// A slow order claimed long ago whose instance keeps renewing its lease is live,
+// however long it has run: only the lease decides.
+func TestReclaim_ALongOrderWithARenewedLeaseIsNotStolen(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, _ := b.domain(t, b.tenant(t), "pending", 0, nil)
+	c := b.claimOne(t, id)
+	_, err := b.pool.Exec(b.ctx, `UPDATE proxy_domains SET ssl_last_attempt_at = now() - interval '1 hour' WHERE id = $1`, id)
+	require.NoError(t, err)
+	lost, err := b.q.Heartbeat(b.ctx, []string{c.Token})
+	require.NoError(t, err)
+	require.Empty(t, lost)
+	got, err := b.q.ReclaimAbandoned(b.ctx)
+	require.NoError(t, err)
+	require.Empty(t, got, "a live order with a renewed lease was reclaimed")
+}
+
+// The instance died: its lease ran out. The domain is requeued, and the instance,
+// should it come back, learns from its next heartbeat that the claim is gone.
+func TestReclaim_AnExpiredLeaseIsReclaimedAndItsHolderToldSo(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, _ := b.domain(t, b.tenant(t), "pending", 0, nil)
+	c := b.claimOne(t, id)
+	_, err := b.pool.Exec(b.ctx, `UPDATE proxy_domains SET ssl_lease_expires_at = now() - interval '1 second' WHERE id = $1`, id)
+	require.NoError(t, err)
+	got, err := b.q.ReclaimAbandoned(b.ctx)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	lost, err := b.q.Heartbeat(b.ctx, []string{c.Token})
+	require.NoError(t, err)
+	require.Equal(t, []string{c.Token}, lost)
+	// And its late result is dropped rather than written over the new claim.
+	_, err = b.q.MarkFailed(b.ctx, c, "late")
+	require.Error(t, err)
+	require.True(t, b.claimsInclude(t, id), "a reclaimed domain must be claimable at once")
+}
+
+// A hand-edited 'provisioning' row with no timestamps at all is not stuck for ever:
+// updated_at stands in for the missing last attempt.
+func TestReclaim_AProvisioningRowWithNullTimestampsIsNotStuck(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, _ := b.domain(t, b.tenant(t), "provisioning", 0, nil)
+	_, err := b.pool.Exec(b.ctx, `UPDATE proxy_domains SET updated_at = now() - interval '1 hour' WHERE id = $1`, id)
+	require.NoError(t, err)
+	got, err := b.q.ReclaimAbandoned(b.ctx)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+}
+
+func TestReclaim_LeavesOtherProvidersAndStatesAlone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tn := b.tenant(t)
+	pending, _ := b.domain(t, tn, "pending", 0, ago(3600))
+	active, _ := b.domain(t, tn, "active", 0, ago(3600))
+	// Provisioning, long ago, but not an ACME domain: no business of this worker.
+	var manual string
+	require.NoError(t, b.pool.QueryRow(b.ctx, `
+INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token,
+    ssl_status, ssl_provider, ssl_last_attempt_at)
+VALUES ($1, 'manual.example', 'verified', 'tok', 'provisioning', 'manual', now() - interval '1 hour')
+RETURNING id::text`, tn).Scan(&manual))
+	got, err := b.q.ReclaimAbandoned(b.ctx)
+	require.NoError(t, err)
+	require.Empty(t, got, "reclaimed something it should not have")
+	for id, want := range map[string]string{pending: "pending", active: "active", manual: "provisioning"} {
+		require.Equal(t, want, b.status(t, id), "a row was changed that should not have been")
+	}
+}
+
+// At the attempt limit a reclaim fails the domain, as any other failure does,
+// instead of leaving it 'pending' where nothing will ever claim it.
+func TestReclaim_AtTheLimitTheDomainFails(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, _ := b.domain(t, b.tenant(t), "provisioning", 9, ago(3600))
+	got, err := b.q.ReclaimAbandoned(b.ctx)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.True(t, got[0].GaveUp)
+	require.Equal(t, "failed", b.status(t, id))
+}

@@ -1,0 +1,160 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Counts is the number of acme domains in each ssl_status.
+type Counts struct {
+	Pending      int `json:"pending"`
+	Provisioning int `json:"provisioning"`
+	Active       int `json:"active"`
+	Failed       int `json:"failed"`
+}
+
+// Trouble is a domain that is retrying or has failed.
+type Trouble struct {
+	ID          string     `json:"domain_id"`
+	Domain      string     `json:"domain"`
+	SSLStatus   string     `json:"ssl_status"`
+	SSLAttempts int        `json:"ssl_attempts"`
+	SSLError    *string    `json:"ssl_error"`
+	LastAttempt *time.Time `json:"last_attempt_at"`
+	// NextAttempt is nil for a domain that waits for a retry (failed, or at the
+	// attempt limit).
+	NextAttempt *time.Time `json:"next_attempt_at"`
+}
+
+// Overview is what `certworker status` prints.
+type Overview struct {
+	Counts  Counts    `json:"counts"`
+	Domains []Trouble `json:"domains"`
+}
+
+// Overview counts acme domains by state and lists every domain that is retrying
+// (pending with a failure behind it) or failed, most recent attempt first.
+func (q *Queue) Overview(ctx context.Context) (*Overview, error) {
+	o := &Overview{Domains: []Trouble{}}
+	rows, err := q.db.Query(ctx, `SELECT ssl_status, count(*) FROM proxy_domains WHERE ssl_provider = 'acme' GROUP BY 1`)
+	if err != nil {
+		return nil, fmt.Errorf("count domains: %w", err)
+	}
+	for rows.Next() {
+		var s string
+		var n int
+		if err := rows.Scan(&s, &n); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("count domains: %w", err)
+		}
+		switch s {
+		case "pending":
+			o.Counts.Pending = n
+		case "provisioning":
+			o.Counts.Provisioning = n
+		case "active":
+			o.Counts.Active = n
+		case "failed":
+			o.Counts.Failed = n
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("count domains: %w", err)
+	}
+
+	rows, err = q.db.Query(ctx, `
+SELECT id::text, domain, ssl_status, ssl_attempts, ssl_error, ssl_last_attempt_at,
+    CASE WHEN ssl_status = 'pending' AND ssl_attempts < $1 AND verification_status = 'verified'
+         THEN COALESCE(ssl_last_attempt_at + make_interval(secs => `+backoffSQL("$2", "$3")+`), now())
+    END
+FROM proxy_domains
+WHERE ssl_provider = 'acme'
+  AND (ssl_status = 'failed' OR (ssl_status = 'pending' AND (ssl_attempts <> 0 OR ssl_error IS NOT NULL)))
+ORDER BY ssl_last_attempt_at DESC NULLS LAST, domain`,
+		q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax))
+	if err != nil {
+		return nil, fmt.Errorf("list failing domains: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var t Trouble
+		if err := rows.Scan(&t.ID, &t.Domain, &t.SSLStatus, &t.SSLAttempts, &t.SSLError,
+			&t.LastAttempt, &t.NextAttempt); err != nil {
+			return nil, fmt.Errorf("list failing domains: %w", err)
+		}
+		o.Domains = append(o.Domains, t)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list failing domains: %w", err)
+	}
+	return o, nil
+}
+
+// StoredCertificate is a proxy_certificates row, without its key.
+type StoredCertificate struct {
+	Issuer    *string    `json:"issuer"`
+	Serial    *string    `json:"serial"`
+	NotBefore *time.Time `json:"not_before"`
+	NotAfter  time.Time  `json:"not_after"`
+	RenewAt   *time.Time `json:"renew_at"`
+	AutoRenew bool       `json:"auto_renew"`
+}
+
+// DomainState is everything `certworker status DOMAIN` shows.
+type DomainState struct {
+	ID                 string             `json:"domain_id"`
+	TenantID           string             `json:"tenant_id"`
+	Domain             string             `json:"domain"`
+	VerificationStatus string             `json:"verification_status"`
+	SSLStatus          string             `json:"ssl_status"`
+	SSLProvider        string             `json:"ssl_provider"`
+	SSLAttempts        int                `json:"ssl_attempts"`
+	SSLError           *string            `json:"ssl_error"`
+	LastAttempt        *time.Time         `json:"last_attempt_at"`
+	NextAttempt        *time.Time         `json:"next_attempt_at"`
+	ExpiresAt          *time.Time         `json:"ssl_expires_at"`
+	ClaimedBy          *string            `json:"claimed_by"`
+	LeaseExpiresAt     *time.Time         `json:"lease_expires_at"`
+	Certificate        *StoredCertificate `json:"certificate"`
+}
+
+// State is one domain's whole state and its certificate, by name.
+func (q *Queue) State(ctx context.Context, domain string) (*DomainState, error) {
+	var s DomainState
+	var c StoredCertificate
+	var notAfter *time.Time
+	var autoRenew *bool
+	err := q.db.QueryRow(ctx, `
+SELECT d.id::text, d.tenant_id::text, d.domain, d.verification_status, d.ssl_status, d.ssl_provider,
+    d.ssl_attempts, d.ssl_error, d.ssl_last_attempt_at,
+    CASE WHEN d.ssl_status = 'pending' AND d.ssl_attempts < $2 AND d.verification_status = 'verified'
+              AND d.ssl_provider = 'acme'
+         THEN COALESCE(d.ssl_last_attempt_at + make_interval(secs => `+backoffSQL("$3", "$4")+`), now())
+    END,
+    d.ssl_expires_at, d.ssl_claimed_by, d.ssl_lease_expires_at,
+    c.issuer, c.serial, c.not_before, c.expires_at, c.renew_at, c.auto_renew
+FROM proxy_domains d LEFT JOIN proxy_certificates c ON c.domain = d.domain
+WHERE lower(d.domain) = lower($1)`, domain,
+		q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax)).Scan(
+		&s.ID, &s.TenantID, &s.Domain, &s.VerificationStatus, &s.SSLStatus, &s.SSLProvider,
+		&s.SSLAttempts, &s.SSLError, &s.LastAttempt, &s.NextAttempt,
+		&s.ExpiresAt, &s.ClaimedBy, &s.LeaseExpiresAt,
+		&c.Issuer, &c.Serial, &c.NotBefore, &notAfter, &c.RenewAt, &autoRenew)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read domain: %w", err)
+	}
+	if notAfter != nil {
+		c.NotAfter = *notAfter
+		c.AutoRenew = autoRenew != nil && *autoRenew
+		s.Certificate = &c
+	}
+	return &s, nil
+}

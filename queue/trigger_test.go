@@ -1,0 +1,148 @@
+package queue_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+// notifications listens on certworker_wake on a connection of its own, runs change
+// (committed: a rolled-back transaction delivers nothing), and counts what arrives.
+func (b *bundle) notifications(t *testing.T, change func()) int {
+	t.Helper()
+	conn, err := pgx.Connect(b.ctx, b.dsn)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(b.ctx, "LISTEN certworker_wake")
+	require.NoError(t, err)
+	change()
+	n := 0
+	for {
+		// Notifications of a committed transaction are already queued for this
+		// session; a short wait collects any stragglers.
+		ctx, cancel := context.WithTimeout(b.ctx, 300*time.Millisecond)
+		_, err := conn.WaitForNotification(ctx)
+		cancel()
+		if err != nil {
+			return n
+		}
+		n++
+	}
+}
+
+// The wake trigger fires exactly when a row enters the claimable set (verified, acme,
+// pending) from outside it. Each case says why it matters.
+func TestTrigger_NotifiesExactlyOnEnteringTheClaimableSet(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		setup func(b *bundle, t *testing.T, tn string) string // returns a domain id, or ""
+		act   string                                          // SQL with $1 = the id
+		fires bool
+	}{
+		{"insert verified acme pending", nil,
+			`INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_status, ssl_provider)
+			 VALUES ($1, 'new.example', 'verified', 'tok', 'pending', 'acme')`, true},
+		{"insert unverified", nil,
+			`INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_status, ssl_provider)
+			 VALUES ($1, 'new.example', 'pending', 'tok', 'pending', 'acme')`, false},
+		// The tenant's "verify" click: the reason this project exists.
+		{"pending domain verified", func(b *bundle, t *testing.T, tn string) string { return b.insert(t, tn, "pending", "pending", "acme") },
+			`UPDATE proxy_domains SET verification_status = 'verified' WHERE id = $1`, true},
+		{"failed retried", func(b *bundle, t *testing.T, tn string) string {
+			id, _ := b.domain(t, tn, "failed", 10, ago(60))
+			return id
+		},
+			`UPDATE proxy_domains SET ssl_status = 'pending', ssl_attempts = 0 WHERE id = $1`, true},
+		{"active due for renewal", func(b *bundle, t *testing.T, tn string) string { id, _ := b.domain(t, tn, "active", 0, nil); return id },
+			`UPDATE proxy_domains SET ssl_status = 'pending' WHERE id = $1`, true},
+		{"manual to acme while verified and pending", func(b *bundle, t *testing.T, tn string) string {
+			return b.insert(t, tn, "verified", "pending", "manual")
+		},
+			`UPDATE proxy_domains SET ssl_provider = 'acme' WHERE id = $1`, true},
+		// Stays inside the set: the worker's own bookkeeping must not wake everyone.
+		{"pending back to pending with one more attempt", func(b *bundle, t *testing.T, tn string) string {
+			id, _ := b.domain(t, tn, "pending", 1, ago(5))
+			return id
+		},
+			`UPDATE proxy_domains SET ssl_attempts = ssl_attempts + 1, ssl_error = 'x' WHERE id = $1`, false},
+		// A failure recorded by the worker: it sets its own timer for the backoff.
+		{"provisioning back to pending after a failure", func(b *bundle, t *testing.T, tn string) string {
+			id, _ := b.domain(t, tn, "provisioning", 1, ago(5))
+			return id
+		},
+			`UPDATE proxy_domains SET ssl_status = 'pending', ssl_attempts = 2 WHERE id = $1`, false},
+		{"provisioning to active", func(b *bundle, t *testing.T, tn string) string {
+			id, _ := b.domain(t, tn, "provisioning", 0, ago(5))
+			return id
+		},
+			`UPDATE proxy_domains SET ssl_status = 'active' WHERE id = $1`, false},
+		{"unrelated update of a claimable row", func(b *bundle, t *testing.T, tn string) string {
+			id, _ := b.domain(t, tn, "pending", 0, nil)
+			return id
+		},
+			`UPDATE proxy_domains SET verification_method = 'http' WHERE id = $1`, false},
+		{"pending domain verified while manual", func(b *bundle, t *testing.T, tn string) string {
+			return b.insert(t, tn, "pending", "pending", "manual")
+		},
+			`UPDATE proxy_domains SET verification_status = 'verified' WHERE id = $1`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			tn := b.tenant(t)
+			arg := tn
+			if tc.setup != nil {
+				arg = tc.setup(b, t, tn)
+			}
+			n := b.notifications(t, func() {
+				_, err := b.pool.Exec(b.ctx, tc.act, arg)
+				require.NoError(t, err)
+			})
+			if tc.fires {
+				require.Equal(t, 1, n, "expected one wake-up")
+			} else {
+				require.Zero(t, n, "expected no wake-up")
+			}
+		})
+	}
+}
+
+// A statement that verifies 1,000 domains wakes each listener once, not 1,000 times:
+// a thousand passes for one batch would be a storm of empty claims.
+func TestTrigger_ABulkUpdateSendsOneNotification(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tn := b.tenant(t)
+	_, err := b.pool.Exec(b.ctx, `
+INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_status, ssl_provider)
+SELECT $1, 'bulk' || g || '.example', 'pending', 'tok', 'pending', 'acme' FROM generate_series(1, 1000) g`, tn)
+	require.NoError(t, err)
+	n := b.notifications(t, func() {
+		tag, err := b.pool.Exec(b.ctx, `UPDATE proxy_domains SET verification_status = 'verified'`)
+		require.NoError(t, err)
+		require.EqualValues(t, 1000, tag.RowsAffected())
+	})
+	require.GreaterOrEqual(t, n, 1, "a bulk verify sent nothing")
+	require.LessOrEqual(t, n, 3, "a bulk verify sent %d notifications", n)
+}
+
+// Bad values are refused by the database itself, not only by the proxy's code.
+func TestSchema_RefusesBadValues(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tn := b.tenant(t)
+	for _, stmt := range []string{
+		`INSERT INTO proxy_domains (tenant_id, domain, verification_token, ssl_status) VALUES ($1, 'a.example', 't', 'bogus')`,
+		`INSERT INTO proxy_domains (tenant_id, domain, verification_token, ssl_provider) VALUES ($1, 'a.example', 't', 'bogus')`,
+		`INSERT INTO proxy_domains (tenant_id, domain, verification_token, verification_status) VALUES ($1, 'a.example', 't', 'bogus')`,
+		`INSERT INTO proxy_domains (tenant_id, domain, verification_token, verification_method) VALUES ($1, 'a.example', 't', 'bogus')`,
+		`INSERT INTO proxy_domains (tenant_id, domain, verification_token) VALUES (gen_random_uuid(), 'a.example', 't') -- $1`,
+	} {
+		_, err := b.pool.Exec(b.ctx, stmt, tn)
+		require.Error(t, err, stmt)
+	}
+}
