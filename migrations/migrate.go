@@ -53,3 +53,16 @@ func ApplyDB(ctx context.Context, db *sql.DB) ([]Result, error) {
 	}
 	return out, nil
 }
+
+// HasPending reports whether the database lacks any embedded migration.
+func HasPending(ctx context.Context, db *sql.DB) (bool, error) {
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, FS)
+	if err != nil {
+		return false, fmt.Errorf("load migrations: %w", err)
+	}
+	pending, err := provider.HasPending(ctx)
+	if err != nil {
+		return false, fmt.Errorf("read schema version: %w", err)
+	}
+	return pending, nil
+}

@@ -36,38 +36,46 @@ type Overview struct {
 	Domains []Trouble `json:"domains"`
 }
 
-// Overview counts acme domains by state and lists every domain that is retrying
-// (pending with a failure behind it) or failed, most recent attempt first.
-func (q *Queue) Overview(ctx context.Context) (*Overview, error) {
-	o := &Overview{Domains: []Trouble{}}
+// counts is the number of acme domains in each ssl_status.
+func (q *Queue) counts(ctx context.Context) (Counts, error) {
+	var c Counts
 	rows, err := q.db.Query(ctx, `SELECT ssl_status, count(*) FROM proxy_domains WHERE ssl_provider = 'acme' GROUP BY 1`)
 	if err != nil {
-		return nil, fmt.Errorf("count domains: %w", err)
+		return c, fmt.Errorf("count domains: %w", err)
 	}
+	defer rows.Close()
 	for rows.Next() {
 		var s string
 		var n int
 		if err := rows.Scan(&s, &n); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("count domains: %w", err)
+			return c, fmt.Errorf("count domains: %w", err)
 		}
 		switch s {
 		case "pending":
-			o.Counts.Pending = n
+			c.Pending = n
 		case "provisioning":
-			o.Counts.Provisioning = n
+			c.Provisioning = n
 		case "active":
-			o.Counts.Active = n
+			c.Active = n
 		case "failed":
-			o.Counts.Failed = n
+			c.Failed = n
 		}
 	}
-	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("count domains: %w", err)
+		return c, fmt.Errorf("count domains: %w", err)
 	}
+	return c, nil
+}
 
-	rows, err = q.db.Query(ctx, `
+// Overview counts acme domains by state and lists every domain that is retrying
+// (pending with a failure behind it) or failed, most recent attempt first.
+func (q *Queue) Overview(ctx context.Context) (*Overview, error) {
+	counts, err := q.counts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	o := &Overview{Counts: counts, Domains: []Trouble{}}
+	rows, err := q.db.Query(ctx, `
 SELECT id::text, domain, ssl_status, ssl_attempts, ssl_error, ssl_last_attempt_at,
     CASE WHEN ssl_status = 'pending' AND ssl_attempts < $1 AND verification_status = 'verified'
          THEN COALESCE(ssl_last_attempt_at + make_interval(secs => `+backoffSQL("$2", "$3")+`), now())

@@ -1,0 +1,385 @@
+package listener
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+// Channel is the notification channel the triggers of migration 00002 send on. The
+// name is fixed by the contract (CONTRACT.md §2) and shared with the proxy.
+const Channel = "certworker_wake"
+
+// Defaults for Options. Together they bound how long a dead connection goes
+// unnoticed: DefaultPingAfter + DefaultPingTimeout = 15 s, inside the 30 s the issue
+// allows, leaving room for one failed reconnection before /readyz has been wrong for
+// longer than that.
+const (
+	// DefaultPingAfter is how long the connection may stay silent before it is
+	// checked. Short enough to find a half-open connection quickly, long enough that
+	// an idle worker costs the server one trivial query every 10 s.
+	DefaultPingAfter = 10 * time.Second
+	// DefaultPingTimeout is the deadline of that check. A live server on a loaded
+	// host answers SELECT in milliseconds; 5 s only expires when nothing is there.
+	DefaultPingTimeout = 5 * time.Second
+	// DefaultConnectTimeout bounds one connection attempt (dial, TLS, auth, LISTEN)
+	// where the DSN sets no connect_timeout. Without it a blackholed host holds an
+	// attempt for the kernel's TCP timeout, minutes, and Start with it.
+	DefaultConnectTimeout = 10 * time.Second
+	// DefaultBackoffMin is the first reconnection delay: a terminated backend or a
+	// fast failover is back in about a tenth of a second.
+	DefaultBackoffMin = 100 * time.Millisecond
+	// DefaultBackoffMax caps the delay, so that a server that was down for an hour
+	// is listened to again within 30 s of coming back.
+	DefaultBackoffMax = 30 * time.Second
+)
+
+// stableAfter is how long a connection must have lasted for its loss to restart the
+// backoff from BackoffMin. A connection lost sooner counts as one more failure: a
+// server or a proxy in front of it that accepts connections and drops them at once
+// would otherwise be hit ten times a second for ever.
+const stableAfter = time.Minute
+
+// ErrStarted is returned by Start on a Listener that is already running.
+var ErrStarted = errors.New("listener: already started")
+
+// Options tunes a Listener. The zero value is the production setting.
+type Options struct {
+	// PingAfter is how long the connection may go without a notification before the
+	// listener checks it is alive and still listening. 0 means DefaultPingAfter.
+	PingAfter time.Duration
+	// PingTimeout is the deadline of that check; a check that does not answer in
+	// time counts as a lost connection. 0 means DefaultPingTimeout.
+	PingTimeout time.Duration
+	// ConnectTimeout bounds one connection attempt, LISTEN included, where the
+	// pool's connection string sets no shorter connect_timeout. 0 means
+	// DefaultConnectTimeout.
+	ConnectTimeout time.Duration
+	// BackoffMin and BackoffMax are the first and the largest reconnection delay.
+	// The delay doubles on every failure in between, and each one is drawn at random
+	// from its upper half. 0 means DefaultBackoffMin and DefaultBackoffMax.
+	BackoffMin time.Duration
+	BackoffMax time.Duration
+	// Registerer, if not nil, receives the listener's metrics:
+	// certworker_listener_connected, certworker_listener_reconnects_total and
+	// certworker_listener_notifications_total.
+	Registerer prometheus.Registerer
+}
+
+func (o Options) withDefaults() Options {
+	set := func(d *time.Duration, def time.Duration) {
+		if *d <= 0 {
+			*d = def
+		}
+	}
+	set(&o.PingAfter, DefaultPingAfter)
+	set(&o.PingTimeout, DefaultPingTimeout)
+	set(&o.ConnectTimeout, DefaultConnectTimeout)
+	set(&o.BackoffMin, DefaultBackoffMin)
+	set(&o.BackoffMax, DefaultBackoffMax)
+	if o.BackoffMax < o.BackoffMin {
+		o.BackoffMax = o.BackoffMin
+	}
+	return o
+}
+
+// Listener holds a connection that listens on Channel and turns its notifications
+// into Wakes. Its methods are safe for concurrent use.
+type Listener struct {
+	pool  *pgxpool.Pool
+	log   *zap.Logger
+	opts  Options
+	m     *metrics
+	wakes *mailbox
+
+	connected atomic.Bool
+	// backendPID is the server process of the current connection, 0 while there is
+	// none. Read by tests, which terminate it to simulate a lost connection.
+	backendPID atomic.Uint32
+
+	// mu guards cancel and done, and serialises Start against Stop.
+	mu sync.Mutex
+	// cancel stops the running goroutine; done is closed when it has finished. Both
+	// nil before the first Start and after a Stop.
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// New returns a Listener that connects with pool's configuration. It does not
+// connect: Start does.
+func New(pool *pgxpool.Pool, log *zap.Logger, opts Options) *Listener {
+	opts = opts.withDefaults()
+	return &Listener{
+		pool:  pool,
+		log:   log.Named("listener"),
+		opts:  opts,
+		m:     newMetrics(opts.Registerer),
+		wakes: newMailbox(),
+	}
+}
+
+// Wakes is where wake-ups arrive. Its buffer holds one; a wake-up that finds one
+// pending is merged into it (see the package documentation). It is never closed.
+func (l *Listener) Wakes() <-chan Wake { return l.wakes.ch }
+
+// Connected reports whether the listener holds a live connection that is listening.
+// It is false before Start, while reconnecting, and after Stop.
+func (l *Listener) Connected() bool { return l.connected.Load() }
+
+// Start connects and listens, emits a SourceReconnect wake-up so that the worker
+// catches up on whatever became due before it was listening, and keeps the
+// connection up in a goroutine until Stop is called or ctx is cancelled. It returns
+// the error of that first attempt, and then nothing is left running; it returns
+// ErrStarted if the Listener is already running.
+func (l *Listener) Start(ctx context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.done != nil {
+		select {
+		case <-l.done:
+			// Ended by its context; it may be started again.
+		default:
+			return ErrStarted
+		}
+	}
+	conn, err := l.connect(ctx)
+	if err != nil {
+		return fmt.Errorf("listener: %w", err)
+	}
+	// The goroutine outlives Start's call but not ctx: ctx is the process's lifetime
+	// in cmd/certworker, and Stop cancels this child of it.
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	l.cancel, l.done = cancel, done
+	l.up(conn, false, 0)
+	go l.run(runCtx, conn, done)
+	return nil
+}
+
+// Stop ends the listener and waits until its goroutine has finished and its
+// connection is closed. It is safe before Start, safe twice, and safe from several
+// goroutines at once; every call returns only once the listener has stopped. A Stop
+// that comes while Start is connecting waits for that attempt, at most
+// ConnectTimeout.
+func (l *Listener) Stop() {
+	l.mu.Lock()
+	cancel, done := l.cancel, l.done
+	l.mu.Unlock()
+	if done == nil {
+		return
+	}
+	cancel()
+	<-done
+	l.mu.Lock()
+	if l.done == done {
+		l.cancel, l.done = nil, nil
+	}
+	l.mu.Unlock()
+}
+
+// run keeps a listening connection for as long as ctx lasts. conn is the connection
+// Start made.
+func (l *Listener) run(ctx context.Context, conn *pgx.Conn, done chan struct{}) {
+	// Deferred first so that it runs last: Stop returns only once everything below,
+	// the connection's close included, has happened.
+	defer close(done)
+
+	failures := 0 // consecutive, for the backoff
+	for {
+		upAt := time.Now()
+		err := l.listen(ctx, conn)
+		lostAt := time.Now()
+		l.down(ctx, conn)
+		if ctx.Err() != nil {
+			l.log.Info("listener stopped")
+			return
+		}
+		if time.Since(upAt) >= stableAfter {
+			failures = 0
+		}
+		delay := l.backoff(failures)
+		failures++
+		l.log.Warn("listener connection lost", zap.Error(err), zap.Duration("retry_in", delay))
+
+		for {
+			if !sleep(ctx, delay) {
+				l.log.Info("listener stopped")
+				return
+			}
+			conn, err = l.connect(ctx)
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				l.log.Info("listener stopped")
+				return
+			}
+			delay = l.backoff(failures)
+			failures++
+			l.log.Warn("listener reconnection failed",
+				zap.Error(err), zap.Duration("retry_in", delay), zap.Int("attempt", failures))
+		}
+		l.up(conn, true, time.Since(lostAt))
+	}
+}
+
+// connect opens the dedicated connection and runs LISTEN on it.
+//
+// It is a connection of its own, made with the pool's configuration, rather than
+// one taken out of the pool with Acquire and Hijack (River's way). Acquire waits for
+// a free slot when the pool is at MaxConns, so a reconnection would queue behind
+// whatever holds the pool's connections, at the very moment the worker most needs
+// to know it has missed notifications; and a connection hijacked from the pool is
+// one the pool replaces anyway, so both ways cost the server one connection. The
+// pool's BeforeConnect and AfterConnect hooks are run here as the pool would run
+// them, so credentials that rotate (a BeforeConnect that fetches a token) and
+// session setup still apply.
+func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, l.opts.ConnectTimeout)
+	defer cancel()
+	cfg := l.pool.Config() // a deep copy: ours to modify
+	if cfg.BeforeConnect != nil {
+		if err := cfg.BeforeConnect(ctx, cfg.ConnConfig); err != nil {
+			return nil, fmt.Errorf("before connect: %w", err)
+		}
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
+	if err != nil {
+		// pgx's connect errors name host, port, user and database, never the
+		// password, so they are safe to return and log as they are.
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	if cfg.AfterConnect != nil {
+		if err := cfg.AfterConnect(ctx, conn); err != nil {
+			l.close(ctx, conn)
+			return nil, fmt.Errorf("after connect: %w", err)
+		}
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+Channel); err != nil {
+		l.close(ctx, conn)
+		return nil, fmt.Errorf("listen on %s: %w", Channel, err)
+	}
+	return conn, nil
+}
+
+// listen waits for notifications on conn until the connection fails or ctx ends,
+// checking the connection whenever it has been silent for PingAfter. It returns why
+// it stopped.
+func (l *Listener) listen(ctx context.Context, conn *pgx.Conn) error {
+	for {
+		waitCtx, cancel := context.WithTimeout(ctx, l.opts.PingAfter)
+		n, err := conn.WaitForNotification(waitCtx)
+		silent := waitCtx.Err() != nil
+		cancel()
+		// pgx may hand back a notification it had buffered together with an error;
+		// the notification is still true.
+		if n != nil && n.Channel == Channel {
+			l.wakes.send(Wake{Source: SourceNotify, At: time.Now()})
+			// Counted after the send, so that a count includes every wake-up it
+			// implies (the storm test reads the counter to know the burst is in).
+			l.m.notifications.Inc()
+			l.log.Debug("notification", zap.String("channel", n.Channel), zap.Uint32("sender_pid", n.PID))
+		}
+		switch {
+		case err == nil:
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case silent:
+			// Our own deadline, not a failure. pgx ends the wait by setting a deadline
+			// on the socket, which leaves the connection usable, so it is checked
+			// rather than assumed.
+			if err := l.ping(ctx, conn); err != nil {
+				return err
+			}
+		default:
+			return fmt.Errorf("wait for notification: %w", err)
+		}
+	}
+}
+
+// ping checks, within PingTimeout, that the server answers and that the session is
+// still listening on Channel. The second half costs nothing more and catches a
+// session that is not the one that ran LISTEN, as behind a pooler in transaction
+// mode, where notifications would never arrive.
+func (l *Listener) ping(ctx context.Context, conn *pgx.Conn) error {
+	ctx, cancel := context.WithTimeout(ctx, l.opts.PingTimeout)
+	defer cancel()
+	var listening bool
+	err := conn.QueryRow(ctx,
+		"SELECT $1::text = ANY (ARRAY(SELECT pg_listening_channels()))", Channel).Scan(&listening)
+	if err != nil {
+		return fmt.Errorf("ping after %s of silence: %w", l.opts.PingAfter, err)
+	}
+	if !listening {
+		return fmt.Errorf("ping after %s of silence: session is no longer listening on %s", l.opts.PingAfter, Channel)
+	}
+	l.log.Debug("ping", zap.Duration("silent_for", l.opts.PingAfter))
+	return nil
+}
+
+// up records a new listening connection and emits the catch-up wake-up. It is
+// called after LISTEN succeeded, so that anything committed from now on arrives as a
+// notification and anything before is found by the pass this wake-up starts.
+func (l *Listener) up(conn *pgx.Conn, reconnect bool, downFor time.Duration) {
+	l.backendPID.Store(conn.PgConn().PID())
+	l.connected.Store(true)
+	l.m.connected.Set(1)
+	if reconnect {
+		l.m.reconnects.Inc()
+		l.log.Info("listener reconnected", zap.String("channel", Channel), zap.Duration("down_for", downFor))
+	} else {
+		l.log.Info("listener connected", zap.String("channel", Channel))
+	}
+	l.wakes.send(Wake{Source: SourceReconnect, At: time.Now()})
+}
+
+// down records the loss of conn and closes it.
+func (l *Listener) down(ctx context.Context, conn *pgx.Conn) {
+	l.connected.Store(false)
+	l.m.connected.Set(0)
+	l.backendPID.Store(0)
+	l.close(ctx, conn)
+}
+
+// close closes conn within PingTimeout, also once ctx is cancelled: the server
+// should see a Terminate rather than a dropped socket where it can, but a dead peer
+// must not hold up Stop.
+func (l *Listener) close(ctx context.Context, conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.opts.PingTimeout)
+	defer cancel()
+	_ = conn.Close(ctx)
+}
+
+// backoff is the delay before reconnection attempt number failures+1: BackoffMin
+// doubled per earlier failure, capped at BackoffMax, then drawn at random from its
+// upper half ("equal jitter"). The random half spreads out instances that lost the
+// same server; the fixed half keeps the curve from collapsing towards zero.
+func (l *Listener) backoff(failures int) time.Duration {
+	d := l.opts.BackoffMin
+	for i := 0; i < failures && d < l.opts.BackoffMax; i++ {
+		d *= 2
+	}
+	d = min(d, l.opts.BackoffMax)
+	return d/2 + rand.N(d-d/2+1)
+}
+
+// sleep waits for d, and reports false if ctx ended first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
