@@ -1,0 +1,196 @@
+package acme
+
+import (
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/go-acme/lego/v4/certcrypto"
+	"github.com/go-acme/lego/v4/registration"
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+)
+
+// account is the ACME account orders are placed with; it is lego's registration.User.
+type account struct {
+	email string
+	key   crypto.PrivateKey
+	reg   *registration.Resource
+}
+
+func (a *account) GetEmail() string                        { return a.email }
+func (a *account) GetRegistration() *registration.Resource { return a.reg }
+func (a *account) GetPrivateKey() crypto.PrivateKey        { return a.key }
+
+// accountFor returns the account for this issuer's directory and EAB key id: from
+// memory, else from PostgreSQL, else registered now. Called with every order, so
+// that a CA that is down when the worker starts only fails the orders, and the first
+// order after it comes back registers.
+func (i *Issuer) accountFor(ctx context.Context, hc *http.Client) (*account, error) {
+	i.accountMu.Lock()
+	defer i.accountMu.Unlock()
+	if i.account != nil {
+		return i.account, nil
+	}
+	acct, err := i.loadAccount(ctx, i.pool)
+	if err != nil {
+		return nil, err
+	}
+	if acct == nil {
+		if acct, err = i.registerAccount(ctx, hc); err != nil {
+			return nil, err
+		}
+	}
+	i.account = acct
+	return acct, nil
+}
+
+// queryer is what loadAccount needs of a pool or a transaction.
+type queryer interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// loadAccount reads the stored account, or returns nil when there is none.
+func (i *Issuer) loadAccount(ctx context.Context, q queryer) (*account, error) {
+	var email, stored, uri string
+	var regJSON []byte
+	err := q.QueryRow(ctx, `
+SELECT email, private_key_pem, uri, registration FROM certworker_acme_accounts
+WHERE directory = $1 AND eab_kid = $2`, i.cfg.DirectoryURL, i.cfg.EABKeyID).Scan(&email, &stored, &uri, &regJSON)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load ACME account: %w", err)
+	}
+	keyPEM, err := Open(i.cfg.KeyEncryptionKey, stored, i.cfg.DirectoryURL)
+	if err != nil {
+		return nil, fmt.Errorf("load ACME account key: %w", err)
+	}
+	key, err := certcrypto.ParsePEMPrivateKey(keyPEM)
+	if err != nil {
+		// The parser's message never quotes the key.
+		return nil, fmt.Errorf("load ACME account key: %w", err)
+	}
+	reg := &registration.Resource{}
+	if len(regJSON) > 0 {
+		if err := json.Unmarshal(regJSON, reg); err != nil {
+			return nil, fmt.Errorf("load ACME account registration: %w", err)
+		}
+	}
+	// uri is the column the account is known by; the JSON is informative.
+	reg.URI = uri
+	if email != i.cfg.Email {
+		i.log.Info("ACME account contact differs from --acme-email; the account keeps the one it was registered with",
+			zap.String("directory", i.cfg.DirectoryURL), zap.String("account_uri", uri))
+	}
+	return &account{email: email, key: key, reg: reg}, nil
+}
+
+// registerAccount registers a new account with the CA and stores it, unless another
+// instance has just done so. Instances serialise on a transaction-scoped advisory
+// lock on (directory, eab_kid), held across the registration: a second instance
+// starting at the same moment waits, then finds the first one's row. Without it both
+// would register, and one account would be orphaned at the CA.
+func (i *Issuer) registerAccount(ctx context.Context, hc *http.Client) (*account, error) {
+	tx, err := i.pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("register ACME account: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit, a no-op
+
+	// Two int4 keys: a class for this table, and the account's identity. hashtext
+	// collisions only make two accounts' first registrations wait for each other.
+	if _, err := tx.Exec(ctx,
+		`SELECT pg_advisory_xact_lock(hashtext('certworker_acme_accounts'), hashtext($1::text || E'\n' || $2::text))`,
+		i.cfg.DirectoryURL, i.cfg.EABKeyID); err != nil {
+		return nil, fmt.Errorf("register ACME account: lock: %w", err)
+	}
+	if acct, err := i.loadAccount(ctx, tx); err != nil || acct != nil {
+		return acct, err
+	}
+
+	// The account key is always P-256 (ES256), which every ACME CA accepts; the
+	// certificates' key type is --key-type.
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("register ACME account: generate key: %w", err)
+	}
+	acct := &account{email: i.cfg.Email, key: key}
+	client, err := i.newClient(acct, hc)
+	if err != nil {
+		return nil, err
+	}
+	var reg *registration.Resource
+	if i.cfg.EABKeyID != "" {
+		reg, err = client.Registration.RegisterWithExternalAccountBinding(registration.RegisterEABOptions{
+			TermsOfServiceAgreed: true,
+			Kid:                  i.cfg.EABKeyID,
+			HmacEncoded:          i.cfg.EABHMAC,
+		})
+	} else {
+		reg, err = client.Registration.Register(registration.RegisterOptions{TermsOfServiceAgreed: true})
+	}
+	if err != nil {
+		return nil, err
+	}
+	if reg == nil || reg.URI == "" {
+		return nil, errors.New("acme: the CA registered the account but returned no account URL")
+	}
+	acct.reg = reg
+
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("register ACME account: encode key: %w", err)
+	}
+	stored, err := Seal(i.cfg.KeyEncryptionKey, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), i.cfg.DirectoryURL)
+	if err != nil {
+		return nil, fmt.Errorf("register ACME account: seal key: %w", err)
+	}
+	regJSON, err := json.Marshal(reg)
+	if err != nil {
+		return nil, fmt.Errorf("register ACME account: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `
+INSERT INTO certworker_acme_accounts (directory, eab_kid, email, private_key_pem, uri, registration)
+VALUES ($1, $2, $3, $4, $5, $6)`,
+		i.cfg.DirectoryURL, i.cfg.EABKeyID, i.cfg.Email, stored, reg.URI, regJSON); err != nil {
+		return nil, fmt.Errorf("store ACME account: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("store ACME account: %w", err)
+	}
+	i.log.Info("ACME account registered",
+		zap.String("directory", i.cfg.DirectoryURL), zap.String("account_uri", reg.URI))
+	return acct, nil
+}
+
+// forgetAccount drops an account the CA no longer knows (accountDoesNotExist: the CA
+// was reset, or the account deactivated), so that the next order registers afresh.
+// Only the row with that URL: another instance may have replaced it already.
+func (i *Issuer) forgetAccount(ctx context.Context, acct *account) {
+	i.accountMu.Lock()
+	if i.account == acct {
+		i.account = nil
+	}
+	i.accountMu.Unlock()
+	if acct.reg == nil {
+		return
+	}
+	if _, err := i.pool.Exec(ctx, `
+DELETE FROM certworker_acme_accounts WHERE directory = $1 AND eab_kid = $2 AND uri = $3`,
+		i.cfg.DirectoryURL, i.cfg.EABKeyID, acct.reg.URI); err != nil {
+		i.log.Warn("could not delete the ACME account the CA does not know", zap.Error(err))
+		return
+	}
+	i.log.Warn("the CA does not know the stored ACME account; the next order registers a new one",
+		zap.String("directory", i.cfg.DirectoryURL), zap.String("account_uri", acct.reg.URI))
+}

@@ -1,0 +1,170 @@
+package acme
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/go-acme/lego/v4/certcrypto"
+)
+
+// Config is what the issuer needs from the command line. Every field maps to one
+// `run` flag (CONTRACT.md §3), and validation errors name that flag.
+type Config struct {
+	// DirectoryURL is the ACME directory (--acme-directory). Required, https.
+	DirectoryURL string
+	// Email is the account contact (--acme-email), or "".
+	Email string
+	// CABundle is the path of a PEM file of roots trusted for the ACME server
+	// beside the system's (--acme-ca-bundle), or "".
+	CABundle string
+	// Profile is the ACME profile orders ask for (--acme-profile), or "".
+	Profile string
+	// EABKeyID and EABHMAC are the external account binding (--acme-eab-kid,
+	// --acme-eab-hmac): both or neither. The HMAC key is base64url, as CAs hand
+	// it out.
+	EABKeyID string
+	EABHMAC  string
+	// KeyType is the certificates' key type (--key-type): ec256, ec384, rsa2048 or
+	// rsa4096; "" is ec256.
+	KeyType string
+	// KeyEncryptionKey seals private keys at rest (--key-encryption-key, decoded
+	// with ParseKeyEncryptionKey): nil or 32 bytes.
+	KeyEncryptionKey []byte
+	// HTTPTimeout bounds each request to the CA (0: DefaultHTTPTimeout). lego's
+	// calls take no context, so this is also what bounds a CA that accepts the
+	// connection and then says nothing.
+	HTTPTimeout time.Duration
+}
+
+// DefaultHTTPTimeout is the per-request timeout towards the CA. Let's Encrypt answers
+// in well under a second; 30 s leaves room for a slow finalize without letting a hung
+// CA hold one of the worker's --concurrency slots for long.
+const DefaultHTTPTimeout = 30 * time.Second
+
+// keyTypes maps --key-type to lego's key types.
+var keyTypes = map[string]certcrypto.KeyType{
+	"ec256":   certcrypto.EC256,
+	"ec384":   certcrypto.EC384,
+	"rsa2048": certcrypto.RSA2048,
+	"rsa4096": certcrypto.RSA4096,
+}
+
+// ParseKeyType checks a --key-type value ("" is ec256).
+func ParseKeyType(s string) (certcrypto.KeyType, error) {
+	if s == "" {
+		return certcrypto.EC256, nil
+	}
+	kt, ok := keyTypes[s]
+	if !ok {
+		return "", fmt.Errorf("--key-type: %q is not one of ec256, ec384, rsa2048, rsa4096", s)
+	}
+	return kt, nil
+}
+
+// validate checks the configuration and returns the key type and the trusted roots.
+func (c *Config) validate() (certcrypto.KeyType, *x509.CertPool, error) {
+	if c.DirectoryURL == "" {
+		return "", nil, errors.New("--acme-directory: required")
+	}
+	u, err := url.Parse(c.DirectoryURL)
+	if err != nil || u.Host == "" {
+		return "", nil, fmt.Errorf("--acme-directory: %q is not a URL", c.DirectoryURL)
+	}
+	if u.Scheme != "https" {
+		// RFC 8555 §6.1 requires HTTPS, and lego refuses anything else.
+		return "", nil, fmt.Errorf("--acme-directory: %q must be an https URL", c.DirectoryURL)
+	}
+	if c.Email != "" && (!strings.Contains(c.Email, "@") || strings.ContainsAny(c.Email, " \t\r\n,")) {
+		return "", nil, fmt.Errorf("--acme-email: %q is not an email address", c.Email)
+	}
+	kt, err := ParseKeyType(c.KeyType)
+	if err != nil {
+		return "", nil, err
+	}
+	switch {
+	case c.EABKeyID != "" && c.EABHMAC == "":
+		return "", nil, errors.New("--acme-eab-kid is set without --acme-eab-hmac: an external account binding needs both")
+	case c.EABKeyID == "" && c.EABHMAC != "":
+		return "", nil, errors.New("--acme-eab-hmac is set without --acme-eab-kid: an external account binding needs both")
+	case c.EABHMAC != "":
+		if _, err := decodeEABHMAC(c.EABHMAC); err != nil {
+			return "", nil, errors.New("--acme-eab-hmac: not base64url (the HMAC key as the CA gave it)")
+		}
+	}
+	if n := len(c.KeyEncryptionKey); n != 0 && n != KeyEncryptionKeySize {
+		return "", nil, fmt.Errorf("--key-encryption-key: must be %d bytes, got %d", KeyEncryptionKeySize, n)
+	}
+	if c.HTTPTimeout < 0 {
+		return "", nil, fmt.Errorf("acme HTTP timeout: %s is negative", c.HTTPTimeout)
+	}
+	roots, err := c.roots()
+	if err != nil {
+		return "", nil, err
+	}
+	return kt, roots, nil
+}
+
+// decodeEABHMAC accepts what lego accepts: base64url, padded or not.
+func decodeEABHMAC(s string) ([]byte, error) {
+	if b, err := base64.RawURLEncoding.DecodeString(s); err == nil {
+		return b, nil
+	}
+	return base64.URLEncoding.DecodeString(s)
+}
+
+// roots is the system's pool plus --acme-ca-bundle.
+func (c *Config) roots() (*x509.CertPool, error) {
+	pool, err := x509.SystemCertPool()
+	if err != nil || pool == nil {
+		pool = x509.NewCertPool()
+	}
+	if c.CABundle == "" {
+		return pool, nil
+	}
+	pemBytes, err := os.ReadFile(c.CABundle)
+	if err != nil {
+		return nil, fmt.Errorf("--acme-ca-bundle: %w", err)
+	}
+	if !pool.AppendCertsFromPEM(pemBytes) {
+		return nil, fmt.Errorf("--acme-ca-bundle: no PEM certificate in %s", c.CABundle)
+	}
+	return pool, nil
+}
+
+func (c *Config) httpTimeout() time.Duration {
+	if c.HTTPTimeout > 0 {
+		return c.HTTPTimeout
+	}
+	return DefaultHTTPTimeout
+}
+
+// newTransport is the connection pool every order of an Issuer shares. Each order
+// wraps it (orderTransport) with its own context.
+func newTransport(roots *x509.CertPool, timeout time.Duration) *http.Transport {
+	return &http.Transport{
+		Proxy: http.ProxyFromEnvironment,
+		DialContext: (&net.Dialer{
+			Timeout:   10 * time.Second,
+			KeepAlive: 30 * time.Second,
+		}).DialContext,
+		ForceAttemptHTTP2:     true,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ResponseHeaderTimeout: timeout,
+		ExpectContinueTimeout: time.Second,
+		IdleConnTimeout:       90 * time.Second,
+		MaxIdleConnsPerHost:   8,
+		TLSClientConfig: &tls.Config{
+			RootCAs:    roots,
+			MinVersion: tls.VersionTLS12,
+		},
+	}
+}

@@ -1,0 +1,74 @@
+// Package acme turns a domain name into a certificate over ACME (RFC 8555), with
+// lego. It implements queue.Issuer; it knows nothing of the queue's states.
+//
+// # Overview
+//
+// Issuer.Issue places one order for one name, answers its HTTP-01 challenge, and
+// returns the chain, the new key (sealed when a key encryption key is set) and the
+// time to renew. Every order has a new key of --key-type. A renewal names the
+// certificate it replaces (RFC 9773 "replaces"); the renewal time comes from the
+// CA's ACME Renewal Information when it offers it (a uniformly random point of its
+// suggested window), otherwise from RenewAtFromValidity (a third of the lifetime
+// before expiry).
+//
+// # Account
+//
+// One ACME account per directory URL and external account binding key id, stored in
+// certworker_acme_accounts and shared by every instance and every restart. It is
+// registered by the first order that needs it, not at start, so a CA that is down at
+// start fails orders (retried with backoff) rather than the worker. Instances that
+// start together serialise the registration on a transaction-scoped advisory lock
+// and end up with one account. The terms of service are agreed to on registration.
+// An account the CA no longer knows (accountDoesNotExist) is deleted, and the next
+// order registers a new one.
+//
+// # HTTP-01
+//
+// Only HTTP-01 is answered. The order's instance stores the token and key
+// authorization in certworker_http01_tokens and commits before lego asks the CA to
+// validate; HTTP01Handler, served by every instance on --http01-listen, answers from
+// that table, so the CA's validation request may reach any instance. The order
+// deletes its token when the challenge is decided; a token left behind by an
+// instance that died expires after an hour and is then neither served nor kept.
+//
+// # Failures
+//
+//   - A rate limit (problem type urn:ietf:params:acme:error:rateLimited, or any HTTP
+//     429) is a *queue.RateLimitError with the CA's Retry-After (0 when it gave
+//     none). The worker does not charge it to the domain and pauses the CA.
+//   - Another ACME problem is an *Error: "acme: <problem type>: <detail>".
+//   - Anything else (the CA unreachable, an answer that is not ACME) is a plain
+//     error starting "acme: ".
+//
+// Messages are at most 1,000 bytes, never hold key material, and nothing panics.
+// lego's calls take no context; every request to the CA carries the order's, and
+// Issue returns as soon as it is cancelled.
+//
+// # Keys at rest
+//
+// Private keys, the certificates' (proxy_certificates.private_key_pem) and the
+// account's (certworker_acme_accounts.private_key_pem), are PEM, PKCS #8
+// ("-----BEGIN PRIVATE KEY-----"). Without --key-encryption-key they are stored as
+// that PEM. With it they are stored sealed, as one line of ASCII text:
+//
+//	certworker:aes256gcm:v1:<base64(nonce || ciphertext || tag)>
+//
+//   - "certworker:aes256gcm:" names the scheme and "v1" its version; a reader that
+//     meets another version must refuse it, not guess.
+//   - base64 is the standard alphabet with padding (RFC 4648 §4).
+//   - nonce is 12 random bytes, new for every key sealed; tag is GCM's 16 bytes,
+//     appended to the ciphertext as Go's crypto/cipher and most libraries do.
+//   - The cipher is AES-256-GCM, the key the 32 bytes whose base64 is
+//     --key-encryption-key, the plaintext the PEM text of the key.
+//   - The additional authenticated data is the row's identity, in UTF-8: the domain
+//     name (proxy_certificates.domain, lower case, as stored) for a certificate's
+//     key, the ACME directory URL (certworker_acme_accounts.directory) for the
+//     account's. A sealed key copied to another row does not open.
+//
+// To read a stored key: if it starts with "-----BEGIN", it is PEM; if it starts with
+// "certworker:aes256gcm:v1:", base64-decode the rest, split off the first 12 bytes
+// as the nonce, and AES-256-GCM-open the remainder with the AAD above; anything else
+// is an error. Open does exactly this, and also accepts PEM when a key encryption
+// key is set, so that a key uploaded by hand keeps working. Private keys never reach
+// a log.
+package acme

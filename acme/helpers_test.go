@@ -1,0 +1,158 @@
+package acme_test
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+
+	"github.com/certworker/certworker/acme"
+	"github.com/certworker/certworker/internal/pebbletest"
+	"github.com/certworker/certworker/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// bed is one test's world: a Pebble, a fresh database, and the port Pebble
+// validates HTTP-01 against.
+type bed struct {
+	ca   *pebbletest.CA
+	pool *pgxpool.Pool
+	dsn  string
+	// ln is the HTTP-01 port's listener; serve puts a handler on it.
+	ln net.Listener
+}
+
+// setup starts Pebble validating against a loopback port of the test's own, and, when
+// respond is true, serves HTTP01Handler on that port from the test's database.
+func setup(t *testing.T, opts pebbletest.Options, respond bool) *bed {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	opts.HTTPPort = ln.Addr().(*net.TCPAddr).Port
+	b := &bed{ca: pebbletest.StartT(t, opts), ln: ln}
+	b.pool, b.dsn = pgtest.NewPool(t)
+	if respond {
+		b.serve(t, acme.HTTP01Handler(b.pool, zap.NewNop()))
+	}
+	return b
+}
+
+// serve answers the HTTP-01 port with h until the test ends.
+func (b *bed) serve(t *testing.T, h http.Handler) {
+	t.Helper()
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(b.ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+}
+
+// newPool is another pool on the bed's database: another instance.
+func (b *bed) newPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), b.dsn)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// config is an issuer configuration for the bed's CA.
+func (b *bed) config() acme.Config {
+	return acme.Config{
+		DirectoryURL: b.ca.DirectoryURL,
+		Email:        "ops@certworker.example",
+		CABundle:     b.ca.RootsFile,
+		HTTPTimeout:  10 * time.Second,
+	}
+}
+
+func newIssuer(t *testing.T, pool *pgxpool.Pool, log *zap.Logger, cfg acme.Config) *acme.Issuer {
+	t.Helper()
+	if log == nil {
+		log = zap.NewNop()
+	}
+	iss, err := acme.New(context.Background(), pool, log, cfg)
+	require.NoError(t, err)
+	return iss
+}
+
+// randomName is a fresh name per order: Pebble would otherwise reuse a valid
+// authorization, and tests in parallel would share state.
+func randomName(prefix string) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return prefix + "-" + hex.EncodeToString(b[:]) + ".example"
+}
+
+// testCtx bounds a test's order.
+func testCtx(t *testing.T, d time.Duration) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func parseChain(t *testing.T, chainPEM string) []*x509.Certificate {
+	t.Helper()
+	var out []*x509.Certificate
+	rest := []byte(chainPEM)
+	for {
+		var block *pem.Block
+		block, rest = pem.Decode(rest)
+		if block == nil {
+			break
+		}
+		require.Equal(t, "CERTIFICATE", block.Type)
+		c, err := x509.ParseCertificate(block.Bytes)
+		require.NoError(t, err)
+		out = append(out, c)
+	}
+	require.NotEmpty(t, out, "no certificate in chain")
+	return out
+}
+
+func countRows(t *testing.T, pool *pgxpool.Pool, table string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), "SELECT count(*) FROM "+table).Scan(&n))
+	return n
+}
+
+// newTestPool is a pool on a fresh migrated database of its own.
+func newTestPool(t *testing.T) (*pgxpool.Pool, string) {
+	t.Helper()
+	return pgtest.NewPool(t)
+}
+
+func writeFile(path, content string) error {
+	return os.WriteFile(path, []byte(content), 0o600)
+}
+
+// closedPort is a loopback port nothing listens on.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := ln.Addr().(*net.TCPAddr).Port
+	require.NoError(t, ln.Close())
+	return strconv.Itoa(port)
+}
+
+// asAcmeError is errors.As for *acme.Error.
+func asAcmeError(err error) (*acme.Error, bool) {
+	var e *acme.Error
+	ok := errors.As(err, &e)
+	return e, ok
+}

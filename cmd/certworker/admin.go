@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os/signal"
+	"runtime"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/certworker/certworker/migrations"
+	"github.com/certworker/certworker/queue"
+)
+
+type migrateCmd struct {
+	dbFlags
+}
+
+func (c *migrateCmd) Run(g *globals) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	pool, err := c.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	results, err := migrations.ApplyDB(ctx, db)
+	if err != nil {
+		return &failedError{redact(err.Error(), c.DatabaseURL)}
+	}
+	if len(results) == 0 {
+		fmt.Fprintln(g.stdout, "database schema is up to date")
+		return nil
+	}
+	for _, r := range results {
+		fmt.Fprintf(g.stdout, "applied %s (%s)\n", r.Source, r.Duration)
+	}
+	return nil
+}
+
+type statusCmd struct {
+	dbFlags
+	JSON   bool   `name:"json" help:"Print one JSON object instead of a table."`
+	Domain string `arg:"" optional:"" help:"Show this domain's whole state and its certificate."`
+}
+
+func (c *statusCmd) Run(g *globals) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, err := c.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	q := queue.New(pool, queue.DefaultConfig())
+	if c.Domain != "" {
+		s, err := q.State(ctx, c.Domain)
+		if errors.Is(err, queue.ErrNotFound) {
+			return &failedError{fmt.Sprintf("%s: unknown domain", c.Domain)}
+		}
+		if err != nil {
+			return &failedError{err.Error()}
+		}
+		if c.JSON {
+			return writeJSON(g, s)
+		}
+		printState(g, s)
+		return nil
+	}
+	o, err := q.Overview(ctx)
+	if err != nil {
+		return &failedError{err.Error()}
+	}
+	if c.JSON {
+		return writeJSON(g, o)
+	}
+	fmt.Fprintf(g.stdout, "pending %d  provisioning %d  active %d  failed %d\n",
+		o.Counts.Pending, o.Counts.Provisioning, o.Counts.Active, o.Counts.Failed)
+	if len(o.Domains) == 0 {
+		return nil
+	}
+	fmt.Fprintln(g.stdout)
+	tw := tabwriter.NewWriter(g.stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "DOMAIN\tSTATUS\tATTEMPTS\tNEXT ATTEMPT\tLAST ERROR")
+	for _, d := range o.Domains {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", d.Domain, d.SSLStatus, d.SSLAttempts, when(d.NextAttempt, "waits for retry"), str(d.SSLError))
+	}
+	return tw.Flush()
+}
+
+// Note: the status commands read the default backoff curve. An operator running the
+// worker with another --retry-base sees next attempts computed on the default curve;
+// the worker's own logs carry the real retry_in.
+
+func printState(g *globals, s *queue.DomainState) {
+	tw := tabwriter.NewWriter(g.stdout, 2, 4, 2, ' ', 0)
+	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
+	row("domain", s.Domain)
+	row("domain_id", s.ID)
+	row("tenant_id", s.TenantID)
+	row("verification", s.VerificationStatus)
+	row("provider", s.SSLProvider)
+	row("ssl_status", s.SSLStatus)
+	row("attempts", fmt.Sprint(s.SSLAttempts))
+	row("last error", str(s.SSLError))
+	row("last attempt", when(s.LastAttempt, "never"))
+	row("next attempt", when(s.NextAttempt, "-"))
+	row("expires", when(s.ExpiresAt, "-"))
+	if s.ClaimedBy != nil {
+		row("claimed by", *s.ClaimedBy+" (lease until "+when(s.LeaseExpiresAt, "?")+")")
+	}
+	if c := s.Certificate; c != nil {
+		row("certificate issuer", str(c.Issuer))
+		row("certificate serial", str(c.Serial))
+		row("not before", when(c.NotBefore, "-"))
+		row("not after", c.NotAfter.UTC().Format(time.RFC3339))
+		row("renewal time", when(c.RenewAt, "not yet known (worked out on the next pass)"))
+		row("auto renew", fmt.Sprint(c.AutoRenew))
+	} else {
+		row("certificate", "none stored")
+	}
+	tw.Flush()
+}
+
+func when(t *time.Time, none string) string {
+	if t == nil {
+		return none
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+func str(s *string) string {
+	if s == nil {
+		return "-"
+	}
+	return *s
+}
+
+func writeJSON(g *globals, v any) error {
+	enc := json.NewEncoder(g.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+type retryCmd struct {
+	dbFlags
+	Domain string `arg:"" help:"The domain to put back in the queue."`
+}
+
+func (c *retryCmd) Run(g *globals) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, err := c.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	q := queue.New(pool, queue.DefaultConfig())
+	if err := q.Retry(ctx, c.Domain); err != nil {
+		var refused *queue.RefusedError
+		if errors.As(err, &refused) {
+			return &failedError{"refused: " + refused.Reason}
+		}
+		return &failedError{err.Error()}
+	}
+	fmt.Fprintf(g.stdout, "%s: queued for issuance\n", c.Domain)
+	return nil
+}
+
+type versionCmd struct{}
+
+func (versionCmd) Run(g *globals) error {
+	fmt.Fprintf(g.stdout, "certworker %s (commit %s, %s)\n", version, commit, runtime.Version())
+	return nil
+}

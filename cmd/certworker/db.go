@@ -1,0 +1,108 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// connect opens a pool on the flag's URL and checks that the server answers. Every
+// error is a configuration error (exit 2), in one line, without the password.
+func (f dbFlags) connect(ctx context.Context) (*pgxpool.Pool, error) {
+	if f.DatabaseURL == "" {
+		return nil, usagef("--database-url is required (or CERTWORKER_DATABASE_URL, or DATABASE_URL)")
+	}
+	cfg, err := pgxpool.ParseConfig(f.DatabaseURL)
+	if err != nil {
+		return nil, usagef("--database-url: %s", redact(err.Error(), f.DatabaseURL))
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, usagef("--database-url: %s", redact(err.Error(), f.DatabaseURL))
+	}
+	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, usagef("--database-url: cannot connect to %s: %s", describe(cfg.ConnConfig.Config), redact(rootCause(err), f.DatabaseURL))
+	}
+	return pool, nil
+}
+
+// describe names a server without its credentials.
+func describe(c pgconn.Config) string {
+	return c.User + "@" + c.Host + ":" + itoa(int(c.Port)) + "/" + c.Database
+}
+
+func itoa(n int) string {
+	var b [20]byte
+	i := len(b)
+	if n == 0 {
+		return "0"
+	}
+	for n > 0 {
+		i--
+		b[i] = byte('0' + n%10)
+		n /= 10
+	}
+	return string(b[i:])
+}
+
+func rootCause(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Message
+	}
+	// pgconn joins one error per address and TLS mode tried; the innermost cause of
+	// the first says what went wrong.
+	for {
+		var next error
+		switch u := err.(type) {
+		case interface{ Unwrap() []error }:
+			if errs := u.Unwrap(); len(errs) > 0 {
+				next = errs[0]
+			}
+		case interface{ Unwrap() error }:
+			next = u.Unwrap()
+		}
+		if next == nil {
+			return err.Error()
+		}
+		if errors.As(next, &pgErr) {
+			return pgErr.Message
+		}
+		err = next
+	}
+}
+
+var passwordKV = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
+
+// redact removes the connection string's password from a message, whatever form the
+// connection string took.
+func redact(msg, dsn string) string {
+	if u, err := url.Parse(dsn); err == nil && u.User != nil {
+		if p, ok := u.User.Password(); ok && p != "" {
+			msg = strings.ReplaceAll(msg, p, "xxxxx")
+			msg = strings.ReplaceAll(msg, url.QueryEscape(p), "xxxxx")
+		}
+	}
+	for _, m := range passwordKV.FindAllStringSubmatch(dsn, -1) {
+		p := strings.Trim(m[2], "'")
+		if p != "" {
+			msg = strings.ReplaceAll(msg, p, "xxxxx")
+		}
+	}
+	if cfg, err := pgconn.ParseConfig(dsn); err == nil && cfg.Password != "" {
+		msg = strings.ReplaceAll(msg, cfg.Password, "xxxxx")
+	}
+	return passwordKV.ReplaceAllString(msg, "${1}xxxxx")
+}

@@ -1,0 +1,118 @@
+// Command certworker obtains and renews TLS certificates over ACME for the domains a
+// multi-tenant proxy keeps in PostgreSQL. See README.md and CONTRACT.md.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/alecthomas/kong"
+)
+
+// Set by the build (-ldflags "-X main.version=... -X main.commit=...").
+var (
+	version = "dev"
+	commit  = "unknown"
+)
+
+// Exit statuses (CONTRACT.md §3).
+const (
+	exitOK     = 0
+	exitFailed = 1
+	exitUsage  = 2
+)
+
+// usageError is bad usage or configuration: exit 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
+
+// failedError is a command that ran and failed (exit 1), with a message for the
+// operator.
+type failedError struct{ msg string }
+
+func (e *failedError) Error() string { return e.msg }
+
+// cli is the command line. Every flag can also be set by CERTWORKER_ + its name in
+// upper case with - as _; --database-url also reads DATABASE_URL.
+type cli struct {
+	Migrate migrateCmd `cmd:"" help:"Apply the embedded database migrations (idempotent; safe to run from several instances at once)."`
+	Run     runCmd     `cmd:"" help:"Run the worker, its HTTP-01 responder and its admin endpoints until SIGTERM or SIGINT."`
+	Status  statusCmd  `cmd:"" help:"Show counts by ssl_status and every domain that is retrying or failed; with DOMAIN, that domain's whole state."`
+	Retry   retryCmd   `cmd:"" help:"Put a failed or backing-off domain back in the queue now (pending, attempts 0, error cleared)."`
+	Version versionCmd `cmd:"" help:"Print the version, commit and Go version."`
+}
+
+// dbFlags is the connection flag every database command takes.
+type dbFlags struct {
+	DatabaseURL string `name:"database-url" env:"CERTWORKER_DATABASE_URL,DATABASE_URL" placeholder:"URL" help:"PostgreSQL connection string (also CERTWORKER_DATABASE_URL, then DATABASE_URL)."`
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run is main without the process: it parses args, runs the command and returns the
+// exit status.
+func run(args []string, stdout, stderr io.Writer) int {
+	unsetEmptyEnv()
+	var c cli
+	exitCode := -1
+	parser, err := kong.New(&c,
+		kong.Name("certworker"),
+		kong.Description("Obtains and renews TLS certificates over ACME for a multi-tenant proxy's domains, woken by PostgreSQL LISTEN/NOTIFY.\n\nEvery flag can also be set by the environment variable CERTWORKER_ + the flag name in upper case with - as _ (--poll-interval is CERTWORKER_POLL_INTERVAL). A flag beats its variable; an empty variable counts as unset."),
+		kong.UsageOnError(),
+		kong.Writers(stdout, stderr),
+		kong.Exit(func(code int) { exitCode = code }),
+		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+		kong.Vars{"version": version, "le": letsEncrypt},
+		kong.Bind(&globals{stdout: stdout, stderr: stderr}),
+	)
+	if err != nil {
+		fmt.Fprintf(stderr, "certworker: %v\n", err)
+		return exitFailed
+	}
+	kctx, err := parser.Parse(args)
+	if exitCode >= 0 {
+		// --help (0), or kong's own exit.
+		return exitCode
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "certworker: %v\n", err)
+		return exitUsage
+	}
+	if err := kctx.Run(); err != nil {
+		fmt.Fprintf(stderr, "certworker: %s\n", oneLine(err.Error()))
+		var ue *usageError
+		if errors.As(err, &ue) {
+			return exitUsage
+		}
+		return exitFailed
+	}
+	return exitOK
+}
+
+// globals are what every command gets besides its flags.
+type globals struct {
+	stdout, stderr io.Writer
+}
+
+// unsetEmptyEnv makes an empty CERTWORKER_* or DATABASE_URL variable count as unset
+// (CONTRACT.md §3): kong would otherwise take the empty value over the default.
+func unsetEmptyEnv() {
+	for _, kv := range os.Environ() {
+		name, value, _ := strings.Cut(kv, "=")
+		if value == "" && (strings.HasPrefix(name, "CERTWORKER_") || name == "DATABASE_URL") {
+			os.Unsetenv(name)
+		}
+	}
+}
+
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", " ")), " ")
+}

@@ -1,0 +1,127 @@
+package pebbletest
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/letsencrypt/challtestsrv"
+	"github.com/miekg/dns"
+)
+
+// The DNS server Pebble's VA resolves names with: challtestsrv, answering every A
+// query with 127.0.0.1 and no AAAA query at all.
+//
+// One per process, shared by every CA, for two reasons that come from challtestsrv:
+//   - it registers its handler on miekg/dns's process-wide default mux, so two
+//     servers in one process would answer with whichever registered last;
+//   - it is given an address and listens by itself, so a port chosen by the kernel
+//     (":0") is not knowable; a port is picked free, then confirmed by a query.
+//
+// No AAAA answer: Pebble's VA dials the first address it resolved and asks AAAA
+// first, so a "::1" answer (challtestsrv's default) would send every validation to
+// an IPv6 loopback the worker's responder may not listen on.
+var (
+	dnsMu   sync.Mutex
+	dnsAddr string
+)
+
+// sharedDNS returns the address of the process's DNS server, starting it on first
+// use. A failed start is retried on the next call.
+func sharedDNS() (string, error) {
+	dnsMu.Lock()
+	defer dnsMu.Unlock()
+	if dnsAddr != "" {
+		return dnsAddr, nil
+	}
+	var lastErr error
+	// The free port is released before challtestsrv binds it, so another process
+	// can take it in between; a few attempts make that a non-issue.
+	for range 5 {
+		addr, err := freeUDPAndTCPPort()
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		srv, err := challtestsrv.New(challtestsrv.Config{
+			DNSAddrs: []string{addr},
+			Log:      log.New(io.Discard, "", 0),
+		})
+		if err != nil {
+			return "", fmt.Errorf("challtestsrv: %w", err)
+		}
+		srv.SetDefaultDNSIPv4("127.0.0.1")
+		srv.SetDefaultDNSIPv6("")
+		srv.Run()
+		if err := probeDNS(addr, 5*time.Second); err != nil {
+			srv.Shutdown()
+			lastErr = err
+			continue
+		}
+		dnsAddr = addr
+		return addr, nil
+	}
+	return "", fmt.Errorf("start DNS server: %w", lastErr)
+}
+
+// freeUDPAndTCPPort finds a loopback port free for both TCP and UDP at this moment.
+func freeUDPAndTCPPort() (string, error) {
+	for range 20 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		addr := ln.Addr().String()
+		pc, err := net.ListenPacket("udp", addr)
+		_ = ln.Close()
+		if err != nil {
+			continue
+		}
+		_ = pc.Close()
+		return addr, nil
+	}
+	return "", errors.New("no loopback port free for both TCP and UDP")
+}
+
+// probeDNS waits until addr answers an A query over TCP (the transport Pebble's VA
+// uses) with 127.0.0.1.
+func probeDNS(addr string, within time.Duration) error {
+	client := &dns.Client{Net: "tcp", Timeout: time.Second}
+	deadline := time.Now().Add(within)
+	var lastErr error
+	for time.Now().Before(deadline) {
+		m := new(dns.Msg)
+		m.SetQuestion("probe.pebbletest.example.", dns.TypeA)
+		in, _, err := client.Exchange(m, addr)
+		if err == nil {
+			for _, rr := range in.Answer {
+				if a, ok := rr.(*dns.A); ok && a.A.Equal(net.IPv4(127, 0, 0, 1)) {
+					return nil
+				}
+			}
+			err = errors.New("no 127.0.0.1 answer")
+		}
+		lastErr = err
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("DNS server on %s does not answer: %w", addr, lastErr)
+}
+
+// freeTCPPort is a loopback TCP port free at this moment.
+func freeTCPPort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	_, port, err := net.SplitHostPort(ln.Addr().String())
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(port)
+}

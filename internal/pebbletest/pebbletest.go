@@ -1,0 +1,456 @@
+// Package pebbletest runs Pebble, Let's Encrypt's test ACME server, inside the
+// process: for the tests of package acme and of the worker, and for a demo program
+// (it is an ordinary package, not a _test.go file, for that reason).
+//
+// What a CA is:
+//   - Pebble's WFE (the ACME API) on a random loopback port, over TLS with a
+//     throwaway root generated at Start (CA.RootsFile, CA.RootsPEM): pass RootsFile
+//     to the worker as --acme-ca-bundle;
+//   - Pebble's VA, which validates HTTP-01 challenges by connecting to
+//     127.0.0.1:Options.HTTPPort whatever the name: every name resolves to
+//     127.0.0.1 through a challtestsrv DNS server shared by the whole process;
+//   - ACME Renewal Information (Pebble serves it always) and, on request, a
+//     short-lived profile next to the default one;
+//   - a record of the orders the CA received (CA.OrderRequests, CA.Orders), so that a
+//     test can tell that a name never reached the CA, or that a renewal named the
+//     certificate it replaces.
+//
+// Pebble's knobs that it reads from the environment (PEBBLE_VA_NOSLEEP,
+// PEBBLE_WFE_NONCEREJECT, ...) are Options here: Start sets the variables, builds
+// Pebble and restores them, under a lock, so CAs with different options can start in
+// parallel tests.
+//
+// Pebble's VA has no way to be stopped: each CA leaves one idle goroutine behind
+// after Close. Harmless in tests and demos, which is all this package is for.
+package pebbletest
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/letsencrypt/pebble/v2/ca"
+	"github.com/letsencrypt/pebble/v2/db"
+	"github.com/letsencrypt/pebble/v2/va"
+	"github.com/letsencrypt/pebble/v2/wfe"
+)
+
+const (
+	// DefaultProfile is the name of Pebble's default profile.
+	DefaultProfile = "default"
+	// ShortProfile is the profile Options.ShortLifetime adds.
+	ShortProfile = "shortlived"
+
+	// DirectoryPath and NewOrderPath are where Pebble serves the directory and
+	// new-order (Pebble picks paths unlike Boulder's on purpose, to catch clients
+	// that do not follow the directory).
+	DirectoryPath = wfe.DirectoryPath
+	NewOrderPath  = "/order-plz"
+	// NewAccountPath is Pebble's new-account endpoint.
+	NewAccountPath = "/sign-me-up"
+	// challengePath is the prefix of Pebble's challenge URLs.
+	challengePath = "/chalZ/"
+)
+
+// Options configure a CA. The zero value is a fast CA: no validation sleep, no
+// nonce rejection, every order validated afresh, the default profile only.
+type Options struct {
+	// HTTPPort is the port Pebble's VA connects to, on 127.0.0.1, to validate
+	// HTTP-01 challenges: where the worker's responder listens. 0 picks a port free
+	// at Start (CA.HTTPPort); a test that serves the responder itself should rather
+	// listen on 127.0.0.1:0 first and pass that port, which cannot be taken in
+	// between.
+	HTTPPort int
+	// ValidationSleep brings back Pebble's random sleep (0 to SleepSeconds) before
+	// each validation; off is PEBBLE_VA_NOSLEEP=1.
+	ValidationSleep bool
+	// SleepSeconds is the longest validation sleep (PEBBLE_VA_SLEEPTIME); 0 is
+	// Pebble's 5 seconds.
+	SleepSeconds int
+	// NonceReject is the percentage of good nonces rejected as bad
+	// (PEBBLE_WFE_NONCEREJECT). Unlike Pebble, whose default is 5, 0 here is none.
+	NonceReject int
+	// AuthzReuse is the percentage of orders that reuse a valid authorization
+	// instead of validating again (PEBBLE_AUTHZREUSE). Unlike Pebble, whose
+	// default is 50, 0 here is never: every order goes through HTTP-01.
+	AuthzReuse int
+	// DefaultLifetime is the validity of the default profile's certificates; 0 is
+	// Pebble's 90 days.
+	DefaultLifetime time.Duration
+	// ShortLifetime, when set, adds the profile ShortProfile whose certificates are
+	// valid that long (a few minutes, for renewal tests). Pebble gives an order that
+	// names no profile a random one, so with two profiles an issuer should name one.
+	ShortLifetime time.Duration
+	// ChallengeRetryAfter is the Retry-After added to Pebble's answers to a
+	// challenge POST, which carry none; lego then polls the authorization after
+	// that long instead of its default 5 seconds. 0 is 1 second; negative adds none.
+	ChallengeRetryAfter time.Duration
+	// RequireEAB makes new accounts need an external account binding; EABKeys
+	// maps key ids to their base64url HMAC keys.
+	RequireEAB bool
+	EABKeys    map[string]string
+	// Log receives Pebble's log; nil discards it.
+	Log io.Writer
+}
+
+// Order is a new-order request the CA accepted.
+type Order struct {
+	Identifiers []string
+	// Replaces is the RFC 9773 certificate id the order says it replaces, or "".
+	Replaces string
+	// Profile is the profile the order asked for, or "".
+	Profile string
+}
+
+// CA is a running Pebble.
+type CA struct {
+	// DirectoryURL is the ACME directory: https://127.0.0.1:PORT/dir.
+	DirectoryURL string
+	// HTTPPort is the port the VA validates HTTP-01 challenges against.
+	HTTPPort int
+	// RootsFile is a PEM file holding the root of the WFE's TLS certificate; it is
+	// removed by Close.
+	RootsFile string
+
+	minica        *minica
+	pebbleCA      *ca.CAImpl
+	server        *http.Server
+	dir           string
+	retryAfter    string
+	orderRequests atomic.Int64
+	newAccounts   atomic.Int64
+
+	mu     sync.Mutex
+	orders []Order
+
+	closeOnce sync.Once
+}
+
+// envMu serialises Start's use of the process environment.
+var envMu sync.Mutex
+
+// Start starts a CA. Close stops it.
+func Start(opts Options) (c *CA, err error) {
+	// Pebble's constructors panic on the failures they do not expect (a key that
+	// cannot be generated); a test gets an error instead.
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("start pebble: %v", r)
+		}
+	}()
+
+	dnsServer, err := sharedDNS()
+	if err != nil {
+		return nil, err
+	}
+	if opts.HTTPPort == 0 {
+		if opts.HTTPPort, err = freeTCPPort(); err != nil {
+			return nil, err
+		}
+	}
+	mc, err := newMinica()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "pebbletest-")
+	if err != nil {
+		return nil, err
+	}
+	c = &CA{HTTPPort: opts.HTTPPort, minica: mc, dir: dir, RootsFile: filepath.Join(dir, "roots.pem")}
+	defer func() {
+		if err != nil {
+			_ = os.RemoveAll(dir)
+		}
+	}()
+	if err := os.WriteFile(c.RootsFile, mc.rootPEM, 0o644); err != nil {
+		return nil, err
+	}
+	switch {
+	case opts.ChallengeRetryAfter == 0:
+		c.retryAfter = "1"
+	case opts.ChallengeRetryAfter > 0:
+		c.retryAfter = strconv.Itoa(max(1, int(opts.ChallengeRetryAfter/time.Second)))
+	}
+
+	logOut := opts.Log
+	if logOut == nil {
+		logOut = io.Discard
+	}
+	logger := log.New(logOut, "pebble ", log.LstdFlags)
+
+	profiles := map[string]ca.Profile{
+		DefaultProfile: {Description: "The default profile", ValidityPeriod: seconds(opts.DefaultLifetime)},
+	}
+	if opts.ShortLifetime > 0 {
+		profiles[ShortProfile] = ca.Profile{
+			Description:    "Short-lived certificates, for renewal tests",
+			ValidityPeriod: seconds(opts.ShortLifetime),
+		}
+	}
+
+	store := db.NewMemoryStore()
+	for kid, key := range opts.EABKeys {
+		if err := store.AddExternalAccountKeyByID(kid, key); err != nil {
+			return nil, fmt.Errorf("EAB key %q: %w", kid, err)
+		}
+	}
+
+	env := map[string]string{
+		"PEBBLE_VA_NOSLEEP":      "0",
+		"PEBBLE_VA_SLEEPTIME":    "",
+		"PEBBLE_VA_ALWAYS_VALID": "0",
+		"PEBBLE_WFE_NONCEREJECT": strconv.Itoa(opts.NonceReject),
+		"PEBBLE_AUTHZREUSE":      strconv.Itoa(opts.AuthzReuse),
+	}
+	if !opts.ValidationSleep {
+		env["PEBBLE_VA_NOSLEEP"] = "1"
+	}
+	if opts.SleepSeconds > 0 {
+		env["PEBBLE_VA_SLEEPTIME"] = strconv.Itoa(opts.SleepSeconds)
+	}
+	var handler http.Handler
+	withEnv(env, func() {
+		c.pebbleCA = ca.New(logger, store, "", "ecdsa", 0, 1, profiles)
+		vaImpl := va.New(logger, opts.HTTPPort, 0, false, dnsServer, store)
+		wfeImpl := wfe.New(logger, store, vaImpl, c.pebbleCA, []string{"pebble.letsencrypt.org"},
+			false, opts.RequireEAB, 0, 0)
+		handler = wfeImpl.Handler()
+	})
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	c.server = &http.Server{
+		Handler:           c.record(handler),
+		ReadHeaderTimeout: 10 * time.Second,
+		// A test that sends garbage, or a client that does not trust the root,
+		// makes the server log TLS errors; they are the test's business.
+		ErrorLog: log.New(io.Discard, "", 0),
+		TLSConfig: &tls.Config{
+			Certificates: []tls.Certificate{mc.leaf},
+			MinVersion:   tls.VersionTLS12,
+		},
+	}
+	go func() { _ = c.server.ServeTLS(ln, "", "") }()
+	c.DirectoryURL = "https://" + ln.Addr().String() + DirectoryPath
+	return c, nil
+}
+
+// StartT starts a CA for a test and closes it when the test ends.
+func StartT(t testing.TB, opts Options) *CA {
+	t.Helper()
+	c, err := Start(opts)
+	if err != nil {
+		t.Fatalf("pebble: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// RootsPEM is the PEM of the root the WFE's TLS certificate chains to (the content
+// of RootsFile).
+func (c *CA) RootsPEM() []byte { return bytes.Clone(c.minica.rootPEM) }
+
+// IssuerRootsPEM is the PEM of the root Pebble issues certificates under, for a test
+// that verifies an issued chain.
+func (c *CA) IssuerRootsPEM() []byte {
+	var out []byte
+	for i := range c.pebbleCA.GetNumberOfRootCerts() {
+		if root := c.pebbleCA.GetRootCert(i); root != nil {
+			out = append(out, root.PEM()...)
+		}
+	}
+	return out
+}
+
+// TLSCertificate is a server certificate for 127.0.0.1, ::1 and localhost under the
+// same root as the CA's own, for a test server that stands in for the CA (a proxy in
+// front of it, a CA answering garbage) and that an issuer trusting RootsFile reaches.
+func (c *CA) TLSCertificate() tls.Certificate { return c.minica.leaf }
+
+// NewTLSServer starts an httptest server with TLSCertificate. The caller closes it.
+func (c *CA) NewTLSServer(h http.Handler) *httptest.Server {
+	s := httptest.NewUnstartedServer(h)
+	s.TLS = &tls.Config{Certificates: []tls.Certificate{c.minica.leaf}, MinVersion: tls.VersionTLS12}
+	s.Config.ErrorLog = log.New(io.Discard, "", 0)
+	s.StartTLS()
+	return s
+}
+
+// OrderRequests is how many new-order requests reached the CA, accepted or not
+// (a request retried after a rejected nonce counts twice).
+func (c *CA) OrderRequests() int { return int(c.orderRequests.Load()) }
+
+// NewAccounts is how many accounts the CA created (an existing key registering again
+// is not counted).
+func (c *CA) NewAccounts() int { return int(c.newAccounts.Load()) }
+
+// Orders are the orders the CA accepted, in the order it accepted them.
+func (c *CA) Orders() []Order {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]Order(nil), c.orders...)
+}
+
+// Close stops the CA's listener and removes RootsFile. It is safe to call twice.
+func (c *CA) Close() error {
+	var err error
+	c.closeOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if c.server != nil {
+			if err = c.server.Shutdown(ctx); err != nil {
+				_ = c.server.Close()
+			}
+		}
+		_ = os.RemoveAll(c.dir)
+	})
+	return err
+}
+
+// record wraps the WFE: it counts and records new orders and accounts, and adds Retry-After to
+// challenge answers (Options.ChallengeRetryAfter).
+func (c *CA) record(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.URL.Path == NewOrderPath {
+			body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+			if err != nil {
+				http.Error(w, "read body", http.StatusBadRequest)
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			c.orderRequests.Add(1)
+			sw := &statusWriter{ResponseWriter: w}
+			next.ServeHTTP(sw, r)
+			if sw.status == http.StatusCreated {
+				if o, err := parseOrder(body); err == nil {
+					c.mu.Lock()
+					c.orders = append(c.orders, o)
+					c.mu.Unlock()
+				}
+			}
+			return
+		}
+		if r.Method == http.MethodPost && r.URL.Path == NewAccountPath {
+			sw := &statusWriter{ResponseWriter: w}
+			next.ServeHTTP(sw, r)
+			if sw.status == http.StatusCreated {
+				c.newAccounts.Add(1)
+			}
+			return
+		}
+		if r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, challengePath) && c.retryAfter != "" {
+			w.Header().Set("Retry-After", c.retryAfter)
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// parseOrder reads a new-order JWS (flattened JSON serialisation) without checking
+// its signature: Pebble does that.
+func parseOrder(body []byte) (Order, error) {
+	var jws struct {
+		Payload string `json:"payload"`
+	}
+	if err := json.Unmarshal(body, &jws); err != nil {
+		return Order{}, err
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(jws.Payload)
+	if err != nil {
+		return Order{}, err
+	}
+	var req struct {
+		Identifiers []struct {
+			Value string `json:"value"`
+		} `json:"identifiers"`
+		Replaces string `json:"replaces"`
+		Profile  string `json:"profile"`
+	}
+	if err := json.Unmarshal(payload, &req); err != nil {
+		return Order{}, err
+	}
+	if len(req.Identifiers) == 0 {
+		return Order{}, errors.New("no identifiers")
+	}
+	o := Order{Replaces: req.Replaces, Profile: req.Profile}
+	for _, id := range req.Identifiers {
+		o.Identifiers = append(o.Identifiers, id.Value)
+	}
+	return o, nil
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// withEnv runs f with the process environment changed as env says ("" unsets),
+// then puts it back.
+func withEnv(env map[string]string, f func()) {
+	envMu.Lock()
+	defer envMu.Unlock()
+	type saved struct {
+		value string
+		set   bool
+	}
+	old := make(map[string]saved, len(env))
+	for k, v := range env {
+		prev, set := os.LookupEnv(k)
+		old[k] = saved{prev, set}
+		if v == "" {
+			_ = os.Unsetenv(k)
+		} else {
+			_ = os.Setenv(k, v)
+		}
+	}
+	defer func() {
+		for k, s := range old {
+			if s.set {
+				_ = os.Setenv(k, s.value)
+			} else {
+				_ = os.Unsetenv(k)
+			}
+		}
+	}()
+	f()
+}
+
+// seconds is a lifetime in Pebble's unit; 0 leaves Pebble's default.
+func seconds(d time.Duration) uint64 {
+	if d <= 0 {
+		return 0
+	}
+	return uint64(max(1, d/time.Second))
+}
