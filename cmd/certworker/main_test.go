@@ -1,0 +1,157 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/certworker/certworker/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func invoke(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = run(args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+// A wrong or missing --database-url fails in one line with exit 2, and the password
+// never appears: operators paste these lines into tickets.
+func TestCLI_BadDatabaseURLFailsInOneLineWithoutThePassword(t *testing.T) {
+	t.Setenv("DATABASE_URL", "")
+	t.Setenv("CERTWORKER_DATABASE_URL", "")
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"missing", []string{"status"}},
+		{"unreachable url", []string{"status", "--database-url", "postgres://admin:hunter2secret@127.0.0.1:1/db"}},
+		{"unreachable keyword form", []string{"retry", "x.example", "--database-url", "host=127.0.0.1 port=1 user=admin password=hunter2secret"}},
+		{"unparseable", []string{"migrate", "--database-url", "postgres://admin:hunter2secret@[::1/db"}},
+		{"wrong password", []string{"status", "--database-url", strings.Replace(pgtest.NewDB(t), "postgres:postgres@", "postgres:hunter2secret@", 1)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, stdout, stderr := invoke(t, tc.args...)
+			require.Equal(t, exitUsage, code, stderr)
+			require.Empty(t, stdout)
+			require.Equal(t, 1, strings.Count(strings.TrimSpace(stderr), "\n")+1, "not one line: %q", stderr)
+			require.Contains(t, stderr, "--database-url")
+			require.NotContains(t, stderr, "hunter2secret")
+		})
+	}
+}
+
+// An empty variable counts as unset, and a flag beats its variable.
+func TestCLI_EnvironmentVariables(t *testing.T) {
+	dsn := pgtest.NewDB(t)
+	t.Setenv("CERTWORKER_DATABASE_URL", "")
+	t.Setenv("DATABASE_URL", dsn)
+	code, _, stderr := invoke(t, "status")
+	require.Equal(t, exitOK, code, "DATABASE_URL was not used behind an empty CERTWORKER_DATABASE_URL: %s", stderr)
+	t.Setenv("CERTWORKER_DATABASE_URL", "postgres://x:y@127.0.0.1:1/none")
+	code, _, _ = invoke(t, "status")
+	require.Equal(t, exitUsage, code, "CERTWORKER_DATABASE_URL must come before DATABASE_URL")
+	code, _, stderr = invoke(t, "status", "--database-url", dsn)
+	require.Equal(t, exitOK, code, "the flag must beat the variable: %s", stderr)
+}
+
+func TestCLI_BadFlagsExitTwoNamingTheFlag(t *testing.T) {
+	t.Setenv("CERTWORKER_DATABASE_URL", "postgres://x:y@127.0.0.1:1/none")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", "--poll-interval", "soon"}, "--poll-interval"},
+		{[]string{"run", "--concurrency", "0"}, "--concurrency"},
+		{[]string{"run", "--key-type", "dsa"}, "--key-type"},
+		{[]string{"run", "--retry-base", "1h", "--retry-max", "1m"}, "--retry-max"},
+		{[]string{"run", "--key-encryption-key", "c2hvcnQ="}, "--key-encryption-key"},
+		{[]string{"run", "--log-level", "loud"}, "--log-level"},
+		{[]string{"frobnicate"}, "frobnicate"},
+	} {
+		code, _, stderr := invoke(t, tc.args...)
+		require.Equal(t, exitUsage, code, "%v: %s", tc.args, stderr)
+		require.Contains(t, stderr, tc.want, "%v", tc.args)
+	}
+}
+
+func TestCLI_HelpWorksOnEveryCommand(t *testing.T) {
+	for _, cmd := range []string{"", "migrate", "run", "status", "retry", "version"} {
+		args := []string{"--help"}
+		if cmd != "" {
+			args = []string{cmd, "--help"}
+		}
+		code, stdout, _ := invoke(t, args...)
+		require.Equal(t, exitOK, code, cmd)
+		require.Contains(t, stdout, "Usage:", cmd)
+	}
+}
+
+// The operator commands against a real database: migrate is idempotent, status --json
+// has the contract's shape, retry refuses what it cannot requeue with exit 1.
+func TestCLI_MigrateStatusRetry(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.NewDB(t)
+	code, stdout, stderr := invoke(t, "migrate", "--database-url", dsn)
+	require.Equal(t, exitOK, code, stderr)
+	require.Contains(t, stdout, "up to date", "a migrated database was migrated again")
+
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, `
+WITH t AS (INSERT INTO proxy_tenants (name, slug, email) VALUES ('t', 't', 't@example.com') RETURNING id)
+INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_status, ssl_provider, ssl_attempts, ssl_error, ssl_last_attempt_at)
+SELECT id, d, v, 'tok', s, p, a, e, now() FROM t, (VALUES
+    ('failed.example', 'verified', 'failed', 'acme', 10, 'acme: urn:ietf:params:acme:error:unauthorized: nope'),
+    ('retrying.example', 'verified', 'pending', 'acme', 2, 'acme: connection refused'),
+    ('unverified.example', 'pending', 'pending', 'acme', 0, NULL),
+    ('manual.example', 'verified', 'active', 'manual', 0, NULL),
+    ('active.example', 'verified', 'active', 'acme', 0, NULL)) AS v(d, v, s, p, a, e)`)
+	require.NoError(t, err)
+
+	code, stdout, stderr = invoke(t, "status", "--json", "--database-url", dsn)
+	require.Equal(t, exitOK, code, stderr)
+	var o struct {
+		Counts  map[string]int   `json:"counts"`
+		Domains []map[string]any `json:"domains"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &o), stdout)
+	require.Equal(t, map[string]int{"pending": 2, "provisioning": 0, "active": 1, "failed": 1}, o.Counts)
+	require.Len(t, o.Domains, 2)
+	for _, d := range o.Domains {
+		for _, k := range []string{"domain", "ssl_status", "ssl_attempts", "ssl_error", "next_attempt_at"} {
+			require.Contains(t, d, k)
+		}
+		if d["domain"] == "failed.example" {
+			require.Nil(t, d["next_attempt_at"], "a failed domain waits for retry")
+		} else {
+			require.NotNil(t, d["next_attempt_at"])
+		}
+	}
+
+	for domain, reason := range map[string]string{
+		"nosuch.example":     "unknown",
+		"unverified.example": "not verified",
+		"manual.example":     "ACME",
+		"active.example":     "active",
+	} {
+		code, _, stderr := invoke(t, "retry", domain, "--database-url", dsn)
+		require.Equal(t, exitFailed, code, domain)
+		require.Contains(t, stderr, reason, domain)
+	}
+	code, stdout, stderr = invoke(t, "retry", "failed.example", "--database-url", dsn)
+	require.Equal(t, exitOK, code, stderr)
+	require.Contains(t, stdout, "queued")
+	code, stdout, _ = invoke(t, "status", "failed.example", "--database-url", dsn)
+	require.Equal(t, exitOK, code)
+	require.Regexp(t, `ssl_status\s+pending`, stdout)
+}
