@@ -37,7 +37,7 @@ var (
 	// the sealed key was moved to another row (its AAD differs), or it was altered.
 	ErrUnseal = errors.New("cannot open the sealed key: wrong --key-encryption-key, key moved from another row, or altered")
 	// ErrKeyFormat: the stored key is neither PEM nor a sealed key.
-	ErrKeyFormat = errors.New("stored key is neither PEM nor " + sealedFamily + "...")
+	ErrKeyFormat = errors.New("stored key is neither PEM nor a sealed key (" + sealedFamily + "v1:...)")
 )
 
 // Seal returns what is stored for a private key. Without a key encryption key

@@ -59,7 +59,6 @@ var (
 
 type order struct {
 	claim   Claim
-	name    string
 	started time.Time
 	cancel  context.CancelCauseFunc
 }
@@ -212,7 +211,12 @@ func (w *Worker) Run(ctx context.Context) error {
 		case r := <-results:
 			finish(r)
 			if saturated {
-				schedule(claim(listener.SourceTimer))
+				// A slot is free and more may be due. Only when the queue runs
+				// dry is the next due time worth a query: while it stays full,
+				// finishing orders keep claiming.
+				if n := claim(listener.SourceTimer); !saturated {
+					schedule(n)
+				}
 			}
 		case <-heartbeat.C:
 			w.heartbeat(ctx, inflight)
