@@ -16,6 +16,12 @@ const releaseClaimSQL = `ssl_claim_token = NULL, ssl_claimed_by = NULL, ssl_leas
 // so the proxy never sees one without the other. The certificate row is upserted by
 // domain; auto_renew keeps whatever the proxy set.
 func (q *Queue) MarkActive(ctx context.Context, c Claim, cert *Certificate) error {
+	renewAt := cert.RenewAt
+	if renewAt.IsZero() {
+		// An issuer that gave no renewal time must not make the certificate due at
+		// once (and on every pass after).
+		renewAt = RenewAtFromValidity(cert.NotBefore, cert.NotAfter)
+	}
 	return pgx.BeginFunc(ctx, q.db, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `
 UPDATE proxy_domains SET
@@ -43,7 +49,7 @@ ON CONFLICT (domain) DO UPDATE SET
     renew_at = EXCLUDED.renew_at,
     updated_at = now()`,
 			c.Domain, cert.ChainPEM, cert.PrivateKey, cert.NotAfter, cert.NotBefore,
-			cert.Issuer, cert.Serial, cert.RenewAt)
+			cert.Issuer, cert.Serial, renewAt)
 		if err != nil {
 			return fmt.Errorf("store certificate: %w", err)
 		}
@@ -70,9 +76,9 @@ func (q *Queue) MarkFailed(ctx context.Context, c Claim, reason string) (Failure
 	var status string
 	err := q.db.QueryRow(ctx, `
 UPDATE proxy_domains SET
-    ssl_status = CASE WHEN GREATEST(ssl_attempts, 0) + 1 >= $4 THEN 'failed' ELSE 'pending' END,
+    ssl_status = CASE WHEN `+nextAttemptSQL+` >= $4 THEN 'failed' ELSE 'pending' END,
     ssl_error = $3,
-    ssl_attempts = GREATEST(ssl_attempts, 0) + 1,
+    ssl_attempts = `+nextAttemptSQL+`,
     updated_at = now(), `+releaseClaimSQL+`
 WHERE id = $1 AND ssl_claim_token = $2 AND ssl_status = 'provisioning'
 RETURNING ssl_attempts, ssl_status`, c.ID, c.Token, reason, q.cfg.MaxAttempts).Scan(&f.Attempts, &status)
@@ -95,7 +101,7 @@ func (q *Queue) MarkInvalid(ctx context.Context, c Claim, reason string) error {
 	tag, err := q.db.Exec(ctx, `
 UPDATE proxy_domains SET
     ssl_status = 'failed', ssl_error = $3,
-    ssl_attempts = GREATEST(ssl_attempts, 0) + 1,
+    ssl_attempts = `+nextAttemptSQL+`,
     updated_at = now(), `+releaseClaimSQL+`
 WHERE id = $1 AND ssl_claim_token = $2 AND ssl_status = 'provisioning'`, c.ID, c.Token, reason)
 	if err != nil {
@@ -138,7 +144,9 @@ func (q *Queue) PauseCA(ctx context.Context, directory string, until time.Time, 
 INSERT INTO certworker_ca_pauses (directory, paused_until, reason) VALUES ($1, $2, $3)
 ON CONFLICT (directory) DO UPDATE SET
     paused_until = GREATEST(certworker_ca_pauses.paused_until, EXCLUDED.paused_until),
-    reason = EXCLUDED.reason, updated_at = now()`, directory, until, reason)
+    reason = CASE WHEN EXCLUDED.paused_until > certworker_ca_pauses.paused_until
+                  THEN EXCLUDED.reason ELSE certworker_ca_pauses.reason END,
+    updated_at = now()`, directory, until, reason)
 	if err != nil {
 		return fmt.Errorf("pause CA: %w", err)
 	}

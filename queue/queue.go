@@ -50,3 +50,8 @@ var (
 func backoffSQL(base, cap string) string {
 	return fmt.Sprintf("LEAST(%s * power(2, LEAST(GREATEST(ssl_attempts, 0), %d)), %s)", base, maxShift, cap)
 }
+
+// nextAttemptSQL is the attempt count after one more attempt: negative counts as 0,
+// and a hand-edited count at the top of int4 stays in range instead of making the
+// whole statement fail (and with it every other row it would have moved).
+const nextAttemptSQL = "(LEAST(GREATEST(ssl_attempts, 0), 2147483646) + 1)"

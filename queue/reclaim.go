@@ -37,8 +37,8 @@ const interruptedError = "issuance was interrupted before it finished"
 func (q *Queue) ReclaimAbandoned(ctx context.Context) ([]Reclaimed, error) {
 	rows, err := q.db.Query(ctx, `
 UPDATE proxy_domains SET
-    ssl_status = CASE WHEN GREATEST(ssl_attempts, 0) + 1 >= $1 THEN 'failed' ELSE 'pending' END,
-    ssl_attempts = GREATEST(ssl_attempts, 0) + 1,
+    ssl_status = CASE WHEN `+nextAttemptSQL+` >= $1 THEN 'failed' ELSE 'pending' END,
+    ssl_attempts = `+nextAttemptSQL+`,
     ssl_error = $3,
     ssl_last_attempt_at = NULL,
     updated_at = now(), `+releaseClaimSQL+`

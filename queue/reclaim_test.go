@@ -121,3 +121,18 @@ func TestReclaim_AtTheLimitTheDomainFails(t *testing.T) {
 	require.True(t, got[0].GaveUp)
 	require.Equal(t, "failed", b.status(t, id))
 }
+
+// A hand-edited row at the top of int4 must not make the reclaim statement fail: it
+// moves every abandoned row at once, so one bad row would leave all of them stuck.
+func TestReclaim_AHugeAttemptCountDoesNotBlockTheOthers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tn := b.tenant(t)
+	huge, _ := b.domain(t, tn, "provisioning", 2147483647, ago(3600))
+	normal, _ := b.domain(t, tn, "provisioning", 0, ago(3600))
+	got, err := b.q.ReclaimAbandoned(b.ctx)
+	require.NoError(t, err)
+	require.Len(t, got, 2)
+	require.Equal(t, "failed", b.status(t, huge))
+	require.Equal(t, "pending", b.status(t, normal))
+}

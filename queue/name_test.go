@@ -1,0 +1,126 @@
+package queue_test
+
+import (
+	"net/netip"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/certworker/certworker/queue"
+)
+
+var (
+	label63 = strings.Repeat("a", 63)
+	// 63 + 1 + 63 + 1 + 63 + 1 + 61 = 253, the longest name a CA issues for.
+	name253 = label63 + "." + strings.Repeat("b", 63) + "." + strings.Repeat("c", 63) + "." + strings.Repeat("d", 61)
+)
+
+var checkNameCases = []struct {
+	name string
+	want string // "" when the name is refused
+}{
+	{"example.com", "example.com"},
+	{"a.b.c.example", "a.b.c.example"},
+	{"xn--bcher-kva.example", "xn--bcher-kva.example"},
+	// The proxy may store what the tenant typed; the CA is asked in lower case.
+	{"EXAMPLE.COM", "example.com"},
+	{"Mixed-Case.Example", "mixed-case.example"},
+	{"a1.example", "a1.example"},
+	{"1a.example", "1a.example"},
+	{"a-b.example", "a-b.example"},
+	{label63 + ".example", label63 + ".example"},
+	{name253, name253},
+
+	{"", ""},
+	{"localhost", ""},
+	{"example.com.", ""},
+	{"*.example.com", ""},
+	{"a..b", ""},
+	{".example.com", ""},
+	{"-a.example", ""},
+	{"a-.example", ""},
+	{"a_b.example", ""},
+	{"bücher.example", ""},
+	{"1.2.3.4", ""},
+	{"1.2.3.010", ""},
+	{"::1", ""},
+	{"[::1]", ""},
+	{"a.123", ""},
+	{strings.Repeat("a", 64) + ".example", ""},
+	{name253 + "d", ""},
+	{"a b.example", ""},
+	{"a.example\n", ""},
+	{"a\x00.example", ""},
+}
+
+// Only names a public CA can issue are ordered (CONTRACT.md §5). A name the CA
+// refuses spends an order from a rate-limited budget shared by every domain, ten times
+// over a day; a wildcard needs DNS-01, which this worker does not do; an IP address
+// or a single label can never be validated; a Unicode name must be ordered as its
+// A-label. Upper case is accepted and ordered in lower case.
+func TestCheckName_AcceptsOnlyNamesAPublicCACanIssue(t *testing.T) {
+	t.Parallel()
+	for _, tc := range checkNameCases {
+		got, err := queue.CheckName(tc.name)
+		if tc.want == "" {
+			require.Error(t, err, "%q was accepted as %q", tc.name, got)
+			require.Empty(t, got, "%q: a refused name came back non-empty", tc.name)
+			require.NotEmpty(t, err.Error(), "%q: refused without a reason", tc.name)
+			continue
+		}
+		require.NoError(t, err, "%q", tc.name)
+		require.Equal(t, tc.want, got, "%q", tc.name)
+	}
+}
+
+var labelRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
+
+// Whatever the proxy stored, CheckName must not panic (the worker would die on one
+// bad row, and again on every restart), and a name it accepts must be one the CA
+// accepts: lower case, at most 253 characters, no trailing dot, at least two labels
+// of 1 to 63 letters, digits or inner hyphens, and already in its final form
+// (checking it again changes nothing), and not an IP address.
+func FuzzCheckName(f *testing.F) {
+	for _, tc := range checkNameCases {
+		f.Add(tc.name)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		got, err := queue.CheckName(in)
+		if err != nil {
+			if got != "" {
+				t.Fatalf("CheckName(%q) refused the name but returned %q", in, got)
+			}
+			return
+		}
+		if got != strings.ToLower(got) {
+			t.Fatalf("CheckName(%q) = %q, not lower case", in, got)
+		}
+		if !strings.EqualFold(got, in) {
+			t.Fatalf("CheckName(%q) = %q, not the same name", in, got)
+		}
+		if len(got) > 253 {
+			t.Fatalf("CheckName(%q) = %d characters", in, len(got))
+		}
+		if strings.HasSuffix(got, ".") {
+			t.Fatalf("CheckName(%q) = %q, with a trailing dot", in, got)
+		}
+		labels := strings.Split(got, ".")
+		if len(labels) < 2 {
+			t.Fatalf("CheckName(%q) = %q, a single label", in, got)
+		}
+		for _, l := range labels {
+			if len(l) < 1 || len(l) > 63 || !labelRE.MatchString(l) {
+				t.Fatalf("CheckName(%q) = %q, with the label %q", in, got, l)
+			}
+		}
+		if _, err := netip.ParseAddr(got); err == nil {
+			t.Fatalf("CheckName(%q) = %q, an IP address", in, got)
+		}
+		again, err := queue.CheckName(got)
+		if err != nil || again != got {
+			t.Fatalf("CheckName(%q) = %q, but CheckName(%q) = %q, %v", in, got, got, again, err)
+		}
+	})
+}

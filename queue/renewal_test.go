@@ -1,0 +1,265 @@
+package queue_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/certworker/certworker/queue"
+)
+
+const day = 24 * time.Hour
+
+// storeCert writes a certificate row for domain by hand, as the proxy or an operator
+// would: renewAt nil leaves renew_at NULL (an uploaded certificate).
+func (b *bundle) storeCert(t *testing.T, domain, chain string, expires time.Time, renewAt *time.Time, autoRenew bool) {
+	t.Helper()
+	_, err := b.pool.Exec(b.ctx, `
+INSERT INTO proxy_certificates (domain, certificate_pem, private_key_pem, expires_at, renew_at, auto_renew)
+VALUES ($1, $2, 'key', $3, $4, $5)`, domain, chain, expires, renewAt, autoRenew)
+	require.NoError(t, err)
+}
+
+// storedRenewAt is the renew_at of domain's certificate row.
+func (b *bundle) storedRenewAt(t *testing.T, domain string) *time.Time {
+	t.Helper()
+	var at *time.Time
+	require.NoError(t, b.pool.QueryRow(b.ctx,
+		`SELECT renew_at FROM proxy_certificates WHERE domain = $1`, domain).Scan(&at))
+	return at
+}
+
+func (b *bundle) domainName(t *testing.T, id string) string {
+	t.Helper()
+	var n string
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT domain FROM proxy_domains WHERE id = $1`, id).Scan(&n))
+	return n
+}
+
+func timePtr(t time.Time) *time.Time { return &t }
+
+// The renewal path end to end: a certificate past its renewal time puts the domain
+// back in the queue with a clean slate, wakes the workers, and the claim names the
+// certificate being replaced (RFC 9773 "replaces") while the proxy keeps serving it.
+func TestMarkRenewals_RequeuesACertificatePastItsRenewalTime(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, name := b.domain(t, b.tenant(t), "active", 0, ago(61*24*3600))
+	// A count left on an active row (the reference did not always clear it) must not
+	// make the renewal start part-way up the backoff curve, or near the limit.
+	_, err := b.pool.Exec(b.ctx, `UPDATE proxy_domains SET ssl_attempts = 4 WHERE id = $1`, id)
+	require.NoError(t, err)
+	now := nowSecond()
+	chain, _ := mintPEM(t, name, now.Add(-61*day), now.Add(29*day))
+	b.storeCert(t, name, chain, now.Add(29*day), timePtr(now.Add(-day)), true)
+
+	var n int64
+	wakes := b.notifications(t, func() {
+		n, err = b.q.MarkRenewals(b.ctx)
+		require.NoError(t, err)
+	})
+	require.EqualValues(t, 1, n)
+	require.Equal(t, 1, wakes, "a renewal must wake the workers through the trigger")
+
+	r := b.sslRow(t, id)
+	require.Equal(t, "pending", r.Status)
+	require.Zero(t, r.Attempts)
+	// The domain keeps its certificate until the new one is stored.
+	certs := b.certRows(t, name)
+	require.Len(t, certs, 1)
+	require.Equal(t, chain, certs[0].ChainPEM, "the current certificate was touched before its replacement exists")
+
+	c := b.claimOne(t, id)
+	require.Equal(t, chain, c.CurrentPEM, "the renewal order does not know which certificate it replaces")
+}
+
+// Each of these has a certificate that is not to be renewed by this worker, or not
+// now. Renewing a domain whose tenant turned auto_renew off, or one whose certificate
+// the tenant manages, overwrites their certificate; renewing an unverified domain
+// orders for a name nobody controls; touching a renewal already under way resets its
+// attempts on every poll, so it never backs off and never gives up.
+func TestMarkRenewals_LeavesAloneWhatIsNotDue(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tn := b.tenant(t)
+	now := nowSecond()
+	past, future := now.Add(-time.Hour), now.Add(time.Hour)
+	type row struct {
+		status           string
+		attempts         int
+		renewAt          time.Time
+		autoRenew        bool
+		verified, isAcme bool
+	}
+	for name, r := range map[string]row{
+		"renewal time in the future": {status: "active", renewAt: future, autoRenew: true, verified: true, isAcme: true},
+		"auto_renew off":             {status: "active", renewAt: past, verified: true, isAcme: true},
+		"manual provider":            {status: "active", renewAt: past, autoRenew: true, verified: true},
+		"unverified":                 {status: "active", renewAt: past, autoRenew: true, isAcme: true},
+		"renewal backing off":        {status: "pending", attempts: 3, renewAt: past, autoRenew: true, verified: true, isAcme: true},
+		"renewal being issued":       {status: "provisioning", renewAt: past, autoRenew: true, verified: true, isAcme: true},
+		"renewal given up":           {status: "failed", attempts: 10, renewAt: past, autoRenew: true, verified: true, isAcme: true},
+	} {
+		verification, provider := "failed", "manual"
+		if r.verified {
+			verification = "verified"
+		}
+		if r.isAcme {
+			provider = "acme"
+		}
+		id := b.insert(t, tn, verification, r.status, provider)
+		_, err := b.pool.Exec(b.ctx, `UPDATE proxy_domains SET ssl_attempts = $2, ssl_last_attempt_at = now() - interval '1 hour' WHERE id = $1`, id, r.attempts)
+		require.NoError(t, err)
+		domain := b.domainName(t, id)
+		chain, _ := mintPEM(t, domain, now.Add(-89*day), now.Add(day))
+		b.storeCert(t, domain, chain, now.Add(day), timePtr(r.renewAt), r.autoRenew)
+
+		n, err := b.q.MarkRenewals(b.ctx)
+		require.NoError(t, err, name)
+		require.Zero(t, n, "%s: marked for renewal", name)
+		got := b.sslRow(t, id)
+		require.Equal(t, r.status, got.Status, name)
+		require.Equal(t, r.attempts, got.Attempts, "%s: attempts reset", name)
+	}
+}
+
+// A certificate uploaded by hand has no renew_at. It is judged by the same
+// third-of-lifetime rule from its own validity: a 6-day certificate renews after 4
+// days. Leaving renew_at NULL would never renew it (and the proxy serves an expired
+// certificate); the reference's 30-days-before-expiry rule would renew it at once.
+func TestMarkRenewals_AHandUploadedCertificateIsJudgedByItsOwnValidity(t *testing.T) {
+	t.Parallel()
+	now := nowSecond()
+	for _, tc := range []struct {
+		name      string
+		notBefore time.Time
+		lifetime  time.Duration
+		renewed   bool
+	}{
+		{"6 days, 5 in: past the 4-day mark", now.Add(-5 * day), 6 * day, true},
+		{"6 days, 1 in: before the 4-day mark", now.Add(-day), 6 * day, false},
+		{"90 days, 61 in: past the 60-day mark", now.Add(-61 * day), 90 * day, true},
+		{"90 days, 59 in: before the 60-day mark", now.Add(-59 * day), 90 * day, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			id, name := b.domain(t, b.tenant(t), "active", 0, ago(3600))
+			notAfter := tc.notBefore.Add(tc.lifetime)
+			chain, _ := mintPEM(t, name, tc.notBefore, notAfter)
+			b.storeCert(t, name, chain, notAfter, nil, true)
+
+			n, err := b.q.MarkRenewals(b.ctx)
+			require.NoError(t, err)
+
+			at := b.storedRenewAt(t, name)
+			require.NotNil(t, at, "no renewal time was recorded for an uploaded certificate")
+			want := tc.notBefore.Add(tc.lifetime * 2 / 3)
+			require.WithinDuration(t, want, *at, 0, "renew_at %s, want two thirds into the lifetime", at)
+			if tc.renewed {
+				require.EqualValues(t, 1, n)
+				require.Equal(t, "pending", b.status(t, id))
+			} else {
+				require.Zero(t, n)
+				require.Equal(t, "active", b.status(t, id))
+			}
+		})
+	}
+}
+
+// The chain is leaf first, and only the leaf's validity counts: an intermediate
+// (here one that would be due) must not decide when the domain's certificate renews.
+func TestMarkRenewals_AnUploadedChainIsJudgedByItsLeaf(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, name := b.domain(t, b.tenant(t), "active", 0, ago(3600))
+	now := nowSecond()
+	leaf, _ := mintPEM(t, name, now.Add(-day), now.Add(5*day))
+	intermediate, _ := mintPEM(t, "intermediate.example", now.Add(-5*day), now.Add(day))
+	b.storeCert(t, name, leaf+intermediate, now.Add(5*day), nil, true)
+
+	n, err := b.q.MarkRenewals(b.ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "renewed by the intermediate's validity")
+	require.Equal(t, "active", b.status(t, id))
+	require.WithinDuration(t, now.Add(3*day), *b.storedRenewAt(t, name), 0)
+}
+
+// A certificate_pem the worker cannot parse still gets a renewal time, from the
+// row's expires_at by the reference's rule: without one it would never be renewed.
+func TestMarkRenewals_AnUnparseablePEMFallsBackToThirtyDaysBeforeExpiry(t *testing.T) {
+	t.Parallel()
+	now := time.Now().Truncate(time.Microsecond)
+	for _, tc := range []struct {
+		name    string
+		expires time.Time
+		renewed bool
+	}{
+		{"expires in 10 days", now.Add(10 * day), true},
+		{"expires in 40 days", now.Add(40 * day), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			id, name := b.domain(t, b.tenant(t), "active", 0, ago(3600))
+			b.storeCert(t, name, "-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n", tc.expires, nil, true)
+
+			n, err := b.q.MarkRenewals(b.ctx)
+			require.NoError(t, err, "one unreadable certificate must not stop renewals")
+
+			at := b.storedRenewAt(t, name)
+			require.NotNil(t, at)
+			require.WithinDuration(t, tc.expires.Add(-30*day), *at, 0)
+			if tc.renewed {
+				require.EqualValues(t, 1, n)
+				require.Equal(t, "pending", b.status(t, id))
+			} else {
+				require.Zero(t, n)
+				require.Equal(t, "active", b.status(t, id))
+			}
+		})
+	}
+}
+
+// The reference renewed when expires_at - 30 days had passed, which for a 6-day
+// certificate is the moment it is issued: it renewed on every poll, forever, and spent
+// the CA's rate limit on one domain. A certificate just stored is not due until its
+// own renewal time, and after a renewal the new certificate's time is the one that
+// counts.
+func TestMarkRenewals_AJustIssuedShortLivedCertificateIsNotRenewedAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, name := b.domain(t, b.tenant(t), "pending", 0, nil)
+	now := nowSecond()
+	first := mintCertificate(t, name, now.Add(-time.Hour), now.Add(-time.Hour+6*day))
+	require.NoError(t, b.q.MarkActive(b.ctx, b.claimOne(t, id), first))
+
+	for range 3 {
+		n, err := b.q.MarkRenewals(b.ctx)
+		require.NoError(t, err)
+		require.Zero(t, n, "a 6-day certificate was marked for renewal as soon as it was issued")
+	}
+	require.Equal(t, "active", b.status(t, id))
+
+	// Four days later the renewal is due: as if the clock had moved on.
+	_, err := b.pool.Exec(b.ctx, `UPDATE proxy_certificates SET renew_at = now() - interval '1 second' WHERE domain = $1`, name)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `UPDATE proxy_domains SET ssl_last_attempt_at = now() - interval '4 days' WHERE id = $1`, id)
+	require.NoError(t, err)
+	n, err := b.q.MarkRenewals(b.ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	c := b.claimOne(t, id)
+	require.Equal(t, first.ChainPEM, c.CurrentPEM)
+
+	second := mintCertificate(t, name, now, now.Add(6*day))
+	require.NoError(t, b.q.MarkActive(b.ctx, c, second))
+	for range 3 {
+		n, err := b.q.MarkRenewals(b.ctx)
+		require.NoError(t, err)
+		require.Zero(t, n, "the renewed certificate was renewed again before its new renewal time")
+	}
+	require.Equal(t, "active", b.status(t, id))
+	require.WithinDuration(t, queue.RenewAtFromValidity(now, now.Add(6*day)), *b.storedRenewAt(t, name), 0)
+}
