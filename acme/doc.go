@@ -53,6 +53,8 @@
 //
 //	certworker:aes256gcm:v1:<base64(nonce || ciphertext || tag)>
 //
+// where:
+//
 //   - "certworker:aes256gcm:" names the scheme and "v1" its version; a reader that
 //     meets another version must refuse it, not guess.
 //   - base64 is the standard alphabet with padding (RFC 4648 §4).
@@ -61,7 +63,7 @@
 //   - The cipher is AES-256-GCM, the key the 32 bytes whose base64 is
 //     --key-encryption-key, the plaintext the PEM text of the key.
 //   - The additional authenticated data is the row's identity, in UTF-8: the domain
-//     name (proxy_certificates.domain, lower case, as stored) for a certificate's
+//     name in lower case, lower(proxy_certificates.domain), for a certificate's
 //     key, the ACME directory URL (certworker_acme_accounts.directory) for the
 //     account's. A sealed key copied to another row does not open.
 //

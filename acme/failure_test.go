@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"io"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -54,7 +55,7 @@ func TestIssue_RateLimitIsRateLimitError(t *testing.T) {
 		name        string
 		contentType string
 		body        string
-		retryAfter  string
+		retryAfter  func() string
 		wantAfter   time.Duration
 		wantDetail  string
 	}{
@@ -62,7 +63,7 @@ func TestIssue_RateLimitIsRateLimitError(t *testing.T) {
 			name:        "problem document with Retry-After",
 			contentType: "application/problem+json",
 			body:        `{"type":"urn:ietf:params:acme:error:rateLimited","detail":"too many certificates for this name","status":429}`,
-			retryAfter:  "7",
+			retryAfter:  func() string { return "7" },
 			wantAfter:   7 * time.Second,
 			wantDetail:  "too many certificates for this name",
 		},
@@ -70,9 +71,11 @@ func TestIssue_RateLimitIsRateLimitError(t *testing.T) {
 			name:        "problem document of another type on HTTP 429, Retry-After as a date",
 			contentType: "application/problem+json",
 			body:        `{"type":"urn:ietf:params:acme:error:serverInternal","detail":"slow down"}`,
-			retryAfter:  time.Now().Add(time.Hour).UTC().Format(http.TimeFormat),
-			wantAfter:   time.Hour,
-			wantDetail:  "slow down",
+			retryAfter: func() string {
+				return time.Now().Add(time.Hour).UTC().Format(http.TimeFormat)
+			},
+			wantAfter:  time.Hour,
+			wantDetail: "slow down",
 		},
 		{
 			name:        "HTML 429 without Retry-After",
@@ -89,8 +92,8 @@ func TestIssue_RateLimitIsRateLimitError(t *testing.T) {
 					return false
 				}
 				w.Header().Set("Content-Type", tc.contentType)
-				if tc.retryAfter != "" {
-					w.Header().Set("Retry-After", tc.retryAfter)
+				if tc.retryAfter != nil {
+					w.Header().Set("Retry-After", tc.retryAfter())
 				}
 				w.WriteHeader(http.StatusTooManyRequests)
 				_, _ = w.Write([]byte(tc.body))
@@ -224,7 +227,13 @@ func TestIssue_ReturnsPromptlyWhenCancelled(t *testing.T) {
 		if r.URL.Path != pebbletest.NewOrderPath {
 			return false
 		}
-		<-r.Context().Done() // a CA that never answers the order
+		// A CA that never answers the order. The body is read first: until it is,
+		// net/http does not notice the client going away.
+		_, _ = io.Copy(io.Discard, r.Body)
+		select {
+		case <-r.Context().Done():
+		case <-time.After(20 * time.Second):
+		}
 		return true
 	})
 	cfg := b.config()

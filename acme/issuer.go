@@ -111,6 +111,12 @@ func (i *Issuer) Issue(ctx context.Context, req queue.Request) (*queue.Certifica
 	case r := <-done:
 		return r.cert, r.err
 	case <-ctx.Done():
+		// An order that finished as the context ended is not thrown away.
+		select {
+		case r := <-done:
+			return r.cert, r.err
+		default:
+		}
 		return nil, fmt.Errorf("acme: order for %s abandoned: %w", req.Domain, context.Cause(ctx))
 	}
 }

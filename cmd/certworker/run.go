@@ -112,6 +112,8 @@ func (c *runCmd) Run(g *globals) error {
 		return usagef("--log-level: %v", err)
 	}
 	defer log.Sync() //nolint:errcheck
+	// lego logs through a process-wide logger that acme points at zap.L().
+	zap.ReplaceGlobals(log.Named("acme"))
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

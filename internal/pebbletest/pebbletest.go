@@ -229,7 +229,9 @@ func Start(opts Options) (c *CA, err error) {
 	withEnv(env, func() {
 		c.pebbleCA = ca.New(logger, store, "", "ecdsa", 0, 1, profiles)
 		vaImpl := va.New(logger, opts.HTTPPort, 0, false, dnsServer, store)
-		wfeImpl := wfe.New(logger, store, vaImpl, c.pebbleCA, []string{"pebble.letsencrypt.org"},
+		// The CAA identity the directory advertises; no name has CAA records here,
+		// so it is never checked.
+		wfeImpl := wfe.New(logger, store, vaImpl, c.pebbleCA, []string{"pebbletest.invalid"},
 			false, opts.RequireEAB, 0, 0)
 		handler = wfeImpl.Handler()
 	})
