@@ -12,9 +12,10 @@ import (
 // releaseClaimSQL is the part of every finishing write that drops the claim.
 const releaseClaimSQL = `ssl_claim_token = NULL, ssl_claimed_by = NULL, ssl_lease_expires_at = NULL`
 
-// MarkActive stores the certificate and turns the domain active, in one transaction,
-// so the proxy never sees one without the other. The certificate row is upserted by
-// domain; auto_renew keeps whatever the proxy set.
+// MarkActive stores the certificate and turns the domain active in one statement (so
+// in one transaction, and one round trip): the proxy never sees one without the
+// other. The certificate row is upserted by domain; auto_renew keeps whatever the
+// proxy set. Nothing is written when the claim is no longer held.
 func (q *Queue) MarkActive(ctx context.Context, c Claim, cert *Certificate) error {
 	renewAt := cert.RenewAt
 	if renewAt.IsZero() {
@@ -22,23 +23,18 @@ func (q *Queue) MarkActive(ctx context.Context, c Claim, cert *Certificate) erro
 		// once (and on every pass after).
 		renewAt = RenewAtFromValidity(cert.NotBefore, cert.NotAfter)
 	}
-	return pgx.BeginFunc(ctx, q.db, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `
-UPDATE proxy_domains SET
-    ssl_status = 'active', ssl_expires_at = $3, ssl_error = NULL, ssl_attempts = 0,
-    updated_at = now(), `+releaseClaimSQL+`
-WHERE id = $1 AND ssl_claim_token = $2 AND ssl_status = 'provisioning'`,
-			c.ID, c.Token, cert.NotAfter)
-		if err != nil {
-			return fmt.Errorf("mark active: %w", err)
-		}
-		if tag.RowsAffected() == 0 {
-			return ErrClaimLost
-		}
-		_, err = tx.Exec(ctx, `
+	var stored int
+	err := q.db.QueryRow(ctx, `
+WITH d AS (
+    UPDATE proxy_domains SET
+        ssl_status = 'active', ssl_expires_at = $3, ssl_error = NULL, ssl_attempts = 0,
+        updated_at = now(), `+releaseClaimSQL+`
+    WHERE id = $1 AND ssl_claim_token = $2 AND ssl_status = 'provisioning'
+    RETURNING domain
+)
 INSERT INTO proxy_certificates
     (domain, certificate_pem, private_key_pem, expires_at, not_before, issuer, serial, renew_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+SELECT d.domain, $4, $5, $3, $6, $7, $8, $9 FROM d
 ON CONFLICT (domain) DO UPDATE SET
     certificate_pem = EXCLUDED.certificate_pem,
     private_key_pem = EXCLUDED.private_key_pem,
@@ -47,14 +43,17 @@ ON CONFLICT (domain) DO UPDATE SET
     issuer = EXCLUDED.issuer,
     serial = EXCLUDED.serial,
     renew_at = EXCLUDED.renew_at,
-    updated_at = now()`,
-			c.Domain, cert.ChainPEM, cert.PrivateKey, cert.NotAfter, cert.NotBefore,
-			cert.Issuer, cert.Serial, renewAt)
-		if err != nil {
-			return fmt.Errorf("store certificate: %w", err)
-		}
-		return nil
-	})
+    updated_at = now()
+RETURNING 1`,
+		c.ID, c.Token, cert.NotAfter, cert.ChainPEM, cert.PrivateKey, cert.NotBefore,
+		cert.Issuer, cert.Serial, renewAt).Scan(&stored)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrClaimLost
+	}
+	if err != nil {
+		return fmt.Errorf("store certificate: %w", err)
+	}
+	return nil
 }
 
 // Failure is what MarkFailed recorded.
