@@ -66,6 +66,9 @@ type order struct {
 type result struct {
 	token   string
 	outcome string
+	// next is when this domain falls due again (its retry, or its certificate's
+	// renewal), or zero.
+	next time.Time
 }
 
 // minIdleRetry is the shortest gap between passes when the queue says something is
@@ -106,7 +109,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return 0
 		}
-		until, err := w.q.CAPausedUntil(ctx, w.cfg.Directory)
+		pctx, cancel := context.WithTimeout(ctx, w.stepTimeout())
+		until, err := w.q.CAPausedUntil(pctx, w.cfg.Directory)
+		cancel()
 		if err != nil {
 			w.logDBError("read CA pause", err)
 			return 0
@@ -123,7 +128,9 @@ func (w *Worker) Run(ctx context.Context) error {
 				saturated = true
 				return n
 			}
-			claims, err := w.q.Claim(ctx, w.cfg.Owner, free)
+			cctx, cancel := context.WithTimeout(ctx, w.stepTimeout())
+			claims, err := w.q.Claim(cctx, w.cfg.Owner, free)
+			cancel()
 			if err != nil {
 				w.logDBError("claim", err)
 				return n
@@ -140,13 +147,24 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 	}
 
+	// timerAt is when the timer fires (zero: stopped); setTimer moves it.
+	var timerAt time.Time
+	setTimer := func(d time.Duration, source string) {
+		timer.Reset(d)
+		timerAt, timerSource = time.Now().Add(d), source
+	}
+
 	// schedule sets the timer for the next thing that falls due, capped by the poll.
 	schedule := func(claimed int) {
 		now := time.Now()
-		next, err := w.q.NextDue(ctx)
+		qctx, cancel := context.WithTimeout(ctx, w.stepTimeout())
+		next, err := w.q.NextDue(qctx)
+		cancel()
 		if err != nil {
+			// Not known: look again soon rather than at the next poll, so a due
+			// retry is not held up by a failed query.
 			w.logDBError("compute next due time", err)
-			next = time.Time{}
+			next = now.Add(-time.Nanosecond)
 		}
 		if !pausedUntil.IsZero() && next.Before(pausedUntil) && !next.IsZero() {
 			next = pausedUntil
@@ -160,10 +178,9 @@ func (w *Worker) Run(ctx context.Context) error {
 			case saturated:
 				// Due now, but every slot is busy: a finished order claims more.
 				d = w.cfg.PollInterval
-			case claimed > 0:
-				d = 0
-				idleRetry = minIdleRetry
 			default:
+				// Due now and not claimed: another instance holds it, or a query
+				// failed. Look again, less often each time it goes on.
 				d = idleRetry
 				idleRetry = min(2*idleRetry, w.cfg.PollInterval)
 			}
@@ -173,8 +190,7 @@ func (w *Worker) Run(ctx context.Context) error {
 				delay, source = d+5*time.Millisecond, listener.SourceTimer
 			}
 		}
-		timer.Reset(delay)
-		timerSource = source
+		setTimer(delay, source)
 		w.log.Debug("pass finished", zap.Int("claimed", claimed), zap.Duration("next_in", delay),
 			zap.String("next_source", source))
 	}
@@ -182,19 +198,44 @@ func (w *Worker) Run(ctx context.Context) error {
 	pass := func(source string, at time.Time) {
 		w.metrics.wake(source)
 		w.log.Debug("wake-up", zap.String("source", source), zap.Time("at", at))
+		if source == listener.SourceNotify {
+			// A notification says a row has entered the claimable set, which is
+			// nearly always due now: claim before anything else, so the tenant's
+			// "verify" is one query away from its claim. Reclaiming and renewals
+			// belong to the timer's passes; the schedule comes after the claim, for
+			// the rare row that entered the set inside a backoff.
+			schedule(claim(source))
+			return
+		}
 		timer.Stop()
-		w.reclaim(ctx)
-		if n, err := w.q.MarkRenewals(ctx); err != nil {
+		// This instance's own leases are renewed before anything is reclaimed: after
+		// a database outage longer than the lease they have all run out, and the
+		// reclaim would requeue orders that are alive here, charge them an attempt,
+		// and let the claim below order the same domain a second time while the
+		// first order still runs. If they cannot be renewed, reclaiming waits for a
+		// later pass.
+		if w.heartbeat(ctx, inflight) {
+			w.reclaim(ctx)
+		}
+		rctx, cancel := context.WithTimeout(ctx, w.stepTimeout())
+		if n, err := w.q.MarkRenewals(rctx); err != nil {
 			w.logDBError("mark renewals", err)
 		} else if n > 0 {
 			w.log.Info("certificates due for renewal", zap.Int64("renewals", n), zap.String("source", source))
 		}
+		cancel()
 		schedule(claim(source))
 	}
 
 	finish := func(r result) {
 		delete(inflight, r.token)
 		w.metrics.setInflight(len(inflight))
+		// The finished order may have set a due time sooner than the timer's: the
+		// retry after its backoff, or the renewal time of the certificate it
+		// stored. It is known here, so it costs no query.
+		if !r.next.IsZero() && (timerAt.IsZero() || r.next.Before(timerAt)) {
+			setTimer(max(time.Until(r.next), 0)+5*time.Millisecond, listener.SourceTimer)
+		}
 	}
 
 	if w.wakes == nil {
@@ -207,13 +248,14 @@ func (w *Worker) Run(ctx context.Context) error {
 		case wk := <-w.wakes:
 			pass(wk.Source, wk.At)
 		case <-timer.C:
+			timerAt = time.Time{}
 			pass(timerSource, time.Now())
 		case r := <-results:
 			finish(r)
+			// A slot is free. While the queue was full, more may be due: claim.
+			// Only when the queue runs dry is the next due time worth a query;
+			// while it stays full, finishing orders keep claiming.
 			if saturated {
-				// A slot is free and more may be due. Only when the queue runs
-				// dry is the next due time worth a query: while it stays full,
-				// finishing orders keep claiming.
 				if n := claim(listener.SourceTimer); !saturated {
 					schedule(n)
 				}
@@ -223,6 +265,11 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// stepTimeout bounds one database step of a pass. The loop's goroutine also renews
+// the leases, so a step that hangs (a database that stopped answering without
+// closing the connection) must give up well inside a lease.
+func (w *Worker) stepTimeout() time.Duration { return w.q.cfg.Lease / 4 }
 
 // start checks the claim's name and launches its order.
 func (w *Worker) start(ctx context.Context, c Claim, source string, results chan<- result) *order {
@@ -243,16 +290,17 @@ func (w *Worker) start(ctx context.Context, c Claim, source string, results chan
 	}
 	w.log.Info("order started", fields...)
 	go func() {
-		outcome := w.runOrder(octx, c)
+		outcome, next := w.runOrder(octx, c)
 		cancel(nil)
 		w.metrics.finished(outcome, time.Since(o.started))
-		results <- result{token: c.Token, outcome: outcome}
+		results <- result{token: c.Token, outcome: outcome, next: next}
 	}()
 	return o
 }
 
-// runOrder issues the certificate and records the result. It returns the outcome.
-func (w *Worker) runOrder(ctx context.Context, c Claim) (outcome string) {
+// runOrder issues the certificate and records the result. It returns the outcome, and
+// when the domain falls due again where that is known.
+func (w *Worker) runOrder(ctx context.Context, c Claim) (outcome string, next time.Time) {
 	log := w.log.With(zap.String("domain", c.Domain), zap.String("domain_id", c.ID))
 	attempt := max(c.Attempts, 0) + 1
 	name, err := CheckName(c.Domain)
@@ -260,7 +308,7 @@ func (w *Worker) runOrder(ctx context.Context, c Claim) (outcome string) {
 		reason := InvalidDomainPrefix + err.Error()
 		log.Error("domain name cannot be issued; marked failed", zap.String("error", reason), zap.Int("attempt", attempt))
 		w.record(ctx, log, "mark invalid", func(ctx context.Context) error { return w.q.MarkInvalid(ctx, c, reason) })
-		return "invalid"
+		return "invalid", time.Time{}
 	}
 
 	cert, err := w.issue(ctx, c, name)
@@ -269,16 +317,16 @@ func (w *Worker) runOrder(ctx context.Context, c Claim) (outcome string) {
 		if w.record(ctx, log, "store certificate", func(ctx context.Context) error { return w.q.MarkActive(ctx, c, cert) }) {
 			log.Info("certificate issued", zap.Time("not_after", cert.NotAfter), zap.Time("renew_at", cert.RenewAt),
 				zap.String("serial", cert.Serial), zap.Duration("took", time.Since(c.ClaimedAt)))
-			return "issued"
+			return "issued", cert.RenewAt
 		}
-		return "lost"
+		return "lost", time.Time{}
 	case errors.Is(context.Cause(ctx), errLost):
 		log.Warn("order abandoned: the claim was lost to another instance", zap.Error(err), zap.Int("attempt", attempt))
-		return "lost"
+		return "lost", time.Time{}
 	case errors.Is(context.Cause(ctx), errShutdown):
 		w.record(ctx, log, "hand back", func(ctx context.Context) error { return w.q.Release(ctx, c) })
 		log.Info("order handed back at shutdown", zap.Int("attempt", attempt))
-		return "released"
+		return "released", time.Time{}
 	}
 
 	if rl, ok := IsRateLimit(err); ok {
@@ -293,14 +341,14 @@ func (w *Worker) runOrder(ctx context.Context, c Claim) (outcome string) {
 			return w.q.PauseCA(ctx, w.cfg.Directory, until, rl.Detail)
 		})
 		w.record(ctx, log, "hand back", func(ctx context.Context) error { return w.q.Release(ctx, c) })
-		return "rate_limited"
+		return "rate_limited", until
 	}
 
 	var perm *PermanentError
 	if errors.As(err, &perm) {
 		log.Error("issuance failed for good; marked failed", zap.Error(err), zap.Int("attempt", attempt))
 		w.record(ctx, log, "mark failed", func(ctx context.Context) error { return w.q.MarkInvalid(ctx, c, err.Error()) })
-		return "invalid"
+		return "invalid", time.Time{}
 	}
 
 	var f Failure
@@ -309,16 +357,16 @@ func (w *Worker) runOrder(ctx context.Context, c Claim) (outcome string) {
 		f, err2 = w.q.MarkFailed(ctx, c, err.Error())
 		return err2
 	}) {
-		return "lost"
+		return "lost", time.Time{}
 	}
 	if f.GaveUp {
 		log.Error("giving up on issuance; run `certworker retry` after fixing the cause",
 			zap.Error(err), zap.Int("attempt", f.Attempts))
-		return "gave_up"
+		return "gave_up", time.Time{}
 	}
 	log.Warn("issuance failed, will retry", zap.Error(err), zap.Int("attempt", f.Attempts),
 		zap.Duration("retry_in", f.RetryIn))
-	return "failed"
+	return "failed", time.Now().Add(f.RetryIn)
 }
 
 // issue calls the issuer, turning a panic into an error: nothing about the CA,
@@ -369,6 +417,8 @@ func (w *Worker) record(ctx context.Context, log *zap.Logger, what string, write
 }
 
 func (w *Worker) reclaim(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, w.stepTimeout())
+	defer cancel()
 	reclaimed, err := w.q.ReclaimAbandoned(ctx)
 	if err != nil {
 		w.logDBError("reclaim abandoned", err)
@@ -382,18 +432,21 @@ func (w *Worker) reclaim(ctx context.Context) {
 }
 
 // heartbeat renews this instance's leases and stops the orders whose claim is gone.
-func (w *Worker) heartbeat(ctx context.Context, inflight map[string]*order) {
+// It reports false when the leases could not be renewed.
+func (w *Worker) heartbeat(ctx context.Context, inflight map[string]*order) bool {
 	if len(inflight) == 0 {
-		return
+		return true
 	}
 	tokens := make([]string, 0, len(inflight))
 	for t := range inflight {
 		tokens = append(tokens, t)
 	}
+	ctx, cancel := context.WithTimeout(ctx, w.stepTimeout())
+	defer cancel()
 	lost, err := w.q.Heartbeat(ctx, tokens)
 	if err != nil {
 		w.logDBError("renew leases", err)
-		return
+		return false
 	}
 	for _, t := range lost {
 		if o := inflight[t]; o != nil {
@@ -402,6 +455,7 @@ func (w *Worker) heartbeat(ctx context.Context, inflight map[string]*order) {
 			o.cancel(errLost)
 		}
 	}
+	return true
 }
 
 // shutdown waits for in-flight orders up to the grace, then cancels the rest, which

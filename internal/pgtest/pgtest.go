@@ -20,8 +20,11 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
+	"net"
+	"net/netip"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -30,8 +33,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver, for goose and the wait
+	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/api/types/network"
 	"github.com/testcontainers/testcontainers-go"
+	tcexec "github.com/testcontainers/testcontainers-go/exec"
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 	"github.com/testcontainers/testcontainers-go/wait"
 
@@ -62,14 +67,19 @@ var (
 	Settings []string
 )
 
-// Main runs the package's tests and then stops the shared server, if one was started.
-func Main(m *testing.M) {
+// Main runs the package's tests, then stops the shared server, if one was started,
+// and runs cleanup (for what the package's TestMain made before, such as a binary
+// built for the tests: Main exits, so a deferred call would never run).
+func Main(m *testing.M, cleanup ...func()) {
 	setContainerEnv()
 	code := m.Run()
 	if shared != nil && shared.container != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		_ = shared.container.Terminate(ctx)
 		cancel()
+	}
+	for _, f := range cleanup {
+		f()
 	}
 	os.Exit(code)
 }
@@ -94,6 +104,10 @@ func Shared(t testing.TB) *Server {
 
 // StartServer starts a server of its own, not shared, for a test that stops or
 // restarts it. It is terminated when the test ends.
+//
+// Its port on the host is fixed for its lifetime (a free port of 127.0.0.1 chosen
+// here), so that AdminURL, and every URL made from it, still reaches it after Stop
+// and Start: Docker otherwise maps a new ephemeral port on every start.
 func StartServer(t testing.TB, settings ...string) *Server {
 	t.Helper()
 	if os.Getenv("TEST_DATABASE_URL") != "" {
@@ -101,7 +115,15 @@ func StartServer(t testing.TB, settings ...string) *Server {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	s, err := startContainer(ctx, settings)
+	port, err := freePort()
+	if err != nil {
+		t.Fatalf("test PostgreSQL: %v", err)
+	}
+	s, err := startContainer(ctx, settings, testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) {
+		hc.PortBindings = network.PortMap{
+			network.MustParsePort("5432/tcp"): {{HostIP: netip.MustParseAddr("127.0.0.1"), HostPort: strconv.Itoa(port)}},
+		}
+	}))
 	if err != nil {
 		t.Fatalf("test PostgreSQL: %v", err)
 	}
@@ -131,13 +153,23 @@ func Image() string {
 	return DefaultImage
 }
 
-func startContainer(ctx context.Context, settings []string) (*Server, error) {
+// freePort is a TCP port of 127.0.0.1 that nothing listens on, for now.
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("pick a free port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+func startContainer(ctx context.Context, settings []string, opts ...testcontainers.ContainerCustomizer) (*Server, error) {
 	setContainerEnv()
 	cmd := []string{"postgres", "-c", "fsync=off", "-c", "max_connections=300"}
 	for _, s := range settings {
 		cmd = append(cmd, "-c", s)
 	}
-	c, err := tcpostgres.Run(ctx, Image(),
+	c, err := tcpostgres.Run(ctx, Image(), append([]testcontainers.ContainerCustomizer{
 		tcpostgres.WithDatabase("postgres"),
 		tcpostgres.WithUsername("postgres"),
 		tcpostgres.WithPassword("postgres"),
@@ -146,9 +178,9 @@ func startContainer(ctx context.Context, settings []string) (*Server, error) {
 			wait.ForSQL("5432/tcp", "pgx", func(host string, port network.Port) string {
 				return fmt.Sprintf("postgres://postgres:postgres@%s/postgres?sslmode=disable",
 					hostPort(host, port.Port()))
-			}).WithStartupTimeout(2*time.Minute).WithPollInterval(200*time.Millisecond),
+			}).WithStartupTimeout(2 * time.Minute).WithPollInterval(200 * time.Millisecond),
 		),
-	)
+	}, opts...)...)
 	if err != nil {
 		if c != nil {
 			_ = c.Terminate(context.Background())
@@ -264,15 +296,53 @@ func NewPool(t testing.TB) (*pgxpool.Pool, string) {
 }
 
 // Stop stops the server's container (it keeps its data); Start starts it again. For
-// tests of a database that goes away under a running worker.
+// tests of a database that goes away under a running worker; the server must come
+// from StartServer.
+//
+// The server is shut down first with pg_ctl's fast mode, as an operator restarting
+// it would: sessions are ended at once and their clients see the connection close.
+// Stopping the container alone is not that: Docker's SIGTERM asks PostgreSQL for a
+// smart shutdown, which lets connected sessions (a running worker's) go on working
+// until Docker kills the server at the timeout, so the outage would start 10 s late;
+// and in an image whose PID 1 is not the server the signal may not arrive at all.
 func (s *Server) Stop(ctx context.Context) error {
+	// Best effort: if the image has no pg_ctl, the container's stop still ends it.
+	_, _, _ = s.container.Exec(ctx, []string{"sh", "-c",
+		`exec pg_ctl stop -m fast -w -t 20 -D "${PGDATA:-/var/lib/postgresql/data}"`},
+		tcexec.WithUser("postgres"))
 	timeout := 10 * time.Second
 	return s.container.Stop(ctx, &timeout)
 }
 
-// Start starts a stopped server again on the same port and waits until it answers.
+// Start starts a stopped server again on the same port and waits until a query
+// succeeds.
 func (s *Server) Start(ctx context.Context) error {
-	return s.container.Start(ctx)
+	if err := s.container.Start(ctx); err != nil {
+		return err
+	}
+	for {
+		err := s.ping(ctx)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("server did not answer after its start: %w", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (s *Server) ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, s.AdminURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "SELECT 1")
+	return err
 }
 
 // setContainerEnv settles two testcontainers settings, each only where the

@@ -1,0 +1,107 @@
+// Command fakeworker runs the real worker loop (queue.Worker fed by a
+// listener.Listener, on a pgxpool) with fakeissuer as its issuer, as a process of its
+// own. It exists only for the tests in this directory, which kill it, stop it with a
+// signal, or take its database away, and read its JSON logs: behaviour that an
+// in-process worker cannot show, since a goroutine cannot be SIGKILLed. It is not a
+// command to deploy; cmd/certworker is.
+//
+// Logs are zap JSON lines on stderr at debug level, unsampled, so that a test can
+// count them. It exits 0 after SIGTERM or SIGINT once the worker has stopped, 1 if it
+// cannot start, 2 on bad flags.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/certworker/certworker/internal/fakeissuer"
+	"github.com/certworker/certworker/listener"
+	"github.com/certworker/certworker/queue"
+)
+
+func main() {
+	fs := flag.NewFlagSet("fakeworker", flag.ContinueOnError)
+	dsn := fs.String("database-url", "", "PostgreSQL connection string (required)")
+	owner := fs.String("owner", "", "ssl_claimed_by of this instance (default host:pid)")
+	concurrency := fs.Int("concurrency", 1, "orders in flight")
+	delay := fs.Duration("delay", 0, "how long the fake issuer takes per order")
+	lease := fs.Duration("lease", 0, "claim lease, queue.Config.Lease (0: the production default)")
+	poll := fs.Duration("poll-interval", 30*time.Second, "safety-net pass interval")
+	grace := fs.Duration("shutdown-grace", 30*time.Second, "time given to in-flight orders on SIGTERM")
+	retryBase := fs.Duration("retry-base", 0, "first gap between attempts (0: the production default)")
+	reconnectMax := fs.Duration("reconnect-max", 0, "the listener's longest reconnection delay (0: the production default)")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		os.Exit(2)
+	}
+	if *dsn == "" {
+		fmt.Fprintln(os.Stderr, "fakeworker: --database-url is required")
+		os.Exit(2)
+	}
+	if *owner == "" {
+		host, _ := os.Hostname()
+		*owner = fmt.Sprintf("%s:%d", host, os.Getpid())
+	}
+	if err := run(*dsn, *owner, *concurrency, *delay, *poll, *grace, *reconnectMax,
+		queue.Config{RetryBase: *retryBase, Lease: *lease}); err != nil {
+		fmt.Fprintln(os.Stderr, "fakeworker:", err)
+		os.Exit(1)
+	}
+}
+
+func run(dsn, owner string, concurrency int, delay, poll, grace, reconnectMax time.Duration, qcfg queue.Config) error {
+	cfg := zap.NewProductionConfig()
+	cfg.Level = zap.NewAtomicLevelAt(zapcore.DebugLevel)
+	cfg.Sampling = nil
+	cfg.OutputPaths = []string{"stderr"}
+	cfg.ErrorOutputPaths = []string{"stderr"}
+	cfg.EncoderConfig.TimeKey = "ts"
+	cfg.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
+	log, err := cfg.Build()
+	if err != nil {
+		return err
+	}
+	defer log.Sync() //nolint:errcheck
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return fmt.Errorf("--database-url: %w", err)
+	}
+	if pcfg.ConnConfig.ConnectTimeout == 0 {
+		pcfg.ConnConfig.ConnectTimeout = 10 * time.Second // as cmd/certworker
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	lst := listener.New(pool, log, listener.Options{BackoffMax: reconnectMax})
+	if err := lst.Start(ctx); err != nil {
+		return err
+	}
+	defer lst.Stop()
+
+	issuer := fakeissuer.New(0)
+	issuer.Delay = delay
+	q := queue.New(pool, qcfg)
+	w := queue.NewWorker(q, issuer, lst.Wakes(), log, queue.WorkerConfig{
+		Owner:         owner,
+		Concurrency:   concurrency,
+		PollInterval:  poll,
+		ShutdownGrace: grace,
+		Directory:     "https://fake-issuer.invalid/directory",
+	}, nil)
+	return w.Run(ctx)
+}
