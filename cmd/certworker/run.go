@@ -49,6 +49,7 @@ type runCmd struct {
 	LogFormat        string        `name:"log-format" env:"CERTWORKER_LOG_FORMAT" default:"json" enum:"json,console" help:"Log encoder: json or console."`
 	LogLevel         string        `name:"log-level" env:"CERTWORKER_LOG_LEVEL" default:"info" help:"Log level: debug, info, warn or error."`
 	ShutdownGrace    time.Duration `name:"shutdown-grace" env:"CERTWORKER_SHUTDOWN_GRACE" default:"30s" help:"Time given to in-flight orders on SIGTERM."`
+	Wake             string        `name:"wake" env:"CERTWORKER_WAKE" default:"notify" enum:"notify,logical" help:"How the worker hears that a domain is due: notify (LISTEN/NOTIFY, any server) or logical (a logical replication stream; needs wal_level = logical and a role with REPLICATION, and spares the proxy's commits NOTIFY's commit lock). Every instance on a database should use the same."`
 }
 
 // validate checks what the flag parser cannot.
@@ -146,11 +147,33 @@ func (c *runCmd) Run(g *globals) error {
 		return usagef("%v", err)
 	}
 
-	lst := listener.New(pool, log, listener.Options{Registerer: reg})
+	var lst listener.Waker
+	switch c.Wake {
+	case listener.ModeLogical:
+		lst = listener.NewLogical(pool, log, listener.Options{Registerer: reg})
+	default:
+		lst = listener.New(pool, log, listener.Options{Registerer: reg})
+	}
 	if err := lst.Start(ctx); err != nil {
+		var se *listener.SetupError
+		if errors.As(err, &se) {
+			// Names settings, the role and the database, never the password; and
+			// redacting a short password could mangle the setting's name.
+			return usagef("%s", se.Error())
+		}
 		return usagef("--database-url: cannot listen for wake-ups: %s", redact(err.Error(), c.DatabaseURL))
 	}
 	defer lst.Stop()
+	// Recorded once the waker is up, so that a --wake logical that cannot start
+	// does not silence the trigger for the instances still on notify; and before
+	// the first pass, which the waker's start-up wake-up triggers, so that pass
+	// covers every change the old mode signalled and this one might not.
+	if prev, err := listener.SetMode(ctx, pool, c.Wake); err != nil {
+		return usagef("--wake %s: %s", c.Wake, redact(err.Error(), c.DatabaseURL))
+	} else if prev != c.Wake {
+		log.Warn("wake mode changed for every instance on this database; instances still running with the old mode wake only on their timer and poll until restarted with the new one",
+			zap.String("from", prev), zap.String("to", c.Wake))
+	}
 
 	servers, err := c.serve(log, pool, lst)
 	if err != nil {
@@ -181,7 +204,7 @@ func (c *runCmd) Run(g *globals) error {
 
 // serve starts the HTTP-01 responder and the admin endpoints. A listen error is a
 // configuration error naming the flag.
-func (c *runCmd) serve(log *zap.Logger, pool *pgxpool.Pool, lst *listener.Listener) (map[string]*http.Server, error) {
+func (c *runCmd) serve(log *zap.Logger, pool *pgxpool.Pool, lst listener.Waker) (map[string]*http.Server, error) {
 	servers := map[string]*http.Server{}
 	start := func(name, flag, addr string, h http.Handler) error {
 		ln, err := net.Listen("tcp", addr)
