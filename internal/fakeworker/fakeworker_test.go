@@ -513,6 +513,8 @@ func TestProcess_SurvivesADatabaseRestart(t *testing.T) {
 	require.True(t, w.running(), "the worker exited: %v", w.waitErr)
 
 	// What woke it was the listener's reconnection, after the restart.
+	// The listener reconnects too (perhaps after the timer's pass has caught up).
+	w.waitLog(t, 15*time.Second, "the listener's reconnection", func(e entry) bool { return e.msg() == "listener reconnected" })
 	logs := w.logs.entries()
 	at := func(from int, match func(entry) bool) int { return index(logs, from, match) }
 	lost := at(0, func(e entry) bool { return e.msg() == "listener connection lost" })
