@@ -178,6 +178,10 @@ func (w *Worker) Run(ctx context.Context) error {
 			case saturated:
 				// Due now, but every slot is busy: a finished order claims more.
 				d = w.cfg.PollInterval
+			case len(w.wakes) > 0:
+				// Due now, and a wake-up is already waiting (the notification of
+				// the row that made it due): its pass claims it.
+				d = w.cfg.PollInterval
 			default:
 				// Due now and not claimed: another instance holds it, or a query
 				// failed. Look again, less often each time it goes on.
