@@ -46,7 +46,11 @@ func renewAtFromWindow(start, end, notAfter, now time.Time) (time.Time, bool) {
 // the CA gave a usable one, else the third-of-lifetime rule. source says which, for
 // the log.
 func renewAt(leaf *x509.Certificate, windowStart, windowEnd, now time.Time) (at time.Time, source string) {
-	if t, ok := renewAtFromWindow(windowStart, windowEnd, leaf.NotAfter, now); ok {
+	// The CA's window may run to the very end of the certificate (Pebble's does for
+	// short-lived ones), and a renewal time drawn seconds before expiry leaves no
+	// room for a slow or failed order. The last tenth of the lifetime is kept back.
+	latest := leaf.NotAfter.Add(-leaf.NotAfter.Sub(leaf.NotBefore) / 10)
+	if t, ok := renewAtFromWindow(windowStart, windowEnd, latest, now); ok {
 		return t, "ari"
 	}
 	return RenewAtFromValidity(leaf.NotBefore, leaf.NotAfter), "lifetime"

@@ -370,7 +370,8 @@ func (w *Worker) runOrder(ctx context.Context, c Claim) (outcome string, next ti
 	}
 	log.Warn("issuance failed, will retry", zap.Error(err), zap.Int("attempt", f.Attempts),
 		zap.Duration("retry_in", f.RetryIn))
-	return "failed", time.Now().Add(f.RetryIn)
+	// The backoff counts from the claim, as the claim query does.
+	return "failed", c.ClaimedAt.Add(f.RetryIn)
 }
 
 // issue calls the issuer, turning a panic into an error: nothing about the CA,

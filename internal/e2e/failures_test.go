@@ -1,0 +1,339 @@
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/certworker/certworker/acme"
+	"github.com/certworker/certworker/internal/pebbletest"
+	"github.com/certworker/certworker/queue"
+)
+
+// A CA that cannot be reached fails each order, charged and retried on the backoff,
+// until the domain is 'failed' at --max-attempts with the reason in ssl_error; no
+// row is left in 'provisioning' and the worker goes on running. Guards against an
+// order that hangs or panics on a dead CA holding the domain in 'provisioning'
+// forever, against failures not counted (retried for ever), and against a worker
+// that exits when the CA does, which would stop issuance for every other domain.
+//
+// Two ways of being down: nothing ever listened (a wrong --acme-directory), and a
+// CA that issued one certificate and then went away (the account is stored, and the
+// order fails further in).
+func TestE2E_ACADownCountsAttemptsAndLeavesNothingStuck(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		// down returns the issuer's configuration, with the CA down.
+		down func(t *testing.T, w *world) acme.Config
+		// errorHas is a part of the ssl_error recorded.
+		errorHas string
+	}{
+		{
+			name: "nothing listens",
+			down: func(t *testing.T, w *world) acme.Config {
+				cfg := w.acmeConfig()
+				cfg.DirectoryURL = "https://127.0.0.1:" + closedPort(t) + pebbletest.DirectoryPath
+				return cfg
+			},
+			errorHas: "connection refused",
+		},
+		{
+			name: "went away after a first certificate",
+			down: func(t *testing.T, w *world) acme.Config {
+				cfg := w.acmeConfig()
+				in := w.startWorker(t, "before", cfg, queue.DefaultConfig(), queue.WorkerConfig{Concurrency: 1})
+				id := w.addDomains(t, randomName("before"))[0]
+				waitFor(t, 30*time.Second, "a first certificate", func() bool { return w.domain(t, id).Status == "active" })
+				in.shutdown(t, 30*time.Second)
+				require.NoError(t, w.ca.Close())
+				return cfg
+			},
+			errorHas: "connection refused",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			w := newWorld(t, pebbletest.Options{})
+			cfg := tc.down(t, w)
+			qcfg := queue.Config{RetryBase: 200 * time.Millisecond, RetryMax: time.Minute, MaxAttempts: 3}
+			in := w.startWorker(t, "down", cfg, qcfg, queue.WorkerConfig{Concurrency: 4, PollInterval: 30 * time.Second})
+
+			name := randomName("down")
+			s := startStateSampler(w, 20*time.Millisecond)
+			start := time.Now()
+			id := w.addDomains(t, name)[0]
+			// Three attempts 400 ms and 800 ms apart (base * 2^attempts).
+			waitFor(t, 15*time.Second, "the domain to fail for good", func() bool { return w.domain(t, id).Status == "failed" })
+			took := time.Since(start)
+			states, err := s.stop()
+			require.NoError(t, err)
+
+			d := w.domain(t, id)
+			require.Equal(t, 3, d.Attempts, "attempts counted")
+			require.NotNil(t, d.Error)
+			require.Contains(t, *d.Error, tc.errorHas, "ssl_error must say why")
+			require.True(t, strings.HasPrefix(*d.Error, "acme: "), "ssl_error %q", *d.Error)
+			require.Equal(t, 3, in.ordersStarted(name), "one order per attempt")
+			require.True(t, in.running(), "the worker must outlive the CA")
+			t.Logf("failed after %s and %d attempts: %s", took.Round(time.Millisecond), d.Attempts, *d.Error)
+
+			// Never stuck: every stay in 'provisioning' seen was one short order (a
+			// refused connection fails in milliseconds, so most are not seen at all).
+			require.LessOrEqual(t, states[id].provisioningStays, 3, "stays in provisioning")
+			require.Less(t, states[id].longestProvisioning, 2*time.Second, "longest stay in provisioning")
+			require.Equal(t, 0, w.statuses(t)["provisioning"])
+
+			// Still claiming: a domain verified now gets its first attempt.
+			other := w.addDomains(t, randomName("later"))[0]
+			waitFor(t, 10*time.Second, "the worker to try a domain verified after the failures", func() bool {
+				return w.domain(t, other).Attempts >= 1
+			})
+			require.True(t, in.running())
+		})
+	}
+}
+
+// A CA's rate limit pauses every instance until its Retry-After and is not charged
+// to the domain, which is issued once the CA takes orders again. Guards against a
+// rate limit counted as a failure (ten of them and a healthy domain is 'failed'),
+// against the instance that got the answer pausing alone while the others go on
+// spending the CA's patience, and against a pause that lasts less than the CA asked.
+//
+// The CA is Pebble behind a reverse proxy that answers the first new-order POSTs
+// with 429 rateLimited and Retry-After: 2. Every URL goes through the proxy: Pebble
+// builds the directory's and the orders' URLs from the request's Host, which the
+// proxy passes on, and checks the JWS "url" against it.
+//
+// One domain, so that every new-order after a 429 comes from a claim made after it:
+// both instances are woken when the domain is handed back, and either would claim it
+// at once if it ignored the pause.
+func TestE2E_RateLimitPausesAndIsNotCharged(t *testing.T) {
+	t.Parallel()
+	const refusals = 2
+	const retryAfter = 2 * time.Second
+	w := newWorld(t, pebbletest.Options{})
+	p := newRateLimitingProxy(t, w.ca, refusals, retryAfter)
+	cfg := w.acmeConfig()
+	cfg.DirectoryURL = p.url + pebbletest.DirectoryPath
+	wcfg := queue.WorkerConfig{Concurrency: 2, PollInterval: 30 * time.Second}
+	a := w.startWorker(t, "a", cfg, queue.DefaultConfig(), wcfg)
+	b := w.startWorker(t, "b", cfg, queue.DefaultConfig(), wcfg)
+
+	name := randomName("limited")
+	s := startStateSampler(w, 20*time.Millisecond)
+	id := w.addDomains(t, name)[0]
+	waitFor(t, 30*time.Second, "the domain to be issued", func() bool { return w.domain(t, id).Status == "active" })
+	states, err := s.stop()
+	require.NoError(t, err)
+
+	require.Equal(t, 0, states[id].maxAttempts, "a rate limit was charged to the domain")
+	require.Empty(t, states[id].errors, "a rate limit was recorded as the domain's error")
+	seen := p.newOrders()
+	require.Len(t, seen, refusals+1, "new-orders at the proxy: %v", seen)
+	for i, o := range seen {
+		require.Equal(t, i < refusals, o.refused)
+		if i > 0 {
+			gap := o.at.Sub(seen[i-1].at)
+			t.Logf("new-order %d, %s after the 429 before it", i+1, gap.Round(time.Millisecond))
+			require.GreaterOrEqual(t, gap, retryAfter, "a new-order reached the CA %s after a 429 with Retry-After %s", gap, retryAfter)
+		}
+	}
+	require.Equal(t, 1, w.ca.OrderRequests(), "only the order after the pauses reaches Pebble")
+
+	var until time.Time
+	var reason string
+	require.NoError(t, w.pool.QueryRow(w.ctx,
+		`SELECT paused_until, reason FROM certworker_ca_pauses WHERE directory = $1`, cfg.DirectoryURL).Scan(&until, &reason))
+	require.Equal(t, "slow down", reason)
+	require.WithinDuration(t, seen[refusals-1].at.Add(retryAfter), until, time.Second, "the pause is the CA's Retry-After")
+	t.Logf("orders started: instance a %d, instance b %d", a.ordersStarted(name), b.ordersStarted(name))
+	require.Equal(t, refusals+1, a.ordersStarted(name)+b.ordersStarted(name))
+	// Both were woken by the hand-back's notification while the CA was paused, and
+	// both held off: the pause is shared, not the rate-limited instance's alone.
+	for _, in := range []*instance{a, b} {
+		require.Positive(t, in.logs.FilterMessage("CA paused after a rate limit").Len(),
+			"instance %s never found the CA paused", in.name)
+	}
+}
+
+// rateLimitingProxy stands in front of Pebble and answers the first new-order POSTs
+// with a rate limit.
+type rateLimitingProxy struct {
+	url        string
+	refuse     int
+	retryAfter time.Duration
+	rp         *httputil.ReverseProxy
+
+	mu   sync.Mutex
+	seen []newOrderSeen
+}
+
+type newOrderSeen struct {
+	at      time.Time
+	refused bool
+}
+
+func newRateLimitingProxy(t *testing.T, ca *pebbletest.CA, refuse int, retryAfter time.Duration) *rateLimitingProxy {
+	t.Helper()
+	target, err := url.Parse(ca.DirectoryURL)
+	require.NoError(t, err)
+	roots := x509.NewCertPool()
+	require.True(t, roots.AppendCertsFromPEM(ca.RootsPEM()))
+	p := &rateLimitingProxy{refuse: refuse, retryAfter: retryAfter}
+	p.rp = &httputil.ReverseProxy{
+		// The request's Host (the proxy's) is passed on: Pebble builds its URLs from
+		// it and checks the JWS "url" against it.
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.Out.URL.Scheme = target.Scheme
+			r.Out.URL.Host = target.Host
+			r.Out.Host = r.In.Host
+		},
+		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}},
+	}
+	srv := ca.NewTLSServer(p)
+	t.Cleanup(srv.Close)
+	p.url = srv.URL
+	return p
+}
+
+func (p *rateLimitingProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodPost && r.URL.Path == pebbletest.NewOrderPath {
+		p.mu.Lock()
+		refused := 0
+		for _, s := range p.seen {
+			if s.refused {
+				refused++
+			}
+		}
+		refuse := refused < p.refuse
+		p.seen = append(p.seen, newOrderSeen{at: time.Now(), refused: refuse})
+		p.mu.Unlock()
+		if refuse {
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.Header().Set("Retry-After", strconv.Itoa(int(p.retryAfter/time.Second)))
+			w.WriteHeader(http.StatusTooManyRequests)
+			_, _ = io.WriteString(w, `{"type":"urn:ietf:params:acme:error:rateLimited","detail":"slow down","status":429}`)
+			return
+		}
+	}
+	p.rp.ServeHTTP(w, r)
+}
+
+func (p *rateLimitingProxy) newOrders() []newOrderSeen {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]newOrderSeen(nil), p.seen...)
+}
+
+// stateSampler follows every domain's ssl_status, ssl_attempts and ssl_error at a
+// fixed interval.
+type stateSampler struct {
+	w      *world
+	cancel context.CancelFunc
+	done   chan struct{}
+	states map[string]*domainStates
+	err    error
+}
+
+type domainStates struct {
+	maxAttempts int
+	errors      []string
+	// provisioningStays counts the samples that found the domain entering
+	// 'provisioning'; longestProvisioning is the longest stay seen.
+	provisioningStays   int
+	longestProvisioning time.Duration
+	provisioningSince   time.Time
+}
+
+func startStateSampler(w *world, every time.Duration) *stateSampler {
+	ctx, cancel := context.WithCancel(w.ctx)
+	s := &stateSampler{w: w, cancel: cancel, done: make(chan struct{}), states: map[string]*domainStates{}}
+	go func() {
+		defer close(s.done)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			if err := s.sample(ctx); err != nil && ctx.Err() == nil {
+				s.err = err
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return s
+}
+
+// stop ends sampling and returns the states by domain id, or the error that ended
+// sampling early.
+func (s *stateSampler) stop() (map[string]*domainStates, error) {
+	s.cancel()
+	<-s.done
+	if s.err != nil {
+		return nil, fmt.Errorf("sample domain states: %w", s.err)
+	}
+	return s.states, nil
+}
+
+func (s *stateSampler) sample(ctx context.Context) error {
+	rows, err := s.w.pool.Query(ctx,
+		`SELECT id::text, ssl_status, ssl_attempts, ssl_error FROM proxy_domains WHERE tenant_id = $1`, s.w.tenant)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	now := time.Now()
+	for rows.Next() {
+		var id, status string
+		var attempts int
+		var sslErr *string
+		if err := rows.Scan(&id, &status, &attempts, &sslErr); err != nil {
+			return err
+		}
+		st := s.states[id]
+		if st == nil {
+			st = &domainStates{}
+			s.states[id] = st
+		}
+		st.maxAttempts = max(st.maxAttempts, attempts)
+		if sslErr != nil && (len(st.errors) == 0 || st.errors[len(st.errors)-1] != *sslErr) {
+			st.errors = append(st.errors, *sslErr)
+		}
+		switch {
+		case status == "provisioning" && st.provisioningSince.IsZero():
+			st.provisioningSince = now
+			st.provisioningStays++
+		case status != "provisioning" && !st.provisioningSince.IsZero():
+			st.longestProvisioning = max(st.longestProvisioning, now.Sub(st.provisioningSince))
+			st.provisioningSince = time.Time{}
+		}
+	}
+	return rows.Err()
+}
+
+// closedPort is a loopback port nothing listens on.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := ln.Addr().(*net.TCPAddr).Port
+	require.NoError(t, ln.Close())
+	return strconv.Itoa(port)
+}

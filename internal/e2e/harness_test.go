@@ -1,0 +1,251 @@
+package e2e
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/certworker/certworker/acme"
+	"github.com/certworker/certworker/internal/pebbletest"
+	"github.com/certworker/certworker/internal/pgtest"
+	"github.com/certworker/certworker/listener"
+	"github.com/certworker/certworker/queue"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// world is one test's deployment, wired as internal/demo wires it: a fresh database,
+// an in-process Pebble validating HTTP-01 against a loopback port of the test's own,
+// the HTTP-01 responder on that port answering from the database, and a tenant.
+// Workers (instances) are started on it with startWorker.
+type world struct {
+	ctx    context.Context
+	ca     *pebbletest.CA
+	pool   *pgxpool.Pool
+	dsn    string
+	tenant string
+	// rootsFile is a copy of the CA's RootsFile, which outlives the CA: Close
+	// removes the original, and a test of a CA that went away starts issuers after.
+	rootsFile string
+}
+
+func newWorld(t testing.TB, opts pebbletest.Options) *world {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	opts.HTTPPort = ln.Addr().(*net.TCPAddr).Port
+	w := &world{ctx: context.Background(), ca: pebbletest.StartT(t, opts)}
+	w.rootsFile = filepath.Join(t.TempDir(), "roots.pem")
+	require.NoError(t, os.WriteFile(w.rootsFile, w.ca.RootsPEM(), 0o600))
+	w.pool, w.dsn = pgtest.NewPool(t)
+	// One responder for every instance: the tokens live in the database, so the CA's
+	// validation request may reach any instance's.
+	srv := &http.Server{Handler: acme.HTTP01Handler(w.pool, zap.NewNop()), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	require.NoError(t, w.pool.QueryRow(w.ctx,
+		`INSERT INTO proxy_tenants (name, slug, email) VALUES ('e2e shop', $1, 'owner@e2e.example') RETURNING id::text`,
+		"e2e-"+randomHex()).Scan(&w.tenant))
+	return w
+}
+
+// acmeConfig is an issuer configuration for the world's CA.
+func (w *world) acmeConfig() acme.Config {
+	return acme.Config{
+		DirectoryURL: w.ca.DirectoryURL,
+		Email:        "ops@e2e.example",
+		CABundle:     w.rootsFile,
+		HTTPTimeout:  10 * time.Second,
+	}
+}
+
+// instance is one worker process: its own pool, listener, issuer and logs.
+type instance struct {
+	name string
+	logs *observer.ObservedLogs
+	stop context.CancelFunc
+	// done is closed when Run has returned, with its error in err.
+	done chan struct{}
+	err  error
+}
+
+// running reports whether Run has not returned.
+func (in *instance) running() bool {
+	select {
+	case <-in.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// shutdown cancels the worker's context (SIGTERM) and waits for Run to return.
+func (in *instance) shutdown(t testing.TB, timeout time.Duration) {
+	t.Helper()
+	in.stop()
+	select {
+	case <-in.done:
+		require.NoError(t, in.err)
+	case <-time.After(timeout):
+		t.Fatalf("instance %s did not stop within %s", in.name, timeout)
+	}
+}
+
+// startWorker starts an instance, wired as `certworker run` wires it. It is stopped
+// when the test ends; a failed test prints the end of its log.
+func (w *world) startWorker(t testing.TB, name string, acfg acme.Config, qcfg queue.Config, wcfg queue.WorkerConfig) *instance {
+	t.Helper()
+	pool, err := pgxpool.New(w.ctx, w.dsn)
+	require.NoError(t, err)
+	core, logs := observer.New(zapcore.DebugLevel)
+	log := zap.New(core).With(zap.String("instance", name))
+	ctx, cancel := context.WithCancel(w.ctx)
+	issuer, err := acme.New(ctx, pool, log, acfg)
+	require.NoError(t, err)
+	lst := listener.New(pool, log, listener.Options{BackoffMin: 50 * time.Millisecond, BackoffMax: time.Second})
+	require.NoError(t, lst.Start(ctx))
+	wcfg.Owner = name
+	wcfg.Directory = issuer.DirectoryURL()
+	if wcfg.ShutdownGrace == 0 {
+		wcfg.ShutdownGrace = 30 * time.Second
+	}
+	wk := queue.NewWorker(queue.New(pool, qcfg), issuer, lst.Wakes(), log, wcfg, nil)
+	in := &instance{name: name, logs: logs, stop: cancel, done: make(chan struct{})}
+	go func() { in.err = wk.Run(ctx); close(in.done) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-in.done:
+		case <-time.After(time.Minute):
+			t.Errorf("instance %s did not stop", name)
+		}
+		lst.Stop()
+		pool.Close()
+		if t.Failed() {
+			in.dumpLog(t, 300)
+		}
+	})
+	return in
+}
+
+// dumpLog prints the last n lines of the instance's log, for a failed test.
+func (in *instance) dumpLog(t testing.TB, n int) {
+	t.Helper()
+	all := in.logs.All()
+	if len(all) > n {
+		all = all[len(all)-n:]
+	}
+	var b strings.Builder
+	for _, e := range all {
+		fmt.Fprintf(&b, "%s %s %s %s %v\n", e.Time.Format("15:04:05.000"), e.Level, e.LoggerName, e.Message, e.ContextMap())
+	}
+	t.Logf("log of instance %s (last %d lines):\n%s", in.name, len(all), b.String())
+}
+
+// ordersStarted is how many "order started" lines the instance logged for domain.
+func (in *instance) ordersStarted(domain string) int {
+	n := 0
+	for _, e := range in.logs.FilterMessage("order started").All() {
+		if e.ContextMap()["domain"] == domain {
+			n++
+		}
+	}
+	return n
+}
+
+// addDomains inserts domains for the world's tenant, pending verification, then
+// verifies them all in one statement, as the proxy does when a tenant clicks
+// "verify". It returns their ids in the order of names.
+func (w *world) addDomains(t testing.TB, names ...string) []string {
+	t.Helper()
+	ids := make([]string, len(names))
+	for i, n := range names {
+		require.NoError(t, w.pool.QueryRow(w.ctx, `
+INSERT INTO proxy_domains (tenant_id, domain, verification_method, verification_token, ssl_provider)
+VALUES ($1, $2, 'http', 'e2e-token', 'acme') RETURNING id::text`, w.tenant, n).Scan(&ids[i]))
+	}
+	_, err := w.pool.Exec(w.ctx,
+		`UPDATE proxy_domains SET verification_status = 'verified', updated_at = now() WHERE id = ANY($1::uuid[])`, ids)
+	require.NoError(t, err)
+	return ids
+}
+
+// domainRow is what the proxy reads of a domain.
+type domainRow struct {
+	Status   string
+	Attempts int
+	Error    *string
+}
+
+func (w *world) domain(t testing.TB, id string) domainRow {
+	t.Helper()
+	var r domainRow
+	require.NoError(t, w.pool.QueryRow(w.ctx,
+		`SELECT ssl_status, ssl_attempts, ssl_error FROM proxy_domains WHERE id = $1`, id).Scan(&r.Status, &r.Attempts, &r.Error))
+	return r
+}
+
+// statuses counts the tenant's domains by ssl_status.
+func (w *world) statuses(t testing.TB) map[string]int {
+	t.Helper()
+	rows, err := w.pool.Query(w.ctx, `SELECT ssl_status, count(*) FROM proxy_domains WHERE tenant_id = $1 GROUP BY 1`, w.tenant)
+	require.NoError(t, err)
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var s string
+		var n int
+		require.NoError(t, rows.Scan(&s, &n))
+		out[s] = n
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// waitFor polls cond (a database read, typically) every 50 ms until it holds, or
+// fails the test after timeout.
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// randomName is a fresh name: tests in parallel share Pebble's DNS (every name is
+// 127.0.0.1) but nothing else, and a fresh name keeps their orders apart in logs.
+func randomName(prefix string) string { return prefix + "-" + randomHex() + ".example" }
+
+func randomHex() string {
+	var b [5]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// ordersFor are the CA's accepted orders for name, in the order it accepted them.
+func ordersFor(ca *pebbletest.CA, name string) []pebbletest.Order {
+	var out []pebbletest.Order
+	for _, o := range ca.Orders() {
+		if len(o.Identifiers) == 1 && o.Identifiers[0] == name {
+			out = append(out, o)
+		}
+	}
+	return out
+}
