@@ -192,44 +192,9 @@ func (l *Listener) run(ctx context.Context, conn *pgx.Conn, done chan struct{}) 
 	// Deferred first so that it runs last: Stop returns only once everything below,
 	// the connection's close included, has happened.
 	defer close(done)
-
-	failures := 0 // consecutive, for the backoff
-	for {
-		upAt := time.Now()
-		err := l.listen(ctx, conn)
-		lostAt := time.Now()
-		l.down(ctx, conn)
-		if ctx.Err() != nil {
-			l.log.Info("listener stopped")
-			return
-		}
-		if time.Since(upAt) >= stableAfter {
-			failures = 0
-		}
-		delay := l.backoff(failures)
-		failures++
-		l.log.Warn("listener connection lost", zap.Error(err), zap.Duration("retry_in", delay))
-
-		for {
-			if !sleep(ctx, delay) {
-				l.log.Info("listener stopped")
-				return
-			}
-			conn, err = l.connect(ctx)
-			if err == nil {
-				break
-			}
-			if ctx.Err() != nil {
-				l.log.Info("listener stopped")
-				return
-			}
-			delay = l.backoff(failures)
-			failures++
-			l.log.Warn("listener reconnection failed",
-				zap.Error(err), zap.Duration("retry_in", delay), zap.Int("attempt", failures))
-		}
-		l.up(conn, true, time.Since(lostAt))
-	}
+	session[*pgx.Conn]{
+		log: l.log, serve: l.listen, down: l.down, connect: l.connect, up: l.up, backoff: l.backoff,
+	}.keepUp(ctx, conn)
 }
 
 // connect opens the dedicated connection and runs LISTEN on it.

@@ -317,44 +317,9 @@ type relation struct {
 // run keeps a stream up for as long as ctx lasts. s is the stream Start made.
 func (lg *Logical) run(ctx context.Context, s *stream, done chan struct{}) {
 	defer close(done)
-
-	failures := 0
-	for {
-		upAt := time.Now()
-		err := lg.stream(ctx, s)
-		lostAt := time.Now()
-		lg.down(ctx, s)
-		if ctx.Err() != nil {
-			lg.log.Info("listener stopped")
-			return
-		}
-		if time.Since(upAt) >= stableAfter {
-			failures = 0
-		}
-		delay := lg.backoff(failures)
-		failures++
-		lg.log.Warn("listener connection lost", zap.Error(err), zap.Duration("retry_in", delay))
-
-		for {
-			if !sleep(ctx, delay) {
-				lg.log.Info("listener stopped")
-				return
-			}
-			s, err = lg.connect(ctx)
-			if err == nil {
-				break
-			}
-			if ctx.Err() != nil {
-				lg.log.Info("listener stopped")
-				return
-			}
-			delay = lg.backoff(failures)
-			failures++
-			lg.log.Warn("listener reconnection failed",
-				zap.Error(err), zap.Duration("retry_in", delay), zap.Int("attempt", failures))
-		}
-		lg.up(s, true, time.Since(lostAt))
-	}
+	session[*stream]{
+		log: lg.log, serve: lg.stream, down: lg.down, connect: lg.connect, up: lg.up, backoff: lg.backoff,
+	}.keepUp(ctx, s)
 }
 
 // backoff is the Listener's curve, computed by its code so that the two modes

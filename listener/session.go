@@ -1,0 +1,70 @@
+package listener
+
+import (
+	"context"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// session is what the NOTIFY listener and the logical waker have in common: a
+// connection of type C that serve uses until it fails, and the calls around it.
+// keepUp holds one up for as long as ctx lasts, so that both wake sources share one
+// reconnection policy and its logs.
+type session[C any] struct {
+	log *zap.Logger
+	// serve uses the connection until it fails (or ctx ends) and says why.
+	serve func(ctx context.Context, c C) error
+	// down closes a connection that failed and marks the source disconnected.
+	down func(ctx context.Context, c C)
+	// connect makes a new connection, ready to serve.
+	connect func(ctx context.Context) (C, error)
+	// up marks the source connected and sends the catch-up wake-up.
+	up func(c C, reconnect bool, downFor time.Duration)
+	// backoff is the delay before the attempt after the given number of failures.
+	backoff func(failures int) time.Duration
+}
+
+// keepUp serves c, and after every failure reconnects with backoff, until ctx ends.
+// The backoff starts again from its minimum only after a connection that lasted
+// stableAfter, so a server that accepts connections and drops them at once is not
+// retried ten times a second.
+func (s session[C]) keepUp(ctx context.Context, c C) {
+	failures := 0 // consecutive, for the backoff
+	for {
+		upAt := time.Now()
+		err := s.serve(ctx, c)
+		lostAt := time.Now()
+		s.down(ctx, c)
+		if ctx.Err() != nil {
+			s.log.Info("listener stopped")
+			return
+		}
+		if time.Since(upAt) >= stableAfter {
+			failures = 0
+		}
+		delay := s.backoff(failures)
+		failures++
+		s.log.Warn("listener connection lost", zap.Error(err), zap.Duration("retry_in", delay))
+
+		for {
+			if !sleep(ctx, delay) {
+				s.log.Info("listener stopped")
+				return
+			}
+			c, err = s.connect(ctx)
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				s.log.Info("listener stopped")
+				return
+			}
+			delay = s.backoff(failures)
+			failures++
+			s.log.Warn("listener reconnection failed",
+				zap.Error(err), zap.Duration("retry_in", delay), zap.Int("attempt", failures))
+		}
+		s.up(c, true, time.Since(lostAt))
+	}
+}
