@@ -56,6 +56,10 @@ func startLogicalWorker(t *testing.T, dsn string, issuer queue.Issuer, owner str
 		lg.Stop()
 		pool.Close()
 	})
+	// The start-up pass (the waker's first reconnect wake-up) must be over before a
+	// test writes, or it, not the stream, may be what claims the test's domains.
+	require.Eventually(t, func() bool { return logs.FilterMessage("pass finished").Len() > 0 },
+		10*time.Second, 5*time.Millisecond, "the start-up pass did not finish")
 	return in
 }
 
