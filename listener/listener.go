@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -106,12 +105,8 @@ type Listener struct {
 	// none. Read by tests, which terminate it to simulate a lost connection.
 	backendPID atomic.Uint32
 
-	// mu guards cancel and done, and serialises Start against Stop.
-	mu sync.Mutex
-	// cancel stops the running goroutine; done is closed when it has finished. Both
-	// nil before the first Start and after a Stop.
-	cancel context.CancelFunc
-	done   chan struct{}
+	// lifecycle holds the goroutine's Start and Stop.
+	lifecycle
 }
 
 // New returns a Listener that connects with pool's configuration. It does not
@@ -141,28 +136,14 @@ func (l *Listener) Connected() bool { return l.connected.Load() }
 // the error of that first attempt, and then nothing is left running; it returns
 // ErrStarted if the Listener is already running.
 func (l *Listener) Start(ctx context.Context) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.done != nil {
-		select {
-		case <-l.done:
-			// Ended by its context; it may be started again.
-		default:
-			return ErrStarted
+	return l.start(ctx, func() (func(context.Context, chan struct{}), error) {
+		conn, err := l.connect(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("listener: %w", err)
 		}
-	}
-	conn, err := l.connect(ctx)
-	if err != nil {
-		return fmt.Errorf("listener: %w", err)
-	}
-	// The goroutine outlives Start's call but not ctx: ctx is the process's lifetime
-	// in cmd/certworker, and Stop cancels this child of it.
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	l.cancel, l.done = cancel, done
-	l.up(conn, false, 0)
-	go l.run(runCtx, conn, done)
-	return nil
+		l.up(conn, false, 0)
+		return func(ctx context.Context, done chan struct{}) { l.run(ctx, conn, done) }, nil
+	})
 }
 
 // Stop ends the listener and waits until its goroutine has finished and its
@@ -170,21 +151,7 @@ func (l *Listener) Start(ctx context.Context) error {
 // goroutines at once; every call returns only once the listener has stopped. A Stop
 // that comes while Start is connecting waits for that attempt, at most
 // ConnectTimeout.
-func (l *Listener) Stop() {
-	l.mu.Lock()
-	cancel, done := l.cancel, l.done
-	l.mu.Unlock()
-	if done == nil {
-		return
-	}
-	cancel()
-	<-done
-	l.mu.Lock()
-	if l.done == done {
-		l.cancel, l.done = nil, nil
-	}
-	l.mu.Unlock()
-}
+func (l *Listener) Stop() { l.stop() }
 
 // run keeps a listening connection for as long as ctx lasts. conn is the connection
 // Start made.

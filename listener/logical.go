@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -214,12 +213,8 @@ type Logical struct {
 	// none. Read by tests, which terminate it to simulate a lost connection.
 	backendPID atomic.Uint32
 
-	// mu guards cancel and done, and serialises Start against Stop.
-	mu sync.Mutex
-	// cancel stops the running goroutine; done is closed when it has finished. Both
-	// nil before the first Start and after a Stop.
-	cancel context.CancelFunc
-	done   chan struct{}
+	// lifecycle holds the goroutine's Start and Stop.
+	lifecycle
 }
 
 // NewLogical returns a logical waker that connects with pool's configuration. It
@@ -249,48 +244,23 @@ func (lg *Logical) Connected() bool { return lg.connected.Load() }
 // server lacks something this mode needs, and then nothing is left running; it
 // returns ErrStarted if the waker is already running.
 func (lg *Logical) Start(ctx context.Context) error {
-	lg.mu.Lock()
-	defer lg.mu.Unlock()
-	if lg.done != nil {
-		select {
-		case <-lg.done:
-		default:
-			return ErrStarted
+	return lg.start(ctx, func() (func(context.Context, chan struct{}), error) {
+		s, err := lg.connect(ctx)
+		if err != nil {
+			var se *SetupError
+			if errors.As(err, &se) {
+				return nil, se
+			}
+			return nil, fmt.Errorf("listener: %w", err)
 		}
-	}
-	s, err := lg.connect(ctx)
-	if err != nil {
-		var se *SetupError
-		if errors.As(err, &se) {
-			return se
-		}
-		return fmt.Errorf("listener: %w", err)
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	lg.cancel, lg.done = cancel, done
-	lg.up(s, false, 0)
-	go lg.run(runCtx, s, done)
-	return nil
+		lg.up(s, false, 0)
+		return func(ctx context.Context, done chan struct{}) { lg.run(ctx, s, done) }, nil
+	})
 }
 
 // Stop ends the waker and waits until its goroutine has finished and its
 // connection is closed, which drops its slot. It has Listener.Stop's guarantees.
-func (lg *Logical) Stop() {
-	lg.mu.Lock()
-	cancel, done := lg.cancel, lg.done
-	lg.mu.Unlock()
-	if done == nil {
-		return
-	}
-	cancel()
-	<-done
-	lg.mu.Lock()
-	if lg.done == done {
-		lg.cancel, lg.done = nil, nil
-	}
-	lg.mu.Unlock()
-}
+func (lg *Logical) Stop() { lg.stop() }
 
 // stream is one replication connection and what is known about it.
 type stream struct {
