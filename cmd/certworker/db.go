@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -40,21 +41,7 @@ func (f dbFlags) connect(ctx context.Context) (*pgxpool.Pool, error) {
 
 // describe names a server without its credentials.
 func describe(c pgconn.Config) string {
-	return c.User + "@" + c.Host + ":" + itoa(int(c.Port)) + "/" + c.Database
-}
-
-func itoa(n int) string {
-	var b [20]byte
-	i := len(b)
-	if n == 0 {
-		return "0"
-	}
-	for n > 0 {
-		i--
-		b[i] = byte('0' + n%10)
-		n /= 10
-	}
-	return string(b[i:])
+	return c.User + "@" + c.Host + ":" + strconv.Itoa(int(c.Port)) + "/" + c.Database
 }
 
 func rootCause(err error) string {
