@@ -12,8 +12,20 @@ import (
 //
 // Implementations MUST be safe for concurrent use (the worker runs up to
 // --concurrency orders at once) and MUST return promptly once ctx is cancelled: the
-// worker cancels an order whose claim it has lost, and at the end of the shutdown
-// grace.
+// worker cancels an order whose claim it has lost, whose --order-timeout has passed,
+// and at the end of the shutdown grace.
+//
+// How a failure is treated depends on its type, so an implementation MUST return:
+//   - *RateLimitError for a CA's rate limit (not charged; paused by scope);
+//   - *CAUnavailableError when the CA could not be reached or answered 5xx (not
+//     charged; ordering paused for every instance with its own backoff);
+//   - *PreflightError when a check before ordering failed and nothing was sent to the
+//     CA (charged; ssl_error starts "preflight:");
+//   - *PermanentError for a refusal no retry can fix (the domain fails at once);
+//   - any other error for a failure charged to the domain and retried with backoff.
+//
+// An error whose chain holds an AuthorizationFailure that reports true is also
+// recorded in the limit ledger as a failed authorization for the name.
 type Issuer interface {
 	Issue(ctx context.Context, req Request) (*Certificate, error)
 }
@@ -43,14 +55,58 @@ type Certificate struct {
 	// RenewAt is when this certificate should be renewed (ARI, or a third of its
 	// lifetime before NotAfter).
 	RenewAt time.Time
+	// WindowEnd is the end of the CA's suggested renewal window (ARI), or zero when
+	// the CA offers none. Past it, a renewal is urgent (CONTRACT.md §5).
+	WindowEnd time.Time
+	// RenewalInfoAt is when the CA's renewal information should be fetched again
+	// (its Retry-After), or zero when the CA offers none.
+	RenewalInfoAt time.Time
 }
 
+// RenewalWindow is a CA's suggested renewal window for a stored certificate (RFC 9773),
+// and when to ask again.
+type RenewalWindow struct {
+	Start, End time.Time
+	// RetryAfter is the CA's Retry-After for the renewal information, or 0 when it
+	// gave none.
+	RetryAfter time.Duration
+}
+
+// RenewalInformer is implemented by an Issuer whose CA offers ACME Renewal Information.
+// The worker asks it again for every stored certificate while it is valid, at the
+// Retry-After the CA gives, so that a window the CA moves earlier (a revocation) is
+// acted on. It returns ErrNoRenewalInfo when the CA offers none.
+type RenewalInformer interface {
+	RenewalInfo(ctx context.Context, chainPEM string) (*RenewalWindow, error)
+}
+
+// ErrNoRenewalInfo: the CA offers no renewal information.
+var ErrNoRenewalInfo = errors.New("the CA offers no renewal information")
+
+// The reach of a CA's rate limit (RateLimitError.Scope), which decides what is paused.
+const (
+	// ScopeCA: an account-wide or unrecognised limit; the whole CA is paused for every
+	// instance.
+	ScopeCA = "ca"
+	// ScopeRegisteredDomain: a limit per registered domain (public suffix list);
+	// every name under it is paused.
+	ScopeRegisteredDomain = "registered_domain"
+	// ScopeDomain: a limit on one name or one exact set of names; that domain alone is
+	// paused.
+	ScopeDomain = "domain"
+)
+
 // RateLimitError is a CA's "rateLimited" answer. It is not charged to the domain:
-// the claim is handed back and the CA paused until RetryAfter has passed.
+// the claim is handed back and what the limit covers (Scope) is paused until
+// RetryAfter has passed.
 type RateLimitError struct {
 	// RetryAfter is the CA's Retry-After, or 0 when it gave none.
 	RetryAfter time.Duration
 	Detail     string
+	// Scope is ScopeCA, ScopeRegisteredDomain or ScopeDomain; "" counts as ScopeCA.
+	Scope string
+	// Limit names the limit that was recognised (for logs and status), or "".
+	Limit string
 }
 
 func (e *RateLimitError) Error() string {
@@ -60,16 +116,49 @@ func (e *RateLimitError) Error() string {
 	return "rate limited by the CA: " + e.Detail
 }
 
-// PermanentError is a failure that no retry can fix (a name no CA can issue for):
-// the domain goes to 'failed' at once.
+// CAUnavailableError: the CA could not be reached at some step of the order (no
+// connection, a reset, a request that timed out) or answered 5xx. It is the CA's
+// problem, not the domain's: not charged, and ordering is paused for every instance.
+type CAUnavailableError struct{ Err error }
+
+func (e *CAUnavailableError) Error() string { return "CA unavailable: " + e.Err.Error() }
+func (e *CAUnavailableError) Unwrap() error { return e.Err }
+
+// PreflightPrefix starts the ssl_error of a domain whose preflight failed.
+const PreflightPrefix = "preflight: "
+
+// PreflightError: a check before ordering (DNS, an HTTP probe of the challenge path)
+// failed, and nothing was sent to the CA. Charged like any failure. Msg says what was
+// seen, without the prefix.
+type PreflightError struct{ Msg string }
+
+func (e *PreflightError) Error() string { return PreflightPrefix + e.Msg }
+
+// PermanentError is a failure that no retry can fix (a name no CA can issue for, a
+// CA's rejectedIdentifier or caa): the domain goes to 'failed' at once.
 type PermanentError struct{ Err error }
 
 func (e *PermanentError) Error() string { return e.Err.Error() }
 func (e *PermanentError) Unwrap() error { return e.Err }
+
+// AuthorizationFailure is implemented by errors of orders whose authorization failed
+// at the CA (a validation that did not succeed). The CA counts those against a limit
+// per name, and so does the ledger.
+type AuthorizationFailure interface {
+	error
+	AuthorizationFailed() bool
+}
 
 // IsRateLimit reports whether err is, or wraps, a RateLimitError.
 func IsRateLimit(err error) (*RateLimitError, bool) {
 	var rl *RateLimitError
 	ok := errors.As(err, &rl)
 	return rl, ok
+}
+
+// IsAuthorizationFailure reports whether err's chain holds an AuthorizationFailure
+// that reports true.
+func IsAuthorizationFailure(err error) bool {
+	var af AuthorizationFailure
+	return errors.As(err, &af) && af.AuthorizationFailed()
 }
