@@ -691,7 +691,7 @@ FROM generate_series(1, 100000) g`, d.tenant); err != nil {
 		slices.Sort(plans)
 		med, medPlan := execs[len(execs)/2], plans[len(plans)/2]
 		b.ReportMetric(med, fmt.Sprintf("exec-ms/limit-%d", limit))
-		if !strings.Contains(plan, "proxy_domains_claimable_idx") {
+		if !strings.Contains(plan, "proxy_domains_queue_idx") {
 			b.Errorf("the claim does not use its index:\n%s", plan)
 		}
 		if limit == 4 {

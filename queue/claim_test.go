@@ -194,7 +194,7 @@ FROM generate_series(1, 100000) g`, tn)
 	_, err = b.pool.Exec(b.ctx, `ANALYZE proxy_domains`)
 	require.NoError(t, err)
 	plan := b.explainClaim(t)
-	require.Contains(t, plan, "proxy_domains_claimable_idx", "the claim does not use its index:\n%s", plan)
+	require.Contains(t, plan, "proxy_domains_queue_idx", "the claim does not use its index:\n%s", plan)
 	require.NotContains(t, plan, "Seq Scan on proxy_domains", "the claim scans the table:\n%s", plan)
 }
 

@@ -140,11 +140,11 @@ WHERE id = $1 AND ssl_claim_token = $2 AND ssl_status = 'provisioning'`, c.ID, c
 // pause never shortens an earlier one.
 func (q *Queue) PauseCA(ctx context.Context, directory string, until time.Time, reason string) error {
 	_, err := q.db.Exec(ctx, `
-INSERT INTO certworker_ca_pauses (directory, paused_until, reason) VALUES ($1, $2, $3)
-ON CONFLICT (directory) DO UPDATE SET
-    paused_until = GREATEST(certworker_ca_pauses.paused_until, EXCLUDED.paused_until),
-    reason = CASE WHEN EXCLUDED.paused_until > certworker_ca_pauses.paused_until
-                  THEN EXCLUDED.reason ELSE certworker_ca_pauses.reason END,
+INSERT INTO certworker_pauses AS p (scope, key, source, paused_until, reason) VALUES ('ca', $1, 'rate_limit', $2, $3)
+ON CONFLICT (scope, key, source) DO UPDATE SET
+    paused_until = GREATEST(p.paused_until, EXCLUDED.paused_until),
+    reason = CASE WHEN EXCLUDED.paused_until > p.paused_until
+                  THEN EXCLUDED.reason ELSE p.reason END,
     updated_at = now()`, directory, until, reason)
 	if err != nil {
 		return fmt.Errorf("pause CA: %w", err)
@@ -157,7 +157,7 @@ ON CONFLICT (directory) DO UPDATE SET
 func (q *Queue) CAPausedUntil(ctx context.Context, directory string) (time.Time, error) {
 	var until time.Time
 	err := q.db.QueryRow(ctx, `
-SELECT paused_until FROM certworker_ca_pauses WHERE directory = $1 AND paused_until > now()`,
+SELECT max(paused_until) FROM certworker_pauses WHERE scope = 'ca' AND key = $1 AND paused_until > now() HAVING count(*) > 0`,
 		directory).Scan(&until)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return time.Time{}, nil

@@ -42,53 +42,62 @@ func TestTrigger_NotifiesExactlyOnEnteringTheClaimableSet(t *testing.T) {
 		setup func(b *bundle, t *testing.T, tn string) string // returns a domain id, or ""
 		act   string                                          // SQL with $1 = the id
 		fires bool
+		// quiet runs act in a transaction marked as the worker's own failure write.
+		quiet bool
 	}{
 		{"insert verified acme pending", nil,
 			`INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_status, ssl_provider)
-			 VALUES ($1, 'new.example', 'verified', 'tok', 'pending', 'acme')`, true},
+			 VALUES ($1, 'new.example', 'verified', 'tok', 'pending', 'acme')`, true, false},
 		{"insert unverified", nil,
 			`INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_status, ssl_provider)
-			 VALUES ($1, 'new.example', 'pending', 'tok', 'pending', 'acme')`, false},
+			 VALUES ($1, 'new.example', 'pending', 'tok', 'pending', 'acme')`, false, false},
 		// The tenant's "verify" click: the reason this project exists.
 		{"pending domain verified", func(b *bundle, t *testing.T, tn string) string { return b.insert(t, tn, "pending", "pending", "acme") },
-			`UPDATE proxy_domains SET verification_status = 'verified' WHERE id = $1`, true},
+			`UPDATE proxy_domains SET verification_status = 'verified' WHERE id = $1`, true, false},
 		{"failed retried", func(b *bundle, t *testing.T, tn string) string {
 			id, _ := b.domain(t, tn, "failed", 10, ago(60))
 			return id
 		},
-			`UPDATE proxy_domains SET ssl_status = 'pending', ssl_attempts = 0 WHERE id = $1`, true},
+			`UPDATE proxy_domains SET ssl_status = 'pending', ssl_attempts = 0 WHERE id = $1`, true, false},
 		{"active due for renewal", func(b *bundle, t *testing.T, tn string) string { id, _ := b.domain(t, tn, "active", 0, nil); return id },
-			`UPDATE proxy_domains SET ssl_status = 'pending' WHERE id = $1`, true},
+			`UPDATE proxy_domains SET ssl_status = 'pending' WHERE id = $1`, true, false},
 		{"manual to acme while verified and pending", func(b *bundle, t *testing.T, tn string) string {
 			return b.insert(t, tn, "verified", "pending", "manual")
 		},
-			`UPDATE proxy_domains SET ssl_provider = 'acme' WHERE id = $1`, true},
+			`UPDATE proxy_domains SET ssl_provider = 'acme' WHERE id = $1`, true, false},
 		// Stays inside the set: the worker's own bookkeeping must not wake everyone.
 		{"pending back to pending with one more attempt", func(b *bundle, t *testing.T, tn string) string {
 			id, _ := b.domain(t, tn, "pending", 1, ago(5))
 			return id
 		},
-			`UPDATE proxy_domains SET ssl_attempts = ssl_attempts + 1, ssl_error = 'x' WHERE id = $1`, false},
+			`UPDATE proxy_domains SET ssl_attempts = ssl_attempts + 1, ssl_error = 'x' WHERE id = $1`, false, false},
 		// A failure recorded by the worker: it sets its own timer for the backoff.
-		{"provisioning back to pending after a failure", func(b *bundle, t *testing.T, tn string) string {
+		{"provisioning back to pending by the worker's failure write", func(b *bundle, t *testing.T, tn string) string {
 			id, _ := b.domain(t, tn, "provisioning", 1, ago(5))
 			return id
 		},
-			`UPDATE proxy_domains SET ssl_status = 'pending', ssl_attempts = 2 WHERE id = $1`, false},
+			`UPDATE proxy_domains SET ssl_status = 'pending', ssl_attempts = 2 WHERE id = $1`, false, true},
+		// Anyone else moving a row out of provisioning (an operator's edit, the proxy,
+		// the reference worker during a cutover) wakes the workers (CONTRACT.md §2).
+		{"provisioning back to pending by an operator", func(b *bundle, t *testing.T, tn string) string {
+			id, _ := b.domain(t, tn, "provisioning", 1, ago(5))
+			return id
+		},
+			`UPDATE proxy_domains SET ssl_status = 'pending' WHERE id = $1`, true, false},
 		{"provisioning to active", func(b *bundle, t *testing.T, tn string) string {
 			id, _ := b.domain(t, tn, "provisioning", 0, ago(5))
 			return id
 		},
-			`UPDATE proxy_domains SET ssl_status = 'active' WHERE id = $1`, false},
+			`UPDATE proxy_domains SET ssl_status = 'active' WHERE id = $1`, false, false},
 		{"unrelated update of a claimable row", func(b *bundle, t *testing.T, tn string) string {
 			id, _ := b.domain(t, tn, "pending", 0, nil)
 			return id
 		},
-			`UPDATE proxy_domains SET verification_method = 'http' WHERE id = $1`, false},
+			`UPDATE proxy_domains SET verification_method = 'http' WHERE id = $1`, false, false},
 		{"pending domain verified while manual", func(b *bundle, t *testing.T, tn string) string {
 			return b.insert(t, tn, "pending", "pending", "manual")
 		},
-			`UPDATE proxy_domains SET verification_status = 'verified' WHERE id = $1`, false},
+			`UPDATE proxy_domains SET verification_status = 'verified' WHERE id = $1`, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -99,7 +108,15 @@ func TestTrigger_NotifiesExactlyOnEnteringTheClaimableSet(t *testing.T) {
 				arg = tc.setup(b, t, tn)
 			}
 			n := b.notifications(t, func() {
-				_, err := b.pool.Exec(b.ctx, tc.act, arg)
+				err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+					if tc.quiet {
+						if _, err := tx.Exec(b.ctx, `SET LOCAL certworker.quiet = on`); err != nil {
+							return err
+						}
+					}
+					_, err := tx.Exec(b.ctx, tc.act, arg)
+					return err
+				})
 				require.NoError(t, err)
 			})
 			if tc.fires {

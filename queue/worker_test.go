@@ -253,7 +253,7 @@ func TestWorker_ARateLimitIsNotChargedAndPausesTheCA(t *testing.T) {
 	require.GreaterOrEqual(t, second.At.Sub(first.At), 2*time.Second, "ordered again before Retry-After")
 	waitFor(t, 10*time.Second, "the domain to become active", func() bool { return b.status(t, id) == "active" })
 	var attempts int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM certworker_ca_pauses`).Scan(&attempts))
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM certworker_pauses`).Scan(&attempts))
 	require.Equal(t, 1, attempts, "the pause was not stored in the database")
 }
 

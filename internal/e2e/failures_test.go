@@ -157,7 +157,7 @@ func TestE2E_RateLimitPausesAndIsNotCharged(t *testing.T) {
 	var until time.Time
 	var reason string
 	require.NoError(t, w.pool.QueryRow(w.ctx,
-		`SELECT paused_until, reason FROM certworker_ca_pauses WHERE directory = $1`, cfg.DirectoryURL).Scan(&until, &reason))
+		`SELECT paused_until, reason FROM certworker_pauses WHERE scope = 'ca' AND key = $1`, cfg.DirectoryURL).Scan(&until, &reason))
 	require.Equal(t, "slow down", reason)
 	require.WithinDuration(t, seen[refusals-1].at.Add(retryAfter), until, time.Second, "the pause is the CA's Retry-After")
 	t.Logf("orders started: instance a %d, instance b %d", a.ordersStarted(name), b.ordersStarted(name))
