@@ -25,6 +25,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/certworker/certworker/internal/pgtest"
+	"github.com/certworker/certworker/queue"
 )
 
 // logicalBenchCommand is how bench/logical.txt was produced, written into it.
@@ -82,7 +83,7 @@ func BenchmarkWakeModes(b *testing.B) {
 	fmt.Fprintf(&out, "## worker's channel). Same host, same clock: the server runs in a local container.\n\n")
 	tw := tabwriter.NewWriter(&out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "mode\tn\tp50 ms\tp95 ms\tp99 ms\tmax ms\tmean ms\t")
-	for _, mode := range []string{ModeNotify, ModeLogical} {
+	for _, mode := range []string{queue.WakeNotify, queue.WakeLogical} {
 		lat := benchLatency(b, srv, mode)
 		slices.Sort(lat)
 		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t\n", mode, len(lat),
@@ -103,7 +104,7 @@ func BenchmarkWakeModes(b *testing.B) {
 	fmt.Fprintf(&out, "## worker's side received after merging (a reader that drains its channel at once);\n")
 	fmt.Fprintf(&out, "## waiting on a lock is the mean number of the %d writers queued on a heavyweight lock\n", writers)
 	fmt.Fprintf(&out, "## (pg_stat_activity sampled every 20 ms, all rounds): NOTIFY's commit lock is one.\n\n")
-	modes := []string{ModeNotify, ModeLogical, "none"}
+	modes := []string{queue.WakeNotify, queue.WakeLogical, "none"}
 	results := map[string][]writeResult{}
 	for round := range rounds {
 		for i := range modes {
@@ -163,9 +164,9 @@ func benchWaker(b *testing.B, pool *pgxpool.Pool, mode string) Waker {
 	b.Helper()
 	var w Waker
 	switch mode {
-	case ModeNotify:
+	case queue.WakeNotify:
 		w = New(pool, zap.NewNop(), Options{})
-	case ModeLogical:
+	case queue.WakeLogical:
 		w = NewLogical(pool, zap.NewNop(), Options{})
 	default:
 		return nil
@@ -215,7 +216,7 @@ func benchLatency(b *testing.B, srv *pgtest.Server, mode string) []time.Duration
 	b.Helper()
 	ctx := context.Background()
 	pool := benchPool(b, srv.NewDatabase(b), 4)
-	if _, err := SetMode(ctx, pool, mode); err != nil {
+	if _, err := setWakeMode(ctx, pool, mode); err != nil {
 		b.Fatal(err)
 	}
 	ids := benchDomains(b, pool, latencyDomains)
@@ -262,11 +263,11 @@ func benchWrites(b *testing.B, srv *pgtest.Server, mode string) writeResult {
 	dsn := srv.NewDatabase(b)
 	pool := benchPool(b, dsn, writers+2)
 	defer dropDatabase(b, srv, dsn)
-	setting := ModeLogical
-	if mode == ModeNotify {
-		setting = ModeNotify
+	setting := queue.WakeLogical
+	if mode == queue.WakeNotify {
+		setting = queue.WakeNotify
 	}
-	if _, err := SetMode(ctx, pool, setting); err != nil {
+	if _, err := setWakeMode(ctx, pool, setting); err != nil {
 		b.Fatal(err)
 	}
 	ids := benchDomains(b, pool, writers*writesPerWriter)
@@ -411,4 +412,9 @@ func loadAverage() string {
 		return strings.Join(f[:3], " ")
 	}
 	return "unknown"
+}
+
+// setWakeMode records the wake mode as `certworker run` does.
+func setWakeMode(ctx context.Context, pool *pgxpool.Pool, mode string) (string, error) {
+	return queue.New(pool, queue.DefaultConfig()).SetWakeMode(ctx, mode)
 }

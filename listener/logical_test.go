@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/certworker/certworker/internal/pgtest"
+	"github.com/certworker/certworker/queue"
 )
 
 // logicalSettings start a server the logical waker can stream from. The package's
@@ -313,7 +314,7 @@ func TestLogical(t *testing.T) {
 		require.Len(t, lost, 1)
 		require.Equal(t, zapcore.WarnLevel, lost[0].Level)
 		require.Contains(t, lost[0].ContextMap(), "retry_in")
-		require.Equal(t, ModeLogical, lost[0].ContextMap()["mode"])
+		require.Equal(t, queue.WakeLogical, lost[0].ContextMap()["mode"])
 		require.Len(t, b.logs.FilterMessage("listener reconnected").All(), 1)
 
 		b.domain(t, "verified", "pending", "acme")
@@ -534,119 +535,4 @@ func TestLogical_StartFailsOnReplicaServer(t *testing.T) {
 		"SELECT count(*) FROM pg_replication_slots WHERE database = current_database()").Scan(&slots))
 	require.Zero(t, slots)
 	b.lg.Stop()
-}
-
-// Guards against the proxy paying for a mode it does not use: in logical mode the
-// wake trigger must not call pg_notify (whose commit lock is the cost), and in
-// notify mode, the default with no setting recorded, it must, as migration 00002's
-// did. In both it stamps ssl_queued_at. And SetMode reports what it replaced, so
-// that `run` can warn when it switches a fleet's mode.
-func TestSetMode_TriggerNotifiesOnlyInNotifyMode(t *testing.T) {
-	t.Parallel()
-	pool, dsn := pgtest.NewPool(t)
-	ctx := context.Background()
-	var tenant string
-	require.NoError(t, pool.QueryRow(ctx,
-		"INSERT INTO proxy_tenants (name, slug, email) VALUES ('t', 't', 't@example.com') RETURNING id").Scan(&tenant))
-
-	// notified runs a claimable insert and counts the notifications a listening
-	// session receives, and checks ssl_queued_at.
-	notified := func(t *testing.T) int {
-		t.Helper()
-		conn, err := pgx.Connect(ctx, dsn)
-		require.NoError(t, err)
-		defer conn.Close(ctx)
-		_, err = conn.Exec(ctx, "LISTEN "+Channel)
-		require.NoError(t, err)
-		var queued *time.Time
-		require.NoError(t, pool.QueryRow(ctx, `INSERT INTO proxy_domains
-			(tenant_id, domain, verification_status, verification_token, ssl_status, ssl_provider)
-			VALUES ($1, $2, 'verified', 'tok', 'pending', 'acme') RETURNING ssl_queued_at`,
-			tenant, "m-"+uuid.NewString()+".example").Scan(&queued))
-		require.NotNil(t, queued, "the trigger must stamp ssl_queued_at in every mode")
-		n := 0
-		for {
-			wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-			_, err := conn.WaitForNotification(wctx)
-			cancel()
-			if err != nil {
-				return n
-			}
-			n++
-		}
-	}
-
-	require.Equal(t, 1, notified(t), "no setting recorded: notify, as before migration 00004")
-
-	prev, err := SetMode(ctx, pool, ModeLogical)
-	require.NoError(t, err)
-	require.Equal(t, ModeNotify, prev, "no setting recorded counts as notify")
-	require.Zero(t, notified(t), "logical mode: the trigger must not notify")
-
-	prev, err = SetMode(ctx, pool, ModeLogical)
-	require.NoError(t, err)
-	require.Equal(t, ModeLogical, prev)
-
-	prev, err = SetMode(ctx, pool, ModeNotify)
-	require.NoError(t, err)
-	require.Equal(t, ModeLogical, prev)
-	require.Equal(t, 1, notified(t))
-
-	_, err = SetMode(ctx, pool, "carrier-pigeon")
-	require.Error(t, err)
-	var rows int
-	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM certworker_settings").Scan(&rows))
-	require.Equal(t, 1, rows, "one row at most")
-}
-
-// Guards against the new setting breaking the proxy's writes: the trigger runs with
-// the privileges of whoever writes proxy_domains, and the proxy's role was granted
-// what it needs on the proxy's tables, not on certworker_settings, which did not
-// exist then. Its "verify" must still work, in both modes.
-func TestSetMode_TriggerWorksForARoleWithoutGrantsOnSettings(t *testing.T) {
-	t.Parallel()
-	pool, dsn := pgtest.NewPool(t)
-	ctx := context.Background()
-	role := "proxy_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
-	for _, sql := range []string{
-		fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD 'proxy-pw'", role),
-		fmt.Sprintf("GRANT SELECT, INSERT, UPDATE ON proxy_tenants, proxy_domains TO %s", role),
-	} {
-		_, err := pool.Exec(ctx, sql)
-		require.NoError(t, err)
-	}
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.Background(), "DROP OWNED BY "+role)
-		_, _ = pool.Exec(context.Background(), "DROP ROLE "+role)
-	})
-	u, err := url.Parse(dsn)
-	require.NoError(t, err)
-	u.User = url.UserPassword(role, "proxy-pw")
-	proxy, err := pgx.Connect(ctx, u.String())
-	require.NoError(t, err)
-	defer proxy.Close(ctx)
-
-	var tenant string
-	require.NoError(t, proxy.QueryRow(ctx,
-		"INSERT INTO proxy_tenants (name, slug, email) VALUES ('t', 't', 't@example.com') RETURNING id").Scan(&tenant))
-	for _, mode := range []string{ModeNotify, ModeLogical} {
-		_, err := SetMode(ctx, pool, mode)
-		require.NoError(t, err)
-		_, err = proxy.Exec(ctx, `INSERT INTO proxy_domains
-			(tenant_id, domain, verification_status, verification_token, ssl_status, ssl_provider)
-			VALUES ($1, $2, 'verified', 'tok', 'pending', 'acme')`, tenant, mode+".example")
-		require.NoError(t, err, "mode %s", mode)
-	}
-
-	// A worker whose role was not granted anything on the new table (an upgrade
-	// where a separate role migrates) still starts in the mode already in force,
-	// and is told what it lacks to switch.
-	limited, err := pgxpool.New(ctx, u.String())
-	require.NoError(t, err)
-	defer limited.Close()
-	prev, err := SetMode(ctx, limited, ModeLogical)
-	require.NoError(t, err, "no change, no write")
-	require.Equal(t, ModeLogical, prev)
-	_, err = SetMode(ctx, limited, ModeNotify)
-	require.ErrorContains(t, err, "needs INSERT and UPDATE")
 }

@@ -7,7 +7,7 @@ import (
 
 // The reasons a worker looks at the queue, as they appear in the "source" field of its
 // logs (CONTRACT.md §6). The listener produces the first two; the worker produces
-// SourceTimer and SourcePoll itself, and takes the names from here so that every
+// SourceTimer, SourcePoll and SourceRefill itself, and takes the names from here so that every
 // value an operator can grep for is defined in one place.
 const (
 	// SourceNotify: a trigger said a domain entered the claimable set.
@@ -19,6 +19,9 @@ const (
 	SourceTimer = "timer"
 	// SourcePoll: the --poll-interval safety net.
 	SourcePoll = "poll"
+	// SourceRefill: an order finished while every slot was busy, so the worker
+	// claims again into the slot it freed.
+	SourceRefill = "refill"
 )
 
 // Wake says "look at the queue now", and why.

@@ -18,9 +18,6 @@ type Claim struct {
 	Token string
 	// ClaimedAt is the claiming transaction's time.
 	ClaimedAt time.Time
-	// PrevAttemptAt is ssl_last_attempt_at before the claim stamped it, restored
-	// when the claim is handed back so that a hand-back costs no backoff.
-	PrevAttemptAt *time.Time
 	// DueAt is when the row became claimable: when it entered the claimable set, or
 	// when its backoff ran out, whichever is later. Zero when unknown.
 	DueAt time.Time
@@ -32,54 +29,87 @@ type Claim struct {
 //
 // FOR UPDATE SKIP LOCKED inside the statement that flips the status is what makes
 // several instances safe: two cannot claim the same row, and neither blocks on the
-// other. The backoff is computed here, from the row's own ssl_attempts, with the same
-// parameters as Config.Backoff: it has to be one statement. The reference's first
-// version claimed the row (stamping ssl_last_attempt_at) and checked the backoff in a
-// second query, against the timestamp it had just overwritten, so every row with a
-// failure behind it looked just tried and backoff meant "never retry".
+// other. The statement is the one judge of what is due; a wake-up only says "look now".
 //
-// Oldest attempt first, never tried first. The claim stamps ssl_last_attempt_at and
-// updated_at with the transaction's time, as the reference does.
+// Due: verified, acme, pending, attempts below the limit, backoff elapsed, and not
+// held back by a pause. The backoff is computed here, from the row's own ssl_attempts,
+// with the same parameters as Config.Backoff: it has to be one statement. The
+// reference's first version claimed the row (stamping ssl_last_attempt_at) and checked
+// the backoff in a second query, against the timestamp it had just overwritten, so
+// every row with a failure behind it looked just tried and backoff meant "never retry".
+//
+// Pauses (certworker_pauses) are conditions of the claim, not checks after it, so a
+// held-back domain is never claimed and handed back again: a pause of the CA ($7) is
+// one test for the whole statement; a pause of a registered domain or of one name is
+// looked up among the row's own suffixes (certworker_suffixes), and only while such a
+// pause exists at all. Two rows whose names differ only in case are never claimed:
+// they are the same name to a CA, and which one the tenant meant is theirs to say.
+//
+// Order of service: ssl_queue_tier, then ssl_queue_seq (migration 00005), read in
+// order from proxy_domains_queue_idx, so the claim's cost follows the rows it takes,
+// not the queue's length.
+//
+// The claim stamps ssl_last_attempt_at and updated_at with the transaction's time, as
+// the reference does, and keeps the previous attempt time in ssl_claim_prev_attempt_at
+// for a hand-back. It moves the queue's clock to the place it served, so that a row
+// queued later is never placed before it.
 var claimSQL = `
 WITH due AS (
-    SELECT id, ssl_last_attempt_at AS prev_attempt_at, ssl_queued_at,
-           CASE WHEN ssl_last_attempt_at IS NULL THEN NULL
-                ELSE ssl_last_attempt_at + make_interval(secs => ` + backoffSQL("$2", "$3") + `)
-           END AS backoff_due_at
-    FROM proxy_domains
-    WHERE verification_status = 'verified'
-      AND ssl_provider = 'acme'
-      AND ssl_status = 'pending'
-      AND ssl_attempts < $1
-      AND (ssl_last_attempt_at IS NULL
-           OR ssl_last_attempt_at < now() - make_interval(secs => ` + backoffSQL("$2", "$3") + `))
-    ORDER BY ssl_last_attempt_at ASC NULLS FIRST
+    SELECT d.id
+    FROM proxy_domains d
+    WHERE d.verification_status = 'verified'
+      AND d.ssl_provider = 'acme'
+      AND d.ssl_status = 'pending'
+      AND d.ssl_attempts < $1
+      AND (d.ssl_last_attempt_at IS NULL
+           OR d.ssl_last_attempt_at < now() - make_interval(secs => ` + backoffSQL("d.ssl_attempts", "$2", "$3") + `))
+      AND NOT EXISTS (SELECT 1 FROM certworker_pauses
+                      WHERE scope = 'ca' AND key = $7 AND paused_until > now())
+      AND (NOT EXISTS (SELECT 1 FROM certworker_pauses
+                       WHERE scope <> 'ca' AND paused_until > now())
+           OR NOT EXISTS (SELECT 1 FROM certworker_pauses p
+                          WHERE p.scope IN ('registered_domain', 'domain')
+                            AND p.key = ANY (certworker_suffixes(d.domain))
+                            AND (p.scope = 'registered_domain' OR p.key = lower(d.domain))
+                            AND p.paused_until > now()))
+      AND NOT EXISTS (SELECT 1 FROM proxy_domains o
+                      WHERE lower(o.domain) = lower(d.domain) AND o.id <> d.id)
+    ORDER BY COALESCE(d.ssl_queue_tier, 2), COALESCE(d.ssl_queue_seq, 0)
     LIMIT $6
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF d SKIP LOCKED
+), claimed AS (
+    UPDATE proxy_domains d SET
+        ssl_status = 'provisioning',
+        ssl_claim_prev_attempt_at = d.ssl_last_attempt_at,
+        ssl_last_attempt_at = now(),
+        updated_at = now(),
+        ssl_claim_token = gen_random_uuid(),
+        ssl_claimed_by = $4,
+        ssl_lease_expires_at = now() + make_interval(secs => $5)
+    FROM due
+    WHERE d.id = due.id
+    RETURNING d.id, d.tenant_id, d.domain, d.ssl_attempts, d.ssl_claim_token, d.ssl_last_attempt_at,
+        d.ssl_claim_prev_attempt_at, d.ssl_queued_at, d.ssl_queue_seq
+), clock AS (
+    UPDATE certworker_queue_clock SET vtime = GREATEST(vtime, (SELECT max(ssl_queue_seq) FROM claimed))
+    WHERE id AND EXISTS (SELECT 1 FROM claimed WHERE ssl_queue_seq IS NOT NULL)
 )
-UPDATE proxy_domains d SET
-    ssl_status = 'provisioning',
-    ssl_last_attempt_at = now(),
-    updated_at = now(),
-    ssl_claim_token = gen_random_uuid(),
-    ssl_claimed_by = $4,
-    ssl_lease_expires_at = now() + make_interval(secs => $5)
-FROM due
-WHERE d.id = due.id
-RETURNING d.id::text, d.tenant_id::text, d.domain, d.ssl_attempts, d.ssl_claim_token::text,
-    d.ssl_last_attempt_at, due.prev_attempt_at,
-    GREATEST(due.ssl_queued_at, due.backoff_due_at),
-    COALESCE((SELECT c.certificate_pem FROM proxy_certificates c WHERE c.domain = d.domain), '')`
+SELECT c.id::text, c.tenant_id::text, c.domain, c.ssl_attempts, c.ssl_claim_token::text, c.ssl_last_attempt_at,
+    GREATEST(c.ssl_queued_at,
+             c.ssl_claim_prev_attempt_at + make_interval(secs => ` + backoffSQL("c.ssl_attempts", "$2", "$3") + `)),
+    COALESCE((SELECT p.certificate_pem FROM proxy_certificates p WHERE p.domain = c.domain), '')
+FROM claimed c`
 
-// Claim takes up to limit due domains for owner (an instance name, for operators).
-// It returns none when nothing is due.
-func (q *Queue) Claim(ctx context.Context, owner string, limit int) ([]Claim, error) {
+// Claim takes up to limit due domains for owner (an instance name, for operators and
+// for ReleaseUntracked), from the CA at directory (whose pause it respects). It
+// returns none when nothing is due.
+func (q *Queue) Claim(ctx context.Context, owner, directory string, limit int) ([]Claim, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
 	rows, err := q.db.Query(ctx, claimSQL,
 		q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax),
-		owner, seconds(q.cfg.Lease), limit)
+		owner, seconds(q.cfg.Lease), limit, directory)
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
@@ -89,7 +119,7 @@ func (q *Queue) Claim(ctx context.Context, owner string, limit int) ([]Claim, er
 		var c Claim
 		var due *time.Time
 		if err := rows.Scan(&c.ID, &c.TenantID, &c.Domain, &c.Attempts, &c.Token,
-			&c.ClaimedAt, &c.PrevAttemptAt, &due, &c.CurrentPEM); err != nil {
+			&c.ClaimedAt, &due, &c.CurrentPEM); err != nil {
 			return nil, fmt.Errorf("claim: %w", err)
 		}
 		if due != nil {
@@ -104,12 +134,14 @@ func (q *Queue) Claim(ctx context.Context, owner string, limit int) ([]Claim, er
 }
 
 // Heartbeat renews the leases of the given claims and returns the tokens that are no
-// longer held (requeued by another instance after this one missed its renewals): the
-// caller must stop those orders.
+// longer held (requeued by another instance after this one missed its renewals, or
+// taken back by hand): the caller must stop those orders. With no tokens it still
+// makes the round trip, which tells the caller whether the database answers.
+//
+// A lease that has run out is renewed too, as long as nobody took the row: after an
+// outage longer than the lease, this is how an instance re-asserts the orders it kept
+// running while nobody could reach the database.
 func (q *Queue) Heartbeat(ctx context.Context, tokens []string) (lost []string, err error) {
-	if len(tokens) == 0 {
-		return nil, nil
-	}
 	rows, err := q.db.Query(ctx, `
 UPDATE proxy_domains SET ssl_lease_expires_at = now() + make_interval(secs => $2)
 WHERE ssl_status = 'provisioning' AND ssl_claim_token = ANY($1::uuid[])
@@ -135,4 +167,42 @@ RETURNING ssl_claim_token::text`, tokens, seconds(q.cfg.Lease))
 		}
 	}
 	return lost, nil
+}
+
+// Untracked is a claim handed back by ReleaseUntracked.
+type Untracked struct {
+	ID     string
+	Domain string
+}
+
+// ReleaseUntracked hands back, uncharged, every row owner holds whose token is not in
+// keep: claims whose statement committed but whose answer never reached the instance
+// (a timeout, a lost connection). Without it such rows would sit in 'provisioning'
+// under a live instance's name until their lease ran out, and then be reclaimed with
+// an attempt charged for an order that was never placed. owner must name one instance
+// only (the worker adds a random suffix to the name it is given).
+func (q *Queue) ReleaseUntracked(ctx context.Context, owner string, keep []string) ([]Untracked, error) {
+	rows, err := q.db.Query(ctx, `
+UPDATE proxy_domains SET
+    ssl_status = 'pending', ssl_last_attempt_at = ssl_claim_prev_attempt_at, updated_at = now(),
+    `+releaseClaimSQL+`
+WHERE ssl_status = 'provisioning' AND ssl_claimed_by = $1
+  AND NOT (ssl_claim_token = ANY($2::uuid[]))
+RETURNING id::text, domain`, owner, keep)
+	if err != nil {
+		return nil, fmt.Errorf("release untracked claims: %w", err)
+	}
+	defer rows.Close()
+	var out []Untracked
+	for rows.Next() {
+		var u Untracked
+		if err := rows.Scan(&u.ID, &u.Domain); err != nil {
+			return nil, fmt.Errorf("release untracked claims: %w", err)
+		}
+		out = append(out, u)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("release untracked claims: %w", err)
+	}
+	return out, nil
 }

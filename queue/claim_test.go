@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"context"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -114,7 +115,7 @@ func TestClaim_TwoWorkersDoNotClaimTheSameDomain(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	id, _ := b.domain(t, b.tenant(t), "pending", 0, nil)
-	first, err := b.q.Claim(b.ctx, "one", 1)
+	first, err := b.q.Claim(b.ctx, "one", testDirectory, 1)
 	require.NoError(t, err)
 	require.Len(t, first, 1)
 	require.NotContains(t, b.drain(t), id, "the same domain was claimed twice")
@@ -136,7 +137,7 @@ SELECT $1, 'c' || g || '.example', 'verified', 'tok', 'pending', 'acme' FROM gen
 	for w := range 8 {
 		wg.Go(func() {
 			for {
-				claims, err := b.q.Claim(context.Background(), "w", 1+w%3)
+				claims, err := b.q.Claim(context.Background(), "w", testDirectory, 1+w%3)
 				if err != nil {
 					t.Error(err)
 					return
@@ -159,22 +160,39 @@ SELECT $1, 'c' || g || '.example', 'verified', 'tok', 'pending', 'acme' FROM gen
 	}
 }
 
-// The Go curve (used for logs, status and the timer) and the SQL curve (used by the
-// claim) must agree, or a domain is reported due when the claim will not take it.
-func TestBackoff_GoAndSQLAgree(t *testing.T) {
+// The Go curve (used for logs, status and the timer) and the SQL curve the claim
+// runs must agree, or a domain is reported due when the claim will not take it.
+// Checked against the claim statement itself, not a copy of its SQL: for every attempt
+// count, a row whose backoff ended two seconds ago is claimed and one whose backoff
+// ends in two seconds is not.
+func TestBackoff_GoAndTheClaimAgree(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
 	for _, cfg := range []queue.Config{
-		queue.DefaultConfig(),
-		{RetryBase: 2 * time.Second, RetryMax: 10 * time.Second, MaxAttempts: 5, Lease: time.Minute},
+		{RetryBase: time.Minute, RetryMax: 4 * time.Hour, MaxAttempts: math.MaxInt32, Lease: time.Minute},
+		{RetryBase: 3 * time.Second, RetryMax: 10 * time.Second, MaxAttempts: math.MaxInt32, Lease: time.Minute},
 	} {
+		b := setup(t)
 		q := queue.New(b.pool, cfg)
-		for _, n := range []int{-2147483648, -1, 0, 1, 2, 3, 4, 5, 8, 12, 13, 20, 62, 63, 100, 2147483647} {
-			var secs float64
-			require.NoError(t, b.pool.QueryRow(b.ctx,
-				`SELECT LEAST($2 * power(2, LEAST(GREATEST($1::int, 0), 62)), $3)`,
-				n, cfg.RetryBase.Seconds(), cfg.RetryMax.Seconds()).Scan(&secs))
-			require.InDelta(t, q.Config().Backoff(n).Seconds(), secs, 1e-6, "attempts %d", n)
+		tn := b.tenant(t)
+		due, early := map[string]int{}, map[string]int{}
+		for _, n := range []int{-2147483648, -1, 0, 1, 2, 3, 4, 5, 8, 12, 13, 20, 62, 63, 100, 2147483646} {
+			wait := cfg.Backoff(n)
+			id, _ := b.domain(t, tn, "pending", n, ago(int((wait+2*time.Second)/time.Second)))
+			due[id] = n
+			id, _ = b.domain(t, tn, "pending", n, ago(int((wait-2*time.Second)/time.Second)))
+			early[id] = n
+		}
+		claims, err := q.Claim(b.ctx, "test", testDirectory, 1000)
+		require.NoError(t, err)
+		claimed := map[string]bool{}
+		for _, c := range claims {
+			claimed[c.ID] = true
+		}
+		for id, n := range due {
+			require.True(t, claimed[id], "attempts %d: not claimed %s after Go's backoff %s", n, 2*time.Second, cfg.Backoff(n))
+		}
+		for id, n := range early {
+			require.False(t, claimed[id], "attempts %d: claimed %s before Go's backoff %s ends", n, 2*time.Second, cfg.Backoff(n))
 		}
 	}
 }
@@ -200,7 +218,7 @@ FROM generate_series(1, 100000) g`, tn)
 
 func (b *bundle) explainClaim(t *testing.T) string {
 	t.Helper()
-	rows, err := b.pool.Query(b.ctx, `EXPLAIN `+queue.ClaimSQLForTest, 10, 60.0, 14400.0, "explain", 60.0, 4)
+	rows, err := b.pool.Query(b.ctx, `EXPLAIN `+queue.ClaimSQLForTest, 10, 60.0, 14400.0, "explain", 60.0, 4, testDirectory)
 	require.NoError(t, err)
 	defer rows.Close()
 	var plan string

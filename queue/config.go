@@ -44,7 +44,8 @@ func DefaultConfig() Config {
 	}
 }
 
-func (c Config) withDefaults() Config {
+// WithDefaults is c with every unset field at its default.
+func (c Config) WithDefaults() Config {
 	d := DefaultConfig()
 	if c.RetryBase <= 0 {
 		c.RetryBase = d.RetryBase
@@ -71,7 +72,7 @@ const maxShift = 62
 // base * 2^n, capped at max. Negative counts (a hand-edited row) count as 0.
 // The claim query computes the same curve in SQL from the same parameters.
 func (c Config) Backoff(attempts int) time.Duration {
-	c = c.withDefaults()
+	c = c.WithDefaults()
 	n := min(max(attempts, 0), maxShift)
 	d := c.RetryBase
 	for range n {

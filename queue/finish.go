@@ -12,48 +12,123 @@ import (
 // releaseClaimSQL is the part of every finishing write that drops the claim.
 const releaseClaimSQL = `ssl_claim_token = NULL, ssl_claimed_by = NULL, ssl_lease_expires_at = NULL`
 
+// heldSQL is the condition of every finishing write: the row is still held by this
+// claim ($1 id, $2 token) and is still an ACME domain. Fencing: an instance that lost
+// its claim (another took the row after its lease ran out) writes nothing; and a
+// tenant who switched the domain to another provider mid-order keeps what they
+// uploaded.
+const heldSQL = `id = $1 AND ssl_claim_token = $2 AND ssl_status = 'provisioning' AND ssl_provider = 'acme'`
+
+// secondsUntilSQL is the time from now to the timestamp expression ts, in seconds, on
+// the database's clock: every delay the worker waits for is computed where the time
+// it compares with lives.
+func secondsUntilSQL(ts string) string {
+	return "EXTRACT(epoch FROM (" + ts + ") - clock_timestamp())::float8"
+}
+
+// durationFromSeconds turns a delay computed by secondsUntilSQL into a duration (a
+// time already past is 0).
+func durationFromSeconds(s float64) time.Duration {
+	return max(time.Duration(s*float64(time.Second)), 0)
+}
+
 // MarkActive stores the certificate and turns the domain active in one statement (so
 // in one transaction, and one round trip): the proxy never sees one without the
 // other. The certificate row is upserted by domain; auto_renew keeps whatever the
-// proxy set. Nothing is written when the claim is no longer held.
-func (q *Queue) MarkActive(ctx context.Context, c Claim, cert *Certificate) error {
+// proxy set. It returns how long until the certificate is due for renewal.
+//
+// Nothing is written when the claim is no longer held (ErrClaimLost) or the domain is
+// no longer an ACME domain (ErrNotACME; Disown drops the claim).
+func (q *Queue) MarkActive(ctx context.Context, c Claim, cert *Certificate) (time.Duration, error) {
 	renewAt := cert.RenewAt
 	if renewAt.IsZero() {
 		// An issuer that gave no renewal time must not make the certificate due at
 		// once (and on every pass after).
 		renewAt = RenewAtFromValidity(cert.NotBefore, cert.NotAfter)
 	}
-	var stored int
+	var renewIn float64
 	err := q.db.QueryRow(ctx, `
 WITH d AS (
     UPDATE proxy_domains SET
         ssl_status = 'active', ssl_expires_at = $3, ssl_error = NULL, ssl_attempts = 0,
-        updated_at = now(), `+releaseClaimSQL+`
-    WHERE id = $1 AND ssl_claim_token = $2 AND ssl_status = 'provisioning'
+        ssl_renew_by = $10, updated_at = now(), `+releaseClaimSQL+`
+    WHERE `+heldSQL+`
     RETURNING domain
+), c AS (
+    INSERT INTO proxy_certificates
+        (domain, certificate_pem, private_key_pem, expires_at, not_before, issuer, serial, renew_at,
+         ari_window_end, ari_next_at)
+    SELECT d.domain, $4, $5, $3, $6, $7, $8, $9, $11, $12 FROM d
+    ON CONFLICT (domain) DO UPDATE SET
+        certificate_pem = EXCLUDED.certificate_pem,
+        private_key_pem = EXCLUDED.private_key_pem,
+        expires_at = EXCLUDED.expires_at,
+        not_before = EXCLUDED.not_before,
+        issuer = EXCLUDED.issuer,
+        serial = EXCLUDED.serial,
+        renew_at = EXCLUDED.renew_at,
+        ari_window_end = EXCLUDED.ari_window_end,
+        ari_next_at = EXCLUDED.ari_next_at,
+        updated_at = now()
+    RETURNING renew_at
 )
-INSERT INTO proxy_certificates
-    (domain, certificate_pem, private_key_pem, expires_at, not_before, issuer, serial, renew_at)
-SELECT d.domain, $4, $5, $3, $6, $7, $8, $9 FROM d
-ON CONFLICT (domain) DO UPDATE SET
-    certificate_pem = EXCLUDED.certificate_pem,
-    private_key_pem = EXCLUDED.private_key_pem,
-    expires_at = EXCLUDED.expires_at,
-    not_before = EXCLUDED.not_before,
-    issuer = EXCLUDED.issuer,
-    serial = EXCLUDED.serial,
-    renew_at = EXCLUDED.renew_at,
-    updated_at = now()
-RETURNING 1`,
+SELECT `+secondsUntilSQL("renew_at")+` FROM c`,
 		c.ID, c.Token, cert.NotAfter, cert.ChainPEM, cert.PrivateKey, cert.NotBefore,
-		cert.Issuer, cert.Serial, renewAt).Scan(&stored)
+		cert.Issuer, cert.Serial, renewAt, RenewBy(cert.NotBefore, cert.NotAfter, cert.WindowEnd),
+		nullTime(cert.WindowEnd), nullTime(cert.RenewalInfoAt)).Scan(&renewIn)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return ErrClaimLost
+		return 0, q.whyNotHeld(ctx, c)
 	}
 	if err != nil {
-		return fmt.Errorf("store certificate: %w", err)
+		return 0, fmt.Errorf("store certificate: %w", err)
 	}
-	return nil
+	return durationFromSeconds(renewIn), nil
+}
+
+// RenewBy is when a renewal of a certificate becomes urgent (CONTRACT.md §5): when a
+// fifth of its lifetime is left, or at the end of the CA's renewal window if that comes
+// first. A renewal past it is served before first issuances.
+func RenewBy(notBefore, notAfter, windowEnd time.Time) time.Time {
+	by := notAfter.Add(-notAfter.Sub(notBefore) / 5)
+	if !windowEnd.IsZero() && windowEnd.Before(by) {
+		return windowEnd
+	}
+	return by
+}
+
+func nullTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// whyNotHeld tells a lost claim (ErrClaimLost) from a row still held by it that is no
+// longer an ACME domain (ErrNotACME), after a finishing write matched nothing.
+func (q *Queue) whyNotHeld(ctx context.Context, c Claim) error {
+	var provider string
+	err := q.db.QueryRow(ctx, `
+SELECT ssl_provider FROM proxy_domains WHERE id = $1 AND ssl_claim_token = $2`, c.ID, c.Token).Scan(&provider)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return ErrClaimLost
+	case err != nil:
+		return fmt.Errorf("read claim: %w", err)
+	case provider != "acme":
+		return ErrNotACME
+	}
+	return ErrClaimLost
+}
+
+// Disown drops this claim from a row that is no longer an ACME domain, leaving its
+// state to whoever changed the provider. It reports whether the claim was still held.
+func (q *Queue) Disown(ctx context.Context, c Claim) (bool, error) {
+	tag, err := q.db.Exec(ctx, `
+UPDATE proxy_domains SET `+releaseClaimSQL+` WHERE id = $1 AND ssl_claim_token = $2`, c.ID, c.Token)
+	if err != nil {
+		return false, fmt.Errorf("disown claim: %w", err)
+	}
+	return tag.RowsAffected() > 0, nil
 }
 
 // Failure is what MarkFailed recorded.
@@ -62,7 +137,8 @@ type Failure struct {
 	Attempts int
 	// GaveUp: the domain reached the limit and is now 'failed'.
 	GaveUp bool
-	// RetryIn is the backoff before the next attempt (0 when it gave up).
+	// RetryIn is the time until the backoff runs out, on the database's clock (0 when
+	// it gave up).
 	RetryIn time.Duration
 }
 
@@ -70,100 +146,111 @@ type Failure struct {
 // to 'failed' at the limit, which the worker does not pick up. ssl_error carries the
 // reason either way: it is the only way an operator finds out why a domain is stuck.
 // A negative count in a hand-edited row counts as 0.
+//
+// It is the worker's own failure write (CONTRACT.md §2): the row goes back inside its
+// backoff, which the worker's timer covers, so the wake trigger keeps quiet.
 func (q *Queue) MarkFailed(ctx context.Context, c Claim, reason string) (Failure, error) {
 	var f Failure
 	var status string
-	err := q.db.QueryRow(ctx, `
+	var retryIn float64
+	err := q.quietly(ctx, `
 UPDATE proxy_domains SET
     ssl_status = CASE WHEN `+nextAttemptSQL+` >= $4 THEN 'failed' ELSE 'pending' END,
     ssl_error = $3,
     ssl_attempts = `+nextAttemptSQL+`,
     updated_at = now(), `+releaseClaimSQL+`
-WHERE id = $1 AND ssl_claim_token = $2 AND ssl_status = 'provisioning'
-RETURNING ssl_attempts, ssl_status`, c.ID, c.Token, reason, q.cfg.MaxAttempts).Scan(&f.Attempts, &status)
+WHERE `+heldSQL+`
+RETURNING ssl_attempts, ssl_status,
+    `+secondsUntilSQL("ssl_last_attempt_at + make_interval(secs => "+backoffSQL("ssl_attempts", "$5", "$6")+")"),
+		[]any{c.ID, c.Token, reason, q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax)},
+		&f.Attempts, &status, &retryIn)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return f, ErrClaimLost
+		return f, q.whyNotHeld(ctx, c)
 	}
 	if err != nil {
 		return f, fmt.Errorf("mark failed: %w", err)
 	}
 	f.GaveUp = status == "failed"
 	if !f.GaveUp {
-		f.RetryIn = q.cfg.Backoff(f.Attempts)
+		f.RetryIn = durationFromSeconds(retryIn)
 	}
 	return f, nil
 }
 
-// MarkInvalid fails a domain at once, whatever its attempts: the name is one no CA
-// can issue for, and no retry changes that. reason is stored as ssl_error.
-func (q *Queue) MarkInvalid(ctx context.Context, c Claim, reason string) error {
+// quietly runs one statement that returns one row in a transaction marked as the
+// worker's own (certworker.quiet), which keeps the wake trigger from notifying, and
+// scans that row into dest. One round trip: BEGIN, the mark, the statement and COMMIT
+// go out together.
+func (q *Queue) quietly(ctx context.Context, sql string, args []any, dest ...any) error {
+	b := &pgx.Batch{}
+	b.Queue(`BEGIN`)
+	b.Queue(`SELECT set_config('certworker.quiet', 'on', true)`)
+	b.Queue(sql, args...)
+	b.Queue(`COMMIT`)
+	br := q.db.SendBatch(ctx, b)
+	_, err := br.Exec()
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if err == nil {
+		err = br.QueryRow().Scan(dest...)
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// MarkPermanent fails a domain at once, whatever its attempts: a name no CA can issue
+// for, a CA's refusal that no retry changes (CONTRACT.md §5). reason is stored as
+// ssl_error; the attempt is counted.
+func (q *Queue) MarkPermanent(ctx context.Context, c Claim, reason string) error {
 	tag, err := q.db.Exec(ctx, `
 UPDATE proxy_domains SET
     ssl_status = 'failed', ssl_error = $3,
     ssl_attempts = `+nextAttemptSQL+`,
     updated_at = now(), `+releaseClaimSQL+`
-WHERE id = $1 AND ssl_claim_token = $2 AND ssl_status = 'provisioning'`, c.ID, c.Token, reason)
+WHERE `+heldSQL, c.ID, c.Token, reason)
 	if err != nil {
-		return fmt.Errorf("mark invalid: %w", err)
+		return fmt.Errorf("mark failed for good: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
-		return ErrClaimLost
+		return q.whyNotHeld(ctx, c)
 	}
 	return nil
 }
 
 // Release hands a claim back uncharged: 'pending', the attempt count untouched, and
 // ssl_last_attempt_at restored to what it was before the claim, so the domain is
-// claimable at once by any instance. Used at shutdown and when the CA rate-limits.
-// It notifies in the same transaction: the trigger ignores rows leaving
-// 'provisioning' (the worker's own transitions), but a hand-back is for the others.
-func (q *Queue) Release(ctx context.Context, c Claim) error {
-	return pgx.BeginFunc(ctx, q.db, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `
+// claimable at once by any instance. Used at shutdown, and when the CA rate-limits or
+// cannot be reached.
+//
+// A hand-back wakes every instance through the wake trigger (the row enters the
+// claimable set), unless quiet: a hand-back because of a pause is for nobody, since
+// the claim will not take the row before the pause ends, and a fleet handing back its
+// orders at once would wake every instance for nothing.
+func (q *Queue) Release(ctx context.Context, c Claim, quiet bool) error {
+	sql := `
 UPDATE proxy_domains SET
-    ssl_status = 'pending', ssl_last_attempt_at = $3, updated_at = now(), `+releaseClaimSQL+`
-WHERE id = $1 AND ssl_claim_token = $2 AND ssl_status = 'provisioning'`, c.ID, c.Token, c.PrevAttemptAt)
-		if err != nil {
-			return fmt.Errorf("release: %w", err)
-		}
-		if tag.RowsAffected() == 0 {
-			return ErrClaimLost
-		}
-		if _, err := tx.Exec(ctx, `SELECT pg_notify('certworker_wake', '')`); err != nil {
-			return fmt.Errorf("release: %w", err)
-		}
-		return nil
-	})
-}
-
-// PauseCA stops every instance from ordering from directory until until. A later
-// pause never shortens an earlier one.
-func (q *Queue) PauseCA(ctx context.Context, directory string, until time.Time, reason string) error {
-	_, err := q.db.Exec(ctx, `
-INSERT INTO certworker_pauses AS p (scope, key, source, paused_until, reason) VALUES ('ca', $1, 'rate_limit', $2, $3)
-ON CONFLICT (scope, key, source) DO UPDATE SET
-    paused_until = GREATEST(p.paused_until, EXCLUDED.paused_until),
-    reason = CASE WHEN EXCLUDED.paused_until > p.paused_until
-                  THEN EXCLUDED.reason ELSE p.reason END,
-    updated_at = now()`, directory, until, reason)
+    ssl_status = 'pending', ssl_last_attempt_at = ssl_claim_prev_attempt_at, updated_at = now(),
+    ` + releaseClaimSQL + `
+WHERE ` + heldSQL + `
+RETURNING 1`
+	var one int
+	var err error
+	if quiet {
+		err = q.quietly(ctx, sql, []any{c.ID, c.Token}, &one)
+	} else {
+		err = q.db.QueryRow(ctx, sql, c.ID, c.Token).Scan(&one)
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return q.whyNotHeld(ctx, c)
+	}
 	if err != nil {
-		return fmt.Errorf("pause CA: %w", err)
+		return fmt.Errorf("release: %w", err)
 	}
 	return nil
-}
-
-// CAPausedUntil is when the pause on directory ends, or the zero time when it is not
-// paused now.
-func (q *Queue) CAPausedUntil(ctx context.Context, directory string) (time.Time, error) {
-	var until time.Time
-	err := q.db.QueryRow(ctx, `
-SELECT max(paused_until) FROM certworker_pauses WHERE scope = 'ca' AND key = $1 AND paused_until > now() HAVING count(*) > 0`,
-		directory).Scan(&until)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return time.Time{}, nil
-	}
-	if err != nil {
-		return time.Time{}, fmt.Errorf("read CA pause: %w", err)
-	}
-	return until, nil
 }

@@ -131,7 +131,7 @@ func TestMarkActive_StoresTheCertificateAndTurnsTheDomainActive(t *testing.T) {
 	now := nowSecond()
 	cert := mintCertificate(t, name, now.Add(-time.Hour), now.Add(90*24*time.Hour))
 
-	require.NoError(t, b.q.MarkActive(b.ctx, c, cert))
+	require.NoError(t, b.markActive(c, cert))
 
 	r := b.sslRow(t, id)
 	require.Equal(t, "active", r.Status)
@@ -171,7 +171,7 @@ func TestMarkActive_WithALostClaimWritesNoCertificate(t *testing.T) {
 	stale.Token = uuid.NewString()
 	now := nowSecond()
 
-	err := b.q.MarkActive(b.ctx, stale, mintCertificate(t, name, now, now.Add(90*24*time.Hour)))
+	err := b.markActive(stale, mintCertificate(t, name, now, now.Add(90*24*time.Hour)))
 	require.ErrorIs(t, err, queue.ErrClaimLost)
 
 	require.Empty(t, b.certRows(t, name), "a certificate was stored by a claim that no longer holds the row")
@@ -195,7 +195,7 @@ func TestMarkActive_ACertificateThatCannotBeStoredLeavesTheDomainUntouched(t *te
 	bad := mintCertificate(t, name, now, now.Add(90*24*time.Hour))
 	bad.ChainPEM += "\x00"
 
-	err := b.q.MarkActive(b.ctx, c, bad)
+	err := b.markActive(c, bad)
 	// The failure must be the certificate's, after the domain's update succeeded, or
 	// this test proves nothing about the transaction.
 	require.ErrorContains(t, err, "store certificate")
@@ -209,7 +209,7 @@ func TestMarkActive_ACertificateThatCannotBeStoredLeavesTheDomainUntouched(t *te
 	require.Equal(t, c.Token, *r.Token, "the claim was dropped although nothing was stored")
 
 	// The claim still holds, so the order's retry of the write succeeds.
-	require.NoError(t, b.q.MarkActive(b.ctx, c, mintCertificate(t, name, now, now.Add(90*24*time.Hour))))
+	require.NoError(t, b.markActive(c, mintCertificate(t, name, now, now.Add(90*24*time.Hour))))
 	require.Equal(t, "active", b.status(t, id))
 }
 
@@ -223,7 +223,7 @@ func TestMarkActive_ASecondIssuanceReplacesTheCertificateAndKeepsAutoRenew(t *te
 	id, name := b.domain(t, b.tenant(t), "pending", 0, nil)
 	now := nowSecond()
 	first := mintCertificate(t, name, now.Add(-time.Hour), now.Add(6*24*time.Hour))
-	require.NoError(t, b.q.MarkActive(b.ctx, b.claimOne(t, id), first))
+	require.NoError(t, b.markActive(b.claimOne(t, id), first))
 	_, err := b.pool.Exec(b.ctx, `UPDATE proxy_certificates SET auto_renew = false WHERE domain = $1`, name)
 	require.NoError(t, err)
 
@@ -231,7 +231,7 @@ func TestMarkActive_ASecondIssuanceReplacesTheCertificateAndKeepsAutoRenew(t *te
 	_, err = b.pool.Exec(b.ctx, `UPDATE proxy_domains SET ssl_status = 'pending', ssl_last_attempt_at = NULL WHERE id = $1`, id)
 	require.NoError(t, err)
 	second := mintCertificate(t, name, now, now.Add(90*24*time.Hour))
-	require.NoError(t, b.q.MarkActive(b.ctx, b.claimOne(t, id), second))
+	require.NoError(t, b.markActive(b.claimOne(t, id), second))
 
 	certs := b.certRows(t, name)
 	require.Len(t, certs, 1, "a second issuance must replace the row, not add one")
@@ -258,7 +258,10 @@ func TestMarkFailed_GoesBackToPendingWithTheBackoff(t *testing.T) {
 
 	f, err := b.q.MarkFailed(b.ctx, c, "dns problem: NXDOMAIN")
 	require.NoError(t, err)
-	require.Equal(t, queue.Failure{Attempts: 3, GaveUp: false, RetryIn: b.q.Config().Backoff(3)}, f)
+	require.Equal(t, 3, f.Attempts)
+	require.False(t, f.GaveUp)
+	// The rest of the backoff, on the database's clock: the claim was a moment ago.
+	require.InDelta(t, b.q.Config().Backoff(3).Seconds(), f.RetryIn.Seconds(), 1)
 
 	r := b.sslRow(t, id)
 	require.Equal(t, "pending", r.Status)
@@ -306,7 +309,7 @@ func TestMarkFailed_GivesUpAtTheConfiguredLimit(t *testing.T) {
 	tn := b.tenant(t)
 	first, _ := b.domain(t, tn, "pending", 0, nil)
 	second, _ := b.domain(t, tn, "pending", 1, ago(3600))
-	claims, err := q.Claim(b.ctx, "test", 10)
+	claims, err := q.Claim(b.ctx, "test", testDirectory, 10)
 	require.NoError(t, err)
 	require.Len(t, claims, 2)
 	for _, c := range claims {
@@ -331,7 +334,9 @@ func TestMarkFailed_NegativeAttemptsCountAsZero(t *testing.T) {
 			c := b.claimOne(t, id)
 			f, err := b.q.MarkFailed(b.ctx, c, "boom")
 			require.NoError(t, err)
-			require.Equal(t, queue.Failure{Attempts: 1, RetryIn: b.q.Config().Backoff(1)}, f)
+			require.Equal(t, 1, f.Attempts)
+			require.False(t, f.GaveUp)
+			require.InDelta(t, b.q.Config().Backoff(1).Seconds(), f.RetryIn.Seconds(), 1)
 			r := b.sslRow(t, id)
 			require.Equal(t, 1, r.Attempts)
 			require.Equal(t, "pending", r.Status)
@@ -380,7 +385,7 @@ func TestMarkInvalid_FailsTheDomainAtOnceWithTheReason(t *testing.T) {
 	c := b.claimOne(t, id)
 	reason := queue.InvalidDomainPrefix + "trailing dot"
 
-	require.NoError(t, b.q.MarkInvalid(b.ctx, c, reason))
+	require.NoError(t, b.q.MarkPermanent(b.ctx, c, reason))
 
 	r := b.sslRow(t, id)
 	require.Equal(t, "failed", r.Status)
@@ -392,7 +397,7 @@ func TestMarkInvalid_FailsTheDomainAtOnceWithTheReason(t *testing.T) {
 	require.False(t, b.claimsInclude(t, id))
 
 	// And a stale claim cannot fail someone else's order.
-	require.ErrorIs(t, b.q.MarkInvalid(b.ctx, c, reason), queue.ErrClaimLost)
+	require.ErrorIs(t, b.q.MarkPermanent(b.ctx, c, reason), queue.ErrClaimLost)
 }
 
 // A hand-back (shutdown, CA rate limit) costs the domain nothing: no attempt, and
@@ -416,7 +421,7 @@ func TestRelease_HandsTheClaimBackUncharged(t *testing.T) {
 			before := b.sslRow(t, id)
 			c := b.claimOne(t, id)
 
-			require.NoError(t, b.q.Release(b.ctx, c))
+			require.NoError(t, b.q.Release(b.ctx, c, false))
 
 			r := b.sslRow(t, id)
 			require.Equal(t, "pending", r.Status)
@@ -436,19 +441,35 @@ func TestRelease_HandsTheClaimBackUncharged(t *testing.T) {
 	}
 }
 
-// The trigger ignores rows leaving 'provisioning' (the worker's own moves), so a
-// hand-back has to notify by itself: at shutdown the other instances would otherwise
-// take the domain only at their next poll.
-func TestRelease_WakesTheOtherInstances(t *testing.T) {
+// A hand-back at shutdown wakes the other instances (the trigger sees the row enter
+// the claimable set): they would otherwise take the domain only at their next poll. A
+// quiet hand-back, for a pause, wakes nobody: nothing can claim the row before the
+// pause ends, and a fleet handing back its orders at once would wake everyone for
+// nothing.
+func TestRelease_WakesTheOtherInstancesUnlessQuiet(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	id, _ := b.domain(t, b.tenant(t), "pending", 0, nil)
-	c := b.claimOne(t, id)
-	n := b.notifications(t, func() { require.NoError(t, b.q.Release(b.ctx, c)) })
+	tn := b.tenant(t)
+	id, _ := b.domain(t, tn, "pending", 0, nil)
+	quietID, _ := b.domain(t, tn, "pending", 2, ago(3600))
+	claims, err := b.q.Claim(b.ctx, "test", testDirectory, 2)
+	require.NoError(t, err)
+	require.Len(t, claims, 2)
+	c, quiet := claims[0], claims[1]
+	if c.ID != id {
+		c, quiet = quiet, c
+	}
+	n := b.notifications(t, func() { require.NoError(t, b.q.Release(b.ctx, c, false)) })
 	require.Equal(t, 1, n, "a hand-back must wake the other instances once")
 
+	n = b.notifications(t, func() { require.NoError(t, b.q.Release(b.ctx, quiet, true)) })
+	require.Zero(t, n, "a quiet hand-back woke the other instances")
+	r := b.sslRow(t, quietID)
+	require.Equal(t, "pending", r.Status)
+	require.Equal(t, 2, r.Attempts, "a quiet hand-back was charged")
+
 	// A hand-back of a claim already gone changes nothing and wakes nobody.
-	n = b.notifications(t, func() { require.ErrorIs(t, b.q.Release(b.ctx, c), queue.ErrClaimLost) })
+	n = b.notifications(t, func() { require.ErrorIs(t, b.q.Release(b.ctx, c, false), queue.ErrClaimLost) })
 	require.Zero(t, n)
 }
 
@@ -463,7 +484,7 @@ func TestHeartbeat_ExtendsTheLeaseAndReportsLostClaims(t *testing.T) {
 	held := b.claimOne(t, id)
 	releasedID, _ := b.domain(t, tn, "pending", 0, nil)
 	released := b.claimOne(t, releasedID)
-	require.NoError(t, b.q.Release(b.ctx, released))
+	require.NoError(t, b.q.Release(b.ctx, released, false))
 	_, err := b.pool.Exec(b.ctx, `UPDATE proxy_domains SET ssl_lease_expires_at = now() + interval '5 seconds' WHERE id = $1`, id)
 	require.NoError(t, err)
 
@@ -481,46 +502,4 @@ func TestHeartbeat_ExtendsTheLeaseAndReportsLostClaims(t *testing.T) {
 	lost, err = b.q.Heartbeat(b.ctx, nil)
 	require.NoError(t, err)
 	require.Empty(t, lost)
-}
-
-// A rate-limit pause is shared by every instance and only ever grows: an instance
-// that hit the limit later, with a shorter Retry-After, must not reopen the CA before
-// the first one's pause ends, or the instances take turns hitting the limit.
-func TestPauseCA_ALaterShorterPauseDoesNotShortenIt(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	const dir = "https://acme.test/directory"
-	now := time.Now()
-
-	until, err := b.q.CAPausedUntil(b.ctx, dir)
-	require.NoError(t, err)
-	require.True(t, until.IsZero(), "a CA never paused reads as paused until %s", until)
-
-	require.NoError(t, b.q.PauseCA(b.ctx, dir, now.Add(time.Hour), "first"))
-	require.NoError(t, b.q.PauseCA(b.ctx, dir, now.Add(time.Minute), "second, shorter"))
-	until, err = b.q.CAPausedUntil(b.ctx, dir)
-	require.NoError(t, err)
-	require.WithinDuration(t, now.Add(time.Hour), until, time.Millisecond, "a shorter pause shortened a longer one")
-
-	require.NoError(t, b.q.PauseCA(b.ctx, dir, now.Add(2*time.Hour), "third, longer"))
-	until, err = b.q.CAPausedUntil(b.ctx, dir)
-	require.NoError(t, err)
-	require.WithinDuration(t, now.Add(2*time.Hour), until, time.Millisecond, "a longer pause did not extend")
-
-	// Other directories are not paused.
-	until, err = b.q.CAPausedUntil(b.ctx, "https://other.test/directory")
-	require.NoError(t, err)
-	require.True(t, until.IsZero())
-}
-
-// A pause that has run out reads as none, so the worker does not wait for a time in
-// the past (or treat the CA as paused for ever).
-func TestCAPausedUntil_AnExpiredPauseReadsAsZero(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	const dir = "https://acme.test/directory"
-	require.NoError(t, b.q.PauseCA(b.ctx, dir, time.Now().Add(-time.Second), "over"))
-	until, err := b.q.CAPausedUntil(b.ctx, dir)
-	require.NoError(t, err)
-	require.True(t, until.IsZero(), "an expired pause reads as paused until %s", until)
 }

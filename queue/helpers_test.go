@@ -16,6 +16,10 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
+// testDirectory is the ACME directory the tests' claims are made for: the key of a
+// pause of the whole CA.
+const testDirectory = "https://ca.invalid/directory"
+
 // bundle is one test's database and queue. Each test has a database of its own, so
 // the claim query is tested as it runs in production (global, any tenant) while the
 // tests run in parallel. The reference serialised its tests with an advisory lock
@@ -36,11 +40,7 @@ func setup(t *testing.T) *bundle {
 // tenant inserts a tenant to hang domains off.
 func (b *bundle) tenant(t *testing.T) string {
 	t.Helper()
-	var id string
-	require.NoError(t, b.pool.QueryRow(b.ctx,
-		`INSERT INTO proxy_tenants (name, slug, email) VALUES ('worker test', $1, 'worker@certworker.invalid') RETURNING id::text`,
-		"t-"+uuid.NewString()).Scan(&id))
-	return id
+	return pgtest.Tenant(t, b.pool)
 }
 
 // domain inserts a verified ACME domain with a given attempt history: attempts, and
@@ -77,7 +77,7 @@ func (b *bundle) drain(t *testing.T) []string {
 	t.Helper()
 	var ids []string
 	for {
-		claims, err := b.q.Claim(b.ctx, "test", 1)
+		claims, err := b.q.Claim(b.ctx, "test", testDirectory, 1)
 		require.NoError(t, err)
 		if len(claims) == 0 {
 			return ids
@@ -103,9 +103,21 @@ func (b *bundle) status(t *testing.T, id string) string {
 // claimOne claims the one due domain, which must be id.
 func (b *bundle) claimOne(t *testing.T, id string) queue.Claim {
 	t.Helper()
-	claims, err := b.q.Claim(b.ctx, "test", 10)
+	claims, err := b.q.Claim(b.ctx, "test", testDirectory, 10)
 	require.NoError(t, err)
 	require.Len(t, claims, 1)
 	require.Equal(t, id, claims[0].ID)
 	return claims[0]
+}
+
+// markActive stores cert under claim c, for tests that do not look at the renewal delay.
+func (b *bundle) markActive(c queue.Claim, cert *queue.Certificate) error {
+	_, err := b.q.MarkActive(b.ctx, c, cert)
+	return err
+}
+
+// named inserts a verified, pending ACME domain with the given name.
+func (b *bundle) named(t *testing.T, tenant, name string) string {
+	t.Helper()
+	return pgtest.Domain(t, b.pool, tenant, name)
 }

@@ -17,6 +17,7 @@ type DB interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	Begin(ctx context.Context) (pgx.Tx, error)
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 var _ DB = (*pgxpool.Pool)(nil)
@@ -30,7 +31,7 @@ type Queue struct {
 
 // New returns a Queue on db with the given curve (zero fields take the defaults).
 func New(db DB, cfg Config) *Queue {
-	return &Queue{db: db, cfg: cfg.withDefaults()}
+	return &Queue{db: db, cfg: cfg.WithDefaults()}
 }
 
 // Config is the queue's effective configuration.
@@ -43,12 +44,19 @@ var (
 	ErrClaimLost = errors.New("claim lost: the domain was requeued by another instance")
 	// ErrNotFound: no such domain (or not the caller's tenant's).
 	ErrNotFound = errors.New("domain not found")
+	// ErrNotACME: the row is still held by the claim, but its provider is no longer
+	// acme (the tenant switched it mid-order). The result is dropped and the claim
+	// disowned, so that what the tenant uploaded stays.
+	ErrNotACME = errors.New("the domain is no longer an ACME domain")
 )
 
-// backoffSQL is Config.Backoff in SQL, for the row's own ssl_attempts, in seconds.
-// $base and $cap are parameter placeholders the caller substitutes.
-func backoffSQL(base, cap string) string {
-	return fmt.Sprintf("LEAST(%s * power(2, LEAST(GREATEST(ssl_attempts, 0), %d)), %s)", base, maxShift, cap)
+// backoffSQL is Config.Backoff in SQL, in seconds, for the attempt count in the column
+// attempts: base * 2^attempts, capped, negative counts as 0. base and cap are the
+// parameter placeholders the caller binds. Every statement that compares a row's
+// backoff with the clock (the claim, the next due time, status) uses it, so they
+// cannot disagree with each other or, through the same parameters, with Go.
+func backoffSQL(attempts, base, cap string) string {
+	return fmt.Sprintf("LEAST(%s * power(2, LEAST(GREATEST(%s, 0), %d)), %s)", base, attempts, maxShift, cap)
 }
 
 // nextAttemptSQL is the attempt count after one more attempt: negative counts as 0,

@@ -233,7 +233,7 @@ func TestMarkRenewals_AJustIssuedShortLivedCertificateIsNotRenewedAgain(t *testi
 	id, name := b.domain(t, b.tenant(t), "pending", 0, nil)
 	now := nowSecond()
 	first := mintCertificate(t, name, now.Add(-time.Hour), now.Add(-time.Hour+6*day))
-	require.NoError(t, b.q.MarkActive(b.ctx, b.claimOne(t, id), first))
+	require.NoError(t, b.markActive(b.claimOne(t, id), first))
 
 	for range 3 {
 		n, err := b.q.MarkRenewals(b.ctx)
@@ -254,7 +254,7 @@ func TestMarkRenewals_AJustIssuedShortLivedCertificateIsNotRenewedAgain(t *testi
 	require.Equal(t, first.ChainPEM, c.CurrentPEM)
 
 	second := mintCertificate(t, name, now, now.Add(6*day))
-	require.NoError(t, b.q.MarkActive(b.ctx, c, second))
+	require.NoError(t, b.markActive(c, second))
 	for range 3 {
 		n, err := b.q.MarkRenewals(b.ctx)
 		require.NoError(t, err)

@@ -6,38 +6,121 @@ import (
 	"time"
 )
 
-// NextDue is the earliest time something becomes due without a wake-up from outside:
-// a backoff running out, a certificate's renewal time, or a lease expiring. It is the
-// zero time when nothing is scheduled. A domain already due gives now.
+// claimableSQL is the claimable set: what the wake trigger, the claim and the partial
+// indexes of migration 00005 agree on.
+const claimableSQL = `verification_status = 'verified' AND ssl_provider = 'acme' AND ssl_status = 'pending'`
+
+// NextDue is how long until something becomes claimable without a wake-up from
+// outside: a backoff running out, or a pause ending. ok is false when nothing is
+// scheduled; a domain due already gives 0. The delay is computed on the database's
+// clock, the one the claim compares with.
 //
-// The worker sets its timer for exactly this time (capped by --poll-interval), so a
-// retry scheduled for 60 s happens at 60 s rather than at the next poll.
-func (q *Queue) NextDue(ctx context.Context) (time.Time, error) {
-	var next *time.Time
+// The worker sets its timer for exactly this delay (capped by --poll-interval), so a
+// retry scheduled for 60 s happens at 60 s rather than at the next poll. While the CA
+// at directory is paused, nothing is claimable before the pause ends.
+//
+// It reads one index entry per attempt count below the cap of the curve (the oldest
+// attempt with that count is the first whose backoff runs out) and one range for the
+// counts at the cap, so its cost follows the attempt limit, not the queue's length.
+func (q *Queue) NextDue(ctx context.Context, directory string) (d time.Duration, ok bool, err error) {
+	capped := min(q.cfg.firstCapped(), q.cfg.MaxAttempts)
+	var secs *float64
+	err = q.db.QueryRow(ctx, `
+WITH per_count AS (
+    SELECT k, r.last
+    FROM generate_series(0, $5 - 1) AS k
+    CROSS JOIN LATERAL (
+        SELECT ssl_last_attempt_at AS last FROM proxy_domains
+        WHERE `+claimableSQL+` AND ssl_attempts = k
+        ORDER BY ssl_last_attempt_at NULLS FIRST LIMIT 1) r
+), queued AS (
+    SELECT min(CASE WHEN last IS NULL THEN now()
+                    ELSE last + make_interval(secs => `+backoffSQL("k", "$2", "$3")+`) END) AS at
+    FROM per_count
+    UNION ALL
+    SELECT min(CASE WHEN ssl_last_attempt_at IS NULL THEN now()
+                    ELSE ssl_last_attempt_at + make_interval(secs => `+backoffSQL("ssl_attempts", "$2", "$3")+`) END)
+    FROM proxy_domains
+    WHERE `+claimableSQL+` AND (ssl_attempts < 0 OR ssl_attempts >= $5) AND ssl_attempts < $1
+)
+SELECT `+secondsUntilSQL(`GREATEST(
+    LEAST((SELECT min(at) FROM queued),
+          (SELECT min(paused_until) FROM certworker_pauses WHERE scope <> 'ca' AND paused_until > now())),
+    (SELECT max(paused_until) FROM certworker_pauses WHERE scope = 'ca' AND key = $4 AND paused_until > now()))`),
+		q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax), directory, capped).Scan(&secs)
+	if err != nil {
+		return 0, false, fmt.Errorf("next due: %w", err)
+	}
+	if secs == nil {
+		return 0, false, nil
+	}
+	return durationFromSeconds(*secs), true, nil
+}
+
+// firstCapped is the first attempt count whose backoff is the cap: every count from
+// it on waits the same.
+func (c Config) firstCapped() int {
+	for n := 0; n < maxShift; n++ {
+		if c.Backoff(n) >= c.RetryMax {
+			return n
+		}
+	}
+	return maxShift
+}
+
+// Maintenance is when the maintenance steps next have work, as delays from now on
+// the database's clock; a nil field means nothing is scheduled for that step.
+type Maintenance struct {
+	// Renewals: a certificate due for renewal, renewal information due to be fetched
+	// again, or a renewal with time to spare becoming urgent.
+	Renewals *time.Duration
+	// Reclaim: a lease (or, for a row claimed without one, the unleased grace)
+	// running out.
+	Reclaim *time.Duration
+}
+
+// NextMaintenance is when the maintenance steps next have work. The two are apart
+// because the worker may hold the reclaim back for a while (after an outage) while
+// renewals must not wait.
+func (q *Queue) NextMaintenance(ctx context.Context) (Maintenance, error) {
+	var renewals, reclaim *float64
 	err := q.db.QueryRow(ctx, `
-SELECT LEAST(
-    (SELECT min(CASE WHEN ssl_last_attempt_at IS NULL THEN now()
-                     ELSE ssl_last_attempt_at + make_interval(secs => `+backoffSQL("$2", "$3")+`) END)
-       FROM proxy_domains
-      WHERE verification_status = 'verified' AND ssl_provider = 'acme'
-        AND ssl_status = 'pending' AND ssl_attempts < $1),
+SELECT `+secondsUntilSQL(`LEAST(
     (SELECT c.renew_at
        FROM proxy_certificates c JOIN proxy_domains d ON d.domain = c.domain
       WHERE c.auto_renew AND c.renew_at IS NOT NULL
-        AND d.ssl_status = 'active' AND d.ssl_provider = 'acme'
-        AND d.verification_status = 'verified'
+        AND d.ssl_status = 'active' AND d.ssl_provider = 'acme' AND d.verification_status = 'verified'
       ORDER BY c.renew_at LIMIT 1),
+    (SELECT min(ari_next_at) FROM proxy_certificates WHERE ari_next_at IS NOT NULL),
+    (SELECT min(ssl_renew_by) FROM proxy_domains WHERE ssl_queue_tier = 3 AND `+claimableSQL+`))`)+`,
+    `+secondsUntilSQL(`
     (SELECT min(COALESCE(ssl_lease_expires_at,
-                         COALESCE(ssl_last_attempt_at, updated_at) + make_interval(secs => $4)))
-       FROM proxy_domains
-      WHERE ssl_status = 'provisioning' AND ssl_provider = 'acme'))`,
-		q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax),
-		seconds(unleasedGrace)).Scan(&next)
+                         COALESCE(ssl_last_attempt_at, updated_at) + make_interval(secs => $1)))
+       FROM proxy_domains WHERE ssl_status = 'provisioning' AND ssl_provider = 'acme')`),
+		seconds(unleasedGrace)).Scan(&renewals, &reclaim)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("next due: %w", err)
+		return Maintenance{}, fmt.Errorf("next maintenance: %w", err)
 	}
-	if next == nil {
-		return time.Time{}, nil
+	return Maintenance{Renewals: optionalDuration(renewals), Reclaim: optionalDuration(reclaim)}, nil
+}
+
+func optionalDuration(secs *float64) *time.Duration {
+	if secs == nil {
+		return nil
 	}
-	return *next, nil
+	d := durationFromSeconds(*secs)
+	return &d
+}
+
+// PromoteUrgentRenewals moves renewals that waited behind first issuances until
+// their renewal became urgent (ssl_renew_by passed) to the front tier, and returns
+// how many. The tier is set when a row enters the queue; time alone changes this one.
+func (q *Queue) PromoteUrgentRenewals(ctx context.Context) (int64, error) {
+	tag, err := q.db.Exec(ctx, `
+UPDATE proxy_domains SET ssl_queue_tier = 1
+WHERE ssl_queue_tier = 3 AND `+claimableSQL+` AND ssl_renew_by <= now()`)
+	if err != nil {
+		return 0, fmt.Errorf("promote urgent renewals: %w", err)
+	}
+	return tag.RowsAffected(), nil
 }

@@ -5,21 +5,48 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/certworker/certworker/queue"
 )
 
-func (b *bundle) nextDue(t *testing.T) time.Time {
+// nextDue is NextDue as a time on this host's clock (the delay is the database's;
+// the container shares the host's clock, within the tolerance the tests allow).
+func (b *bundle) nextDue(t *testing.T) (time.Time, bool) {
 	t.Helper()
-	at, err := b.q.NextDue(b.ctx)
+	d, ok, err := b.q.NextDue(b.ctx, testDirectory)
 	require.NoError(t, err)
-	return at
+	return time.Now().Add(d), ok
 }
 
-// Nothing scheduled reads as the zero time, which the worker takes as "sleep until
-// the poll": any other value would set a timer for a time that means nothing.
-func TestNextDue_ZeroForAnEmptyQueue(t *testing.T) {
+// nextMaintenance is the earlier of NextMaintenance's times, on this host's clock.
+func (b *bundle) nextMaintenance(t *testing.T) (time.Time, bool) {
+	t.Helper()
+	m, err := b.q.NextMaintenance(b.ctx)
+	require.NoError(t, err)
+	var d *time.Duration
+	for _, x := range []*time.Duration{m.Renewals, m.Reclaim} {
+		if x != nil && (d == nil || *x < *d) {
+			d = x
+		}
+	}
+	if d == nil {
+		return time.Time{}, false
+	}
+	return time.Now().Add(*d), true
+}
+
+// tolerance covers the round trip between the database's clock and this process's.
+const tolerance = time.Second
+
+// Nothing scheduled reads as not ok, which the worker takes as "sleep until the
+// poll": any time would set a timer for something that means nothing.
+func TestNextDue_NothingForAnEmptyQueue(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	require.True(t, b.nextDue(t).IsZero())
+	_, ok := b.nextDue(t)
+	require.False(t, ok)
+	_, ok = b.nextMaintenance(t)
+	require.False(t, ok)
 }
 
 // Rows no pass will take must not schedule a wake-up: a failed domain, one at the
@@ -37,7 +64,10 @@ func TestNextDue_IgnoresWhatNoPassWillTake(t *testing.T) {
 	b.storeCert(t, off, "pem", time.Now().Add(day), timePtr(time.Now().Add(-day)), false)
 	manual := b.domainName(t, b.insert(t, tn, "verified", "active", "manual"))
 	b.storeCert(t, manual, "pem", time.Now().Add(day), timePtr(time.Now().Add(-day)), true)
-	require.True(t, b.nextDue(t).IsZero(), "scheduled a wake-up at %s for nothing", b.nextDue(t))
+	at, ok := b.nextDue(t)
+	require.False(t, ok, "scheduled a pass at %s for nothing", at)
+	at, ok = b.nextMaintenance(t)
+	require.False(t, ok, "scheduled maintenance at %s for nothing", at)
 }
 
 // A domain never tried is due now: the worker must take it on this pass, not after
@@ -46,68 +76,93 @@ func TestNextDue_NowForANeverTriedDomain(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.domain(t, b.tenant(t), "pending", 0, nil)
-	require.WithinDuration(t, time.Now(), b.nextDue(t), 2*time.Second)
+	d, ok, err := b.q.NextDue(b.ctx, testDirectory)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Zero(t, d)
 }
 
 // A failed attempt is retried exactly when its backoff runs out, by the same curve
 // the claim query applies: the point of the timer is a retry at 2 minutes rather than
-// at the next poll, and a timer that fires early finds nothing to claim.
+// at the next poll, and a timer that fires early finds nothing to claim. Every attempt
+// count, below and at the cap of the curve, and a negative one.
 func TestNextDue_TheEndOfABackoff(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	id, _ := b.domain(t, b.tenant(t), "pending", 2, ago(30))
-	last := b.sslRow(t, id).LastAttempt
-	require.NotNil(t, last)
-	require.WithinDuration(t, last.Add(b.q.Config().Backoff(2)), b.nextDue(t), time.Second)
+	for _, attempts := range []int{-3, 1, 2, 7, 8, 9} {
+		b := setup(t)
+		id, _ := b.domain(t, b.tenant(t), "pending", attempts, ago(30))
+		last := b.sslRow(t, id).LastAttempt
+		require.NotNil(t, last)
+		at, ok := b.nextDue(t)
+		require.True(t, ok)
+		require.WithinDuration(t, last.Add(b.q.Config().Backoff(attempts)), at, tolerance, "attempts %d", attempts)
+	}
 }
 
-// An active certificate wakes the worker at its renewal time, so a 6-day certificate
-// is renewed at 4 days and not at whatever poll comes after.
-func TestNextDue_TheRenewalTimeOfAnActiveCertificate(t *testing.T) {
+// While the CA is paused nothing is claimable, so the next pass is at the pause's end,
+// not at a backoff that ends inside it; a pause of a registered domain or a name ends
+// a wait too (the names it held are due again).
+func TestNextDue_PausesEndIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.domain(t, b.tenant(t), "pending", 0, nil)
+	_, err := b.q.Pause(b.ctx, queue.ScopeCA, testDirectory, queue.PauseRateLimit, time.Hour, "slow down")
+	require.NoError(t, err)
+	at, ok := b.nextDue(t)
+	require.True(t, ok)
+	require.WithinDuration(t, time.Now().Add(time.Hour), at, tolerance)
+
+	other := setup(t)
+	id, _ := other.domain(t, other.tenant(t), "pending", 1, ago(0))
+	_, err = other.q.Pause(other.ctx, queue.ScopeDomain, "x.example", queue.PauseLedger, 10*time.Second, "ledger")
+	require.NoError(t, err)
+	at, ok = other.nextDue(t)
+	require.True(t, ok)
+	require.WithinDuration(t, time.Now().Add(10*time.Second), at, tolerance,
+		"the backoff of %s ends later; the pause ends first", id)
+}
+
+// An active certificate wakes the maintenance at its renewal time, so a 6-day
+// certificate is renewed at 4 days and not at whatever poll comes after.
+func TestNextMaintenance_TheRenewalTimeOfAnActiveCertificate(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	_, name := b.domain(t, b.tenant(t), "active", 0, ago(3600))
-	at := time.Now().Add(3 * time.Hour).Truncate(time.Microsecond)
+	at := time.Now().Add(3 * time.Hour)
 	b.storeCert(t, name, "pem", time.Now().Add(day), &at, true)
-	require.WithinDuration(t, at, b.nextDue(t), 0)
+	got, ok := b.nextMaintenance(t)
+	require.True(t, ok)
+	require.WithinDuration(t, at, got, tolerance)
 }
 
 // A claim's lease expiry is when an order abandoned by a dead instance becomes
-// reclaimable: the worker must look then, or the domain waits for a poll.
-func TestNextDue_TheLeaseExpiryOfAClaim(t *testing.T) {
+// reclaimable: the maintenance must look then, or the domain waits for a poll.
+func TestNextMaintenance_TheLeaseExpiryOfAClaim(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	id, _ := b.domain(t, b.tenant(t), "pending", 0, nil)
 	b.claimOne(t, id)
 	lease := b.sslRow(t, id).Lease
 	require.NotNil(t, lease)
-	require.WithinDuration(t, *lease, b.nextDue(t), 0)
+	got, ok := b.nextMaintenance(t)
+	require.True(t, ok)
+	require.WithinDuration(t, *lease, got, tolerance)
 }
 
 // With several things scheduled, the earliest wins: a timer set for a later one
 // would miss the earlier.
-func TestNextDue_TheEarliestOfSeveral(t *testing.T) {
+func TestNextMaintenance_TheEarliestOfSeveral(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	tn := b.tenant(t)
-
 	_, active := b.domain(t, tn, "active", 0, ago(3600))
-	renewAt := time.Now().Add(2 * time.Hour).Truncate(time.Microsecond)
+	renewAt := time.Now().Add(2 * time.Hour)
 	b.storeCert(t, active, "pem", time.Now().Add(day), &renewAt, true)
-	require.WithinDuration(t, renewAt, b.nextDue(t), 0)
+	got, _ := b.nextMaintenance(t)
+	require.WithinDuration(t, renewAt, got, tolerance)
 
-	// Two failures 30 s ago: due in about 3.5 minutes.
-	backingOff, _ := b.domain(t, tn, "pending", 2, ago(30))
-	backoffEnd := b.sslRow(t, backingOff).LastAttempt.Add(b.q.Config().Backoff(2))
-	require.WithinDuration(t, backoffEnd, b.nextDue(t), time.Second)
-
-	// A claim whose lease runs out in a minute.
 	claimed, _ := b.domain(t, tn, "pending", 0, nil)
 	b.claimOne(t, claimed)
-	lease := *b.sslRow(t, claimed).Lease
-	require.WithinDuration(t, lease, b.nextDue(t), 0)
-
-	// And a domain never tried: now.
-	b.domain(t, tn, "pending", 0, nil)
-	require.WithinDuration(t, time.Now(), b.nextDue(t), 2*time.Second)
+	got, _ = b.nextMaintenance(t)
+	require.WithinDuration(t, *b.sslRow(t, claimed).Lease, got, tolerance)
 }

@@ -78,7 +78,7 @@ func (q *Queue) Overview(ctx context.Context) (*Overview, error) {
 	rows, err := q.db.Query(ctx, `
 SELECT id::text, domain, ssl_status, ssl_attempts, ssl_error, ssl_last_attempt_at,
     CASE WHEN ssl_status = 'pending' AND ssl_attempts < $1 AND verification_status = 'verified'
-         THEN COALESCE(ssl_last_attempt_at + make_interval(secs => `+backoffSQL("$2", "$3")+`), now())
+         THEN COALESCE(ssl_last_attempt_at + make_interval(secs => `+backoffSQL("ssl_attempts", "$2", "$3")+`), now())
     END
 FROM proxy_domains
 WHERE ssl_provider = 'acme'
@@ -142,7 +142,7 @@ SELECT d.id::text, d.tenant_id::text, d.domain, d.verification_status, d.ssl_sta
     d.ssl_attempts, d.ssl_error, d.ssl_last_attempt_at,
     CASE WHEN d.ssl_status = 'pending' AND d.ssl_attempts < $2 AND d.verification_status = 'verified'
               AND d.ssl_provider = 'acme'
-         THEN COALESCE(d.ssl_last_attempt_at + make_interval(secs => `+backoffSQL("$3", "$4")+`), now())
+         THEN COALESCE(d.ssl_last_attempt_at + make_interval(secs => `+backoffSQL("d.ssl_attempts", "$3", "$4")+`), now())
     END,
     d.ssl_expires_at, d.ssl_claimed_by, d.ssl_lease_expires_at,
     c.issuer, c.serial, c.not_before, c.expires_at, c.renew_at, c.auto_renew

@@ -155,7 +155,7 @@ func TestState_ReturnsTheDomainAndItsCertificate(t *testing.T) {
 	id, name := b.domain(t, tn, "pending", 0, nil)
 	now := nowSecond()
 	cert := mintCertificate(t, name, now.Add(-time.Hour), now.Add(90*day))
-	require.NoError(t, b.q.MarkActive(b.ctx, b.claimOne(t, id), cert))
+	require.NoError(t, b.markActive(b.claimOne(t, id), cert))
 
 	s, err := b.q.State(b.ctx, strings.ToUpper(name))
 	require.NoError(t, err)

@@ -24,6 +24,7 @@ import (
 	"github.com/certworker/certworker/listener"
 	"github.com/certworker/certworker/migrations"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/worker"
 )
 
 // letsEncrypt is the default --acme-directory.
@@ -50,6 +51,14 @@ type runCmd struct {
 	LogLevel         string        `name:"log-level" env:"CERTWORKER_LOG_LEVEL" default:"info" help:"Log level: debug, info, warn or error."`
 	ShutdownGrace    time.Duration `name:"shutdown-grace" env:"CERTWORKER_SHUTDOWN_GRACE" default:"30s" help:"Time given to in-flight orders on SIGTERM."`
 	Wake             string        `name:"wake" env:"CERTWORKER_WAKE" default:"notify" enum:"notify,logical" help:"How the worker hears that a domain is due: notify (LISTEN/NOTIFY, any server) or logical (a logical replication stream; needs wal_level = logical and a role with REPLICATION, and spares the proxy's commits NOTIFY's commit lock). Every instance on a database should use the same."`
+	OrderTimeout     time.Duration `name:"order-timeout" env:"CERTWORKER_ORDER_TIMEOUT" default:"10m" help:"An order running longer is cancelled and charged as a failure."`
+	LimitOrders      string        `name:"limit-orders-per-account" env:"CERTWORKER_LIMIT_ORDERS_PER_ACCOUNT" default:"300/3h" placeholder:"COUNT/DURATION" help:"Ledger limit on new orders from the ACME account, shared by every instance: COUNT/DURATION or off (default: Let's Encrypt's)."`
+	LimitRegistered  string        `name:"limit-certs-per-registered-domain" env:"CERTWORKER_LIMIT_CERTS_PER_REGISTERED_DOMAIN" default:"50/168h" placeholder:"COUNT/DURATION" help:"Ledger limit on new certificates per registered domain (public suffix list): COUNT/DURATION or off."`
+	LimitExactSet    string        `name:"limit-certs-per-exact-set" env:"CERTWORKER_LIMIT_CERTS_PER_EXACT_SET" default:"5/168h" placeholder:"COUNT/DURATION" help:"Ledger limit on certificates for one exact set of names (here: one name): COUNT/DURATION or off."`
+	LimitFailedAuthz string        `name:"limit-failed-authz-per-name" env:"CERTWORKER_LIMIT_FAILED_AUTHZ_PER_NAME" default:"5/1h" placeholder:"COUNT/DURATION" help:"Ledger limit on failed authorizations per name: COUNT/DURATION or off."`
+	// Lease is not in CONTRACT.md: the claim's lease, for tests that stop the
+	// database for longer than it without waiting minutes.
+	Lease time.Duration `name:"lease" env:"CERTWORKER_LEASE" default:"60s" hidden:"" help:"Claim lease (tests only)."`
 }
 
 // validate checks what the flag parser cannot.
@@ -67,6 +76,13 @@ func (c *runCmd) validate() error {
 		return usagef("--max-attempts: must be at least 1, got %d", c.MaxAttempts)
 	case c.ShutdownGrace < 0:
 		return usagef("--shutdown-grace: must not be negative, got %s", c.ShutdownGrace)
+	case c.OrderTimeout <= 0:
+		return usagef("--order-timeout: must be positive, got %s", c.OrderTimeout)
+	case c.Lease < 3*time.Second:
+		return usagef("--lease: must be at least 3s, got %s", c.Lease)
+	}
+	if _, err := c.limits(); err != nil {
+		return err
 	}
 	if _, err := zapcore.ParseLevel(c.LogLevel); err != nil {
 		return usagef("--log-level: %q is not one of debug, info, warn, error", c.LogLevel)
@@ -133,6 +149,10 @@ func (c *runCmd) Run(g *globals) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
+	limits, err := c.limits()
+	if err != nil {
+		return err
+	}
 	issuer, err := acme.New(ctx, pool, log, acme.Config{
 		DirectoryURL:     c.ACMEDirectory,
 		Email:            c.ACMEEmail,
@@ -147,36 +167,38 @@ func (c *runCmd) Run(g *globals) error {
 		return usagef("%v", err)
 	}
 
-	var lst listener.Waker
-	switch c.Wake {
-	case listener.ModeLogical:
-		lst = listener.NewLogical(pool, log, listener.Options{Registerer: reg})
-	default:
-		lst = listener.New(pool, log, listener.Options{Registerer: reg})
+	w, err := worker.New(worker.Config{
+		Pool:          pool,
+		Issuer:        issuer,
+		Log:           log,
+		Registerer:    reg,
+		Wake:          c.Wake,
+		Owner:         owner(),
+		Directory:     issuer.DirectoryURL(),
+		Queue:         queue.Config{RetryBase: c.RetryBase, RetryMax: c.RetryMax, MaxAttempts: c.MaxAttempts, Lease: c.Lease},
+		Limits:        limits,
+		Concurrency:   c.Concurrency,
+		PollInterval:  c.PollInterval,
+		ShutdownGrace: max(c.ShutdownGrace, time.Nanosecond), // 0 would mean the default
+		OrderTimeout:  c.OrderTimeout,
+	})
+	if err != nil {
+		return usagef("%v", err)
 	}
-	if err := lst.Start(ctx); err != nil {
+	if err := w.Start(ctx); err != nil {
 		var se *listener.SetupError
 		if errors.As(err, &se) {
 			// Names settings, the role and the database, never the password; and
 			// redacting a short password could mangle the setting's name.
 			return usagef("%s", se.Error())
 		}
-		return usagef("--database-url: cannot listen for wake-ups: %s", redact(err.Error(), c.DatabaseURL))
-	}
-	defer lst.Stop()
-	// Recorded once the waker is up, so that a --wake logical that cannot start
-	// does not silence the trigger for the instances still on notify; and before
-	// the first pass, which the waker's start-up wake-up triggers, so that pass
-	// covers every change the old mode signalled and this one might not.
-	if prev, err := listener.SetMode(ctx, pool, c.Wake); err != nil {
-		return usagef("--wake %s: %s", c.Wake, redact(err.Error(), c.DatabaseURL))
-	} else if prev != c.Wake {
-		log.Warn("wake mode changed for every instance on this database; instances still running with the old mode wake only on their timer and poll until restarted with the new one",
-			zap.String("from", prev), zap.String("to", c.Wake))
+		return usagef("--database-url: cannot start the worker: %s", redact(err.Error(), c.DatabaseURL))
 	}
 
-	servers, err := c.serve(log, pool, lst)
+	servers, err := c.serve(log, pool, w)
 	if err != nil {
+		stop()
+		_ = w.Wait()
 		return err
 	}
 	defer func() {
@@ -189,22 +211,40 @@ func (c *runCmd) Run(g *globals) error {
 	if h, ok := servers["admin"]; ok {
 		h.Handler.(*http.ServeMux).Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	}
+	return w.Wait()
+}
 
-	q := queue.New(pool, queue.Config{RetryBase: c.RetryBase, RetryMax: c.RetryMax, MaxAttempts: c.MaxAttempts})
+// owner is this instance's name in ssl_claimed_by: host and pid (the worker adds a
+// random suffix).
+func owner() string {
 	host, _ := os.Hostname()
-	w := queue.NewWorker(q, issuer, lst.Wakes(), log, queue.WorkerConfig{
-		Owner:         fmt.Sprintf("%s:%d", host, os.Getpid()),
-		Concurrency:   c.Concurrency,
-		PollInterval:  c.PollInterval,
-		ShutdownGrace: c.ShutdownGrace,
-		Directory:     issuer.DirectoryURL(),
-	}, queue.NewMetrics(reg, q))
-	return w.Run(ctx)
+	return fmt.Sprintf("%s:%d", host, os.Getpid())
+}
+
+// limits reads the --limit-* flags.
+func (c *runCmd) limits() (queue.Limits, error) {
+	var l queue.Limits
+	for _, f := range []struct {
+		flag, value string
+		into        *queue.Limit
+	}{
+		{"--limit-orders-per-account", c.LimitOrders, &l.OrdersPerAccount},
+		{"--limit-certs-per-registered-domain", c.LimitRegistered, &l.CertsPerRegisteredDomain},
+		{"--limit-certs-per-exact-set", c.LimitExactSet, &l.CertsPerExactSet},
+		{"--limit-failed-authz-per-name", c.LimitFailedAuthz, &l.FailedAuthzPerName},
+	} {
+		v, err := queue.ParseLimit(f.value)
+		if err != nil {
+			return l, usagef("%s: %v", f.flag, err)
+		}
+		*f.into = v
+	}
+	return l, nil
 }
 
 // serve starts the HTTP-01 responder and the admin endpoints. A listen error is a
 // configuration error naming the flag.
-func (c *runCmd) serve(log *zap.Logger, pool *pgxpool.Pool, lst listener.Waker) (map[string]*http.Server, error) {
+func (c *runCmd) serve(log *zap.Logger, pool *pgxpool.Pool, wk *worker.Worker) (map[string]*http.Server, error) {
 	servers := map[string]*http.Server{}
 	start := func(name, flag, addr string, h http.Handler) error {
 		ln, err := net.Listen("tcp", addr)
@@ -240,7 +280,7 @@ func (c *runCmd) serve(log *zap.Logger, pool *pgxpool.Pool, lst listener.Waker) 
 			case pool.Ping(ctx) != nil:
 				w.WriteHeader(http.StatusServiceUnavailable)
 				fmt.Fprintln(w, "database unreachable")
-			case !lst.Connected():
+			case !wk.Ready():
 				w.WriteHeader(http.StatusServiceUnavailable)
 				fmt.Fprintln(w, "listener not connected")
 			default:

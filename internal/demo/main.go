@@ -29,9 +29,8 @@ import (
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/internal/pgtest"
-	"github.com/certworker/certworker/listener"
 	"github.com/certworker/certworker/migrations"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/worker"
 )
 
 func main() {
@@ -111,20 +110,19 @@ func run(n int, gap time.Duration, verbose bool) error {
 	if err != nil {
 		return err
 	}
-	lst := listener.New(pool, log, listener.Options{})
-	if err := lst.Start(ctx); err != nil {
+	w, err := worker.New(worker.Config{
+		Pool: pool, Issuer: issuer, Log: log, Owner: "demo", Directory: issuer.DirectoryURL(),
+		Concurrency: 4, PollInterval: 30 * time.Second, ShutdownGrace: 5 * time.Second,
+	})
+	if err != nil {
 		return err
 	}
-	defer lst.Stop()
-	q := queue.New(pool, queue.DefaultConfig())
-	w := queue.NewWorker(q, issuer, lst.Wakes(), log, queue.WorkerConfig{
-		Owner: "demo", Concurrency: 4, PollInterval: 30 * time.Second, ShutdownGrace: 5 * time.Second,
-		Directory: issuer.DirectoryURL(),
-	}, nil)
 	wctx, wstop := context.WithCancel(ctx)
-	workerDone := make(chan error, 1)
-	go func() { workerDone <- w.Run(wctx) }()
-	defer func() { wstop(); <-workerDone }()
+	if err := w.Start(wctx); err != nil {
+		wstop()
+		return err
+	}
+	defer func() { wstop(); _ = w.Wait() }()
 
 	var tenant string
 	if err := pool.QueryRow(ctx, `INSERT INTO proxy_tenants (name, slug, email) VALUES ('Demo Shop', $1, 'owner@example.com') RETURNING id::text`,

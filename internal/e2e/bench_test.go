@@ -15,7 +15,7 @@ import (
 
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/internal/pgtest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/worker"
 )
 
 const (
@@ -72,11 +72,8 @@ func BenchmarkIssuance(b *testing.B) {
 func benchIssuance(b *testing.B, concurrency int) issuanceResult {
 	b.StopTimer()
 	w := newWorld(b, pebbletest.Options{ValidationSleep: true, SleepSeconds: benchSleepSeconds})
-	in := w.startWorker(b, "bench", w.acmeConfig(), queue.DefaultConfig(),
-		queue.WorkerConfig{Concurrency: concurrency, PollInterval: 30 * time.Second})
-	waitFor(b, 30*time.Second, "the worker's start-up pass", func() bool {
-		return in.logs.FilterMessage("pass finished").Len() > 0
-	})
+	in := w.startWorker(b, "bench", w.acmeConfig(), worker.Config{Concurrency: concurrency, PollInterval: 30 * time.Second})
+	in.WaitForLog(b, "pass finished", 1, 30*time.Second)
 
 	ids := make([]string, benchDomains)
 	for i := range ids {

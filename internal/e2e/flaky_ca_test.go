@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/internal/pebbletest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/worker"
 )
 
 // A CA that validates slowly and rejects a fifth of the nonces, as Let's Encrypt's
@@ -22,8 +22,7 @@ import (
 func TestE2E_ValidationSleepAndNonceRejection(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, pebbletest.Options{ValidationSleep: true, SleepSeconds: 2, NonceReject: 20})
-	in := w.startWorker(t, "flaky", w.acmeConfig(), queue.DefaultConfig(),
-		queue.WorkerConfig{Concurrency: 4, PollInterval: 30 * time.Second})
+	in := w.startWorker(t, "flaky", w.acmeConfig(), worker.Config{Concurrency: 4, PollInterval: 30 * time.Second})
 
 	names := make([]string, 5)
 	for i := range names {
@@ -40,7 +39,7 @@ func TestE2E_ValidationSleepAndNonceRejection(t *testing.T) {
 		require.Equal(t, "active", d.Status, names[i])
 		require.Equal(t, 0, d.Attempts, "%s: an attempt was charged", names[i])
 		require.Nil(t, d.Error, names[i])
-		require.Equal(t, 1, in.ordersStarted(names[i]), "%s: one order, not a retried one", names[i])
+		require.Equal(t, 1, ordersStarted(in, names[i]), "%s: one order, not a retried one", names[i])
 		require.Len(t, ordersFor(w.ca, names[i]), 1, "%s: orders the CA accepted", names[i])
 	}
 }

@@ -4,26 +4,22 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/internal/pgtest"
-	"github.com/certworker/certworker/listener"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/internal/workertest"
+	"github.com/certworker/certworker/queue/worker"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -73,99 +69,26 @@ func (w *world) acmeConfig() acme.Config {
 	}
 }
 
-// instance is one worker process: its own pool, listener, issuer and logs.
-type instance struct {
-	name string
-	logs *observer.ObservedLogs
-	stop context.CancelFunc
-	// done is closed when Run has returned, with its error in err.
-	done chan struct{}
-	err  error
-}
-
-// running reports whether Run has not returned.
-func (in *instance) running() bool {
-	select {
-	case <-in.done:
-		return false
-	default:
-		return true
-	}
-}
-
-// shutdown cancels the worker's context (SIGTERM) and waits for Run to return.
-func (in *instance) shutdown(t testing.TB, timeout time.Duration) {
-	t.Helper()
-	in.stop()
-	select {
-	case <-in.done:
-		require.NoError(t, in.err)
-	case <-time.After(timeout):
-		t.Fatalf("instance %s did not stop within %s", in.name, timeout)
-	}
-}
-
-// startWorker starts an instance, wired as `certworker run` wires it. It is stopped
-// when the test ends; a failed test prints the end of its log.
-func (w *world) startWorker(t testing.TB, name string, acfg acme.Config, qcfg queue.Config, wcfg queue.WorkerConfig) *instance {
+// startWorker starts an instance as `certworker run` builds it (worker.New), with an
+// ACME issuer for the world's CA. It is stopped when the test ends; a failed test
+// prints the end of its log.
+func (w *world) startWorker(t testing.TB, name string, acfg acme.Config, cfg worker.Config) *workertest.Instance {
 	t.Helper()
 	pool, err := pgxpool.New(w.ctx, w.dsn)
 	require.NoError(t, err)
-	core, logs := observer.New(zapcore.DebugLevel)
-	log := zap.New(core).With(zap.String("instance", name))
-	ctx, cancel := context.WithCancel(w.ctx)
-	issuer, err := acme.New(ctx, pool, log, acfg)
+	t.Cleanup(pool.Close)
+	issuer, err := acme.New(w.ctx, pool, zap.NewNop(), acfg)
 	require.NoError(t, err)
-	lst := listener.New(pool, log, listener.Options{BackoffMin: 50 * time.Millisecond, BackoffMax: time.Second})
-	require.NoError(t, lst.Start(ctx))
-	wcfg.Owner = name
-	wcfg.Directory = issuer.DirectoryURL()
-	if wcfg.ShutdownGrace == 0 {
-		wcfg.ShutdownGrace = 30 * time.Second
+	cfg.Issuer = issuer
+	cfg.Directory = issuer.DirectoryURL()
+	if cfg.ShutdownGrace == 0 {
+		cfg.ShutdownGrace = 30 * time.Second
 	}
-	wk := queue.NewWorker(queue.New(pool, qcfg), issuer, lst.Wakes(), log, wcfg, nil)
-	in := &instance{name: name, logs: logs, stop: cancel, done: make(chan struct{})}
-	go func() { in.err = wk.Run(ctx); close(in.done) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-in.done:
-		case <-time.After(time.Minute):
-			t.Errorf("instance %s did not stop", name)
-		}
-		lst.Stop()
-		pool.Close()
-		if t.Failed() {
-			in.dumpLog(t, 300)
-		}
-	})
-	return in
-}
-
-// dumpLog prints the last n lines of the instance's log, for a failed test.
-func (in *instance) dumpLog(t testing.TB, n int) {
-	t.Helper()
-	all := in.logs.All()
-	if len(all) > n {
-		all = all[len(all)-n:]
-	}
-	var b strings.Builder
-	for _, e := range all {
-		fmt.Fprintf(&b, "%s %s %s %s %v\n", e.Time.Format("15:04:05.000"), e.Level, e.LoggerName, e.Message, e.ContextMap())
-	}
-	t.Logf("log of instance %s (last %d lines):\n%s", in.name, len(all), b.String())
+	return workertest.Start(t, w.dsn, name, cfg)
 }
 
 // ordersStarted is how many "order started" lines the instance logged for domain.
-func (in *instance) ordersStarted(domain string) int {
-	n := 0
-	for _, e := range in.logs.FilterMessage("order started").All() {
-		if e.ContextMap()["domain"] == domain {
-			n++
-		}
-	}
-	return n
-}
+func ordersStarted(in *workertest.Instance, domain string) int { return len(in.StartedWith(domain)) }
 
 // addDomains inserts domains for the world's tenant, pending verification, then
 // verifies them all in one statement, as the proxy does when a tenant clicks

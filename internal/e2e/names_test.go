@@ -9,6 +9,7 @@ import (
 
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/worker"
 )
 
 // Names no public CA can issue for are failed with a reason and never reach the CA;
@@ -20,8 +21,7 @@ import (
 func TestE2E_InvalidNamesNeverReachTheCA(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, pebbletest.Options{})
-	w.startWorker(t, "names", w.acmeConfig(), queue.DefaultConfig(),
-		queue.WorkerConfig{Concurrency: 4, PollInterval: 30 * time.Second})
+	w.startWorker(t, "names", w.acmeConfig(), worker.Config{Concurrency: 4, PollInterval: 30 * time.Second})
 
 	valid := randomName("valid")
 	upperLabel := "UPPER-" + strings.ToUpper(randomHex())

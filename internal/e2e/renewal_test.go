@@ -12,6 +12,7 @@ import (
 
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/worker"
 )
 
 // renewalLifetime is the short profile's validity in the renewal test: long enough
@@ -73,8 +74,7 @@ func TestE2E_ShortLivedCertificatesAreRenewedOncePerLifetime(t *testing.T) {
 	// wait for that minute; a second leaves the renewal time in charge.
 	qcfg := queue.DefaultConfig()
 	qcfg.RetryBase = time.Second
-	in := w.startWorker(t, "renewer", acfg, qcfg,
-		queue.WorkerConfig{Concurrency: 4, PollInterval: renewalPollInterval})
+	in := w.startWorker(t, "renewer", acfg, worker.Config{Queue: qcfg, Concurrency: 4, PollInterval: renewalPollInterval})
 
 	names := []string{randomName("renew-a"), randomName("renew-b"), randomName("renew-c")}
 	s := startSampler(w, 200*time.Millisecond)
@@ -91,7 +91,7 @@ func TestE2E_ShortLivedCertificatesAreRenewedOncePerLifetime(t *testing.T) {
 	stopAt := time.Now()
 	// SIGTERM: an order in flight finishes inside the grace, so that every order the
 	// CA accepted has its certificate stored when the histories are read.
-	in.shutdown(t, time.Minute)
+	require.NoError(t, in.Stop(t, time.Minute))
 	hist := s.stop()
 	t.Logf("ran %s (%.2f lifetimes of %s) after the first certificates; %d samples",
 		stopAt.Sub(runStart).Round(time.Second), stopAt.Sub(runStart).Seconds()/renewalLifetime.Seconds(),

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"math/big"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/certworker/certworker/queue"
@@ -31,9 +32,10 @@ type Issuer struct {
 	// Lifetime of the certificates it returns (default 90 days).
 	Lifetime time.Duration
 
-	calls  map[string]int
-	events chan Call
-	key    *ecdsa.PrivateKey
+	calls     map[string]int
+	cancelled map[string]int
+	events    chan Call
+	key       *ecdsa.PrivateKey
 }
 
 // Call is one Issue call.
@@ -50,7 +52,7 @@ func New(buffer int) *Issuer {
 	if err != nil {
 		panic(err)
 	}
-	return &Issuer{calls: map[string]int{}, events: make(chan Call, buffer), key: key}
+	return &Issuer{calls: map[string]int{}, cancelled: map[string]int{}, events: make(chan Call, buffer), key: key}
 }
 
 // Calls delivers every call as it starts.
@@ -61,6 +63,27 @@ func (f *Issuer) Count(domain string) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.calls[domain]
+}
+
+// Cancelled is how many of domain's calls ended because their context did.
+func (f *Issuer) Cancelled(domain string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.cancelled[domain]
+}
+
+// Next waits up to timeout for the next call to start, and fails the test if none
+// does: a regression then fails in seconds instead of hanging until the test binary's
+// limit.
+func (f *Issuer) Next(t testing.TB, timeout time.Duration) Call {
+	t.Helper()
+	select {
+	case c := <-f.events:
+		return c
+	case <-time.After(timeout):
+		t.Fatalf("fake issuer: no call within %s", timeout)
+		return Call{}
+	}
 }
 
 // Counts is a copy of every domain's call count.
@@ -100,6 +123,9 @@ func (f *Issuer) Issue(ctx context.Context, req queue.Request) (*queue.Certifica
 		defer t.Stop()
 		select {
 		case <-ctx.Done():
+			f.mu.Lock()
+			f.cancelled[req.Domain]++
+			f.mu.Unlock()
 			return nil, ctx.Err()
 		case <-t.C:
 		}

@@ -26,6 +26,7 @@ import (
 	"github.com/certworker/certworker/internal/fakeissuer"
 	"github.com/certworker/certworker/listener"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/worker"
 )
 
 func main() {
@@ -87,21 +88,20 @@ func run(dsn, owner string, concurrency int, delay, poll, grace, reconnectMax ti
 	}
 	defer pool.Close()
 
-	lst := listener.New(pool, log, listener.Options{BackoffMax: reconnectMax})
-	if err := lst.Start(ctx); err != nil {
-		return err
-	}
-	defer lst.Stop()
-
 	issuer := fakeissuer.New(0)
 	issuer.Delay = delay
-	q := queue.New(pool, qcfg)
-	w := queue.NewWorker(q, issuer, lst.Wakes(), log, queue.WorkerConfig{
+	w, err := worker.New(worker.Config{
+		Pool: pool, Issuer: issuer, Log: log,
+		WakeOptions:   listener.Options{BackoffMax: reconnectMax},
 		Owner:         owner,
+		Directory:     "https://fake-issuer.invalid/directory",
+		Queue:         qcfg,
 		Concurrency:   concurrency,
 		PollInterval:  poll,
 		ShutdownGrace: grace,
-		Directory:     "https://fake-issuer.invalid/directory",
-	}, nil)
+	})
+	if err != nil {
+		return err
+	}
 	return w.Run(ctx)
 }

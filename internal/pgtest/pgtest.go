@@ -283,10 +283,17 @@ func NewDB(t testing.TB) string {
 	return Shared(t).NewDatabase(t)
 }
 
-// NewPool is a pool on a fresh migrated database, closed when the test ends.
+// NewPool is a pool on a fresh migrated database of the package's shared server,
+// closed when the test ends.
 func NewPool(t testing.TB) (*pgxpool.Pool, string) {
 	t.Helper()
-	dsn := NewDB(t)
+	return Shared(t).NewPool(t)
+}
+
+// NewPool is a pool on a fresh migrated database of s, closed when the test ends.
+func (s *Server) NewPool(t testing.TB) (*pgxpool.Pool, string) {
+	t.Helper()
+	dsn := s.NewDatabase(t)
 	pool, err := pgxpool.New(context.Background(), dsn)
 	if err != nil {
 		t.Fatalf("pool: %v", err)

@@ -1,8 +1,7 @@
-package listener_test
+package worker_test
 
-// The logical waker driving the real worker (queue.Worker with a fake issuer), on
-// servers started with wal_level=logical: the reliability tests the NOTIFY listener
-// passes, in this mode. An external test package, because queue imports listener.
+// The logical waker driving the real worker, on servers started with
+// wal_level=logical: the reliability tests the NOTIFY listener passes, in this mode.
 
 import (
 	"context"
@@ -10,85 +9,48 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/certworker/certworker/internal/fakeissuer"
 	"github.com/certworker/certworker/internal/pgtest"
+	"github.com/certworker/certworker/internal/workertest"
 	"github.com/certworker/certworker/listener"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/worker"
 )
 
-// worker is one in-process instance as `certworker run --wake logical` wires it:
-// its own pool, a Logical waker, the mode recorded, and the worker.
-type worker struct {
-	logs *observer.ObservedLogs
-	done chan struct{}
-}
-
-func startLogicalWorker(t *testing.T, dsn string, issuer queue.Issuer, owner string) *worker {
+// startLogicalWorker runs an instance as `certworker run --wake logical` runs it, with
+// an hour's poll, so that only the wake source can explain a claim within a test, and
+// waits for its start-up pass to be over: a test that writes before then could see
+// that pass, not the stream, claim its domains.
+func startLogicalWorker(t *testing.T, dsn string, issuer queue.Issuer, name string) *workertest.Instance {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), dsn)
-	require.NoError(t, err)
-	core, logs := observer.New(zapcore.DebugLevel)
-	log := zap.New(core)
-	ctx, cancel := context.WithCancel(context.Background())
-	lg := listener.NewLogical(pool, log, listener.Options{BackoffMin: 50 * time.Millisecond, BackoffMax: time.Second})
-	require.NoError(t, lg.Start(ctx))
-	_, err = listener.SetMode(ctx, pool, listener.ModeLogical)
-	require.NoError(t, err)
-	// An hour's poll: only the waker can explain a claim within a test.
-	w := queue.NewWorker(queue.New(pool, queue.DefaultConfig()), issuer, lg.Wakes(), log, queue.WorkerConfig{
-		Owner: owner, Concurrency: 4, PollInterval: time.Hour, Directory: "https://ca.invalid/directory",
-	}, nil)
-	in := &worker{logs: logs, done: make(chan struct{})}
-	go func() { _ = w.Run(ctx); close(in.done) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-in.done:
-		case <-time.After(time.Minute):
-			t.Error("worker did not stop")
-		}
-		lg.Stop()
-		pool.Close()
+	w := workertest.Start(t, dsn, name, worker.Config{
+		Issuer: issuer, Wake: queue.WakeLogical, Concurrency: 4, PollInterval: time.Hour,
 	})
-	// The start-up pass (the waker's first reconnect wake-up) must be over before a
-	// test writes, or it, not the stream, may be what claims the test's domains.
-	require.Eventually(t, func() bool { return logs.FilterMessage("pass finished").Len() > 0 },
-		10*time.Second, 5*time.Millisecond, "the start-up pass did not finish")
-	return in
+	w.WaitForLog(t, "pass finished", 1, 10*time.Second)
+	return w
 }
 
-// sources counts the sources of the orders this instance started.
-func (w *worker) sources() map[string]int {
+// sources counts the sources of the orders an instance started.
+func sources(w *workertest.Instance) map[string]int {
 	out := map[string]int{}
-	for _, e := range w.logs.FilterMessage("order started").All() {
+	for _, e := range w.Logs.FilterMessage("order started").All() {
 		out[fmt.Sprint(e.ContextMap()["source"])]++
 	}
 	return out
 }
 
 type db struct {
-	ctx    context.Context
-	pool   *pgxpool.Pool
-	dsn    string
+	*bundle
 	tenant string
 }
 
 func newDB(t *testing.T, srv *pgtest.Server) *db {
 	t.Helper()
-	dsn := srv.NewDatabase(t)
-	pool, err := pgxpool.New(context.Background(), dsn)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	d := &db{ctx: context.Background(), pool: pool, dsn: dsn}
-	require.NoError(t, pool.QueryRow(d.ctx,
-		"INSERT INTO proxy_tenants (name, slug, email) VALUES ('t', 't', 't@example.com') RETURNING id").Scan(&d.tenant))
-	return d
+	pool, dsn := srv.NewPool(t)
+	b := &bundle{ctx: context.Background(), pool: pool, dsn: dsn}
+	return &db{bundle: b, tenant: b.tenant(t)}
 }
 
 // insert inserts n domains named prefix1.example... with the given verification
@@ -111,15 +73,7 @@ func (d *db) active(t *testing.T) int {
 
 func waitActive(t *testing.T, d *db, n int, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		got := d.active(t)
-		if got == n {
-			return
-		}
-		require.True(t, time.Now().Before(deadline), "timed out after %s: %d of %d domains active", timeout, got, n)
-		time.Sleep(20 * time.Millisecond)
-	}
+	workertest.Eventually(t, timeout, fmt.Sprintf("%d domains active", n), func() bool { return d.active(t) == n })
 }
 
 func requireOncePerDomain(t *testing.T, fake *fakeissuer.Issuer, n int) {
@@ -146,7 +100,7 @@ func TestLogicalWorker(t *testing.T) {
 		d := newDB(t, srv)
 		fake := fakeissuer.New(1)
 		fake.Delay = 2 * time.Millisecond
-		var ws []*worker
+		var ws []*workertest.Instance
 		for i := range 3 {
 			ws = append(ws, startLogicalWorker(t, d.dsn, fake, fmt.Sprint("w", i)))
 		}
@@ -154,8 +108,7 @@ func TestLogicalWorker(t *testing.T) {
 		// Let every start-up pass finish, so that none of them can be what
 		// claims the domains.
 		for _, w := range ws {
-			require.Eventually(t, func() bool { return w.logs.FilterMessage("pass finished").Len() > 0 },
-				10*time.Second, 10*time.Millisecond)
+			w.WaitForLog(t, "pass finished", 1, 10*time.Second)
 		}
 		_, err := d.pool.Exec(d.ctx, `UPDATE proxy_domains SET verification_status = 'verified'`)
 		require.NoError(t, err)
@@ -163,7 +116,7 @@ func TestLogicalWorker(t *testing.T) {
 		requireOncePerDomain(t, fake, 500)
 		total := map[string]int{}
 		for _, w := range ws {
-			for s, n := range w.sources() {
+			for s, n := range sources(w) {
 				total[s] += n
 			}
 		}
@@ -183,8 +136,7 @@ func TestLogicalWorker(t *testing.T) {
 		d := newDB(t, srv)
 		fake := fakeissuer.New(1)
 		w := startLogicalWorker(t, d.dsn, fake, "w")
-		require.Eventually(t, func() bool { return w.logs.FilterMessage("pass finished").Len() > 0 },
-			10*time.Second, 10*time.Millisecond)
+		w.WaitForLog(t, "pass finished", 1, 10*time.Second)
 
 		var pid int32
 		require.NoError(t, d.pool.QueryRow(d.ctx,
@@ -198,9 +150,9 @@ func TestLogicalWorker(t *testing.T) {
 		}
 		waitActive(t, d, 20, 30*time.Second)
 		requireOncePerDomain(t, fake, 20)
-		require.Positive(t, w.logs.FilterMessage("listener reconnected").Len())
-		t.Logf("orders by wake-up source: %v", w.sources())
-		require.Zero(t, w.sources()[listener.SourcePoll], "the poll is an hour away")
+		require.Positive(t, w.Logs.FilterMessage("listener reconnected").Len())
+		t.Logf("orders by wake-up source: %v", sources(w))
+		require.Zero(t, sources(w)[listener.SourcePoll], "the poll is an hour away")
 	})
 }
 
@@ -219,19 +171,15 @@ func TestLogicalWorker_SurvivesADatabaseRestart(t *testing.T) {
 
 	d.insert(t, "before", 1, "verified")
 	waitActive(t, d, 1, 10*time.Second)
-	require.Equal(t, map[string]int{listener.SourceNotify: 1}, w.sources(), "issued through the stream")
+	require.Equal(t, map[string]int{listener.SourceNotify: 1}, sources(w), "issued through the stream")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	require.NoError(t, srv.Stop(ctx))
-	require.Eventually(t, func() bool { return w.logs.FilterMessage("listener connection lost").Len() > 0 },
+	require.Eventually(t, func() bool { return w.Logs.FilterMessage("listener connection lost").Len() > 0 },
 		15*time.Second, 10*time.Millisecond, "the waker never saw the outage")
 	time.Sleep(2 * time.Second) // an outage, with reconnections failing
-	select {
-	case <-w.done:
-		t.Fatal("the worker exited while the database was down")
-	default:
-	}
+	require.True(t, w.Running(), "the worker exited while the database was down")
 
 	require.NoError(t, srv.Start(ctx))
 	up := time.Now()
@@ -241,13 +189,13 @@ func TestLogicalWorker_SurvivesADatabaseRestart(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	waitActive(t, d, 21, 30*time.Second)
-	t.Logf("all issued %s after the database answered again; orders by source: %v", time.Since(up), w.sources())
+	t.Logf("all issued %s after the database answered again; orders by source: %v", time.Since(up), sources(w))
 	requireOncePerDomain(t, fake, 21)
-	require.Zero(t, w.sources()[listener.SourcePoll], "the poll is an hour away")
+	require.Zero(t, sources(w)[listener.SourcePoll], "the poll is an hour away")
 
-	back := w.logs.FilterMessage("listener reconnected").All()
+	back := w.Logs.FilterMessage("listener reconnected").All()
 	require.NotEmpty(t, back, "no reconnection logged")
-	require.Equal(t, listener.ModeLogical, back[0].ContextMap()["mode"])
+	require.Equal(t, queue.WakeLogical, back[0].ContextMap()["mode"])
 	var slots int
 	require.NoError(t, d.pool.QueryRow(d.ctx,
 		`SELECT count(*) FROM pg_replication_slots WHERE database = current_database() AND temporary`).Scan(&slots))

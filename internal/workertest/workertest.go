@@ -1,0 +1,199 @@
+// Package workertest starts real workers for tests: built by worker.New from a
+// worker.Config, as `certworker run` builds them, on a pool of their own, with their
+// logs kept (debug included) and their metrics on a registry of their own, and stopped
+// when the test ends.
+package workertest
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/certworker/certworker/listener"
+	"github.com/certworker/certworker/queue/worker"
+)
+
+// Directory is the ACME directory workers are given when the test names none.
+const Directory = "https://ca.invalid/directory"
+
+// Instance is one running worker.
+type Instance struct {
+	*worker.Worker
+	Name     string
+	Logs     *observer.ObservedLogs
+	Registry *prometheus.Registry
+	Pool     *pgxpool.Pool
+	cancel   context.CancelFunc
+	stopped  chan struct{}
+	err      error
+}
+
+// Start builds a worker from cfg on a pool of its own on dsn and starts it. What cfg
+// leaves unset is filled for a test: the pool, a logger that keeps every line, a
+// registry, Owner (name), Directory, and a wake source that reconnects within a
+// second. The worker is stopped when the test ends; a failed test prints the end of
+// its log.
+func Start(t testing.TB, dsn, name string, cfg worker.Config) *Instance {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatalf("worker %s: pool: %v", name, err)
+	}
+	core, logs := observer.New(zapcore.DebugLevel)
+	in := &Instance{Name: name, Logs: logs, Registry: prometheus.NewRegistry(), Pool: pool, stopped: make(chan struct{})}
+	cfg.Pool = pool
+	cfg.Log = zap.New(core).With(zap.String("instance", name))
+	cfg.Registerer = in.Registry
+	if cfg.Owner == "" {
+		cfg.Owner = name
+	}
+	if cfg.Directory == "" {
+		cfg.Directory = Directory
+	}
+	if cfg.WakeOptions == (listener.Options{}) {
+		cfg.WakeOptions = listener.Options{BackoffMin: 50 * time.Millisecond, BackoffMax: time.Second}
+	}
+	w, err := worker.New(cfg)
+	if err != nil {
+		pool.Close()
+		t.Fatalf("worker %s: %v", name, err)
+	}
+	in.Worker = w
+	ctx, cancel := context.WithCancel(context.Background())
+	in.cancel = cancel
+	if err := w.Start(ctx); err != nil {
+		cancel()
+		pool.Close()
+		t.Fatalf("worker %s: start: %v", name, err)
+	}
+	go func() { in.err = w.Wait(); close(in.stopped) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-in.stopped:
+		case <-time.After(time.Minute):
+			t.Errorf("worker %s did not stop", name)
+		}
+		pool.Close()
+		if t.Failed() {
+			in.DumpLog(t, 200)
+		}
+	})
+	return in
+}
+
+// Stop ends the worker as SIGTERM does and waits up to timeout for it to stop; it
+// returns Wait's error.
+func (in *Instance) Stop(t testing.TB, timeout time.Duration) error {
+	t.Helper()
+	in.cancel()
+	select {
+	case <-in.stopped:
+		return in.err
+	case <-time.After(timeout):
+		t.Fatalf("worker %s did not stop within %s", in.Name, timeout)
+		return nil
+	}
+}
+
+// Running reports whether the worker has not stopped.
+func (in *Instance) Running() bool {
+	select {
+	case <-in.stopped:
+		return false
+	default:
+		return true
+	}
+}
+
+// StartedWith is the source of every order the worker started for domain.
+func (in *Instance) StartedWith(domain string) []string {
+	var sources []string
+	for _, e := range in.Logs.FilterMessage("order started").All() {
+		if e.ContextMap()["domain"] == domain {
+			sources = append(sources, fmt.Sprint(e.ContextMap()["source"]))
+		}
+	}
+	return sources
+}
+
+// Metric is the value of a counter or gauge of the worker's registry, by name and
+// label values ("" for an unlabelled one).
+func (in *Instance) Metric(t testing.TB, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := in.Registry.Gather()
+	if err != nil {
+		t.Fatalf("gather metrics: %v", err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if labelsMatch(m.GetLabel(), labels) {
+				switch {
+				case m.Counter != nil:
+					return m.Counter.GetValue()
+				case m.Gauge != nil:
+					return m.Gauge.GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+func labelsMatch(got []*dto.LabelPair, want []string) bool {
+	if len(got) != len(want) {
+		return false
+	}
+	for i, l := range got {
+		if l.GetValue() != want[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// WaitForLog waits until the worker has logged msg at least n times.
+func (in *Instance) WaitForLog(t testing.TB, msg string, n int, timeout time.Duration) {
+	t.Helper()
+	Eventually(t, timeout, fmt.Sprintf("worker %s to log %q %d times", in.Name, msg, n), func() bool {
+		return in.Logs.FilterMessage(msg).Len() >= n
+	})
+}
+
+// DumpLog prints the last n lines of the worker's log.
+func (in *Instance) DumpLog(t testing.TB, n int) {
+	t.Helper()
+	all := in.Logs.All()
+	if len(all) > n {
+		all = all[len(all)-n:]
+	}
+	var b strings.Builder
+	for _, e := range all {
+		fmt.Fprintf(&b, "%s %s %s %s %v\n", e.Time.Format("15:04:05.000"), e.Level, e.LoggerName, e.Message, e.ContextMap())
+	}
+	t.Logf("log of worker %s (last %d lines):\n%s", in.Name, len(all), b.String())
+}
+
+// Eventually polls cond every 20 ms until it holds, or fails the test after timeout.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

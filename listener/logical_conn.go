@@ -1,0 +1,156 @@
+package listener
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+)
+
+// connect opens a replication connection, checks that the server can stream what
+// the waker needs, creates a temporary slot and starts streaming from it. Once it
+// returns, every transaction that commits will be in the stream; anything committed
+// before is for the catch-up pass that up triggers.
+//
+// The connection is made with the pool's configuration and its BeforeConnect hook,
+// as the Listener's is; the AfterConnect hook is not run, because it takes a
+// *pgx.Conn, which a replication connection cannot be (a WAL sender speaks only
+// the simple query protocol), and session setup does not concern a stream.
+func (lg *Logical) connect(ctx context.Context) (_ *stream, err error) {
+	ctx, cancel := context.WithTimeout(ctx, lg.opts.ConnectTimeout)
+	defer cancel()
+	cfg := lg.pool.Config() // a deep copy: ours to modify
+	if cfg.BeforeConnect != nil {
+		if err := cfg.BeforeConnect(ctx, cfg.ConnConfig); err != nil {
+			return nil, fmt.Errorf("before connect: %w", err)
+		}
+	}
+	pgcfg := cfg.ConnConfig.Config.Copy()
+	if pgcfg.RuntimeParams == nil {
+		pgcfg.RuntimeParams = map[string]string{}
+	}
+	// A logical WAL sender for the DSN's database, which also accepts SQL.
+	pgcfg.RuntimeParams["replication"] = "database"
+	if pgcfg.RuntimeParams["application_name"] == "" {
+		pgcfg.RuntimeParams["application_name"] = "certworker-wake"
+	}
+	// The stream's reads end at deadlines of their own (the silence check), and a
+	// deadline leaves the connection usable; a cancel request would not make sense
+	// to a WAL sender. pgconn's default, made explicit.
+	pgcfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
+	}
+	conn, err := pgconn.ConnectConfig(ctx, pgcfg)
+	if err != nil {
+		if se := connectSetupError(err, pgcfg.User); se != nil {
+			return nil, se
+		}
+		// pgconn's errors name host, port, user and database, never the password.
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			lg.closeConn(ctx, conn)
+		}
+	}()
+
+	level, err := queryOne(ctx, conn, "SHOW wal_level")
+	if err != nil {
+		return nil, fmt.Errorf("read wal_level: %w", err)
+	}
+	if level != "logical" {
+		return nil, setupErrorf("the server's wal_level is %q; set wal_level = logical in postgresql.conf and restart PostgreSQL", level)
+	}
+	published, err := queryOne(ctx, conn, fmt.Sprintf(
+		"SELECT count(*) FROM pg_publication_tables WHERE pubname = '%s' AND tablename = '%s'", Publication, domainsTable))
+	if err != nil {
+		return nil, fmt.Errorf("look up publication %s: %w", Publication, err)
+	}
+	if published == "0" {
+		return nil, setupErrorf("database %q has no publication %s of %s; run `certworker migrate` as the owner of %s, or CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert, update')",
+			pgcfg.Database, Publication, domainsTable, domainsTable, Publication, domainsTable)
+	}
+
+	slot, err := newSlotName()
+	if err != nil {
+		return nil, err
+	}
+	created, err := pglogrepl.CreateReplicationSlot(ctx, conn, slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
+		Temporary:      true,
+		Mode:           pglogrepl.LogicalReplication,
+		SnapshotAction: "NOEXPORT_SNAPSHOT",
+	})
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "53400" { // configuration_limit_exceeded
+			return nil, setupErrorf("all replication slots are in use; raise max_replication_slots in postgresql.conf (each instance needs one) and restart PostgreSQL")
+		}
+		return nil, fmt.Errorf("create temporary replication slot: %w", err)
+	}
+	start, err := pglogrepl.ParseLSN(created.ConsistentPoint)
+	if err != nil {
+		return nil, fmt.Errorf("create temporary replication slot: consistent point: %w", err)
+	}
+	// Protocol version 1: a transaction arrives whole, at its commit. Version 2's
+	// streaming would send large transactions while they run, and a wake-up for a
+	// transaction that may still roll back would be one the claim cannot act on.
+	err = pglogrepl.StartReplication(ctx, conn, slot, start, pglogrepl.StartReplicationOptions{
+		Mode:       pglogrepl.LogicalReplication,
+		PluginArgs: []string{"proto_version '1'", fmt.Sprintf("publication_names '%s'", Publication)},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start replication: %w", err)
+	}
+	return &stream{conn: conn, slot: slot, pos: start, rels: map[uint32]relation{}}, nil
+}
+
+// connectSetupError recognises the connection errors that mean the server will not
+// give this role a WAL sender, and says what to change; nil for any other.
+func connectSetupError(err error, user string) *SetupError {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return nil
+	}
+	switch {
+	case pgErr.Code == "42501": // insufficient_privilege
+		// PostgreSQL 15: "must be superuser or replication role to start
+		// walsender"; 16: "permission denied to start WAL sender".
+		return setupErrorf("role %q may not open a replication connection (%s); grant it with ALTER ROLE %s REPLICATION (on a managed service, its replication role, such as GRANT rds_replication TO %s)",
+			user, pgErr.Message, quoteIdent(user), quoteIdent(user))
+	case pgErr.Code == "53300" && strings.Contains(pgErr.Message, "max_wal_senders (currently 0)"):
+		// wal_level = minimal requires max_wal_senders = 0.
+		return setupErrorf("the server allows no WAL senders (max_wal_senders = 0); set wal_level = logical and max_wal_senders to at least one per instance in postgresql.conf, and restart PostgreSQL")
+	case pgErr.Code == "53300" && strings.Contains(pgErr.Message, "max_wal_senders"):
+		return setupErrorf("the server has no free WAL sender (%s); raise max_wal_senders in postgresql.conf (each instance needs one) and restart PostgreSQL", pgErr.Message)
+	}
+	return nil
+}
+
+func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+// queryOne runs a simple query that returns one value, on a connection that speaks
+// only the simple query protocol.
+func queryOne(ctx context.Context, conn *pgconn.PgConn, sql string) (string, error) {
+	results, err := conn.Exec(ctx, sql).ReadAll()
+	if err != nil {
+		return "", err
+	}
+	if len(results) != 1 || len(results[0].Rows) != 1 || len(results[0].Rows[0]) != 1 {
+		return "", fmt.Errorf("%s: expected one value", sql)
+	}
+	return string(results[0].Rows[0][0]), nil
+}
+
+func newSlotName() (string, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("slot name: %w", err)
+	}
+	return slotPrefix + hex.EncodeToString(b[:]), nil
+}

@@ -1,0 +1,47 @@
+package listener
+
+import (
+	"context"
+	"fmt"
+)
+
+// Waker is a source of wake-ups for the worker: Listener (NOTIFY) or Logical
+// (logical replication). Every implementation MUST:
+//   - connect in Start and return its error, leaving nothing running, so that a
+//     worker that cannot be woken fails at start-up; then keep reconnecting until
+//     Stop or the end of Start's context;
+//   - send a SourceReconnect wake-up on every connection, once anything committed
+//     from then on will wake it;
+//   - never block on the consumer: Wakes has a buffer of one and merges;
+//   - make Stop safe before Start, safe twice and from several goroutines, and
+//     return only once nothing of it runs;
+//   - be safe for concurrent use.
+type Waker interface {
+	// Start connects and backgrounds the waker.
+	Start(ctx context.Context) error
+	// Stop ends it and waits until it has ended.
+	Stop()
+	// Wakes is where wake-ups arrive. It is never closed.
+	Wakes() <-chan Wake
+	// Connected reports whether the waker holds a live connection that will see
+	// the next change (/readyz).
+	Connected() bool
+}
+
+var (
+	_ Waker = (*Listener)(nil)
+	_ Waker = (*Logical)(nil)
+)
+
+// SetupError says that the server cannot do what --wake logical needs, and which
+// setting to change. Its message is one line, meant to be shown to the operator as
+// it is.
+type SetupError struct {
+	msg string
+}
+
+func (e *SetupError) Error() string { return e.msg }
+
+func setupErrorf(format string, args ...any) *SetupError {
+	return &SetupError{msg: "--wake logical: " + fmt.Sprintf(format, args...)}
+}

@@ -1,0 +1,110 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The sources of a pause (certworker_pauses.source).
+const (
+	// PauseRateLimit: the CA answered rateLimited.
+	PauseRateLimit = "rate_limit"
+	// PauseLedger: the worker's own ledger says the CA would refuse.
+	PauseLedger = "ledger"
+	// PauseUnreachable: the CA could not be reached, or answered 5xx.
+	PauseUnreachable = "unreachable"
+)
+
+// Pause holds back what scope and key cover (ScopeCA: an ACME directory URL;
+// ScopeRegisteredDomain: a registered domain; ScopeDomain: a domain name) for every
+// instance, for wait from now on the database's clock. A later pause never shortens
+// an earlier one of the same source; the reason of the longer one is kept. It returns
+// how long the pause now lasts.
+func (q *Queue) Pause(ctx context.Context, scope, key, source string, wait time.Duration, reason string) (time.Duration, error) {
+	var left float64
+	err := q.db.QueryRow(ctx, `
+INSERT INTO certworker_pauses AS p (scope, key, source, paused_until, reason)
+VALUES ($1, $2, $3, now() + make_interval(secs => $4), $5)
+ON CONFLICT (scope, key, source) DO UPDATE SET
+    paused_until = GREATEST(p.paused_until, EXCLUDED.paused_until),
+    reason = CASE WHEN EXCLUDED.paused_until > p.paused_until THEN EXCLUDED.reason ELSE p.reason END,
+    updated_at = now()
+RETURNING `+secondsUntilSQL("paused_until"), scope, key, source, seconds(wait), reason).Scan(&left)
+	if err != nil {
+		return 0, fmt.Errorf("pause %s %s: %w", scope, key, err)
+	}
+	return durationFromSeconds(left), nil
+}
+
+// Unreachable is what PauseUnreachable recorded.
+type Unreachable struct {
+	// Failures is the number of consecutive orders that found the CA unreachable,
+	// this one included, across the fleet.
+	Failures int
+	// For is how long ordering from the CA is paused.
+	For time.Duration
+}
+
+// PauseUnreachable records that the CA at directory could not be reached and pauses
+// ordering from it for every instance, for base doubled per consecutive failure up to
+// limit: the CA's own backoff, kept apart from any domain's (nothing is charged).
+func (q *Queue) PauseUnreachable(ctx context.Context, directory, reason string, base, limit time.Duration) (Unreachable, error) {
+	var u Unreachable
+	var left float64
+	err := q.db.QueryRow(ctx, `
+INSERT INTO certworker_pauses AS p (scope, key, source, paused_until, reason, failures)
+VALUES ('ca', $1, 'unreachable', now() + make_interval(secs => $3), $2, 1)
+ON CONFLICT (scope, key, source) DO UPDATE SET
+    failures = p.failures + 1,
+    paused_until = GREATEST(p.paused_until,
+        now() + make_interval(secs => LEAST($3 * power(2, LEAST(p.failures, 30)), $4))),
+    reason = EXCLUDED.reason,
+    updated_at = now()
+RETURNING failures, `+secondsUntilSQL("paused_until"),
+		directory, reason, seconds(base), seconds(limit)).Scan(&u.Failures, &left)
+	if err != nil {
+		return u, fmt.Errorf("pause unreachable CA: %w", err)
+	}
+	u.For = durationFromSeconds(left)
+	return u, nil
+}
+
+// ClearUnreachable ends the unreachable state of the CA at directory, after an order
+// got an answer from it. It reports whether there was one to end.
+func (q *Queue) ClearUnreachable(ctx context.Context, directory string) (bool, error) {
+	tag, err := q.db.Exec(ctx, `
+DELETE FROM certworker_pauses WHERE scope = 'ca' AND key = $1 AND source = 'unreachable'`, directory)
+	if err != nil {
+		return false, fmt.Errorf("clear unreachable CA: %w", err)
+	}
+	return tag.RowsAffected() > 0, nil
+}
+
+// PauseState is one pause in force.
+type PauseState struct {
+	Scope       string    `json:"scope"`
+	Key         string    `json:"key"`
+	Source      string    `json:"source"`
+	PausedUntil time.Time `json:"paused_until"`
+	Reason      string    `json:"reason"`
+}
+
+// CAPause is the pause in force on the CA at directory that ends last, or nil.
+func (q *Queue) CAPause(ctx context.Context, directory string) (*PauseState, error) {
+	var p PauseState
+	err := q.db.QueryRow(ctx, `
+SELECT scope, key, source, paused_until, reason FROM certworker_pauses
+WHERE scope = 'ca' AND key = $1 AND paused_until > now()
+ORDER BY paused_until DESC LIMIT 1`, directory).Scan(&p.Scope, &p.Key, &p.Source, &p.PausedUntil, &p.Reason)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read CA pause: %w", err)
+	}
+	return &p, nil
+}

@@ -1,0 +1,210 @@
+package worker
+
+import (
+	"context"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/certworker/certworker/listener"
+	"github.com/certworker/certworker/queue"
+)
+
+// loopState is what the loop goroutine keeps between wake-ups. Only it touches these.
+type loopState struct {
+	// timer fires a pass at timerAt (zero: stopped) for timerSource.
+	timer       *time.Timer
+	timerAt     time.Time
+	timerSource string
+	// saturated: every slot was busy at the last claim, so more may be due; a
+	// finished order claims again at once.
+	saturated bool
+	// idleRetry is the gap before looking again at a queue that says something is
+	// due which the claim did not take (another instance holds it, or a pause holds
+	// it back). It doubles while that goes on, up to the poll interval, so that two
+	// disagreeing views can never make a hot loop.
+	idleRetry time.Duration
+	// untracked: a claim's statement failed after it may have committed. Until the
+	// instance has handed back what it holds but does not track, every pass tries.
+	untracked bool
+}
+
+const (
+	// minIdleRetry is the first idle retry.
+	minIdleRetry = 50 * time.Millisecond
+	// timerSlack makes the timer fire a little late rather than early: the claim
+	// compares with the database's clock, and strictly.
+	timerSlack = 5 * time.Millisecond
+	// untrackedRetry is how soon a pass tries again to hand back claims whose answer
+	// was lost.
+	untrackedRetry = time.Second
+)
+
+// pass looks at the queue: claims into the free slots and, when the queue ran dry
+// before they were full, sets the timer for the next thing that falls due.
+func (w *Worker) pass(ctx context.Context, source string, at time.Time) {
+	w.m.wake(source)
+	w.log.Debug("wake-up", zap.String("source", source), zap.Time("at", at))
+	if w.untracked {
+		w.releaseUntracked(ctx)
+	}
+	claimed, full := w.fill(ctx, source)
+	if full {
+		w.log.Debug("pass finished", zap.String("source", source), zap.Int("claimed", claimed), zap.Bool("saturated", true))
+		return
+	}
+	w.schedule(ctx, source, claimed)
+}
+
+// finished takes a finished order's result, and every other one already waiting, off
+// the loop, then refills the slots they freed in one claim.
+func (w *Worker) finished(ctx context.Context, r result) {
+	w.settle(r)
+	for more := true; more; {
+		select {
+		case r := <-w.results:
+			w.settle(r)
+		default:
+			more = false
+		}
+	}
+	// While the queue stays full, finishing orders keep claiming: the claim that
+	// follows a finished order is a "refill" (CONTRACT.md §6). A queue that was not
+	// full at the last claim has nothing due that a wake-up or the timer will not
+	// bring.
+	if !w.saturated || ctx.Err() != nil {
+		return
+	}
+	w.m.wake(listener.SourceRefill)
+	if claimed, full := w.fill(ctx, listener.SourceRefill); !full {
+		w.schedule(ctx, listener.SourceRefill, claimed)
+	}
+}
+
+// settle forgets a finished order and moves the timer to when its domain falls due
+// again, if that is sooner: the retry after its backoff, known without a query.
+func (w *Worker) settle(r result) {
+	w.orders.remove(r.token)
+	w.m.setInflight(w.orders.len())
+	if r.retryIn > 0 {
+		w.setTimerIfSooner(r.retryIn+timerSlack, listener.SourceTimer)
+	}
+}
+
+// fill claims into the free slots until they are full or nothing more is due. It
+// returns how many it claimed, and whether every slot is busy.
+func (w *Worker) fill(ctx context.Context, source string) (claimed int, full bool) {
+	for {
+		free := w.cfg.Concurrency - w.orders.len()
+		if free <= 0 {
+			w.saturated = true
+			return claimed, true
+		}
+		if ctx.Err() != nil {
+			return claimed, false
+		}
+		claims := w.claim(ctx, free)
+		for _, c := range claims {
+			w.start(ctx, c, source)
+		}
+		claimed += len(claims)
+		if len(claims) < free {
+			w.saturated = false
+			return claimed, false
+		}
+	}
+}
+
+// claim runs the claim statement for n slots. It is not cancelled by the worker's
+// context: a claim whose statement committed is never dropped, so the shutdown that
+// SIGTERM starts waits for it, and then runs or hands back what it took. When it fails
+// all the same (its timeout, a lost connection), the rows it may have claimed are
+// handed back by the next pass.
+func (w *Worker) claim(ctx context.Context, n int) []queue.Claim {
+	cctx, cancel := w.step(ctx, true)
+	defer cancel()
+	claims, err := w.q.Claim(cctx, w.owner, w.cfg.Directory, n)
+	if err != nil {
+		w.health.failed()
+		w.untracked = true
+		w.logDBError("claim", err)
+		return nil
+	}
+	w.health.ok()
+	return claims
+}
+
+// releaseUntracked hands back, uncharged, the rows this instance holds but does not
+// track: claims whose statement committed while its answer was lost.
+func (w *Worker) releaseUntracked(ctx context.Context) {
+	rctx, cancel := w.step(ctx, true)
+	defer cancel()
+	released, err := w.q.ReleaseUntracked(rctx, w.owner, w.orders.tokens())
+	if err != nil {
+		w.health.failed()
+		w.logDBError("hand back untracked claims", err)
+		return
+	}
+	w.health.ok()
+	w.untracked = false
+	for _, u := range released {
+		w.m.outcome("released_untracked", 0)
+		w.log.Warn("claim handed back: its statement committed but its answer was lost; not charged",
+			zap.String("domain", u.Domain), zap.String("domain_id", u.ID))
+	}
+}
+
+// schedule sets the timer for the next thing that falls due, capped by the poll.
+func (w *Worker) schedule(ctx context.Context, source string, claimed int) {
+	sctx, cancel := w.step(ctx, false)
+	d, ok, err := w.q.NextDue(sctx, w.cfg.Directory)
+	cancel()
+	switch {
+	case err != nil:
+		// Not known: look again soon rather than at the next poll, so that a due
+		// retry is not held up by a failed query.
+		w.health.failed()
+		w.logDBError("compute next due time", err)
+		d, ok = w.nextIdleRetry(), true
+	case ok && d > 0:
+		w.health.ok()
+		w.idleRetry = minIdleRetry
+	case ok && len(w.waker.Wakes()) > 0:
+		// Due now, and a wake-up is already waiting (the notification of the row
+		// that made it due): its pass claims it.
+		ok = false
+	case ok:
+		// Due now and not claimed: another instance holds it locked, or a pause
+		// holds it back. Look again, less often each time it goes on.
+		d = w.nextIdleRetry()
+	}
+	delay, next := w.cfg.PollInterval, listener.SourcePoll
+	if ok && d+timerSlack < delay {
+		delay, next = d+timerSlack, listener.SourceTimer
+	}
+	if w.untracked && untrackedRetry < delay {
+		delay, next = untrackedRetry, listener.SourceTimer
+	}
+	w.setTimer(delay, next)
+	w.log.Debug("pass finished", zap.String("source", source), zap.Int("claimed", claimed),
+		zap.Duration("next_in", delay), zap.String("next_source", next))
+}
+
+func (w *Worker) nextIdleRetry() time.Duration {
+	d := max(w.idleRetry, minIdleRetry)
+	w.idleRetry = min(2*d, w.cfg.PollInterval)
+	return d
+}
+
+// setTimer makes the timer fire after d for source.
+func (w *Worker) setTimer(d time.Duration, source string) {
+	w.timer.Reset(d)
+	w.timerAt, w.timerSource = time.Now().Add(d), source
+}
+
+// setTimerIfSooner moves the timer to d from now if that is before it fires.
+func (w *Worker) setTimerIfSooner(d time.Duration, source string) {
+	if w.timerAt.IsZero() || time.Now().Add(d).Before(w.timerAt) {
+		w.setTimer(d, source)
+	}
+}

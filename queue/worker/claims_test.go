@@ -1,0 +1,169 @@
+package worker_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/certworker/certworker/internal/fakeissuer"
+	"github.com/certworker/certworker/internal/workertest"
+	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/worker"
+)
+
+// claimMarker is a piece of the claim statement's text, to aim faults at it.
+const claimMarker = "ssl_claim_prev_attempt_at = d.ssl_last_attempt_at"
+
+// passStatements are pieces of the text of every statement a pass or the maintenance
+// runs (the claim, the next due time, reclaiming, renewals), and of none that renews a
+// lease or records a result.
+var passStatements = []string{
+	claimMarker,
+	"per_count",                       // NextDue
+	"ari_next_at) FROM",               // NextMaintenance
+	"COALESCE(ssl_lease_expires_at",   // ReclaimAbandoned
+	"ssl_attempts = 0, updated_at",    // MarkRenewals
+	"renew_at IS NULL AND auto_renew", // filling in renewal times
+	"SET ssl_queue_tier = 1",          // PromoteUrgentRenewals
+	"NOT (ssl_claim_token = ANY",      // ReleaseUntracked
+}
+
+// A claim whose statement committed is never dropped. The answer of the claim
+// statement is lost after it committed (a connection that drops, a timeout that fires
+// then): the rows are 'provisioning' under this instance's name, and the instance
+// does not know their tokens. They are handed back, uncharged, and claimed again at
+// once; the reference-era code left them until their lease ran out and the reclaim
+// charged them an attempt, a minute later.
+func TestWorker_AClaimWhoseAnswerWasLostIsHandedBackUncharged(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fake := fakeissuer.New(10)
+	db := &faultDB{Pool: b.pool}
+	db.loseNext(claimMarker, 1)
+	id, name := b.domain(t, b.tenant(t))
+	in := b.start(t, "w", worker.Config{DB: db, Issuer: fake, Concurrency: 1, PollInterval: time.Hour})
+	b.waitStatus(t, id, "active", 10*time.Second) // the lease is 60 s: only a hand-back explains this
+	require.Equal(t, 1, fake.Count(name), "ordered twice")
+	require.Equal(t, 0, b.row(t, id).Attempts)
+	require.Equal(t, 1.0, in.Metric(t, "certworker_issuance_total", "released_untracked"))
+	require.Equal(t, 1, in.Logs.FilterMessage("claim handed back: its statement committed but its answer was lost; not charged").Len())
+}
+
+// SIGTERM while a claim's answer is lost: the shutdown hands back what the instance
+// holds under its name, so nothing is left in 'provisioning' (CONTRACT.md §5).
+func TestWorker_StopHandsBackAClaimWhoseAnswerWasLost(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fake := fakeissuer.New(10)
+	db := &faultDB{Pool: b.pool}
+	tn := b.tenant(t)
+	in := b.start(t, "w", worker.Config{DB: db, Issuer: fake, Concurrency: 1, PollInterval: time.Hour})
+	in.WaitForLog(t, "pass finished", 1, 10*time.Second)
+	db.loseNext(claimMarker, 1000) // every claim from now on
+	id, _ := b.domain(t, tn)
+	workertest.Eventually(t, 10*time.Second, "the claim", func() bool { return b.status(t, id) == "provisioning" })
+	require.NoError(t, in.Stop(t, 20*time.Second))
+	r := b.row(t, id)
+	require.Equal(t, "pending", r.Status)
+	require.Zero(t, r.Attempts)
+	require.Nil(t, r.Token)
+	require.Zero(t, fake.Count(id))
+}
+
+// Leases are renewed on a timer of their own. Here every statement of a pass and of
+// the maintenance hangs until its deadline (a database answering the heartbeat but not
+// them); an order of 6 s on a 3 s lease keeps its claim, and a second instance, up
+// long enough to reclaim, does not take it: the domain is ordered once.
+func TestWorker_LeasesAreRenewedWhilePassesHang(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fake := fakeissuer.New(10)
+	fake.Delay = 6 * time.Second
+	qcfg := queue.Config{Lease: 3 * time.Second}
+	db := &faultDB{Pool: b.pool}
+	slow := b.start(t, "slow", worker.Config{DB: db, Issuer: fake, Queue: qcfg, Concurrency: 2, PollInterval: 200 * time.Millisecond})
+	id, name := b.domain(t, b.tenant(t))
+	fake.Next(t, 10*time.Second)
+	db.hangOn(passStatements...)
+	b.start(t, "other", worker.Config{Issuer: fake, Queue: qcfg, Concurrency: 2, PollInterval: 200 * time.Millisecond})
+	b.waitStatus(t, id, "active", 20*time.Second)
+	require.Equal(t, 1, fake.Count(name), "the domain was ordered twice")
+	require.Zero(t, slow.Metric(t, "certworker_issuance_total", "lost"))
+}
+
+// Fencing: an order stops as soon as a heartbeat finds its claim taken, and writes
+// nothing. The claim is taken here as an instance that reclaimed and claimed the row
+// would take it.
+func TestWorker_AnOrderStopsWhenItsClaimIsTaken(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fake := fakeissuer.New(10)
+	fake.Delay = time.Hour
+	qcfg := queue.Config{Lease: 3 * time.Second}
+	in := b.start(t, "w", worker.Config{Issuer: fake, Queue: qcfg, Concurrency: 1, PollInterval: time.Hour})
+	id, name := b.domain(t, b.tenant(t))
+	fake.Next(t, 10*time.Second)
+	var thief string
+	require.NoError(t, b.pool.QueryRow(b.ctx, `
+UPDATE proxy_domains SET ssl_claim_token = gen_random_uuid(), ssl_claimed_by = 'thief',
+    ssl_lease_expires_at = now() + interval '1 hour'
+WHERE id = $1 RETURNING ssl_claim_token::text`, id).Scan(&thief))
+	workertest.Eventually(t, 3*time.Second, "the order to be cancelled (a heartbeat is every second)", func() bool {
+		return fake.Cancelled(name) == 1
+	})
+	in.WaitForLog(t, "order abandoned: the claim was lost to another instance", 1, 5*time.Second)
+	r := b.row(t, id)
+	require.Equal(t, "provisioning", r.Status, "the instance that lost the claim wrote the row")
+	require.Equal(t, thief, *r.Token)
+	require.Zero(t, r.Attempts)
+	require.Equal(t, 1.0, in.Metric(t, "certworker_issuance_total", "lost"))
+}
+
+// An order has a deadline: one that runs past --order-timeout is cancelled and
+// charged, with ssl_error saying it timed out. Not a CA outage: nothing is paused.
+// Without it a hung order held its slot, and renewed its lease, for ever.
+func TestWorker_AnOrderPastItsDeadlineIsCancelledAndCharged(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fake := fakeissuer.New(10)
+	fake.Delay = time.Hour
+	in := b.start(t, "w", worker.Config{Issuer: fake, Concurrency: 1, PollInterval: time.Hour, OrderTimeout: time.Second})
+	id, name := b.domain(t, b.tenant(t))
+	fake.Next(t, 10*time.Second)
+	workertest.Eventually(t, 10*time.Second, "the failure to be recorded", func() bool { return b.row(t, id).Attempts == 1 })
+	r := b.row(t, id)
+	require.Equal(t, "pending", r.Status)
+	require.Regexp(t, `^order timed out after 1s`, *r.Error)
+	require.Equal(t, 1, fake.Cancelled(name))
+	require.Equal(t, 1.0, in.Metric(t, "certworker_issuance_total", "timeout"))
+	var pauses int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM certworker_pauses`).Scan(&pauses))
+	require.Zero(t, pauses, "a slow order paused the CA")
+}
+
+// A result is stored only while the domain is still an ACME domain: a tenant who
+// switches to manual and uploads a certificate mid-order keeps the upload, and the
+// worker lets go of the row.
+func TestWorker_AResultIsDroppedWhenTheDomainIsNoLongerACME(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fake := fakeissuer.New(10)
+	fake.Delay = time.Second
+	in := b.start(t, "w", worker.Config{Issuer: fake, Concurrency: 1, PollInterval: time.Hour})
+	id, name := b.domain(t, b.tenant(t))
+	fake.Next(t, 10*time.Second)
+	_, err := b.pool.Exec(context.Background(), `UPDATE proxy_domains SET ssl_provider = 'manual' WHERE id = $1`, id)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(context.Background(), `
+INSERT INTO proxy_certificates (domain, certificate_pem, private_key_pem, expires_at) VALUES ($1, 'uploaded', 'uploaded key', now() + interval '30 days')`, name)
+	require.NoError(t, err)
+	in.WaitForLog(t, "result dropped: the domain's provider is no longer acme", 1, 10*time.Second)
+	var pem string
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT certificate_pem FROM proxy_certificates WHERE domain = $1`, name).Scan(&pem))
+	require.Equal(t, "uploaded", pem, "the tenant's upload was overwritten")
+	r := b.row(t, id)
+	require.Nil(t, r.Token, "the worker kept its claim on a manual domain")
+	require.Equal(t, 1.0, in.Metric(t, "certworker_issuance_total", "not_acme"))
+}

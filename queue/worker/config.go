@@ -1,0 +1,115 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/certworker/certworker/listener"
+	"github.com/certworker/certworker/queue"
+)
+
+// Defaults of Config, the `certworker run` flags' (CONTRACT.md §3).
+const (
+	// DefaultConcurrency is the number of orders in flight on one instance. The
+	// reference issued one at a time: a thirty-second order held up every other domain.
+	DefaultConcurrency = 4
+	// DefaultPollInterval is the safety-net pass, and the longest either timer is set
+	// for. The reference polled this often and did nothing else.
+	DefaultPollInterval = 30 * time.Second
+	// DefaultShutdownGrace is what orders in flight get to finish after SIGTERM; what
+	// is still running then is handed back.
+	DefaultShutdownGrace = 30 * time.Second
+	// DefaultOrderTimeout bounds one order. Let's Encrypt issues in seconds; an order
+	// ten minutes old is hung (a CA that answers every request, only slowly), and
+	// without a deadline it would hold its slot, and renew its lease, for ever.
+	DefaultOrderTimeout = 10 * time.Minute
+)
+
+// Config is everything a running worker needs. New fills in the defaults.
+type Config struct {
+	// Pool is the database. The wake source makes a connection of its own with the
+	// pool's configuration.
+	Pool *pgxpool.Pool
+	// DB, if set, runs the worker's statements instead of Pool (the wake source still
+	// connects with Pool's configuration). For tests that make the database fail in
+	// chosen ways, such as an answer lost after its statement committed.
+	DB queue.DB
+	// Issuer places the orders (acme.Issuer; a fake in tests about the queue).
+	Issuer queue.Issuer
+	// Log receives the worker's logs (named "worker") and the wake source's.
+	Log *zap.Logger
+	// Registerer, if not nil, receives the worker's and the wake source's metrics. One
+	// worker per registry.
+	Registerer prometheus.Registerer
+
+	// Wake is the wake source: queue.WakeNotify (the default) or queue.WakeLogical.
+	Wake string
+	// WakeOptions tune the wake source (reconnection backoff, pings).
+	WakeOptions listener.Options
+
+	// Owner names this instance in ssl_claimed_by and in logs (default host:pid). A
+	// random suffix is added, so that two instances never share a name.
+	Owner string
+	// Directory is the ACME directory URL: what a pause of the CA and the ledger's
+	// account-wide limit are kept under.
+	Directory string
+	// Queue is the backoff curve, the attempt limit and the lease.
+	Queue queue.Config
+	// Limits are the ledger's; the zero value turns every limit off.
+	Limits queue.Limits
+
+	// Concurrency is the number of orders in flight on this instance.
+	Concurrency int
+	// PollInterval is the safety-net pass, and the longest a timer is set for.
+	PollInterval time.Duration
+	// ShutdownGrace is what orders in flight get to finish once the context ends.
+	ShutdownGrace time.Duration
+	// OrderTimeout bounds one order; one that runs past it is cancelled and charged.
+	OrderTimeout time.Duration
+}
+
+// withDefaults checks c and fills in what is unset.
+func (c Config) withDefaults() (Config, error) {
+	switch {
+	case c.Pool == nil:
+		return c, errors.New("worker: no database pool")
+	case c.Issuer == nil:
+		return c, errors.New("worker: no issuer")
+	case c.Directory == "":
+		return c, errors.New("worker: no ACME directory (the key of the CA's pauses)")
+	case c.Concurrency < 0, c.PollInterval < 0, c.ShutdownGrace < 0, c.OrderTimeout < 0:
+		return c, errors.New("worker: negative concurrency or duration")
+	}
+	if c.Log == nil {
+		c.Log = zap.NewNop()
+	}
+	if c.Wake == "" {
+		c.Wake = queue.WakeNotify
+	}
+	if c.Wake != queue.WakeNotify && c.Wake != queue.WakeLogical {
+		return c, fmt.Errorf("worker: wake source %q is neither %s nor %s", c.Wake, queue.WakeNotify, queue.WakeLogical)
+	}
+	if c.Owner == "" {
+		host, _ := os.Hostname()
+		c.Owner = fmt.Sprintf("%s:%d", host, os.Getpid())
+	}
+	c.Queue = c.Queue.WithDefaults()
+	set := func(d *time.Duration, def time.Duration) {
+		if *d == 0 {
+			*d = def
+		}
+	}
+	set(&c.PollInterval, DefaultPollInterval)
+	set(&c.ShutdownGrace, DefaultShutdownGrace)
+	set(&c.OrderTimeout, DefaultOrderTimeout)
+	if c.Concurrency == 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	return c, nil
+}

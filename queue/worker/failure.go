@@ -1,0 +1,120 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/certworker/certworker/queue"
+)
+
+// The CA's own backoff while it cannot be reached (CONTRACT.md §5): the first pause is
+// short, since most outages are a restart or a blip, and the longest is short enough
+// that every domain due is issued within a minute of the CA's return.
+const (
+	unreachableBase = 2 * time.Second
+	unreachableMax  = 30 * time.Second
+)
+
+// failed records what an issuer's error means for the domain (queue.Issuer lists the
+// kinds), and returns the outcome and when the domain falls due again.
+func (w *Worker) failed(o *order, log *zap.Logger, name string, err error) (string, time.Duration) {
+	attempt := zap.Int("attempt", max(o.claim.Attempts, 0)+1)
+	var unavailable *queue.CAUnavailableError
+	var perm *queue.PermanentError
+	var preflight *queue.PreflightError
+	if rl, ok := queue.IsRateLimit(err); ok {
+		w.caAnswered()
+		return w.rateLimited(o, log, name, rl)
+	}
+	switch {
+	case errors.As(err, &unavailable):
+		return w.caUnreachable(o, log, err)
+	case errors.As(err, &perm):
+		w.caAnswered()
+		return w.failForGood(o, log, err.Error(), "permanent"), 0
+	case errors.As(err, &preflight):
+		// Nothing reached the CA: this says nothing of whether it can be reached.
+		return w.fail(o, log, err.Error(), "preflight_failed")
+	}
+	w.caAnswered()
+	log.Debug("order failed", zap.Error(err), attempt)
+	return w.fail(o, log, err.Error(), "failed")
+}
+
+// rateLimited pauses what the CA's limit covers, for every instance, until its
+// Retry-After (--retry-base when it gave none), and hands the claim back: a rate limit
+// is never charged to the domain. The hand-back wakes every instance once, and their
+// passes, which claim nothing the pause covers, set their timers for its end. It
+// returns the outcome and how long the pause lasts.
+func (w *Worker) rateLimited(o *order, log *zap.Logger, name string, rl *queue.RateLimitError) (string, time.Duration) {
+	scope, key := rl.Scope, w.cfg.Directory
+	switch scope {
+	case queue.ScopeRegisteredDomain:
+		key = queue.RegisteredDomain(name)
+	case queue.ScopeDomain:
+		key = name
+	default:
+		scope = queue.ScopeCA
+	}
+	wait := rl.RetryAfter
+	if wait <= 0 {
+		wait = w.cfg.Queue.RetryBase
+	}
+	var until time.Duration
+	err := w.record(o, log, "pause", func(ctx context.Context) (err error) {
+		until, err = w.q.Pause(ctx, scope, key, queue.PauseRateLimit, wait, rl.Detail)
+		return err
+	})
+	if err != nil {
+		log.Error("could not record the CA's rate limit", zap.Error(err))
+	}
+	log.Warn("rate limited by the CA; paused for every instance, not charged to the domain",
+		zap.String("error", rl.Error()), zap.String("scope", scope), zap.String("key", key),
+		zap.String("limit", rl.Limit), zap.Duration("paused_for", until))
+	return w.handBack(o, log, false, "rate_limited"), until
+}
+
+// caUnreachable pauses ordering from the CA for every instance, on the CA's own
+// backoff, and hands the claim back uncharged: a CA that is down is the CA's problem,
+// not the domain's. As for a rate limit, the hand-back tells every instance when the
+// pause ends.
+func (w *Worker) caUnreachable(o *order, log *zap.Logger, cause error) (string, time.Duration) {
+	var u queue.Unreachable
+	err := w.record(o, log, "pause unreachable CA", func(ctx context.Context) (err error) {
+		u, err = w.q.PauseUnreachable(ctx, w.cfg.Directory, cause.Error(), unreachableBase, unreachableMax)
+		return err
+	})
+	if err != nil {
+		log.Error("could not record that the CA is unreachable", zap.Error(err))
+	}
+	if w.caDown.CompareAndSwap(false, true) {
+		w.m.setCAUnreachable(true)
+		w.log.Warn("CA unreachable; ordering paused for every instance, nothing charged",
+			zap.String("directory", w.cfg.Directory), zap.String("error", cause.Error()),
+			zap.Int("failures", u.Failures), zap.Duration("paused_for", u.For))
+	} else {
+		log.Debug("CA still unreachable", zap.Int("failures", u.Failures), zap.Duration("paused_for", u.For))
+	}
+	return w.handBack(o, log, false, "ca_unavailable"), u.For
+}
+
+// caAnswered records that the CA answered an order, which ends its unreachable state
+// for the fleet if this instance saw it.
+func (w *Worker) caAnswered() {
+	if !w.caDown.Load() {
+		return
+	}
+	ctx, cancel := w.step(context.Background(), true)
+	defer cancel()
+	if _, err := w.q.ClearUnreachable(ctx, w.cfg.Directory); err != nil {
+		w.logDBError("clear the CA's unreachable state", err)
+		return
+	}
+	if w.caDown.CompareAndSwap(true, false) {
+		w.m.setCAUnreachable(false)
+		w.log.Info("CA reachable again; ordering resumes", zap.String("directory", w.cfg.Directory))
+	}
+}

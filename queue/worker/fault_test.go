@@ -1,0 +1,101 @@
+package worker_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/certworker/certworker/queue"
+)
+
+// faultDB runs the worker's statements on a real pool, and fails chosen ones in
+// chosen ways: PostgreSQL stays real, only what reaches the worker is not.
+type faultDB struct {
+	*pgxpool.Pool
+	mu sync.Mutex
+	// lose: statements containing this text run and commit, then their answer is
+	// replaced by an error, as when the connection drops after the commit; times is
+	// how many more to lose.
+	lose      string
+	loseTimes int
+	// hang: statements containing any of these texts wait until their context ends
+	// (a database that stopped answering them), and fail without running.
+	hang []string
+}
+
+var _ queue.DB = (*faultDB)(nil)
+
+var errConnectionLost = errors.New("injected: connection lost after the statement committed")
+
+// loseNext makes the next n statements containing text lose their answer.
+func (f *faultDB) loseNext(text string, n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.lose, f.loseTimes = text, n
+}
+
+func (f *faultDB) hangOn(texts ...string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.hang = texts
+}
+
+// fault decides what happens to sql: lost (run, then fail) or hung (wait, then fail).
+func (f *faultDB) fault(sql string) (lost, hung bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.loseTimes > 0 && strings.Contains(sql, f.lose) {
+		f.loseTimes--
+		return true, false
+	}
+	for _, h := range f.hang {
+		if strings.Contains(sql, h) {
+			return false, true
+		}
+	}
+	return false, false
+}
+
+func (f *faultDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	lost, hung := f.fault(sql)
+	switch {
+	case hung:
+		<-ctx.Done()
+		return nil, ctx.Err()
+	case lost:
+		rows, err := f.Pool.Query(ctx, sql, args...)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+		}
+		rows.Close()
+		return nil, errConnectionLost
+	}
+	return f.Pool.Query(ctx, sql, args...)
+}
+
+func (f *faultDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if _, hung := f.fault(sql); hung {
+		<-ctx.Done()
+		return errRow{ctx.Err()}
+	}
+	return f.Pool.QueryRow(ctx, sql, args...)
+}
+
+func (f *faultDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if _, hung := f.fault(sql); hung {
+		<-ctx.Done()
+		return pgconn.CommandTag{}, ctx.Err()
+	}
+	return f.Pool.Exec(ctx, sql, args...)
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }

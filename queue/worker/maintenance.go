@@ -1,0 +1,150 @@
+package worker
+
+import (
+	"context"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/certworker/certworker/listener"
+)
+
+// maintenanceLoop runs the steps that find work the wake-ups do not announce
+// (abandoned claims, renewals falling due) on a timer of its own, set for the next
+// time one of them has work and capped by the poll interval. It runs beside the loop,
+// so that a notification never waits behind them.
+func (w *Worker) maintenanceLoop(ctx context.Context) {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	var at time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case want := <-w.maintAt:
+			if at.IsZero() || want.Before(at) {
+				at = want
+				t.Reset(max(time.Until(want), 0))
+			}
+			continue
+		case <-t.C:
+		}
+		w.maintain(ctx)
+		d := w.nextMaintenance(ctx)
+		at = time.Now().Add(d)
+		t.Reset(d)
+	}
+}
+
+// wantMaintenanceIn asks for a maintenance run d from now (the renewal time of a
+// certificate just stored), unless one is due sooner.
+func (w *Worker) wantMaintenanceIn(d time.Duration) {
+	want := time.Now().Add(d + timerSlack)
+	for {
+		select {
+		case w.maintAt <- want:
+			return
+		default:
+		}
+		select {
+		case old := <-w.maintAt:
+			if old.Before(want) {
+				want = old
+			}
+		default:
+		}
+	}
+}
+
+// nextMaintenance is how long until the next maintenance run: the next renewal-side
+// work, or the next lease to run out, but not before the reclaim is allowed (see
+// reclaim), capped by the poll interval.
+func (w *Worker) nextMaintenance(ctx context.Context) time.Duration {
+	sctx, cancel := w.step(ctx, false)
+	defer cancel()
+	next, err := w.q.NextMaintenance(sctx)
+	if err != nil {
+		w.health.failed()
+		w.logDBError("compute next maintenance time", err)
+		return min(w.cfg.Queue.Lease/3, w.cfg.PollInterval)
+	}
+	w.health.ok()
+	d := w.cfg.PollInterval
+	if next.Renewals != nil {
+		d = min(d, *next.Renewals)
+	}
+	if next.Reclaim != nil {
+		d = min(d, max(*next.Reclaim, w.cfg.Queue.Lease-w.health.upFor()))
+	}
+	return max(d, 0) + timerSlack
+}
+
+// maintain runs the maintenance steps once, and starts a pass when one of them put a
+// domain back in the queue (the wake trigger announces it too, in notify mode; this
+// covers a wake source that is down).
+func (w *Worker) maintain(ctx context.Context) {
+	queued := w.reclaim(ctx)
+	queued += w.markRenewals(ctx)
+	if queued > 0 {
+		select {
+		case w.kick <- listener.SourceTimer:
+		default:
+		}
+	}
+}
+
+// reclaim requeues domains whose claim was abandoned by an instance that died, with
+// the attempt counted.
+//
+// Not before this instance has reached the database without a failure for a full
+// lease: after an outage longer than the lease, every instance's leases have run out,
+// yet the instances are alive, kept their orders going (nobody could take a claim
+// while nobody could reach the database), and re-assert their leases at their next
+// heartbeat once it is back. Waiting a lease gives each of them that heartbeat before
+// anyone reclaims, so no domain is ordered twice.
+func (w *Worker) reclaim(ctx context.Context) int {
+	if up := w.health.upFor(); up < w.cfg.Queue.Lease {
+		w.log.Debug("reclaim waits for the database to have been up a full lease", zap.Duration("up_for", up))
+		return 0
+	}
+	rctx, cancel := w.step(ctx, false)
+	defer cancel()
+	reclaimed, err := w.q.ReclaimAbandoned(rctx)
+	if err != nil {
+		w.health.failed()
+		w.logDBError("reclaim abandoned", err)
+		return 0
+	}
+	w.health.ok()
+	for _, r := range reclaimed {
+		w.log.Warn("domain was left mid-issuance by an instance that stopped; requeued",
+			zap.String("domain", r.Domain), zap.String("domain_id", r.ID),
+			zap.String("error", "issuance was interrupted before it finished"),
+			zap.Int("attempt", r.Attempts), zap.Bool("gave_up", r.GaveUp))
+	}
+	return len(reclaimed)
+}
+
+// markRenewals puts certificates due for renewal back in the queue, and promotes
+// renewals that waited until they became urgent.
+func (w *Worker) markRenewals(ctx context.Context) int {
+	rctx, cancel := w.step(ctx, false)
+	defer cancel()
+	n, err := w.q.MarkRenewals(rctx)
+	if err != nil {
+		w.health.failed()
+		w.logDBError("mark renewals", err)
+		return 0
+	}
+	w.health.ok()
+	if n > 0 {
+		w.log.Info("certificates due for renewal", zap.Int64("renewals", n))
+	}
+	promoted, err := w.q.PromoteUrgentRenewals(rctx)
+	if err != nil {
+		w.logDBError("promote urgent renewals", err)
+	} else if promoted > 0 {
+		w.log.Info("renewals became urgent; served before first issuances", zap.Int64("renewals", promoted))
+	}
+	return int(n + promoted)
+}

@@ -1,0 +1,95 @@
+package worker
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/certworker/certworker/queue"
+)
+
+// metrics are the loop's Prometheus metrics. Without a Registerer they are still
+// created and updated, just never exported: one code path, nothing to nil-check.
+// Their label values are bounded sets (sources, outcomes), never domains.
+type metrics struct {
+	wakeups       *prometheus.CounterVec
+	claims        *prometheus.CounterVec
+	outcomes      *prometheus.CounterVec
+	durations     *prometheus.HistogramVec
+	wakeLatency   prometheus.Histogram
+	inflight      prometheus.Gauge
+	caUnreachable prometheus.Gauge
+	heartbeats    prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		wakeups: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "certworker_wakeups_total",
+			Help: "Passes over the queue, by what started them (notify, reconnect, timer, poll, refill).",
+		}, []string{"source"}),
+		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "certworker_claims_total",
+			Help: "Domains claimed by this instance, by the source of the pass that claimed them.",
+		}, []string{"source"}),
+		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "certworker_issuance_total",
+			Help: "Finished orders by outcome: issued, failed, gave_up, timeout, invalid, permanent, preflight_failed, rate_limited, ca_unavailable, released, lost, not_acme, unrecorded; released_untracked counts claims handed back whose answer was lost.",
+		}, []string{"outcome"}),
+		durations: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "certworker_issuance_duration_seconds",
+			Help:    "Time from claim to recorded result, by outcome.",
+			Buckets: prometheus.ExponentialBuckets(0.05, 2, 14),
+		}, []string{"outcome"}),
+		wakeLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "certworker_wake_latency_seconds",
+			Help:    "Time from a domain becoming due (the commit that made it claimable, or its backoff running out) to its claim, on the database's clock.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 18),
+		}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "certworker_orders_in_flight",
+			Help: "Orders running on this instance.",
+		}),
+		caUnreachable: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "certworker_ca_unreachable",
+			Help: "1 while this instance's last order found the CA unreachable (ordering is paused for every instance), else 0.",
+		}),
+		heartbeats: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "certworker_lease_renewal_failures_total",
+			Help: "Lease renewals that could not reach the database.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.wakeups, m.claims, m.outcomes, m.durations, m.wakeLatency, m.inflight,
+			m.caUnreachable, m.heartbeats)
+	}
+	return m
+}
+
+func (m *metrics) wake(source string) { m.wakeups.WithLabelValues(source).Inc() }
+
+func (m *metrics) claimed(c queue.Claim, source string) {
+	m.claims.WithLabelValues(source).Inc()
+	if !c.DueAt.IsZero() && !c.ClaimedAt.Before(c.DueAt) {
+		m.wakeLatency.Observe(c.ClaimedAt.Sub(c.DueAt).Seconds())
+	}
+}
+
+func (m *metrics) outcome(outcome string, d time.Duration) {
+	m.outcomes.WithLabelValues(outcome).Inc()
+	if d > 0 {
+		m.durations.WithLabelValues(outcome).Observe(d.Seconds())
+	}
+}
+
+func (m *metrics) setInflight(n int) { m.inflight.Set(float64(n)) }
+
+func (m *metrics) setCAUnreachable(down bool) {
+	v := 0.0
+	if down {
+		v = 1
+	}
+	m.caUnreachable.Set(v)
+}
+
+func (m *metrics) heartbeatFailed() { m.heartbeats.Inc() }

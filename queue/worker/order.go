@@ -1,0 +1,292 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/certworker/certworker/queue"
+)
+
+// Why an order's context was cancelled (context.Cause).
+var (
+	errShutdown     = errors.New("shutting down")
+	errLost         = errors.New("claim lost")
+	errOrderTimeout = errors.New("order timed out")
+)
+
+// order is one claim being worked on.
+type order struct {
+	claim   queue.Claim
+	source  string
+	started time.Time
+	cancel  context.CancelCauseFunc
+	// lost is set by the heartbeat when the claim is no longer held; a write that
+	// finishes the order stops retrying then.
+	lost atomic.Bool
+}
+
+// result is what an order hands back to the loop.
+type result struct {
+	token   string
+	outcome string
+	// retryIn is when the domain falls due again (its backoff), or 0.
+	retryIn time.Duration
+}
+
+// orderSet is the orders in flight, by claim token. The loop adds and removes; the
+// heartbeat reads.
+type orderSet struct {
+	mu sync.Mutex
+	m  map[string]*order
+}
+
+func newOrderSet() *orderSet { return &orderSet{m: map[string]*order{}} }
+
+func (s *orderSet) add(o *order) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.m[o.claim.Token] = o
+}
+
+func (s *orderSet) remove(token string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.m, token)
+}
+
+func (s *orderSet) get(token string) *order {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m[token]
+}
+
+func (s *orderSet) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.m)
+}
+
+func (s *orderSet) tokens() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.m))
+	for t := range s.m {
+		out = append(out, t)
+	}
+	return out
+}
+
+func (s *orderSet) all() []*order {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*order, 0, len(s.m))
+	for _, o := range s.m {
+		out = append(out, o)
+	}
+	return out
+}
+
+// start runs the order for a claim in a goroutine of its own.
+func (w *Worker) start(ctx context.Context, c queue.Claim, source string) {
+	o := &order{claim: c, source: source, started: time.Now()}
+	// Orders are not cancelled by the shutdown signal itself: they get the grace.
+	octx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	o.cancel = cancel
+	w.orders.add(o)
+	w.m.claimed(c, source)
+	w.m.setInflight(w.orders.len())
+	fields := []zap.Field{
+		zap.String("domain", c.Domain), zap.String("domain_id", c.ID),
+		zap.Int("attempt", max(c.Attempts, 0)+1), zap.String("source", source),
+	}
+	if !c.DueAt.IsZero() {
+		fields = append(fields, zap.Duration("wake_latency", c.ClaimedAt.Sub(c.DueAt)))
+	}
+	if c.CurrentPEM != "" {
+		fields = append(fields, zap.Bool("renewal", true))
+	}
+	w.log.Info("order started", fields...)
+	go func() {
+		r := w.runOrder(octx, o)
+		cancel(nil)
+		w.m.outcome(r.outcome, time.Since(o.started))
+		w.results <- r
+	}()
+}
+
+// runOrder checks the name, places the order under --order-timeout, and records what
+// came of it.
+func (w *Worker) runOrder(ctx context.Context, o *order) result {
+	c := o.claim
+	log := w.log.With(zap.String("domain", c.Domain), zap.String("domain_id", c.ID))
+	res := result{token: c.Token}
+	name, err := queue.CheckName(c.Domain)
+	if err != nil {
+		res.outcome = w.failForGood(o, log, queue.InvalidDomainPrefix+err.Error(), "invalid")
+		return res
+	}
+	octx, cancel := context.WithTimeoutCause(ctx, w.cfg.OrderTimeout, errOrderTimeout)
+	defer cancel()
+	cert, err := w.issue(octx, c, name)
+	if err == nil {
+		res.outcome = w.store(o, log, cert)
+		return res
+	}
+	switch cause := context.Cause(octx); {
+	case errors.Is(cause, errLost):
+		log.Warn("order abandoned: the claim was lost to another instance", zap.Error(err),
+			zap.Int("attempt", max(c.Attempts, 0)+1))
+		res.outcome = "lost"
+	case errors.Is(cause, errShutdown):
+		res.outcome = w.handBack(o, log, false, "released")
+		log.Info("order handed back at shutdown", zap.Int("attempt", max(c.Attempts, 0)+1))
+	case errors.Is(cause, errOrderTimeout):
+		reason := fmt.Sprintf("order timed out after %s (--order-timeout): the CA answered, but the order did not finish", w.cfg.OrderTimeout)
+		res.outcome, res.retryIn = w.fail(o, log, reason, "timeout")
+	default:
+		res.outcome, res.retryIn = w.failed(o, log, name, err)
+	}
+	return res
+}
+
+// issue calls the issuer, turning a panic into an error: nothing about the CA, however
+// it misbehaves, may crash the worker or leave a domain in provisioning.
+func (w *Worker) issue(ctx context.Context, c queue.Claim, name string) (cert *queue.Certificate, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			w.log.Error("issuer panicked", zap.String("domain", c.Domain), zap.String("domain_id", c.ID),
+				zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
+			err = fmt.Errorf("internal error: issuer panicked: %v", p)
+		}
+	}()
+	cert, err = w.cfg.Issuer.Issue(ctx, queue.Request{DomainID: c.ID, Domain: name, CurrentPEM: c.CurrentPEM})
+	if err == nil && cert == nil {
+		err = errors.New("internal error: issuer returned no certificate and no error")
+	}
+	return cert, err
+}
+
+// store records a certificate.
+func (w *Worker) store(o *order, log *zap.Logger, cert *queue.Certificate) string {
+	var renewIn time.Duration
+	err := w.record(o, log, "store certificate", func(ctx context.Context) (err error) {
+		renewIn, err = w.q.MarkActive(ctx, o.claim, cert)
+		return err
+	})
+	if outcome, done := w.notRecorded(o, log, err); done {
+		return outcome
+	}
+	w.caAnswered()
+	w.wantMaintenanceIn(renewIn)
+	log.Info("certificate issued", zap.Time("not_after", cert.NotAfter), zap.Time("renew_at", cert.RenewAt),
+		zap.String("serial", cert.Serial), zap.Duration("took", time.Since(o.started)))
+	return "issued"
+}
+
+// fail charges a failure to the domain.
+func (w *Worker) fail(o *order, log *zap.Logger, reason, outcome string) (string, time.Duration) {
+	var f queue.Failure
+	err := w.record(o, log, "record failure", func(ctx context.Context) (err error) {
+		f, err = w.q.MarkFailed(ctx, o.claim, reason)
+		return err
+	})
+	if outcome, done := w.notRecorded(o, log, err); done {
+		return outcome, 0
+	}
+	if f.GaveUp {
+		log.Error("giving up on issuance; run `certworker retry` after fixing the cause",
+			zap.String("error", reason), zap.Int("attempt", f.Attempts))
+		return "gave_up", 0
+	}
+	log.Warn("issuance failed, will retry", zap.String("error", reason), zap.Int("attempt", f.Attempts),
+		zap.Duration("retry_in", f.RetryIn))
+	return outcome, f.RetryIn
+}
+
+// failForGood marks the domain failed at once: no retry can fix it.
+func (w *Worker) failForGood(o *order, log *zap.Logger, reason, outcome string) string {
+	err := w.record(o, log, "mark failed", func(ctx context.Context) error {
+		return w.q.MarkPermanent(ctx, o.claim, reason)
+	})
+	if outcome, done := w.notRecorded(o, log, err); done {
+		return outcome
+	}
+	log.Error("issuance cannot succeed; marked failed until `certworker retry`", zap.String("error", reason),
+		zap.Int("attempt", max(o.claim.Attempts, 0)+1))
+	return outcome
+}
+
+// handBack returns the claim uncharged.
+func (w *Worker) handBack(o *order, log *zap.Logger, quiet bool, outcome string) string {
+	err := w.record(o, log, "hand back", func(ctx context.Context) error {
+		return w.q.Release(ctx, o.claim, quiet)
+	})
+	if outcome, done := w.notRecorded(o, log, err); done {
+		return outcome
+	}
+	return outcome
+}
+
+// notRecorded turns a write that did not happen into the order's outcome: the claim
+// lost to another instance, a domain switched away from acme mid-order (its claim is
+// dropped and whatever the tenant uploaded stays), or a write that gave up at
+// shutdown.
+func (w *Worker) notRecorded(o *order, log *zap.Logger, err error) (string, bool) {
+	switch {
+	case err == nil:
+		return "", false
+	case errors.Is(err, queue.ErrNotACME):
+		ctx, cancel := w.step(context.Background(), true)
+		defer cancel()
+		if _, derr := w.q.Disown(ctx, o.claim); derr != nil {
+			w.logDBError("drop the claim of a domain no longer acme", derr)
+		}
+		log.Warn("result dropped: the domain's provider is no longer acme")
+		return "not_acme", true
+	case errors.Is(err, queue.ErrClaimLost), errors.Is(err, errLost):
+		log.Warn("result dropped: the claim was lost to another instance")
+		return "lost", true
+	}
+	log.Error("could not record the result; the lease will run out and the domain be requeued", zap.Error(err))
+	return "unrecorded", true
+}
+
+// record runs a write that finishes an order until it succeeds, the claim is found
+// lost (by the write itself or by the heartbeat), or the shutdown stops waiting. It
+// keeps retrying through an outage of any length: while nobody can reach the
+// database nobody can take the claim, and once it is back this instance's heartbeat
+// re-asserts its lease before any instance reclaims.
+func (w *Worker) record(o *order, log *zap.Logger, what string, write func(context.Context) error) error {
+	delay := 200 * time.Millisecond
+	for {
+		ctx, cancel := w.step(context.Background(), true)
+		err := write(ctx)
+		cancel()
+		switch {
+		case err == nil:
+			w.health.ok()
+			return nil
+		case errors.Is(err, queue.ErrClaimLost), errors.Is(err, queue.ErrNotACME):
+			w.health.ok()
+			return err
+		case o.lost.Load():
+			return errLost
+		}
+		w.health.failed()
+		log.Warn("could not record the result, retrying", zap.String("step", what), zap.Error(err),
+			zap.Duration("retry_in", delay))
+		select {
+		case <-time.After(delay):
+		case <-w.hard:
+			return err
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
+}

@@ -1,0 +1,63 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/certworker/certworker/queue"
+)
+
+// cancelGrace is how long orders cancelled at the end of the shutdown grace get to
+// hand themselves back (the issuer must return promptly once cancelled) before the
+// shutdown hands their claims back itself and drops their late results.
+const cancelGrace = 10 * time.Second
+
+// shutdown runs after the loop has stopped claiming: it waits for the orders in flight
+// up to the grace, cancels the rest, which hand their claims back, and finally hands
+// back from here whatever this instance still holds, the claims it does not track
+// included. Nothing is left in 'provisioning' (CONTRACT.md §5).
+func (w *Worker) shutdown() {
+	if n := w.orders.len(); n > 0 {
+		w.log.Info("stopping: waiting for orders in flight", zap.Int("orders", n),
+			zap.Duration("grace", w.cfg.ShutdownGrace))
+	}
+	w.waitForOrders(w.cfg.ShutdownGrace)
+	if n := w.orders.len(); n > 0 {
+		w.log.Warn("shutdown grace over: handing back orders still running", zap.Int("orders", n))
+		for _, o := range w.orders.all() {
+			o.cancel(errShutdown)
+		}
+		w.waitForOrders(cancelGrace)
+	}
+	close(w.hard)
+	for _, o := range w.orders.all() {
+		ctx, cancel := w.step(context.Background(), true)
+		if err := w.q.Release(ctx, o.claim, false); err != nil && !errors.Is(err, queue.ErrClaimLost) {
+			w.log.Error("could not hand back a claim; its lease will run out", zap.String("domain", o.claim.Domain),
+				zap.String("domain_id", o.claim.ID), zap.Error(err))
+		}
+		cancel()
+		w.orders.remove(o.claim.Token)
+	}
+	// Claims whose answer was lost, and anything else held under this instance's name.
+	w.untracked = true
+	w.releaseUntracked(context.Background())
+	w.m.setInflight(0)
+}
+
+// waitForOrders takes results until no order is in flight or d has passed.
+func (w *Worker) waitForOrders(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for w.orders.len() > 0 {
+		select {
+		case r := <-w.results:
+			w.orders.remove(r.token)
+		case <-t.C:
+			return
+		}
+	}
+}

@@ -1,0 +1,243 @@
+package worker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/certworker/certworker/listener"
+	"github.com/certworker/certworker/queue"
+)
+
+// ErrStarted is returned by Start on a worker that has been started before.
+var ErrStarted = errors.New("worker: already started")
+
+// Worker claims due domains and runs their orders. It is driven by wake-ups (its wake
+// source's, its own timer's and the poll's); the claim query decides what is due.
+type Worker struct {
+	cfg   Config
+	q     *queue.Queue
+	log   *zap.Logger
+	m     *metrics
+	waker listener.Waker
+	// owner is what this instance writes into ssl_claimed_by: cfg.Owner and a random
+	// suffix, unique to this worker, which ReleaseUntracked relies on.
+	owner string
+
+	orders  *orderSet      // in flight; the loop adds, the heartbeat reads
+	results chan result    // one per order; buffered, so an order never waits for the loop
+	kick    chan string    // a pass wanted now (after maintenance queued something)
+	maintAt chan time.Time // a maintenance run wanted at this time (a certificate's renewal)
+	health  dbHealth
+	// caDown: this instance found the CA unreachable and has not seen it answer since.
+	caDown atomic.Bool
+	// hard is closed when the shutdown stops waiting for results: a write that
+	// finishes an order gives up retrying then.
+	hard chan struct{}
+
+	loopState
+
+	startOnce sync.Once
+	done      chan struct{} // closed when Run's work is over
+	err       error
+}
+
+// New checks cfg and returns a worker. It does not connect: Start does.
+func New(cfg Config) (*Worker, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	var suffix [3]byte
+	_, _ = rand.Read(suffix[:])
+	log := cfg.Log.Named("worker")
+	var db queue.DB = cfg.Pool
+	if cfg.DB != nil {
+		db = cfg.DB
+	}
+	w := &Worker{
+		cfg:     cfg,
+		q:       queue.New(db, cfg.Queue),
+		log:     log,
+		m:       newMetrics(cfg.Registerer),
+		owner:   cfg.Owner + "/" + hex.EncodeToString(suffix[:]),
+		orders:  newOrderSet(),
+		results: make(chan result, cfg.Concurrency),
+		kick:    make(chan string, 1),
+		maintAt: make(chan time.Time, 1),
+		hard:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	w.health.upSince = time.Now()
+	opts := cfg.WakeOptions
+	opts.Registerer = cfg.Registerer
+	if cfg.Wake == queue.WakeLogical {
+		w.waker = listener.NewLogical(cfg.Pool, cfg.Log, opts)
+	} else {
+		w.waker = listener.New(cfg.Pool, cfg.Log, opts)
+	}
+	return w, nil
+}
+
+// Start connects the wake source and returns its error (then nothing is left
+// running), records the fleet's settings, and runs the worker in the background until
+// ctx ends. Then it stops claiming, gives orders in flight the shutdown grace, hands
+// back what is still running, and stops the wake source; Wait returns once all that is
+// done.
+func (w *Worker) Start(ctx context.Context) error {
+	err := ErrStarted
+	w.startOnce.Do(func() { err = w.launch(ctx) })
+	return err
+}
+
+func (w *Worker) launch(ctx context.Context) error {
+	if err := w.waker.Start(ctx); err != nil {
+		close(w.done)
+		return fmt.Errorf("listen for wake-ups: %w", err)
+	}
+	// Recorded once the wake source is up, so that a --wake logical that cannot start
+	// does not silence the trigger for the instances still on notify; and before the
+	// first pass, which the wake source's start-up wake-up triggers, so that pass
+	// covers every change the old mode signalled and this one might not.
+	if err := w.recordSettings(ctx); err != nil {
+		w.waker.Stop()
+		close(w.done)
+		return err
+	}
+	w.log.Info("worker started", zap.String("owner", w.owner), zap.Int("concurrency", w.cfg.Concurrency),
+		zap.Duration("poll_interval", w.cfg.PollInterval), zap.String("wake", w.cfg.Wake),
+		zap.Duration("lease", w.cfg.Queue.Lease), zap.Duration("order_timeout", w.cfg.OrderTimeout))
+	go w.run(ctx)
+	return nil
+}
+
+// Wait blocks until the worker has stopped, and returns nil: database errors are
+// logged and never end it, since a worker that exits on a hiccup would silently stop
+// issuing certificates, the failure this service exists to remove. After a failed
+// Start it returns at once.
+func (w *Worker) Wait() error {
+	<-w.done
+	return w.err
+}
+
+// Run is Start, then Wait.
+func (w *Worker) Run(ctx context.Context) error {
+	if err := w.Start(ctx); err != nil {
+		return err
+	}
+	return w.Wait()
+}
+
+// Ready reports whether the wake source holds a live connection (/readyz).
+func (w *Worker) Ready() bool { return w.waker.Connected() }
+
+// Owner is the name this instance claims under (ssl_claimed_by).
+func (w *Worker) Owner() string { return w.owner }
+
+// run is the worker's life: its helpers, the loop, and the shutdown.
+func (w *Worker) run(ctx context.Context) {
+	defer close(w.done)
+	defer w.waker.Stop()
+	// The heartbeat outlives the loop: orders finishing inside the shutdown grace
+	// keep their leases. Maintenance stops with the loop.
+	hbCtx, stopHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
+	var helpers sync.WaitGroup
+	helpers.Go(func() { w.heartbeatLoop(hbCtx) })
+	helpers.Go(func() { w.maintenanceLoop(ctx) })
+
+	w.loop(ctx)
+	w.shutdown()
+	stopHeartbeat()
+	helpers.Wait()
+	w.log.Info("worker stopped")
+}
+
+// loop is the worker's one goroutine that claims: every wake-up and every finished
+// order comes through here, so the claim and the timer need no lock.
+func (w *Worker) loop(ctx context.Context) {
+	w.timer = time.NewTimer(time.Hour)
+	w.timer.Stop() // the wake source's start-up wake-up runs the first pass
+	defer w.timer.Stop()
+	wakes := w.waker.Wakes()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case wk := <-wakes:
+			w.pass(ctx, wk.Source, wk.At)
+		case <-w.timer.C:
+			w.timerAt = time.Time{}
+			w.pass(ctx, w.timerSource, time.Now())
+		case source := <-w.kick:
+			w.pass(ctx, source, time.Now())
+		case r := <-w.results:
+			w.finished(ctx, r)
+		}
+	}
+}
+
+// stepTimeout bounds one database statement of the loop, the heartbeat or the
+// maintenance. A statement that hangs (a database that stopped answering without
+// closing the connection) must give up well inside a lease.
+func (w *Worker) stepTimeout() time.Duration { return w.cfg.Queue.Lease / 4 }
+
+// step is a context for one statement: it ends after stepTimeout, and not before
+// ctx's end only if the step must finish whatever happens (noCancel).
+func (w *Worker) step(ctx context.Context, noCancel bool) (context.Context, context.CancelFunc) {
+	if noCancel {
+		ctx = context.WithoutCancel(ctx)
+	}
+	return context.WithTimeout(ctx, w.stepTimeout())
+}
+
+// logDBError logs a failed step. A cancelled context at shutdown is not an error.
+func (w *Worker) logDBError(step string, err error) {
+	if errors.Is(err, context.Canceled) {
+		return
+	}
+	w.log.Warn("database step failed; will try again", zap.String("step", step), zap.Error(err))
+}
+
+// recordSettings writes this instance's wake mode and fleet settings and says so when
+// that changes them for every instance.
+func (w *Worker) recordSettings(ctx context.Context) error {
+	ctx, cancel := w.step(ctx, false)
+	defer cancel()
+	prev, err := w.q.SetWakeMode(ctx, w.cfg.Wake)
+	if err != nil {
+		return fmt.Errorf("wake mode %s: %w", w.cfg.Wake, err)
+	}
+	if prev != w.cfg.Wake {
+		w.log.Warn("wake mode changed for every instance on this database; instances still running with the old mode wake only on their timer and poll until restarted with the new one",
+			zap.String("from", prev), zap.String("to", w.cfg.Wake))
+	}
+	mine := queue.FleetSettings{RetryBase: w.cfg.Queue.RetryBase, RetryMax: w.cfg.Queue.RetryMax,
+		MaxAttempts: w.cfg.Queue.MaxAttempts, Limits: w.cfg.Limits}
+	old, ok, err := w.q.RecordSettings(ctx, mine)
+	if err != nil {
+		return err
+	}
+	if ok && old != mine {
+		w.log.Warn("fleet settings changed by this instance; the ledger's limits apply to every instance at once, and `status` reports by these settings",
+			zap.Any("from", settingsFields(old)), zap.Any("to", settingsFields(mine)))
+	}
+	return nil
+}
+
+func settingsFields(s queue.FleetSettings) map[string]string {
+	return map[string]string{
+		"retry_base": s.RetryBase.String(), "retry_max": s.RetryMax.String(),
+		"max_attempts":                      fmt.Sprint(s.MaxAttempts),
+		"limit_orders_per_account":          s.Limits.OrdersPerAccount.String(),
+		"limit_certs_per_registered_domain": s.Limits.CertsPerRegisteredDomain.String(),
+		"limit_certs_per_exact_set":         s.Limits.CertsPerExactSet.String(),
+		"limit_failed_authz_per_name":       s.Limits.FailedAuthzPerName.String(),
+	}
+}

@@ -1,0 +1,184 @@
+package worker_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/certworker/certworker/internal/fakeissuer"
+	"github.com/certworker/certworker/internal/workertest"
+	"github.com/certworker/certworker/listener"
+	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/worker"
+)
+
+// The reason this project exists: a tenant clicks "verify" and the worker starts
+// within milliseconds, through the trigger's NOTIFY, not on the next poll (set to an
+// hour here so that only a notification can explain the claim).
+func TestWorker_ADomainVerifiedWhileRunningIsClaimedThroughNotify(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fake := fakeissuer.New(10)
+	in := b.start(t, "w", worker.Config{Issuer: fake, Concurrency: 2, PollInterval: time.Hour})
+	id, name := b.unverified(t, b.tenant(t))
+	// Let the start-up pass (reconnect) finish, so it cannot be what claims it.
+	in.WaitForLog(t, "pass finished", 1, 10*time.Second)
+	_, err := b.pool.Exec(b.ctx, `UPDATE proxy_domains SET verification_status = 'verified' WHERE id = $1`, id)
+	require.NoError(t, err)
+	b.waitStatus(t, id, "active", 10*time.Second)
+	require.Equal(t, []string{listener.SourceNotify}, in.StartedWith(name))
+	require.Equal(t, 1, fake.Count(name))
+	require.Equal(t, 1.0, in.Metric(t, "certworker_claims_total", listener.SourceNotify))
+}
+
+// A retry scheduled for a backoff happens when the backoff runs out, through the
+// worker's timer, not up to a poll interval late. The backoff after one failure is
+// base * 2^1 (CONTRACT.md §5).
+func TestWorker_AFailedDomainIsRetriedWhenItsBackoffRunsOut(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fake := fakeissuer.New(10)
+	fake.Fail = func(_ string, n int) error {
+		if n == 1 {
+			return errors.New("validation failed")
+		}
+		return nil
+	}
+	qcfg := queue.Config{RetryBase: time.Second, RetryMax: time.Hour, MaxAttempts: 10}
+	in := b.start(t, "w", worker.Config{Issuer: fake, Queue: qcfg, Concurrency: 1, PollInterval: time.Hour})
+	id, name := b.domain(t, b.tenant(t))
+	first := fake.Next(t, 10*time.Second)
+	second := fake.Next(t, 30*time.Second)
+	gap := second.At.Sub(first.At)
+	require.InDelta(t, qcfg.Backoff(1).Seconds(), gap.Seconds(), 0.5, "retried after %s, want %s", gap, qcfg.Backoff(1))
+	b.waitStatus(t, id, "active", 10*time.Second)
+	require.Equal(t, 2, fake.Count(name))
+	require.Equal(t, listener.SourceTimer, in.StartedWith(name)[1], "the retry was not the timer's")
+}
+
+// SIGTERM (here: the context) mid-order: the order gets the grace, then is handed
+// back, uncharged, and nothing is left in provisioning.
+func TestWorker_StopHandsBackOrdersStillRunningAfterTheGrace(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fake := fakeissuer.New(10)
+	fake.Delay = time.Hour
+	in := b.start(t, "w", worker.Config{Issuer: fake, Concurrency: 2, PollInterval: time.Hour, ShutdownGrace: time.Second})
+	tn := b.tenant(t)
+	id1, _ := b.domain(t, tn)
+	id2, _ := b.domain(t, tn)
+	_, err := b.pool.Exec(b.ctx, `UPDATE proxy_domains SET ssl_attempts = 3, ssl_last_attempt_at = now() - interval '1 day' WHERE id = $1`, id2)
+	require.NoError(t, err)
+	fake.Next(t, 10*time.Second)
+	fake.Next(t, 10*time.Second)
+	start := time.Now()
+	require.NoError(t, in.Stop(t, 20*time.Second))
+	require.Less(t, time.Since(start), 10*time.Second)
+	for id, attempts := range map[string]int{id1: 0, id2: 3} {
+		r := b.row(t, id)
+		require.Equal(t, "pending", r.Status, "left in provisioning")
+		require.Equal(t, attempts, r.Attempts, "a hand-back was charged")
+	}
+	// Claimable at once by another instance.
+	require.ElementsMatch(t, []string{id1, id2}, b.drain(t))
+}
+
+// An order that finishes inside the grace is recorded, not handed back.
+func TestWorker_StopLetsOrdersFinishInsideTheGrace(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fake := fakeissuer.New(10)
+	fake.Delay = 500 * time.Millisecond
+	in := b.start(t, "w", worker.Config{Issuer: fake, Concurrency: 1, PollInterval: time.Hour, ShutdownGrace: 10 * time.Second})
+	id, _ := b.domain(t, b.tenant(t))
+	fake.Next(t, 10*time.Second)
+	require.NoError(t, in.Stop(t, 20*time.Second))
+	require.Equal(t, "active", b.status(t, id))
+}
+
+// Nothing the issuer does may crash the worker or leave a domain in provisioning:
+// a panic is a failure, charged and retried like any other.
+func TestWorker_AnIssuerPanicIsRecordedAsAFailure(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fake := fakeissuer.New(10)
+	fake.Fail = func(string, int) error { return fakeissuer.ErrPanic }
+	in := b.start(t, "w", worker.Config{Issuer: fake, Concurrency: 1, PollInterval: time.Hour})
+	id, _ := b.domain(t, b.tenant(t))
+	workertest.Eventually(t, 10*time.Second, "the failure to be recorded", func() bool { return b.row(t, id).Attempts == 1 })
+	r := b.row(t, id)
+	require.Equal(t, "pending", r.Status)
+	require.Contains(t, *r.Error, "panicked")
+	require.True(t, in.Running(), "the worker stopped")
+}
+
+// A name no CA can issue for fails at once and never reaches the issuer.
+func TestWorker_AnInvalidNameFailsWithoutAnOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fake := fakeissuer.New(10)
+	b.start(t, "w", worker.Config{Issuer: fake, Concurrency: 1, PollInterval: time.Hour})
+	id := b.named(t, b.tenant(t), "*.wild.example")
+	b.waitStatus(t, id, "failed", 10*time.Second)
+	require.Regexp(t, `^invalid domain: `, *b.row(t, id).Error)
+	require.Empty(t, fake.Counts(), "an invalid name reached the issuer")
+}
+
+// Three instances, 500 domains verified in one transaction: every domain is issued
+// exactly once. The claim query, not the wake-ups, is what keeps them apart.
+func TestWorker_ThreeInstancesIssueEachDomainExactlyOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fake := fakeissuer.New(1)
+	fake.Delay = 2 * time.Millisecond
+	for i := range 3 {
+		b.start(t, fmt.Sprint("w", i), worker.Config{Issuer: fake, Concurrency: 4, PollInterval: time.Hour})
+	}
+	tn := b.tenant(t)
+	_, err := b.pool.Exec(b.ctx, `
+INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_status, ssl_provider)
+SELECT $1, 'many' || g || '.example', 'pending', 'tok', 'pending', 'acme' FROM generate_series(1, 500) g`, tn)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `UPDATE proxy_domains SET verification_status = 'verified'`)
+	require.NoError(t, err)
+	workertest.Eventually(t, 60*time.Second, "all 500 domains to become active", func() bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM proxy_domains WHERE ssl_status = 'active'`).Scan(&n))
+		return n == 500
+	})
+	counts := fake.Counts()
+	require.Len(t, counts, 500)
+	for d, n := range counts {
+		require.Equal(t, 1, n, "%s ordered %d times", d, n)
+	}
+}
+
+// A claim that follows a finished order is a "refill", in the log and in the metrics
+// (CONTRACT.md §6), not a timer pass: an operator reading why the worker claimed must
+// read the truth.
+func TestWorker_AClaimAfterAFinishedOrderIsARefill(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fake := fakeissuer.New(10)
+	fake.Delay = 50 * time.Millisecond
+	tn := b.tenant(t)
+	var names []string
+	for range 3 {
+		_, n := b.domain(t, tn)
+		names = append(names, n)
+	}
+	in := b.start(t, "w", worker.Config{Issuer: fake, Concurrency: 1, PollInterval: time.Hour})
+	workertest.Eventually(t, 10*time.Second, "three orders", func() bool { return len(fake.Counts()) == 3 })
+	in.WaitForLog(t, "certificate issued", 3, 10*time.Second)
+	var sources []string
+	for _, n := range names {
+		sources = append(sources, in.StartedWith(n)...)
+	}
+	require.ElementsMatch(t, []string{listener.SourceReconnect, listener.SourceRefill, listener.SourceRefill}, sources)
+	require.Equal(t, 2.0, in.Metric(t, "certworker_claims_total", listener.SourceRefill))
+	// The third refill found the queue empty.
+	require.Equal(t, 3.0, in.Metric(t, "certworker_wakeups_total", listener.SourceRefill))
+}
