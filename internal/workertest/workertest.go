@@ -38,7 +38,8 @@ type Instance struct {
 }
 
 // Start builds a worker from cfg on a pool of its own on dsn and starts it. What cfg
-// leaves unset is filled for a test: the pool, a logger that keeps every line, a
+// leaves unset is filled for a test: the pool, a logger that keeps every line in Logs
+// (a benchmark sets its own, to measure what production logging costs), a
 // registry, Owner (name), Directory, and a wake source that reconnects within a
 // second. The worker is stopped when the test ends; a failed test prints the end of
 // its log.
@@ -51,7 +52,9 @@ func Start(t testing.TB, dsn, name string, cfg worker.Config) *Instance {
 	core, logs := observer.New(zapcore.DebugLevel)
 	in := &Instance{Name: name, Logs: logs, Registry: prometheus.NewRegistry(), Pool: pool, stopped: make(chan struct{})}
 	cfg.Pool = pool
-	cfg.Log = zap.New(core).With(zap.String("instance", name))
+	if cfg.Log == nil {
+		cfg.Log = zap.New(core).With(zap.String("instance", name))
+	}
 	cfg.Registerer = in.Registry
 	if cfg.Owner == "" {
 		cfg.Owner = name

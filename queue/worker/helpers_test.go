@@ -16,7 +16,11 @@ import (
 	"github.com/certworker/certworker/queue/worker"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) {
+	// The benchmarks read where the server's time went.
+	pgtest.Settings = append(pgtest.Settings, "shared_preload_libraries=pg_stat_statements")
+	pgtest.Main(m)
+}
 
 // bundle is one test's database.
 type bundle struct {

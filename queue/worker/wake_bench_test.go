@@ -1,0 +1,329 @@
+package worker_test
+
+// The wake-latency benchmark: a tenant's "verify" to the claim of that domain.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/certworker/certworker/internal/fakeissuer"
+	"github.com/certworker/certworker/internal/workertest"
+	"github.com/certworker/certworker/listener"
+	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/worker"
+)
+
+// The wake-latency runs. 1,000 verifications give a p99 that rests on ten samples.
+const (
+	wakeDomains = 1000
+	wakeRuns    = 3
+	// benchPollInterval is the reference's POLL_INTERVAL, and --poll-interval for the
+	// worker under test, so that only NOTIFY can explain a claim inside it.
+	benchPollInterval = 30 * time.Second
+	// pollSpacing spreads the 1,000 verifications over exactly one poll period, so
+	// that their offsets from the poll are uniform, as a tenant's clicks are.
+	pollSpacing = benchPollInterval / wakeDomains
+)
+
+// notifySpacings separate the verifications for the NOTIFY runs: each is a transaction
+// of its own and a wake-up of its own, not a burst that one pass drains. 10 ms (100 a
+// second) is a busy proxy; 50 ms leaves the worker idle between verifications, which
+// is the wake latency proper.
+var notifySpacings = []time.Duration{50 * time.Millisecond, 10 * time.Millisecond}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// referenceLoop is the reference worker's run loop (reference/ssl.rs, run and tick),
+// over this package's statements: sleep the poll interval, then reclaim, mark
+// renewals, and claim, issue and record one domain at a time until nothing is due. No
+// listener, no timer, one order at a time. It stops when the benchmark ends.
+func referenceLoop(tb testing.TB, q *queue.Queue, issuer queue.Issuer, poll time.Duration) {
+	tb.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	tick := func() error {
+		if _, err := q.ReclaimAbandoned(ctx); err != nil {
+			return err
+		}
+		if _, err := q.MarkRenewals(ctx); err != nil {
+			return err
+		}
+		for {
+			claims, err := q.Claim(ctx, "reference", workertest.Directory, 1)
+			if err != nil || len(claims) == 0 {
+				return err
+			}
+			c := claims[0]
+			cert, err := issuer.Issue(ctx, queue.Request{DomainID: c.ID, Domain: c.Domain, CurrentPEM: c.CurrentPEM})
+			if err != nil {
+				return fmt.Errorf("issue %s: %w", c.Domain, err)
+			}
+			if _, err := q.MarkActive(ctx, c, cert); err != nil {
+				return err
+			}
+		}
+	}
+	go func() {
+		defer close(done)
+		t := time.NewTimer(poll)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if err := tick(); err != nil && !errors.Is(err, context.Canceled) {
+				tb.Errorf("reference tick: %v", err)
+			}
+			t.Reset(poll)
+		}
+	}()
+	tb.Cleanup(func() {
+		cancel()
+		<-done
+	})
+}
+
+// verifyOneByOne verifies the domains as a tenant would, one UPDATE (one committed
+// transaction, one NOTIFY) each, the ith at start + i*spacing.
+func (d *benchDB) verifyOneByOne(tb testing.TB, ids []string, start time.Time, spacing time.Duration) {
+	tb.Helper()
+	for i, id := range ids {
+		time.Sleep(time.Until(start.Add(time.Duration(i) * spacing)))
+		tag, err := d.pool.Exec(d.ctx, `UPDATE proxy_domains SET verification_status = 'verified' WHERE id = $1`, id)
+		if err != nil {
+			tb.Fatalf("verify: %v", err)
+		}
+		if tag.RowsAffected() != 1 {
+			tb.Fatalf("verify %s: %d rows", id, tag.RowsAffected())
+		}
+	}
+}
+
+// latency is the wake latency distribution of one run, in milliseconds.
+type latency struct {
+	mode                string
+	n                   int
+	p50, p95, p99, max  float64
+	min, mean           float64
+	spacing, pollPeriod time.Duration
+	// load is the host's one-minute load average at the end of the run.
+	load string
+	note string
+}
+
+// wakeLatency reads the distribution from the database, so both ends are on the
+// server's clock: ssl_queued_at, which the trigger sets to clock_timestamp() inside
+// the verifying UPDATE (a fraction of a millisecond before that transaction commits,
+// and its NOTIFY goes out), to ssl_last_attempt_at, which the claim sets to its own
+// transaction's now() and which nothing after the claim changes (MarkActive leaves
+// it).
+func (d *benchDB) wakeLatency(tb testing.TB) latency {
+	tb.Helper()
+	var l latency
+	var p []float64
+	if err := d.pool.QueryRow(d.ctx, `
+WITH w AS (
+    SELECT extract(epoch FROM ssl_last_attempt_at - ssl_queued_at)::float8 * 1000 AS ms
+    FROM proxy_domains
+    WHERE ssl_status = 'active' AND ssl_queued_at IS NOT NULL AND ssl_last_attempt_at IS NOT NULL)
+SELECT count(*), percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY ms),
+       max(ms), min(ms), avg(ms)
+FROM w`).Scan(&l.n, &p, &l.max, &l.min, &l.mean); err != nil {
+		tb.Fatalf("read wake latencies: %v", err)
+	}
+	l.p50, l.p95, l.p99 = p[0], p[1], p[2]
+	return l
+}
+
+func (l latency) report(b *testing.B) {
+	b.ReportMetric(l.p50, "p50-ms")
+	b.ReportMetric(l.p95, "p95-ms")
+	b.ReportMetric(l.p99, "p99-ms")
+	b.ReportMetric(l.max, "max-ms")
+	b.ReportMetric(float64(l.n), "domains")
+}
+
+// BenchmarkWakeLatency measures a tenant's "verify" to the claim, for this worker
+// (NOTIFY, with a 30 s poll as the safety net only), three runs in a row at each
+// spacing, and for the reference's loop (a 30 s poll and nothing else), and writes
+// them to bench/wake-latency.txt.
+func BenchmarkWakeLatency(b *testing.B) {
+	var results []latency
+	for _, spacing := range notifySpacings {
+		for run := 1; run <= wakeRuns; run++ {
+			b.Run(fmt.Sprintf("notify/spacing-%s/run-%d", spacing, run), func(b *testing.B) {
+				d := newBenchDB(b)
+				ids := d.insertDomains(b, wakeDomains, "pending")
+				fake := fakeissuer.New(1)
+				in := workertest.Start(b, d.dsn, "bench", worker.Config{Issuer: fake, Concurrency: 4, PollInterval: benchPollInterval})
+				// The wake source's first connection wakes the worker; that pass finds nothing.
+				in.WaitForLog(b, "pass finished", 1, 30*time.Second)
+				b.ResetTimer()
+				d.verifyOneByOne(b, ids, time.Now(), spacing)
+				d.waitActive(b, wakeDomains, 2*time.Minute, 50*time.Millisecond)
+				b.StopTimer()
+				l := d.wakeLatency(b)
+				l.mode, l.spacing, l.pollPeriod, l.load = fmt.Sprintf("notify run %d", run), spacing, benchPollInterval, loadAvg()
+				l.note = fmt.Sprintf("%s; %s; %s", claimSources(b, in), notifyBreakdown(b, d, in), d.windowMaxima(b, 5*time.Second))
+				checkIssuedOnce(b, fake, wakeDomains)
+				l.report(b)
+				b.Log(l.note)
+				results = append(results, l)
+			})
+		}
+	}
+	b.Run("poll-only", func(b *testing.B) {
+		d := newBenchDB(b)
+		ids := d.insertDomains(b, wakeDomains, "pending")
+		fake := fakeissuer.New(1)
+		b.ResetTimer()
+		start := time.Now()
+		referenceLoop(b, queue.New(d.pool, queue.DefaultConfig()), fake, benchPollInterval)
+		d.verifyOneByOne(b, ids, start, pollSpacing)
+		d.waitActive(b, wakeDomains, 3*benchPollInterval, 200*time.Millisecond)
+		b.StopTimer()
+		l := d.wakeLatency(b)
+		l.mode, l.spacing, l.pollPeriod, l.load = "poll-only", pollSpacing, benchPollInterval, loadAvg()
+		l.note = "the reference's loop: sleep 30 s, then claim, issue and record one at a time until empty"
+		checkIssuedOnce(b, fake, wakeDomains)
+		l.report(b)
+		results = append(results, l)
+	})
+	if len(results) > 0 {
+		writeWakeLatency(b, results)
+	}
+}
+
+// notifyBreakdown splits each domain's wake latency at the events the listener and
+// the worker log: the listener receiving the notification of the domain's commit, and
+// the worker starting the pass that wake-up caused. The server runs in a local
+// container and reads the same host clock as this process, so its timestamps and the
+// logs' compare. Percentiles (p50/p99) of:
+//   - queued -> received: the rest of the verifying transaction, its commit, and
+//     delivery of the NOTIFY to the listener's connection;
+//   - received -> claimed: everything in this process, up to the claim statement;
+//   - pass start -> claimed: of that, the statements a pass runs before it claims
+//     (reclaim, renewals, the CA pause), for the domains a notify pass claimed.
+func notifyBreakdown(tb testing.TB, d *benchDB, in *workertest.Instance) string {
+	tb.Helper()
+	var received []time.Time
+	for _, e := range in.Logs.FilterMessage("notification").All() {
+		received = append(received, e.Time)
+	}
+	slices.SortFunc(received, time.Time.Compare)
+	type pass struct{ at, started time.Time }
+	var passes []pass
+	for _, e := range in.Logs.FilterMessage("wake-up").All() {
+		if at, ok := e.ContextMap()["at"].(time.Time); ok && e.ContextMap()["source"] == listener.SourceNotify {
+			passes = append(passes, pass{at: at, started: e.Time})
+		}
+	}
+	slices.SortFunc(passes, func(a, b pass) int { return a.started.Compare(b.started) })
+	rows, err := d.pool.Query(d.ctx, `SELECT ssl_queued_at, ssl_last_attempt_at FROM proxy_domains WHERE ssl_status = 'active'`)
+	if err != nil {
+		tb.Fatalf("read claim times: %v", err)
+	}
+	type times struct{ queued, claimed time.Time }
+	domains, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (times, error) {
+		var t times
+		err := r.Scan(&t.queued, &t.claimed)
+		return t, err
+	})
+	if err != nil {
+		tb.Fatalf("read claim times: %v", err)
+	}
+	var deliver, worker, preclaim []float64
+	for _, t := range domains {
+		if i, _ := slices.BinarySearchFunc(received, t.queued, time.Time.Compare); i < len(received) {
+			deliver = append(deliver, ms(received[i].Sub(t.queued)))
+			worker = append(worker, ms(t.claimed.Sub(received[i])))
+		}
+		// The pass that claimed it is the last to start before the claim, if a
+		// notification that came after the domain's commit started it.
+		i, _ := slices.BinarySearchFunc(passes, t.claimed, func(p pass, c time.Time) int { return p.started.Compare(c) })
+		if i > 0 && !passes[i-1].at.Before(t.queued) {
+			preclaim = append(preclaim, ms(t.claimed.Sub(passes[i-1].started)))
+		}
+	}
+	q := func(xs []float64) string {
+		if len(xs) == 0 {
+			return "-"
+		}
+		slices.Sort(xs)
+		at := func(f float64) float64 { return xs[min(int(f*float64(len(xs))), len(xs)-1)] }
+		return fmt.Sprintf("%.2f/%.2f ms (n=%d)", at(0.5), at(0.99), len(xs))
+	}
+	return fmt.Sprintf("p50/p99 of queued->received %s, received->claimed %s, notify pass start->claimed %s",
+		q(deliver), q(worker), q(preclaim))
+}
+
+// windowMaxima is the worst latency of the domains verified in each window of the
+// run, in order: a tail made of one burst (the host busy with something else for a
+// few seconds) reads differently from one spread over the whole run.
+func (d *benchDB) windowMaxima(tb testing.TB, window time.Duration) string {
+	tb.Helper()
+	rows, err := d.pool.Query(d.ctx, `
+WITH l AS (
+    SELECT floor(extract(epoch FROM ssl_queued_at - min(ssl_queued_at) OVER ()) / $1)::int AS w,
+           extract(epoch FROM ssl_last_attempt_at - ssl_queued_at)::float8 * 1000 AS ms
+    FROM proxy_domains WHERE ssl_status = 'active')
+SELECT round(max(ms))::int FROM l GROUP BY w ORDER BY w`, window.Seconds())
+	if err != nil {
+		tb.Fatalf("read latency windows: %v", err)
+	}
+	maxima, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		tb.Fatalf("read latency windows: %v", err)
+	}
+	return fmt.Sprintf("max ms per %s of verifying: %s", window, strings.Trim(fmt.Sprint(maxima), "[]"))
+}
+
+func writeWakeLatency(tb testing.TB, results []latency) {
+	tb.Helper()
+	var s strings.Builder
+	fmt.Fprintf(&s, "# Wake latency: a tenant's verify to the claim of that domain.\n")
+	fmt.Fprintf(&s, "# From ssl_queued_at (clock_timestamp() in the trigger, inside the verifying\n")
+	fmt.Fprintf(&s, "# transaction, slightly before its commit) to ssl_last_attempt_at (the claiming\n")
+	fmt.Fprintf(&s, "# transaction's now()); both on the database's clock. Both ends lean early: now()\n")
+	fmt.Fprintf(&s, "# is the claim's transaction start, before the statement is planned and takes its\n")
+	fmt.Fprintf(&s, "# snapshot, so on a busy server a claim can even read as a few ms before the verify.\n")
+	fmt.Fprintf(&s, "# Domains verified one per transaction, spaced as shown; fake issuer answering at\n")
+	fmt.Fprintf(&s, "# once; worker: concurrency 4, --poll-interval 30s; load: 1-min load average after.\n")
+	fmt.Fprintf(&s, "# Three notify runs in a row at each spacing: the tail must hold in each, not on average.\n")
+	fmt.Fprintf(&s, "# %s\n", benchEnv())
+	fmt.Fprintf(&s, "# command: %s\n\n", benchCommand)
+	tw := tabwriter.NewWriter(&s, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "mode\tn\tp50 ms\tp95 ms\tp99 ms\tmax ms\tmin ms\tmean ms\tspacing\tpoll\tload\t")
+	for _, l := range results {
+		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t%s\t%s\t\n",
+			l.mode, l.n, l.p50, l.p95, l.p99, l.max, l.min, l.mean, l.spacing, l.pollPeriod, l.load)
+	}
+	_ = tw.Flush()
+	var poll *latency
+	for i := range results {
+		if results[i].mode == "poll-only" {
+			poll = &results[i]
+		}
+	}
+	s.WriteString("\n")
+	for _, l := range results {
+		if poll != nil && l.mode != poll.mode {
+			fmt.Fprintf(&s, "poll-only / %s (spacing %s): p50 %.0fx, p99 %.0fx\n", l.mode, l.spacing, poll.p50/l.p50, poll.p99/l.p99)
+		}
+	}
+	s.WriteString("\n")
+	for _, l := range results {
+		fmt.Fprintf(&s, "%s (spacing %s): %s\n", l.mode, l.spacing, l.note)
+	}
+	writeBenchFile(tb, "wake-latency.txt", s.String())
+}
