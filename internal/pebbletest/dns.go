@@ -138,16 +138,28 @@ func SetA(name string, ips ...string) error {
 	if err != nil {
 		return err
 	}
+	// challtestsrv adds to a name's records; a name is set, not added to.
+	srv.DeleteDNSARecord(dns.Fqdn(name))
 	srv.AddDNSARecord(dns.Fqdn(name), ips)
 	return nil
 }
 
-// SetNoAddress makes name resolve to no address: the server answers its A queries
-// with no record, as for a name whose DNS points nowhere.
+// SetNoAddress makes name not exist: the server answers every query for it
+// NXDOMAIN, as for a name whose DNS was never set up, or was taken down.
 func SetNoAddress(name string) error {
-	// challtestsrv skips record values that are not IPv4 addresses, and answers
-	// with the default address only when a name has no values at all.
-	return SetA(name, "no-address")
+	if _, err := dnsServer(); err != nil {
+		return err
+	}
+	// challtestsrv has no NXDOMAIN (an empty answer from it, without the flags
+	// of a recursive resolver, reads as a lame referral). Its handler is on
+	// miekg/dns's default mux, where a more specific pattern wins.
+	dns.HandleFunc(dns.Fqdn(name), func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetRcode(r, dns.RcodeNameError)
+		m.Authoritative, m.RecursionAvailable = true, true
+		_ = w.WriteMsg(m)
+	})
+	return nil
 }
 
 // SetServFail makes every query for name fail with SERVFAIL, as a broken
@@ -171,6 +183,7 @@ func ClearDNS(name string) {
 	}
 	srv.DeleteDNSARecord(dns.Fqdn(name))
 	srv.DeleteDNSServFailRecord(dns.Fqdn(name))
+	dns.HandleRemove(dns.Fqdn(name))
 }
 
 // dnsServer is the process's DNS server, started on first use.

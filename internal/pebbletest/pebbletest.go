@@ -162,6 +162,10 @@ type CA struct {
 	closeOnce sync.Once
 }
 
+// quietLog discards what net/http would log about clients the tests make
+// misbehave (TLS errors, connections reset).
+var quietLog = log.New(io.Discard, "", 0)
+
 // envMu serialises Start's use of the process environment.
 var envMu sync.Mutex
 
@@ -268,7 +272,7 @@ func Start(opts Options) (c *CA, err error) {
 		ReadHeaderTimeout: 10 * time.Second,
 		// A test that sends garbage, or a client that does not trust the root,
 		// makes the server log TLS errors; they are the test's business.
-		ErrorLog: log.New(io.Discard, "", 0),
+		ErrorLog: quietLog,
 		TLSConfig: &tls.Config{
 			Certificates: []tls.Certificate{mc.leaf},
 			MinVersion:   tls.VersionTLS12,
@@ -315,7 +319,7 @@ func (c *CA) TLSCertificate() tls.Certificate { return c.minica.leaf }
 func (c *CA) NewTLSServer(h http.Handler) *httptest.Server {
 	s := httptest.NewUnstartedServer(h)
 	s.TLS = &tls.Config{Certificates: []tls.Certificate{c.minica.leaf}, MinVersion: tls.VersionTLS12}
-	s.Config.ErrorLog = log.New(io.Discard, "", 0)
+	s.Config.ErrorLog = quietLog
 	s.StartTLS()
 	return s
 }
