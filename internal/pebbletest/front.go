@@ -28,7 +28,26 @@ import (
 // answers it. A rule with Times set is spent after that many answers. SetDown makes
 // every request go unanswered (the connection is reset), as a CA that is down.
 // Requests a rule answers never reach the CA, so CA.OrderRequests and CA.Requests
-// count only what the CA itself saw. Safe for concurrent use.
+// count only what the CA itself saw; Front.Answered counts the others. Safe for
+// concurrent use. For example, with the issuer's --acme-directory set to
+// front.DirectoryURL:
+//
+//	front := pebbletest.NewFront(t, ca)
+//	// Orders for a.shop.example and b.shop.example hit the registered domain's
+//	// limit (every name under shop.example is paused, others are issued):
+//	front.Add(pebbletest.Rule{Step: pebbletest.StepNewOrder, Names: []string{"a.shop.example", "b.shop.example"},
+//		Answer: pebbletest.RateLimitedRegisteredDomain("a.shop.example", time.Hour)})
+//	// The next finalize of any order gets a 503 page (not charged: the CA's trouble):
+//	front.Add(pebbletest.Rule{Step: pebbletest.StepFinalize, Times: 1, Answer: pebbletest.Unavailable(503)})
+//	// The CA goes down for a while, then comes back:
+//	front.SetDown(true)
+//	front.SetDown(false)
+//
+// The answers with Let's Encrypt's texts are in problems.go: RateLimitedOrdersPerAccount
+// (reach: the CA), RateLimitedRegisteredDomain (the registered domain),
+// RateLimitedExactSet and RateLimitedFailedAuthorizations (the domain), Paused and
+// RejectedIdentifier (permanent), ServerInternal and Unavailable (5xx), Dropped and
+// TimedOut (unreachable).
 type Front struct {
 	// DirectoryURL is the CA's directory through the front.
 	DirectoryURL string
