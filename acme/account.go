@@ -11,7 +11,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"net/http"
 
 	"github.com/go-acme/lego/v4/certcrypto"
 	"github.com/go-acme/lego/v4/registration"
@@ -34,7 +33,7 @@ func (a *account) GetPrivateKey() crypto.PrivateKey        { return a.key }
 // memory, else from PostgreSQL, else registered now. Called with every order, so
 // that a CA that is down when the worker starts only fails the orders, and the first
 // order after it comes back registers.
-func (i *Issuer) accountFor(ctx context.Context, hc *http.Client) (*account, error) {
+func (i *Issuer) accountFor(ctx context.Context, tr *orderTransport) (*account, error) {
 	i.accountMu.Lock()
 	defer i.accountMu.Unlock()
 	if i.account != nil {
@@ -45,7 +44,7 @@ func (i *Issuer) accountFor(ctx context.Context, hc *http.Client) (*account, err
 		return nil, err
 	}
 	if acct == nil {
-		if acct, err = i.registerAccount(ctx, hc); err != nil {
+		if acct, err = i.registerAccount(ctx, tr); err != nil {
 			return nil, err
 		}
 	}
@@ -100,7 +99,7 @@ WHERE directory = $1 AND eab_kid = $2`, i.cfg.DirectoryURL, i.cfg.EABKeyID).Scan
 // lock on (directory, eab_kid), held across the registration: a second instance
 // starting at the same moment waits, then finds the first one's row. Without it both
 // would register, and one account would be orphaned at the CA.
-func (i *Issuer) registerAccount(ctx context.Context, hc *http.Client) (*account, error) {
+func (i *Issuer) registerAccount(ctx context.Context, tr *orderTransport) (*account, error) {
 	tx, err := i.pool.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("register ACME account: %w", err)
@@ -125,19 +124,20 @@ func (i *Issuer) registerAccount(ctx context.Context, hc *http.Client) (*account
 		return nil, fmt.Errorf("register ACME account: generate key: %w", err)
 	}
 	acct := &account{email: i.cfg.Email, key: key}
-	client, err := i.newClient(acct, hc)
+	core, err := i.newCore(acct, tr)
 	if err != nil {
 		return nil, err
 	}
+	registrar := registration.NewRegistrar(core, acct)
 	var reg *registration.Resource
 	if i.cfg.EABKeyID != "" {
-		reg, err = client.Registration.RegisterWithExternalAccountBinding(registration.RegisterEABOptions{
+		reg, err = registrar.RegisterWithExternalAccountBinding(registration.RegisterEABOptions{
 			TermsOfServiceAgreed: true,
 			Kid:                  i.cfg.EABKeyID,
 			HmacEncoded:          i.cfg.EABHMAC,
 		})
 	} else {
-		reg, err = client.Registration.Register(registration.RegisterOptions{TermsOfServiceAgreed: true})
+		reg, err = registrar.Register(registration.RegisterOptions{TermsOfServiceAgreed: true})
 	}
 	if err != nil {
 		return nil, err

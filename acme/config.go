@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -43,6 +44,16 @@ type Config struct {
 	// calls take no context, so this is also what bounds a CA that accepts the
 	// connection and then says nothing.
 	HTTPTimeout time.Duration
+	// Preflight is the check before each order (--preflight): PreflightHTTP or
+	// PreflightOff. The command line's default is http; "" here is off, so that a
+	// program building a Config (a test, the demo) probes only when it says so.
+	Preflight string
+	// PreflightResolver is the DNS server (HOST:PORT) the preflight asks
+	// (--preflight-resolver), or "" for the system's.
+	PreflightResolver string
+	// PreflightPort is the port the preflight probes (--preflight-port); 0 is
+	// DefaultPreflightPort, where the CA validates.
+	PreflightPort int
 }
 
 // DefaultHTTPTimeout is the per-request timeout towards the CA. Let's Encrypt answers
@@ -106,11 +117,33 @@ func (c *Config) validate() (certcrypto.KeyType, *x509.CertPool, error) {
 	if c.HTTPTimeout < 0 {
 		return "", nil, fmt.Errorf("acme HTTP timeout: %s is negative", c.HTTPTimeout)
 	}
+	if err := c.validatePreflight(); err != nil {
+		return "", nil, err
+	}
 	roots, err := c.roots()
 	if err != nil {
 		return "", nil, err
 	}
 	return kt, roots, nil
+}
+
+// validatePreflight checks the --preflight flags.
+func (c *Config) validatePreflight() error {
+	switch c.Preflight {
+	case "", PreflightOff, PreflightHTTP:
+	default:
+		return fmt.Errorf("--preflight: %q is not one of http, off", c.Preflight)
+	}
+	if c.PreflightResolver != "" {
+		host, port, err := net.SplitHostPort(c.PreflightResolver)
+		if n, perr := strconv.Atoi(port); err != nil || host == "" || perr != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("--preflight-resolver: %q is not HOST:PORT", c.PreflightResolver)
+		}
+	}
+	if c.PreflightPort < 0 || c.PreflightPort > 65535 {
+		return fmt.Errorf("--preflight-port: %d is not a port", c.PreflightPort)
+	}
+	return nil
 }
 
 // decodeEABHMAC accepts what lego accepts: base64url, padded or not.

@@ -3,46 +3,91 @@
 //
 // # Overview
 //
-// Issuer.Issue places one order for one name, answers its HTTP-01 challenge, and
-// returns the chain, the new key (sealed when a key encryption key is set) and the
-// time to renew. Every order has a new key of --key-type. A renewal names the
-// certificate it replaces (RFC 9773 "replaces"); the renewal time comes from the
-// CA's ACME Renewal Information when it offers it (a uniformly random point of its
-// suggested window), otherwise from RenewAtFromValidity (a third of the lifetime
-// before expiry).
+// Issuer.Issue runs the preflight, places one order for one name, answers its
+// HTTP-01 challenge, and returns the chain, the new key (sealed when a key
+// encryption key is set), the time to renew, the end of the CA's renewal window and
+// when to ask the CA about it again. Every order has a new key of --key-type. A
+// renewal names the certificate it replaces (RFC 9773 "replaces"); the renewal time
+// comes from the CA's ACME Renewal Information when it offers it (a uniformly random
+// point of its suggested window, never in the certificate's last tenth:
+// RenewAtFromWindow), otherwise from RenewAtFromValidity (a third of the lifetime
+// before expiry). Issuer.RenewalInfo asks the CA again for a stored certificate
+// (queue.RenewalInformer), so that a window the CA moves earlier is acted on.
+//
+// An order is driven step by step on lego's protocol layer (api.Core: JWS,
+// nonces, problem documents), not lego's Certifier.Obtain, which hides the order:
+// the issuer needs to know which step failed, to deactivate what a failed order
+// left pending, and to wait between polls on the order's context.
+//
+// # Sharing with the CA
+//
+// The account, the CA's directory and the nonces the CA handed out are shared by
+// every order of an Issuer (session): after its first order, an order sends the CA
+// only the requests it needs (8 at Pebble: new order, authorization, challenge, one
+// poll of the authorization, finalize, one poll of the order, certificate, renewal
+// information; 11 with a lego client per order). Each order still has its own lego
+// core and HTTP transport, whose requests carry the order's context: lego's calls
+// take none, and that is what cancels an order on its own.
 //
 // # Account
 //
 // One ACME account per directory URL and external account binding key id, stored in
 // certworker_acme_accounts and shared by every instance and every restart. It is
 // registered by the first order that needs it, not at start, so a CA that is down at
-// start fails orders (retried with backoff) rather than the worker. Instances that
+// start fails orders (retried, uncharged) rather than the worker. Instances that
 // start together serialise the registration on a transaction-scoped advisory lock
 // and end up with one account. The terms of service are agreed to on registration.
 // An account the CA no longer knows (accountDoesNotExist) is deleted, and the next
 // order registers a new one.
 //
+// # Preflight
+//
+// With Config.Preflight "http" (--preflight http, the command line's default), an
+// order is preceded by what the CA's validation will do: the name is resolved
+// (Config.PreflightResolver, or the system's resolver), and
+// http://NAME:PORT/.well-known/acme-challenge/TOKEN is fetched for a random probe
+// token stored like an HTTP-01 token (so any instance's responder answers it, and
+// deleted after), following redirects by the CA's rules. When it fails, nothing is
+// sent to the CA and Issue returns a *queue.PreflightError saying what was seen: no
+// such name, no answer at ADDRESS, or answered by something else, with its status.
+// A resolver that does not answer at all lets the order go: that is the worker's
+// trouble, not the name's.
+//
 // # HTTP-01
 //
 // Only HTTP-01 is answered. The order's instance stores the token and key
-// authorization in certworker_http01_tokens and commits before lego asks the CA to
+// authorization in certworker_http01_tokens and commits before it asks the CA to
 // validate; HTTP01Handler, served by every instance on --http01-listen, answers from
 // that table, so the CA's validation request may reach any instance. The order
 // deletes its token when the challenge is decided; a token left behind by an
 // instance that died expires after an hour and is then neither served nor kept.
+// After a failed or abandoned order, its authorizations that may still be pending
+// are deactivated (they count against the CA's limits until they expire).
 //
 // # Failures
 //
-//   - A rate limit (problem type urn:ietf:params:acme:error:rateLimited, or any HTTP
-//     429) is a *queue.RateLimitError with the CA's Retry-After (0 when it gave
-//     none). The worker does not charge it to the domain and pauses the CA.
-//   - Another ACME problem is an *Error: "acme: <problem type>: <detail>".
-//   - Anything else (the CA unreachable, an answer that is not ACME) is a plain
-//     error starting "acme: ".
+// Issue returns what queue.Issuer asks for (classify):
 //
+//   - *queue.RateLimitError for a rate limit (problem type rateLimited, or any HTTP
+//     429), with the CA's Retry-After (0 when it gave none), the reach of the limit
+//     its detail names (Let's Encrypt's texts, old and new: see rateLimits) and the
+//     limit's name (Limit*). Not charged; paused by reach.
+//   - *queue.CAUnavailableError when the CA could not be reached at some step (no
+//     connection, a reset, a request that timed out) or answered 5xx. Not charged.
+//   - *queue.PreflightError when the preflight failed; nothing was sent to the CA.
+//   - *queue.PermanentError for a refusal no retry can fix, with the CA's problem
+//     in the message: rejectedIdentifier, unsupportedIdentifier, caa (also as a
+//     subproblem), and Let's Encrypt's pause of the account and name after many
+//     failed validations, with the link that lifts it.
+//   - *Error for another ACME problem: "acme: <problem type>: <detail>". One that
+//     is the CA's verdict on the order's authorization (a failed validation) is a
+//     queue.AuthorizationFailure.
+//   - a plain error starting "acme: " for anything else (an answer that is not
+//     ACME, a database error).
+//
+// A renewal refused because of its "replaces" is ordered again, once, without it.
 // Messages are at most 1,000 bytes, never hold key material, and nothing panics.
-// lego's calls take no context; every request to the CA carries the order's, and
-// Issue returns as soon as it is cancelled.
+// Issue returns as soon as its context is cancelled.
 //
 // # Keys at rest
 //

@@ -4,7 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"io"
+	"errors"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -21,100 +21,143 @@ import (
 	"github.com/certworker/certworker/queue"
 )
 
-// proxyTo is a reverse proxy to the CA that lets intercept answer first: a CA
-// misbehaving on some requests only. Pebble builds its URLs from the Host header,
-// which the proxy keeps, so every URL the client follows comes back through it.
-func proxyTo(t *testing.T, ca *pebbletest.CA, intercept func(w http.ResponseWriter, r *http.Request) bool) string {
-	t.Helper()
-	target, err := url.Parse(ca.DirectoryURL)
-	require.NoError(t, err)
-	target.Path = ""
-	roots := x509.NewCertPool()
-	require.True(t, roots.AppendCertsFromPEM(ca.RootsPEM()))
-	rp := httputil.NewSingleHostReverseProxy(target)
-	rp.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}
-	srv := ca.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if intercept(w, r) {
-			return
-		}
-		rp.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	return srv.URL + pebbletest.DirectoryPath
+// frontConfig is an issuer configuration for the bed's CA seen through front.
+func frontConfig(b *bed, front *pebbletest.Front) acme.Config {
+	cfg := b.config()
+	cfg.DirectoryURL = front.DirectoryURL
+	return cfg
 }
 
-// A CA's rate limit must come back as *queue.RateLimitError with its Retry-After,
-// whether or not the body is a problem document: the worker then pauses the CA for
-// every instance instead of charging the domain an attempt. Guards against a rate
-// limit being retried with backoff by every domain at once (which keeps the CA
-// answering 429) and against a failed domain that did nothing wrong.
-func TestIssue_RateLimitIsRateLimitError(t *testing.T) {
+// A CA's rate limit comes back as *queue.RateLimitError with its Retry-After and the
+// reach of the limit its detail names, whether or not the body is a problem
+// document, so that the worker pauses what the limit covers instead of charging the
+// domain. The details are Let's Encrypt's own (pebbletest's answers). Guards against
+// a rate limit retried with backoff by every domain at once, against a domain
+// failed for the CA's limit, and against one tenant's limit pausing every tenant.
+func TestIssue_RateLimitIsScopedRateLimitError(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pebbletest.Options{}, true)
 	for _, tc := range []struct {
-		name        string
-		contentType string
-		body        string
-		retryAfter  func() string
-		wantAfter   time.Duration
-		wantDetail  string
+		name       string
+		answer     func(name string) pebbletest.Answer
+		wantAfter  time.Duration
+		wantScope  string
+		wantLimit  string
+		wantDetail string
 	}{
-		{
-			name:        "problem document with Retry-After",
-			contentType: "application/problem+json",
-			body:        `{"type":"urn:ietf:params:acme:error:rateLimited","detail":"too many certificates for this name","status":429}`,
-			retryAfter:  func() string { return "7" },
-			wantAfter:   7 * time.Second,
-			wantDetail:  "too many certificates for this name",
-		},
-		{
-			name:        "problem document of another type on HTTP 429, Retry-After as a date",
-			contentType: "application/problem+json",
-			body:        `{"type":"urn:ietf:params:acme:error:serverInternal","detail":"slow down"}`,
-			retryAfter: func() string {
-				return time.Now().Add(time.Hour).UTC().Format(http.TimeFormat)
-			},
-			wantAfter:  time.Hour,
-			wantDetail: "slow down",
-		},
-		{
-			name:        "HTML 429 without Retry-After",
-			contentType: "text/html",
-			body:        "<html>Too Many Requests</html>",
-			wantAfter:   0,
-			wantDetail:  "429",
-		},
+		{"new orders per account", func(string) pebbletest.Answer { return pebbletest.RateLimitedOrdersPerAccount(3 * time.Hour) },
+			3 * time.Hour, queue.ScopeCA, acme.LimitOrdersPerAccount, "too many new orders (300) from this account"},
+		{"certificates per registered domain", func(n string) pebbletest.Answer { return pebbletest.RateLimitedRegisteredDomain(n, 7*24*time.Hour) },
+			7 * 24 * time.Hour, queue.ScopeRegisteredDomain, acme.LimitCertsPerRegisteredDomain, "too many certificates (50) already issued for"},
+		{"certificates per exact set", func(string) pebbletest.Answer { return pebbletest.RateLimitedExactSet(34 * time.Hour) },
+			34 * time.Hour, queue.ScopeDomain, acme.LimitCertsPerExactSet, "this exact set of identifiers"},
+		{"failed authorizations per name", func(n string) pebbletest.Answer { return pebbletest.RateLimitedFailedAuthorizations(n, 12*time.Minute) },
+			12 * time.Minute, queue.ScopeDomain, acme.LimitFailedAuthzPerName, "too many failed authorizations (5)"},
+		{"problem document of another type on HTTP 429, Retry-After", func(string) pebbletest.Answer {
+			return pebbletest.Answer{Status: http.StatusTooManyRequests, RetryAfter: 7 * time.Second,
+				Problem: &pebbletest.Problem{Type: "urn:ietf:params:acme:error:serverInternal", Detail: "slow down"}}
+		}, 7 * time.Second, queue.ScopeCA, "", "slow down"},
+		{"HTML 429 without Retry-After", func(string) pebbletest.Answer {
+			return pebbletest.Answer{Status: http.StatusTooManyRequests, ContentType: "text/html", Body: "<html>Too Many Requests</html>"}
+		}, 0, queue.ScopeCA, "", "429"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			dir := proxyTo(t, b.ca, func(w http.ResponseWriter, r *http.Request) bool {
-				if r.Method != http.MethodPost || r.URL.Path != pebbletest.NewOrderPath {
-					return false
-				}
-				w.Header().Set("Content-Type", tc.contentType)
-				if tc.retryAfter != nil {
-					w.Header().Set("Retry-After", tc.retryAfter())
-				}
-				w.WriteHeader(http.StatusTooManyRequests)
-				_, _ = w.Write([]byte(tc.body))
-				return true
-			})
-			cfg := b.config()
-			cfg.DirectoryURL = dir
-			_, err := newIssuer(t, b.pool, nil, cfg).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: randomName("l")})
+			front := pebbletest.NewFront(t, b.ca)
+			name := randomName("l")
+			front.Add(pebbletest.Rule{Step: pebbletest.StepNewOrder, Names: []string{name}, Answer: tc.answer(name)})
+			_, err := newIssuer(t, b.pool, nil, frontConfig(b, front)).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: name})
 			rl, ok := queue.IsRateLimit(err)
 			require.True(t, ok, "want a RateLimitError, got %T: %v", err, err)
 			require.InDelta(t, tc.wantAfter.Seconds(), rl.RetryAfter.Seconds(), 2)
+			require.Equal(t, tc.wantScope, rl.Scope)
+			require.Equal(t, tc.wantLimit, rl.Limit)
 			require.Contains(t, rl.Error(), tc.wantDetail)
+			require.Equal(t, 1, front.Answered()[pebbletest.StepNewOrder])
 		})
 	}
 }
 
-// A CA that is down, or answers garbage, fails the order with a plain error, in
-// bounded time, without a panic. Guards against a worker slot hung on a dead CA, a
-// panic on an unexpected answer taking the worker down, and a CA's garbage filling
+// A CA that cannot be reached at some step of an order (no connection, a reset, a
+// request that times out) or answers 5xx is *queue.CAUnavailableError, which the
+// worker does not charge to the domain. Each row breaks one step of a first order
+// (a fresh issuer and database: the order fetches the directory and a nonce and
+// registers the account) and leaves the rest to Pebble. Guards against an outage
+// of the CA failing every pending domain, one attempt per try.
+func TestIssue_CAUnreachableOrFailingAtAnyStepIsCAUnavailable(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		step   pebbletest.Step
+		answer pebbletest.Answer
+		times  int
+		want   string
+	}{
+		{pebbletest.StepDirectory, pebbletest.Dropped(), 0, "GET"},
+		{pebbletest.StepNonce, pebbletest.Dropped(), 0, "HEAD"},
+		{pebbletest.StepNewAccount, pebbletest.Dropped(), 1, "POST"},
+		{pebbletest.StepNewOrder, pebbletest.Dropped(), 1, "POST"},
+		{pebbletest.StepAuthorization, pebbletest.Dropped(), 1, "POST"},
+		{pebbletest.StepChallenge, pebbletest.Dropped(), 1, "POST"},
+		{pebbletest.StepFinalize, pebbletest.Dropped(), 1, "POST"},
+		{pebbletest.StepOrder, pebbletest.Dropped(), 1, "POST"},
+		{pebbletest.StepCertificate, pebbletest.Dropped(), 1, "POST"},
+		{pebbletest.StepDirectory, pebbletest.Unavailable(http.StatusBadGateway), 0, "502 Bad Gateway"},
+		{pebbletest.StepNewOrder, pebbletest.Unavailable(http.StatusServiceUnavailable), 1, "503 Service Unavailable"},
+		{pebbletest.StepFinalize, pebbletest.ServerInternal(), 1, "serverInternal"},
+		{pebbletest.StepChallenge, pebbletest.Unavailable(http.StatusGatewayTimeout), 1, "504 Gateway Timeout"},
+		{pebbletest.StepAuthorization, pebbletest.TimedOut(), 1, "no answer in time"},
+		{pebbletest.StepCertificate, pebbletest.TimedOut(), 1, "no answer in time"},
+	} {
+		name := string(tc.step) + " " + tc.want
+		if tc.answer.Drop {
+			name = string(tc.step) + " dropped"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, pebbletest.Options{}, true)
+			front := pebbletest.NewFront(t, b.ca)
+			front.Add(pebbletest.Rule{Step: tc.step, Times: tc.times, Answer: tc.answer})
+			cfg := frontConfig(b, front)
+			cfg.HTTPTimeout = time.Second
+			start := time.Now()
+			_, err := newIssuer(t, b.pool, nil, cfg).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: randomName("d")})
+			var ue *queue.CAUnavailableError
+			require.ErrorAs(t, err, &ue, "%T: %v", err, err)
+			require.Contains(t, err.Error(), tc.want)
+			require.NotZero(t, front.Answered()[tc.step], "the rule must have been reached")
+			require.False(t, queue.IsAuthorizationFailure(err))
+			require.Less(t, time.Since(start), 15*time.Second)
+		})
+	}
+}
+
+// The CA stopped (nothing listens any more) is *queue.CAUnavailableError for an
+// issuer that never reached it and for one that has its directory and nonces
+// already. Guards against the shared directory hiding an outage, or turning it into
+// an error charged to the domain.
+func TestIssue_CAStoppedIsCAUnavailable(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pebbletest.Options{}, true)
+	warm := newIssuer(t, b.pool, nil, b.config())
+	_, err := warm.Issue(testCtx(t, 30*time.Second), queue.Request{Domain: randomName("s")})
+	require.NoError(t, err)
+	pool, _ := newTestPool(t)
+	cold := newIssuer(t, pool, nil, b.config())
+	require.NoError(t, b.ca.Close())
+
+	for name, iss := range map[string]*acme.Issuer{"warm": warm, "cold": cold} {
+		_, err := iss.Issue(testCtx(t, 30*time.Second), queue.Request{Domain: randomName("s")})
+		var ue *queue.CAUnavailableError
+		require.ErrorAs(t, err, &ue, "%s: %T: %v", name, err, err)
+		require.Contains(t, err.Error(), "connection refused", name)
+	}
+}
+
+// A CA answering garbage (not ACME, not 5xx) fails the order with a plain error
+// charged to the domain, in bounded time, without a panic. Guards against a panic
+// on an unexpected answer taking the worker down, and a CA's garbage filling
 // ssl_error.
-func TestIssue_CADownOrAnsweringGarbageIsPlainError(t *testing.T) {
+func TestIssue_CAAnsweringGarbageIsPlainError(t *testing.T) {
 	t.Parallel()
 	ca := pebbletest.StartT(t, pebbletest.Options{})
 	b := &bed{ca: ca}
@@ -143,27 +186,18 @@ func TestIssue_CADownOrAnsweringGarbageIsPlainError(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		dir  string
-		// within is how long the order may take.
-		within time.Duration
 	}{
-		{name: "nothing listening", dir: "https://127.0.0.1:" + closedPort(t) + "/dir", within: 10 * time.Second},
 		{name: "directory not JSON", dir: garbage(func(w http.ResponseWriter, r *http.Request) {
 			_, _ = w.Write([]byte("<html>hello</html>"))
-		}), within: 10 * time.Second},
+		})},
 		{name: "directory empty object", dir: garbage(func(w http.ResponseWriter, r *http.Request) {
 			_, _ = w.Write([]byte("{}"))
-		}), within: 10 * time.Second},
-		{name: "server error with a huge body", dir: garbage(func(w http.ResponseWriter, r *http.Request) {
-			w.WriteHeader(http.StatusInternalServerError)
+		})},
+		{name: "client error with a huge body", dir: garbage(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusNotFound)
 			_, _ = w.Write([]byte(strings.Repeat("x", 5<<20)))
-		}), within: 10 * time.Second},
-		{name: "endpoints answering junk JSON", dir: garbage(jsonGarbage), within: 20 * time.Second},
-		{name: "directory that never answers", dir: garbage(func(w http.ResponseWriter, r *http.Request) {
-			select {
-			case <-r.Context().Done():
-			case <-time.After(time.Minute):
-			}
-		}), within: 10 * time.Second},
+		})},
+		{name: "endpoints answering junk JSON", dir: garbage(jsonGarbage)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -174,10 +208,12 @@ func TestIssue_CADownOrAnsweringGarbageIsPlainError(t *testing.T) {
 			iss := newIssuer(t, pool, nil, cfg)
 			start := time.Now()
 			_, err := iss.Issue(testCtx(t, time.Minute), queue.Request{Domain: randomName("g")})
-			require.Less(t, time.Since(start), tc.within)
+			require.Less(t, time.Since(start), 20*time.Second)
 			require.Error(t, err)
 			_, isRL := queue.IsRateLimit(err)
 			require.False(t, isRL, "not a rate limit: %v", err)
+			var ue *queue.CAUnavailableError
+			require.False(t, errors.As(err, &ue), "not unavailable: %v", err)
 			require.True(t, strings.HasPrefix(err.Error(), "acme: "), "error %q", err)
 			require.LessOrEqual(t, len(err.Error()), 1000, "error messages are bounded")
 			require.Zero(t, countRows(t, pool, "certworker_acme_accounts"), "no account stored for a CA that did not register it")
@@ -186,8 +222,10 @@ func TestIssue_CADownOrAnsweringGarbageIsPlainError(t *testing.T) {
 }
 
 // A challenge the CA cannot validate fails with the CA's problem type in the error,
-// which is what the operator reads in ssl_error. Guards against a generic "order
-// failed" that says nothing of why, and against a token left in the table.
+// which is what the operator reads in ssl_error; it is charged (a 4xx problem about
+// the domain) and counts as a failed authorization. Guards against a generic "order
+// failed" that says nothing of why, a token left in the table, and a failed
+// validation missing from the ledger that mirrors the CA's limit on them.
 func TestIssue_ValidationFailureReportsProblemType(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -212,6 +250,10 @@ func TestIssue_ValidationFailureReportsProblemType(t *testing.T) {
 			require.True(t, ok, "want *acme.Error, got %T: %v", err, err)
 			require.Equal(t, tc.wantType, e.Type)
 			require.True(t, strings.HasPrefix(err.Error(), "acme: "+tc.wantType+": "), "error %q", err)
+			require.True(t, queue.IsAuthorizationFailure(err), "a failed validation feeds the ledger's failed-authorizations limit")
+			var ue *queue.CAUnavailableError
+			var pe *queue.PermanentError
+			require.False(t, errors.As(err, &ue) || errors.As(err, &pe), "charged and retried: %T", err)
 			require.Zero(t, countRows(t, b.pool, "certworker_http01_tokens"), "the token must be deleted after a failed challenge")
 		})
 	}
@@ -223,21 +265,10 @@ func TestIssue_ValidationFailureReportsProblemType(t *testing.T) {
 func TestIssue_ReturnsPromptlyWhenCancelled(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pebbletest.Options{}, true)
-	dir := proxyTo(t, b.ca, func(w http.ResponseWriter, r *http.Request) bool {
-		if r.URL.Path != pebbletest.NewOrderPath {
-			return false
-		}
-		// A CA that never answers the order. The body is read first: until it is,
-		// net/http does not notice the client going away.
-		_, _ = io.Copy(io.Discard, r.Body)
-		select {
-		case <-r.Context().Done():
-		case <-time.After(20 * time.Second):
-		}
-		return true
-	})
-	cfg := b.config()
-	cfg.DirectoryURL = dir
+	// A CA that never answers the order.
+	front := pebbletest.NewFront(t, b.ca)
+	front.Add(pebbletest.Rule{Step: pebbletest.StepNewOrder, Answer: pebbletest.Answer{Stall: 20 * time.Second}})
+	cfg := frontConfig(b, front)
 	cfg.HTTPTimeout = time.Minute
 	iss := newIssuer(t, b.pool, nil, cfg)
 
@@ -256,23 +287,15 @@ func TestIssue_ReturnsPromptlyWhenCancelled(t *testing.T) {
 func TestIssue_RegistersAccountOnceCAComesBack(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pebbletest.Options{}, true)
-	var up atomic.Bool
-	dir := proxyTo(t, b.ca, func(w http.ResponseWriter, r *http.Request) bool {
-		if up.Load() {
-			return false
-		}
-		http.Error(w, "maintenance", http.StatusServiceUnavailable)
-		return true
-	})
-	cfg := b.config()
-	cfg.DirectoryURL = dir
-	iss := newIssuer(t, b.pool, nil, cfg)
+	front := pebbletest.NewFront(t, b.ca)
+	front.Add(pebbletest.Rule{Answer: pebbletest.Unavailable(http.StatusServiceUnavailable)})
+	iss := newIssuer(t, b.pool, nil, frontConfig(b, front))
 
 	_, err := iss.Issue(testCtx(t, 30*time.Second), queue.Request{Domain: randomName("w")})
 	require.Error(t, err)
 	require.Zero(t, countRows(t, b.pool, "certworker_acme_accounts"))
 
-	up.Store(true)
+	front.Clear()
 	_, err = iss.Issue(testCtx(t, 30*time.Second), queue.Request{Domain: randomName("w")})
 	require.NoError(t, err)
 	require.Equal(t, 1, countRows(t, b.pool, "certworker_acme_accounts"))

@@ -3,6 +3,7 @@ package acme_test
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/pem"
@@ -57,6 +58,14 @@ func (b *bed) serve(t *testing.T, h http.Handler) {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(b.ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
+}
+
+// caClient is an HTTP client that trusts the CA's TLS certificate.
+func (b *bed) caClient(t *testing.T) *http.Client {
+	t.Helper()
+	roots := x509.NewCertPool()
+	require.True(t, roots.AppendCertsFromPEM(b.ca.RootsPEM()))
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}}
 }
 
 // newPool is another pool on the bed's database: another instance.

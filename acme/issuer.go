@@ -12,11 +12,9 @@ import (
 	"sync"
 	"time"
 
-	legoapi "github.com/go-acme/lego/v4/acme/api"
+	"github.com/go-acme/lego/v4/acme/api"
 	"github.com/go-acme/lego/v4/certcrypto"
 	"github.com/go-acme/lego/v4/certificate"
-	"github.com/go-acme/lego/v4/challenge"
-	"github.com/go-acme/lego/v4/lego"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
@@ -28,14 +26,18 @@ import (
 const userAgent = "certworker"
 
 // Issuer is the queue.Issuer that orders certificates over ACME. It is safe for
-// concurrent use: each order has its own lego client and HTTP transport context, and
-// the account is shared.
+// concurrent use: each order has its own lego client and HTTP transport, which
+// carries the order's context; the account, the CA's directory and its unused
+// nonces are shared (session).
 type Issuer struct {
 	cfg       Config
 	keyType   certcrypto.KeyType
 	pool      *pgxpool.Pool
 	log       *zap.Logger
 	transport *http.Transport
+	session   *session
+	// preflight checks a name before it is ordered; nil with --preflight off.
+	preflight *preflight
 
 	accountMu sync.Mutex // held while the account is loaded or registered
 	account   *account   // guarded by accountMu; nil until the first order needs it
@@ -61,12 +63,15 @@ func New(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger, cfg Config) (
 		return nil, err
 	}
 	routeLegoLog()
+	log = log.Named("acme")
 	return &Issuer{
 		cfg:       cfg,
 		keyType:   kt,
 		pool:      pool,
-		log:       log.Named("acme"),
+		log:       log,
 		transport: newTransport(roots, cfg.httpTimeout()),
+		session:   newSession(cfg.DirectoryURL),
+		preflight: newPreflight(pool, log, cfg),
 	}, nil
 }
 
@@ -74,16 +79,15 @@ func New(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger, cfg Config) (
 // pauses a rate-limited CA under.
 func (i *Issuer) DirectoryURL() string { return i.cfg.DirectoryURL }
 
-// Issue orders a certificate for req.Domain over HTTP-01.
+// Issue orders a certificate for req.Domain over HTTP-01, after the preflight.
 //
 // It returns promptly when ctx is cancelled, with an error wrapping ctx's. lego's
 // calls take no context: the order then goes on in the background until its next
-// request to the CA, which fails at once (every request carries ctx), and its
-// HTTP-01 token is deleted by CleanUp.
+// request to the CA, which fails at once (every request carries ctx); its HTTP-01
+// token is deleted and its pending authorizations are deactivated.
 //
-// A rate limit is a *queue.RateLimitError; a CA's problem document is an *Error; any
-// other failure is a plain error. None holds key material, and nothing panics: a
-// panic inside lego is turned into an error.
+// Errors are typed as queue.Issuer asks (see classify); none holds key material,
+// and nothing panics: a panic inside lego is turned into an error.
 func (i *Issuer) Issue(ctx context.Context, req queue.Request) (*queue.Certificate, error) {
 	if req.Domain == "" {
 		return nil, errors.New("acme: empty domain")
@@ -124,119 +128,144 @@ func (i *Issuer) Issue(ctx context.Context, req queue.Request) (*queue.Certifica
 // issue is one order, start to end.
 func (i *Issuer) issue(ctx context.Context, req queue.Request) (*queue.Certificate, error) {
 	log := i.log.With(zap.String("domain", req.Domain), zap.String("domain_id", req.DomainID))
-	tr := &orderTransport{base: i.transport, ctx: ctx}
-	hc := &http.Client{Transport: tr, Timeout: i.cfg.httpTimeout()}
-
-	acct, err := i.accountFor(ctx, hc)
+	if i.preflight != nil {
+		if err := i.preflight.check(ctx, req.Domain); err != nil {
+			return nil, err
+		}
+	}
+	tr := i.orderTransport(ctx)
+	acct, err := i.accountFor(ctx, tr)
 	if err != nil {
 		return nil, i.fail(ctx, err, tr)
 	}
-	client, err := i.newClient(acct, hc)
+	core, err := i.newCore(acct, tr)
 	if err != nil {
 		return nil, i.fail(ctx, err, tr)
 	}
-	tokens := &tokenStore{pool: i.pool, log: log, ctx: ctx}
-	if err := client.Challenge.SetHTTP01Provider(tokens); err != nil {
-		return nil, fmt.Errorf("acme: %w", err)
-	}
-	// HTTP-01 only: the worker answers no other challenge type.
-	client.Challenge.Remove(challenge.DNS01)
-	client.Challenge.Remove(challenge.TLSALPN01)
-
 	key, err := certcrypto.GeneratePrivateKey(i.keyType)
 	if err != nil {
 		return nil, fmt.Errorf("acme: generate %s key: %w", i.keyType, err)
 	}
 	replaces := replacesCertID(req.CurrentPEM, log)
-	obtain := certificate.ObtainRequest{
-		Domains:        []string{req.Domain},
-		PrivateKey:     key,
-		Bundle:         true,
-		Profile:        i.cfg.Profile,
-		ReplacesCertID: replaces,
+	o := &order{
+		core: core, tr: tr, ctx: ctx, log: log, domain: req.Domain,
+		tokens:          &tokenStore{pool: i.pool, log: log, ctx: ctx},
+		finalizeTimeout: max(30*time.Second, i.cfg.httpTimeout()),
+		authz:           map[string]string{},
 	}
 	log.Debug("placing ACME order", zap.Bool("renewal", replaces != ""), zap.String("profile", i.cfg.Profile))
-	res, err := client.Certificate.Obtain(obtain)
-	if err != nil && replaces != "" && retryWithoutReplaces(ctx, err, tokens) {
-		// A CA may refuse "replaces" for a certificate it does not know (another
-		// account's, one uploaded by hand, the CA's database reset). Naming the
-		// replaced certificate only buys a renewal exemption from rate limits, so it
-		// is not worth failing the renewal over.
-		log.Info("CA refused the order naming the certificate it replaces; ordering without",
-			zap.String("error", classify(err, tr).Error()))
-		obtain.ReplacesCertID = ""
-		res, err = client.Certificate.Obtain(obtain)
-	}
+	chainPEM, err := o.run(key, replaces, i.cfg.Profile)
 	if err != nil {
+		i.release(ctx, acct, o)
 		if problemType(err) == problemAccountDoesNotExist {
 			i.forgetAccount(context.WithoutCancel(ctx), acct)
 		}
 		return nil, i.fail(ctx, err, tr)
 	}
-	if res == nil {
-		return nil, errors.New("acme: the ACME client returned no certificate and no error")
-	}
+	return i.certificate(req.Domain, chainPEM, key, tr, log)
+}
 
-	chain, err := parseChain(res.Certificate)
+// release deactivates what a failed order may have left pending at the CA, on a
+// context of its own: the order's may have ended (the worker gave it up).
+func (i *Issuer) release(ctx context.Context, acct *account, o *order) {
+	if len(o.placed.Authorizations) == 0 {
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	core, err := i.newCore(acct, i.orderTransport(cctx))
+	if err != nil {
+		o.log.Info("could not deactivate the failed order's authorizations; they expire by themselves",
+			zap.String("error", truncate(err.Error())))
+		return
+	}
+	if n := o.release(core); n > 0 {
+		o.log.Debug("deactivated the failed order's pending authorizations", zap.Int("authorizations", n))
+	}
+}
+
+// certificate checks the CA's chain and builds what the queue stores: the sealed
+// key, and when to renew and to ask the CA again.
+func (i *Issuer) certificate(domain string, chainPEM []byte, key crypto.PrivateKey, tr *orderTransport, log *zap.Logger) (*queue.Certificate, error) {
+	chain, err := parseChain(chainPEM)
 	if err != nil {
 		return nil, err
 	}
 	leaf := chain[0]
-	if err := checkLeaf(leaf, req.Domain, key); err != nil {
+	if err := checkLeaf(leaf, domain, key); err != nil {
 		return nil, err
 	}
-
-	var windowStart, windowEnd time.Time
-	info, err := client.Certificate.GetRenewalInfo(certificate.RenewalInfoRequest{Cert: leaf})
+	now := time.Now()
+	window, err := i.renewalInfo(i.httpClient(tr), leaf)
+	var infoAt time.Time
 	switch {
-	case err == nil && info != nil:
-		windowStart, windowEnd = info.SuggestedWindow.Start, info.SuggestedWindow.End
-	case errors.Is(err, legoapi.ErrNoARI):
+	case err == nil:
+		infoAt = renewalInfoAt(window.RetryAfter, now)
+	case errors.Is(err, queue.ErrNoRenewalInfo):
 		// The CA offers no renewal information: the lifetime rule applies.
-	case err != nil:
+	default:
 		log.Warn("could not get the CA's renewal information; renewing when a third of the lifetime remains",
 			zap.String("error", truncate(err.Error())))
+		infoAt = now.Add(renewalInfoAfterError)
 	}
-	at, source := renewAt(leaf, windowStart, windowEnd, time.Now())
+	at, fromWindow := renewAt(leaf, window, now)
+	var windowEnd time.Time
+	if fromWindow {
+		windowEnd = window.End
+	}
 
 	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
 		return nil, fmt.Errorf("acme: encode certificate key: %w", err)
 	}
-	sealed, err := Seal(i.cfg.KeyEncryptionKey, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), req.Domain)
+	sealed, err := Seal(i.cfg.KeyEncryptionKey, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), domain)
 	if err != nil {
 		return nil, fmt.Errorf("acme: %w", err)
 	}
-	var chainPEM strings.Builder
+	var out strings.Builder
 	for _, c := range chain {
-		_ = pem.Encode(&chainPEM, &pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
+		_ = pem.Encode(&out, &pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
 	}
 	cert := &queue.Certificate{
-		ChainPEM:   chainPEM.String(),
-		PrivateKey: sealed,
-		NotBefore:  leaf.NotBefore,
-		NotAfter:   leaf.NotAfter,
-		Issuer:     leaf.Issuer.String(),
-		Serial:     leaf.SerialNumber.Text(16),
-		RenewAt:    at,
+		ChainPEM:      out.String(),
+		PrivateKey:    sealed,
+		NotBefore:     leaf.NotBefore,
+		NotAfter:      leaf.NotAfter,
+		Issuer:        leaf.Issuer.String(),
+		Serial:        leaf.SerialNumber.Text(16),
+		RenewAt:       at,
+		WindowEnd:     windowEnd,
+		RenewalInfoAt: infoAt,
 	}
 	log.Debug("certificate obtained",
 		zap.String("serial", cert.Serial), zap.Time("not_after", cert.NotAfter),
-		zap.Time("renew_at", cert.RenewAt), zap.String("renew_at_source", source))
+		zap.Time("renew_at", cert.RenewAt), zap.Bool("renew_at_from_ari", fromWindow))
 	return cert, nil
 }
 
-// newClient is a lego client for one order (or one registration): lego fetches the
-// directory here, and wraps hc's transport, so clients are not shared.
-func (i *Issuer) newClient(acct *account, hc *http.Client) (*lego.Client, error) {
-	cfg := lego.NewConfig(acct)
-	cfg.CADirURL = i.cfg.DirectoryURL
-	cfg.UserAgent = userAgent
-	cfg.HTTPClient = hc
-	cfg.Certificate.KeyType = i.keyType
-	// How long lego waits for the CA to issue after finalize.
-	cfg.Certificate.Timeout = max(30*time.Second, i.cfg.httpTimeout())
-	return lego.NewClient(cfg)
+// orderTransport is a transport for one order, or one question to the CA, on ctx.
+func (i *Issuer) orderTransport(ctx context.Context) *orderTransport {
+	return &orderTransport{base: i.transport, ctx: ctx, session: i.session}
+}
+
+// httpClient is a client on tr. lego wraps the transport of the client it is
+// given, so every lego core gets a client of its own.
+func (i *Issuer) httpClient(tr *orderTransport) *http.Client {
+	return &http.Client{Transport: tr, Timeout: i.cfg.httpTimeout()}
+}
+
+// newCore is lego's protocol layer for acct on tr. The directory it fetches comes
+// from the session while it is fresh, so a core costs the CA nothing.
+func (i *Issuer) newCore(acct *account, tr *orderTransport) (*api.Core, error) {
+	var kid string
+	if acct.reg != nil {
+		kid = acct.reg.URI
+	}
+	core, err := api.New(i.httpClient(tr), userAgent, i.cfg.DirectoryURL, kid, acct.key)
+	if err != nil {
+		return nil, err
+	}
+	return core, nil
 }
 
 // fail classifies an order's error; a cancelled order says so, whatever lego made of
@@ -246,20 +275,6 @@ func (i *Issuer) fail(ctx context.Context, err error, tr *orderTransport) error 
 		return fmt.Errorf("acme: order abandoned: %w", context.Cause(ctx))
 	}
 	return classify(err, tr)
-}
-
-// retryWithoutReplaces reports whether an order that named the certificate it
-// replaces failed in a way that ordering without may fix: the CA answered a problem
-// (not a rate limit, not a lost account) before any challenge was attempted.
-func retryWithoutReplaces(ctx context.Context, err error, tokens *tokenStore) bool {
-	if ctx.Err() != nil || tokens.presented.Load() {
-		return false
-	}
-	var e *Error
-	if !errors.As(classify(err, nil), &e) {
-		return false
-	}
-	return e.Type != problemAccountDoesNotExist
 }
 
 // replacesCertID is the RFC 9773 id of the certificate a renewal replaces, or "" for

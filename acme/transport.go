@@ -1,10 +1,14 @@
 package acme
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"sync"
+	"time"
 )
 
 // maxResponseBody caps what is read from the CA in one response. A certificate chain
@@ -12,33 +16,143 @@ import (
 // memory without bound (lego reads bodies whole).
 const maxResponseBody = 4 << 20
 
-// orderTransport is the HTTP transport of one order. lego's calls take no context, so
-// every request is given the order's: cancelling the order aborts the request in
-// flight and fails the next ones at once. It also remembers the last HTTP 429 the CA
-// sent, with its Retry-After, so that a rate limit is recognised even when the body
-// is not an ACME problem document.
+// orderTransport is the HTTP transport of one order (or one renewal-information
+// query). lego's calls take no context, so every request is given the order's:
+// cancelling the order aborts the request in flight and fails the next ones at
+// once; the request's own deadline (http.Client.Timeout) still applies.
+//
+// It answers the directory and new-nonce requests from the Issuer's session when
+// it can, and hands every nonce the CA sends to the session instead of to lego, so
+// that a nonce serves whichever order signs next (lego's own pool then stays
+// empty, and asks here for each request).
+//
+// It also remembers what the order's failure needs to be classified: the last HTTP
+// 429 and its Retry-After (a rate limit whose body is not a problem document), and
+// the first sign that the CA could not be reached (no connection, a reset, a
+// request that timed out) or answered 5xx.
 type orderTransport struct {
-	base http.RoundTripper
-	ctx  context.Context
+	base    http.RoundTripper
+	ctx     context.Context
+	session *session
 
-	mu         sync.Mutex // guards the fields below
-	saw429     bool
-	retryAfter string
+	mu          sync.Mutex // guards the fields below
+	saw429      bool
+	retryAfter  string // of the last 429
+	lastRetry   string // Retry-After of the last answer, whatever its status
+	unavailable error
+	newOrders   int
 }
 
 func (t *orderTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	resp, err := t.base.RoundTrip(req.WithContext(t.ctx))
-	if err != nil {
-		return nil, err
+	now := time.Now()
+	if resp, ok := t.fromSession(req, now); ok {
+		return resp, nil
 	}
-	if resp.StatusCode == http.StatusTooManyRequests {
+	newNonce := t.session.isNewNonce(req)
+	if t.session.isNewOrder(req) {
 		t.mu.Lock()
-		t.saw429 = true
-		t.retryAfter = resp.Header.Get("Retry-After")
+		t.newOrders++
 		t.mu.Unlock()
 	}
-	resp.Body = limitedBody{Reader: io.LimitReader(resp.Body, maxResponseBody), Closer: resp.Body}
+
+	// The request's context carries http.Client.Timeout; the order's, its
+	// cancellation. Either ends the request, and its body.
+	ctx, cancel := context.WithCancelCause(t.ctx)
+	stop := context.AfterFunc(req.Context(), func() { cancel(context.Cause(req.Context())) })
+	release := func() { stop(); cancel(nil) }
+	resp, err := t.base.RoundTrip(req.WithContext(ctx))
+	if err != nil {
+		release()
+		t.noteUnreachable(req, err)
+		return nil, err
+	}
+	if resp.StatusCode >= http.StatusInternalServerError {
+		t.noteUnavailable(fmt.Errorf("the CA answered %s to %s %s", resp.Status, req.Method, req.URL.Redacted()))
+	}
+	t.mu.Lock()
+	t.lastRetry = resp.Header.Get("Retry-After")
+	if resp.StatusCode == http.StatusTooManyRequests {
+		t.saw429, t.retryAfter = true, t.lastRetry
+	}
+	t.mu.Unlock()
+	if nonce := resp.Header.Get("Replay-Nonce"); nonce != "" && !newNonce && t.session.sameOrigin(req.URL) {
+		t.session.pushNonce(nonce, now)
+		resp.Header.Del("Replay-Nonce")
+	}
+	body := &orderBody{Reader: io.LimitReader(resp.Body, maxResponseBody), body: resp.Body, release: release, t: t, req: req}
+	resp.Body = body
+	if req.Method == http.MethodHead {
+		// No body to read, and lego does not close it.
+		_ = body.Close()
+	}
+	if t.session.isDirectory(req) && resp.StatusCode == http.StatusOK {
+		raw, err := io.ReadAll(body)
+		_ = body.Close()
+		if err != nil {
+			return nil, err
+		}
+		t.session.keepDirectory(raw, now)
+		resp.Body = io.NopCloser(bytes.NewReader(raw))
+	}
 	return resp, nil
+}
+
+// fromSession answers a directory or new-nonce request from the session, when it
+// has what is asked for.
+func (t *orderTransport) fromSession(req *http.Request, now time.Time) (*http.Response, bool) {
+	if t.session.isDirectory(req) {
+		if body, ok := t.session.cachedDirectory(now); ok {
+			return localResponse(req, body, nil), true
+		}
+	}
+	if t.session.isNewNonce(req) {
+		if nonce, ok := t.session.popNonce(now); ok {
+			return localResponse(req, nil, http.Header{"Replay-Nonce": {nonce}}), true
+		}
+	}
+	return nil, false
+}
+
+// localResponse is an answer the transport gives without asking the CA.
+func localResponse(req *http.Request, body []byte, header http.Header) *http.Response {
+	if header == nil {
+		header = http.Header{}
+	}
+	if body != nil {
+		header.Set("Content-Type", "application/json")
+	}
+	header.Set("Cache-Control", "no-store")
+	return &http.Response{
+		Status:        "200 OK",
+		StatusCode:    http.StatusOK,
+		Proto:         "HTTP/1.1",
+		ProtoMajor:    1,
+		ProtoMinor:    1,
+		Header:        header,
+		Body:          io.NopCloser(bytes.NewReader(body)),
+		ContentLength: int64(len(body)),
+		Request:       req,
+	}
+}
+
+// noteUnreachable records a request that got no answer, unless the order was
+// cancelled (then the order says so, not the CA).
+func (t *orderTransport) noteUnreachable(req *http.Request, err error) {
+	if t.ctx.Err() != nil {
+		return
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = fmt.Errorf("no answer in time (%w)", err)
+	}
+	t.noteUnavailable(fmt.Errorf("%s %s: %w", req.Method, req.URL.Redacted(), err))
+}
+
+func (t *orderTransport) noteUnavailable(err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.unavailable == nil {
+		t.unavailable = err
+	}
 }
 
 // last429 reports whether the CA answered 429 during the order, and its Retry-After.
@@ -48,7 +162,56 @@ func (t *orderTransport) last429() (bool, string) {
 	return t.saw429, t.retryAfter
 }
 
-type limitedBody struct {
+// lastRetryAfter is the Retry-After of the CA's last answer (an order or an
+// authorization still being processed), or 0.
+func (t *orderTransport) lastRetryAfter() time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return parseRetryAfter(t.lastRetry)
+}
+
+// unreachable is the first sign that the CA could not be reached or answered 5xx
+// during the order, or nil.
+func (t *orderTransport) unreachable() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.unavailable
+}
+
+// newOrderRequests is how many new-order requests the order sent.
+func (t *orderTransport) newOrderRequests() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.newOrders
+}
+
+// orderBody is a response body read through the order's context: a reset while it
+// is read counts as the CA unreachable, and closing it releases the request's
+// context.
+type orderBody struct {
 	io.Reader
-	io.Closer
+	body    io.Closer
+	release func()
+	t       *orderTransport
+	req     *http.Request
+	once    sync.Once
+}
+
+func (b *orderBody) Read(p []byte) (int, error) {
+	n, err := b.Reader.Read(p)
+	switch {
+	case errors.Is(err, io.EOF):
+		// lego does not close every body it reads to the end; the request's
+		// context is released here instead.
+		b.once.Do(b.release)
+	case err != nil:
+		b.t.noteUnreachable(b.req, err)
+	}
+	return n, err
+}
+
+func (b *orderBody) Close() error {
+	err := b.body.Close()
+	b.once.Do(b.release)
+	return err
 }

@@ -29,6 +29,7 @@ import (
 var (
 	dnsMu   sync.Mutex
 	dnsAddr string
+	dnsSrv  *challtestsrv.ChallSrv
 )
 
 // sharedDNS returns the address of the process's DNS server, starting it on first
@@ -63,7 +64,7 @@ func sharedDNS() (string, error) {
 			lastErr = err
 			continue
 		}
-		dnsAddr = addr
+		dnsAddr, dnsSrv = addr, srv
 		return addr, nil
 	}
 	return "", fmt.Errorf("start DNS server: %w", lastErr)
@@ -124,4 +125,73 @@ func freeTCPPort() (int, error) {
 		return 0, err
 	}
 	return strconv.Atoi(port)
+}
+
+// DNS records of one name, for tests that need a name to resolve elsewhere than
+// 127.0.0.1, or not at all. The server is the process's, so a test should only
+// change names of its own (random ones), and ClearDNS them when it ends.
+
+// SetA makes name resolve to the given IPv4 addresses, for the CA's VA and for
+// anything else asking CA.DNSServer.
+func SetA(name string, ips ...string) error {
+	srv, err := dnsServer()
+	if err != nil {
+		return err
+	}
+	// challtestsrv adds to a name's records; a name is set, not added to.
+	srv.DeleteDNSARecord(dns.Fqdn(name))
+	srv.AddDNSARecord(dns.Fqdn(name), ips)
+	return nil
+}
+
+// SetNoAddress makes name not exist: the server answers every query for it
+// NXDOMAIN, as for a name whose DNS was never set up, or was taken down.
+func SetNoAddress(name string) error {
+	if _, err := dnsServer(); err != nil {
+		return err
+	}
+	// challtestsrv has no NXDOMAIN (an empty answer from it, without the flags
+	// of a recursive resolver, reads as a lame referral). Its handler is on
+	// miekg/dns's default mux, where a more specific pattern wins.
+	dns.HandleFunc(dns.Fqdn(name), func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetRcode(r, dns.RcodeNameError)
+		m.Authoritative, m.RecursionAvailable = true, true
+		_ = w.WriteMsg(m)
+	})
+	return nil
+}
+
+// SetServFail makes every query for name fail with SERVFAIL, as a broken
+// authoritative server does.
+func SetServFail(name string) error {
+	srv, err := dnsServer()
+	if err != nil {
+		return err
+	}
+	srv.AddDNSServFailRecord(dns.Fqdn(name))
+	return nil
+}
+
+// ClearDNS puts name back to the default answer, 127.0.0.1.
+func ClearDNS(name string) {
+	dnsMu.Lock()
+	srv := dnsSrv
+	dnsMu.Unlock()
+	if srv == nil {
+		return
+	}
+	srv.DeleteDNSARecord(dns.Fqdn(name))
+	srv.DeleteDNSServFailRecord(dns.Fqdn(name))
+	dns.HandleRemove(dns.Fqdn(name))
+}
+
+// dnsServer is the process's DNS server, started on first use.
+func dnsServer() (*challtestsrv.ChallSrv, error) {
+	if _, err := sharedDNS(); err != nil {
+		return nil, err
+	}
+	dnsMu.Lock()
+	defer dnsMu.Unlock()
+	return dnsSrv, nil
 }

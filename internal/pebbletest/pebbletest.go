@@ -13,7 +13,14 @@
 //     short-lived profile next to the default one;
 //   - a record of the orders the CA received (CA.OrderRequests, CA.Orders), so that a
 //     test can tell that a name never reached the CA, or that a renewal named the
-//     certificate it replaces.
+//     certificate it replaces; a count of every request by step (CA.Requests), and
+//     the state of each order's authorizations (CA.AuthorizationStatus);
+//   - control of what the CA says: names it refuses (CA.BlockName), a renewal window
+//     it moves (CA.SetRenewalWindow), and, in front of it, a Front that answers
+//     chosen requests with Let's Encrypt's real problems, 5xx or a dropped
+//     connection;
+//   - control of its DNS (SetA, SetNoAddress, SetServFail), whose address
+//     (CA.DNSServer) a preflight can be pointed at.
 //
 // Pebble's knobs that it reads from the environment (PEBBLE_VA_NOSLEEP,
 // PEBBLE_WFE_NONCEREJECT, ...) are Options here: Start sets the variables, builds
@@ -34,10 +41,13 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"maps"
+	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -117,6 +127,9 @@ type Order struct {
 	Replaces string
 	// Profile is the profile the order asked for, or "".
 	Profile string
+	// Authorizations are the URLs of the order's authorizations, as the CA
+	// answered them (CA.AuthorizationStatus tells their state).
+	Authorizations []string
 }
 
 // CA is a running Pebble.
@@ -128,20 +141,30 @@ type CA struct {
 	// RootsFile is a PEM file holding the root of the WFE's TLS certificate; it is
 	// removed by Close.
 	RootsFile string
+	// DNSServer is the address (HOST:PORT, UDP and TCP) of the DNS server the VA
+	// resolves names with, shared by every CA of the process: what a preflight's
+	// resolver should be to see the names as the CA sees them.
+	DNSServer string
 
 	minica        *minica
 	pebbleCA      *ca.CAImpl
+	store         *db.MemoryStore
 	server        *http.Server
 	dir           string
 	retryAfter    string
 	orderRequests atomic.Int64
 	newAccounts   atomic.Int64
 
-	mu     sync.Mutex
-	orders []Order
+	mu       sync.Mutex // guards the fields below
+	orders   []Order
+	requests map[Step]int
 
 	closeOnce sync.Once
 }
+
+// quietLog discards what net/http would log about clients the tests make
+// misbehave (TLS errors, connections reset).
+var quietLog = log.New(io.Discard, "", 0)
 
 // envMu serialises Start's use of the process environment.
 var envMu sync.Mutex
@@ -173,7 +196,10 @@ func Start(opts Options) (c *CA, err error) {
 	if err != nil {
 		return nil, err
 	}
-	c = &CA{HTTPPort: opts.HTTPPort, minica: mc, dir: dir, RootsFile: filepath.Join(dir, "roots.pem")}
+	c = &CA{
+		HTTPPort: opts.HTTPPort, DNSServer: dnsServer, minica: mc, dir: dir,
+		RootsFile: filepath.Join(dir, "roots.pem"), requests: map[Step]int{},
+	}
 	defer func() {
 		if err != nil {
 			_ = os.RemoveAll(dir)
@@ -206,6 +232,7 @@ func Start(opts Options) (c *CA, err error) {
 	}
 
 	store := db.NewMemoryStore()
+	c.store = store
 	for kid, key := range opts.EABKeys {
 		if err := store.AddExternalAccountKeyByID(kid, key); err != nil {
 			return nil, fmt.Errorf("EAB key %q: %w", kid, err)
@@ -245,7 +272,7 @@ func Start(opts Options) (c *CA, err error) {
 		ReadHeaderTimeout: 10 * time.Second,
 		// A test that sends garbage, or a client that does not trust the root,
 		// makes the server log TLS errors; they are the test's business.
-		ErrorLog: log.New(io.Discard, "", 0),
+		ErrorLog: quietLog,
 		TLSConfig: &tls.Config{
 			Certificates: []tls.Certificate{mc.leaf},
 			MinVersion:   tls.VersionTLS12,
@@ -292,7 +319,7 @@ func (c *CA) TLSCertificate() tls.Certificate { return c.minica.leaf }
 func (c *CA) NewTLSServer(h http.Handler) *httptest.Server {
 	s := httptest.NewUnstartedServer(h)
 	s.TLS = &tls.Config{Certificates: []tls.Certificate{c.minica.leaf}, MinVersion: tls.VersionTLS12}
-	s.Config.ErrorLog = log.New(io.Discard, "", 0)
+	s.Config.ErrorLog = quietLog
 	s.StartTLS()
 	return s
 }
@@ -328,42 +355,98 @@ func (c *CA) Close() error {
 	return err
 }
 
-// record wraps the WFE: it counts and records new orders and accounts, and adds Retry-After to
-// challenge answers (Options.ChallengeRetryAfter).
+// record wraps the WFE: it counts every request by step, records new orders and
+// accounts, and adds Retry-After to challenge answers (Options.ChallengeRetryAfter).
 func (c *CA) record(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost && r.URL.Path == NewOrderPath {
-			body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
-			if err != nil {
-				http.Error(w, "read body", http.StatusBadRequest)
-				return
-			}
-			r.Body = io.NopCloser(bytes.NewReader(body))
-			c.orderRequests.Add(1)
-			sw := &statusWriter{ResponseWriter: w}
-			next.ServeHTTP(sw, r)
-			if sw.status == http.StatusCreated {
-				if o, err := parseOrder(body); err == nil {
-					c.mu.Lock()
-					c.orders = append(c.orders, o)
-					c.mu.Unlock()
-				}
-			}
-			return
-		}
-		if r.Method == http.MethodPost && r.URL.Path == NewAccountPath {
+		c.mu.Lock()
+		c.requests[StepOf(r)]++
+		c.mu.Unlock()
+		switch {
+		case r.Method == http.MethodPost && r.URL.Path == NewOrderPath:
+			c.recordOrder(next, w, r)
+		case r.Method == http.MethodPost && r.URL.Path == NewAccountPath:
 			sw := &statusWriter{ResponseWriter: w}
 			next.ServeHTTP(sw, r)
 			if sw.status == http.StatusCreated {
 				c.newAccounts.Add(1)
 			}
-			return
+		default:
+			if r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, challengePath) && c.retryAfter != "" {
+				w.Header().Set("Retry-After", c.retryAfter)
+			}
+			next.ServeHTTP(w, r)
 		}
-		if r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, challengePath) && c.retryAfter != "" {
-			w.Header().Set("Retry-After", c.retryAfter)
-		}
-		next.ServeHTTP(w, r)
 	})
+}
+
+// recordOrder passes a new-order request on and records it when the CA accepted it,
+// with the authorizations the CA answered.
+func (c *CA) recordOrder(next http.Handler, w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	if err != nil {
+		http.Error(w, "read body", http.StatusBadRequest)
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	c.orderRequests.Add(1)
+	sw := &statusWriter{ResponseWriter: w, capture: true}
+	next.ServeHTTP(sw, r)
+	if sw.status != http.StatusCreated {
+		return
+	}
+	o, err := parseOrder(body)
+	if err != nil {
+		return
+	}
+	var answer struct {
+		Authorizations []string `json:"authorizations"`
+	}
+	if json.Unmarshal(sw.body.Bytes(), &answer) == nil {
+		o.Authorizations = answer.Authorizations
+	}
+	c.mu.Lock()
+	c.orders = append(c.orders, o)
+	c.mu.Unlock()
+}
+
+// Requests is how many requests of each step reached the CA so far (through any
+// Front, or directly).
+func (c *CA) Requests() map[Step]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.requests)
+}
+
+// AuthorizationStatus is the state of the authorization at url ("pending",
+// "valid", "invalid", "deactivated", ...), or "" when the CA does not know it.
+func (c *CA) AuthorizationStatus(url string) string {
+	authz := c.store.GetAuthorizationByID(path.Base(url))
+	if authz == nil {
+		return ""
+	}
+	authz.RLock()
+	defer authz.RUnlock()
+	return authz.Status
+}
+
+// BlockName makes the CA refuse to issue for name and every name under it, with
+// the problem rejectedIdentifier, as a CA's policy does.
+func (c *CA) BlockName(name string) error { return c.store.AddBlockedDomain(name) }
+
+// SetRenewalWindow makes the CA suggest [start, end) as the renewal window of the
+// certificate with this serial number, as a CA does when it means to revoke it.
+func (c *CA) SetRenewalWindow(serial *big.Int, start, end time.Time) error {
+	window, err := json.Marshal(map[string]any{
+		"suggestedWindow": map[string]string{
+			"start": start.UTC().Format(time.RFC3339),
+			"end":   end.UTC().Format(time.RFC3339),
+		},
+	})
+	if err != nil {
+		return err
+	}
+	return c.store.SetARIResponse(serial, string(window))
 }
 
 // parseOrder reads a new-order JWS (flattened JSON serialisation) without checking
@@ -402,6 +485,10 @@ func parseOrder(body []byte) (Order, error) {
 type statusWriter struct {
 	http.ResponseWriter
 	status int
+	// capture keeps a copy of the body (a new order's answer is a few hundred
+	// bytes).
+	capture bool
+	body    bytes.Buffer
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -414,6 +501,9 @@ func (w *statusWriter) WriteHeader(code int) {
 func (w *statusWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {
 		w.status = http.StatusOK
+	}
+	if w.capture {
+		w.body.Write(b)
 	}
 	return w.ResponseWriter.Write(b)
 }

@@ -3,12 +3,17 @@ package pebbletest_test
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/json"
+	"io"
 	"net/http"
 	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/internal/pebbletest"
@@ -55,4 +60,115 @@ func TestStart_ParallelCAsWithDifferentOptionsAndCloseTwice(t *testing.T) {
 	require.NoError(t, a.Close(), "Close twice")
 	_, err := os.Stat(a.RootsFile)
 	require.True(t, os.IsNotExist(err), "Close removes RootsFile")
+}
+
+// caClient trusts the CA's TLS certificate (and a Front's, which shares it).
+func caClient(t *testing.T, ca *pebbletest.CA) *http.Client {
+	t.Helper()
+	roots := x509.NewCertPool()
+	require.True(t, roots.AppendCertsFromPEM(ca.RootsPEM()))
+	return &http.Client{
+		Timeout:   10 * time.Second,
+		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}, DisableKeepAlives: true},
+	}
+}
+
+// newOrderBody is a new-order request for names, shaped as a JWS (the front reads
+// the payload; Pebble will refuse the missing signature).
+func newOrderBody(t *testing.T, names ...string) string {
+	t.Helper()
+	var ids []map[string]string
+	for _, n := range names {
+		ids = append(ids, map[string]string{"type": "dns", "value": n})
+	}
+	payload, err := json.Marshal(map[string]any{"identifiers": ids})
+	require.NoError(t, err)
+	body, err := json.Marshal(map[string]string{
+		"protected": "e30", "signature": "c2ln", "payload": base64.RawURLEncoding.EncodeToString(payload),
+	})
+	require.NoError(t, err)
+	return string(body)
+}
+
+// A Front answers the requests its rules choose (by step, by the order's names, a
+// number of times) and passes the rest to the CA, which then counts only what
+// reached it; down, it resets every connection. Guards against the lead's queue
+// tests rate-limiting, or cutting off, more or less than they asked for.
+func TestFront_AnswersChosenRequestsAndPassesTheRest(t *testing.T) {
+	t.Parallel()
+	ca := pebbletest.StartT(t, pebbletest.Options{})
+	front := pebbletest.NewFront(t, ca)
+	client := caClient(t, ca)
+	front.Add(pebbletest.Rule{Step: pebbletest.StepDirectory, Times: 1, Answer: pebbletest.Unavailable(http.StatusServiceUnavailable)})
+	front.Add(pebbletest.Rule{Step: pebbletest.StepNewOrder, Names: []string{"limited.example"},
+		Answer: pebbletest.RateLimitedRegisteredDomain("limited.example", time.Hour)})
+
+	resp, err := client.Get(front.DirectoryURL)
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "the rule answers the first directory request")
+	resp, err = client.Get(front.DirectoryURL)
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, "a spent rule passes the next one to Pebble")
+	require.Equal(t, 1, ca.Requests()[pebbletest.StepDirectory])
+
+	newOrderURL := strings.TrimSuffix(front.DirectoryURL, pebbletest.DirectoryPath) + pebbletest.NewOrderPath
+	post := func(names ...string) (int, string, string) {
+		resp, err := client.Post(newOrderURL, "application/jose+json", strings.NewReader(newOrderBody(t, names...)))
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, resp.Header.Get("Retry-After"), string(body)
+	}
+	status, retryAfter, body := post("other.example", "limited.example")
+	require.Equal(t, http.StatusTooManyRequests, status)
+	require.Equal(t, "3600", retryAfter)
+	require.Contains(t, body, `"type":"urn:ietf:params:acme:error:rateLimited"`)
+	require.Contains(t, body, `too many certificates (50) already issued for \"limited.example\"`)
+	require.Zero(t, ca.OrderRequests(), "an answered order never reaches the CA")
+	status, _, _ = post("free.example")
+	require.NotEqual(t, http.StatusTooManyRequests, status, "other names pass to Pebble (which refuses the unsigned request)")
+	require.Equal(t, 1, ca.OrderRequests())
+	require.Equal(t, map[pebbletest.Step]int{pebbletest.StepDirectory: 1, pebbletest.StepNewOrder: 1}, front.Answered())
+
+	front.SetDown(true)
+	_, err = client.Get(front.DirectoryURL)
+	require.Error(t, err, "a CA that is down answers nothing")
+	front.Clear()
+	resp, err = client.Get(front.DirectoryURL)
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+// The DNS the CA validates with can point a name elsewhere, nowhere, or back to
+// 127.0.0.1. Guards against preflight tests that believe they test a name the DNS
+// does not serve as they set it.
+func TestDNS_NameCanPointElsewhereOrNowhere(t *testing.T) {
+	t.Parallel()
+	ca := pebbletest.StartT(t, pebbletest.Options{})
+	lookup := func(name string) []string {
+		m := new(dns.Msg)
+		m.SetQuestion(dns.Fqdn(name), dns.TypeA)
+		in, _, err := (&dns.Client{Net: "tcp", Timeout: 5 * time.Second}).Exchange(m, ca.DNSServer)
+		require.NoError(t, err)
+		var out []string
+		for _, rr := range in.Answer {
+			if a, ok := rr.(*dns.A); ok {
+				out = append(out, a.A.String())
+			}
+		}
+		return out
+	}
+	name := "dns-" + strconv.FormatInt(time.Now().UnixNano(), 36) + ".example"
+	t.Cleanup(func() { pebbletest.ClearDNS(name) })
+	require.Equal(t, []string{"127.0.0.1"}, lookup(name))
+	require.NoError(t, pebbletest.SetA(name, "127.0.0.2"))
+	require.Equal(t, []string{"127.0.0.2"}, lookup(name))
+	require.NoError(t, pebbletest.SetNoAddress(name))
+	require.Empty(t, lookup(name))
+	pebbletest.ClearDNS(name)
+	require.Equal(t, []string{"127.0.0.1"}, lookup(name))
 }

@@ -1,0 +1,332 @@
+package acme
+
+import (
+	"context"
+	"crypto"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	legoacme "github.com/go-acme/lego/v4/acme"
+	"github.com/go-acme/lego/v4/acme/api"
+	"github.com/go-acme/lego/v4/certcrypto"
+	"github.com/go-acme/lego/v4/challenge"
+	"go.uber.org/zap"
+)
+
+const (
+	// pollFirst is the first wait for the CA to decide a challenge when it says
+	// nothing (Retry-After) of how long to wait: Let's Encrypt and Pebble usually
+	// decide within a second or two.
+	pollFirst = time.Second
+	// issuePollFirst is the first wait for the certificate after finalize when the
+	// CA says nothing of how long to wait: a CA that does not say (Pebble, Boulder
+	// without asynchronous finalize) has the certificate ready almost at once;
+	// Let's Encrypt says 3 s.
+	issuePollFirst = 500 * time.Millisecond
+	// pollMax caps the waits between polls, which grow by half each time, so that
+	// a slow CA is asked at most every 10 s.
+	pollMax = 10 * time.Second
+	// validationTimeout bounds the wait for the CA to decide a challenge. A CA
+	// validates within seconds; one that keeps an authorization pending for
+	// minutes will not decide it, and the order is failed (and retried) rather
+	// than held until --order-timeout.
+	validationTimeout = 5 * time.Minute
+	// cleanupTimeout bounds the deactivation of a failed order's authorizations,
+	// which runs on its own context: the order's may have ended.
+	cleanupTimeout = 30 * time.Second
+	// maxCommonNameLen is RFC 5280's upper bound on a common name; a longer name
+	// goes in the SAN only, as lego does.
+	maxCommonNameLen = 64
+)
+
+// order is one ACME order for one name, driven step by step on lego's protocol
+// layer (api.Core, which signs, handles nonces and parses problems) rather than
+// lego's Certifier.Obtain, which hides the order: with Obtain, a failed or cancelled
+// order's authorizations could not be deactivated, a failed validation could not be
+// told from a refused order, and the waits between polls ignored cancellation.
+//
+// Its methods run on one goroutine; the core's HTTP client carries the order's
+// context.
+type order struct {
+	core            *api.Core
+	tr              *orderTransport
+	tokens          challenge.Provider
+	ctx             context.Context
+	log             *zap.Logger
+	domain          string
+	finalizeTimeout time.Duration
+
+	// placed is the CA's order, once accepted.
+	placed legoacme.ExtendedOrder
+	// authz is the last status seen of each of its authorizations, by URL.
+	authz map[string]string
+}
+
+// run places the order, answers its challenge and returns the certificate chain
+// (PEM, leaf first) for key. replaces names the certificate a renewal replaces
+// (RFC 9773), or is "".
+func (o *order) run(key crypto.PrivateKey, replaces, profile string) ([]byte, error) {
+	if err := o.place(replaces, profile); err != nil {
+		return nil, err
+	}
+	if err := o.authorize(); err != nil {
+		return nil, err
+	}
+	return o.finalize(key)
+}
+
+// place sends the new-order request. A renewal that the CA refuses because of its
+// "replaces" (a certificate it does not know: another account's, one uploaded by
+// hand, its database reset; or one already replaced) is ordered again, once,
+// without it: naming the replaced certificate only buys a renewal exemption from the
+// CA's limits, and a renewal is not worth failing over it. lego's own retry on
+// alreadyReplaced (api.OrderService.NewWithOptions) is that retry for that problem;
+// this one covers the others.
+func (o *order) place(replaces, profile string) error {
+	opts := &api.OrderOptions{Profile: profile, ReplacesCertID: replaces}
+	placed, err := o.core.Orders.NewWithOptions([]string{o.domain}, opts)
+	if err != nil && replaces != "" && o.tr.newOrderRequests() == 1 && refusesReplaces(err) {
+		o.log.Info("CA refused the order naming the certificate it replaces; ordering without",
+			zap.String("error", classify(err, o.tr).Error()))
+		opts.ReplacesCertID = ""
+		placed, err = o.core.Orders.NewWithOptions([]string{o.domain}, opts)
+	}
+	if err != nil {
+		return err
+	}
+	o.placed = placed
+	return nil
+}
+
+// refusesReplaces reports whether a new-order request naming a replaced certificate
+// failed in a way that ordering without it may fix: the CA answered it with a
+// problem document (4xx, or serverInternal: Pebble's answer to a certificate it
+// does not know) that is not a rate limit, a pause, a refusal of the name or a lost
+// account.
+func refusesReplaces(err error) bool {
+	var pd *legoacme.ProblemDetails
+	if !errors.As(err, &pd) || pd == nil || pd.URL == "" {
+		return false
+	}
+	if _, paused := unpauseLink(pd.Detail); paused || isPermanent(pd) {
+		return false
+	}
+	switch {
+	case pd.Type == problemRateLimited || pd.HTTPStatus == http.StatusTooManyRequests:
+		return false
+	case pd.Type == problemAccountDoesNotExist:
+		return false
+	case pd.Type == problemServerInternal:
+		return true
+	}
+	return pd.HTTPStatus >= 400 && pd.HTTPStatus < 500
+}
+
+// authorize answers the HTTP-01 challenge of each authorization not yet valid.
+func (o *order) authorize() error {
+	for _, u := range o.placed.Authorizations {
+		a, err := o.fetch(u)
+		if err != nil {
+			return err
+		}
+		switch a.Status {
+		case legoacme.StatusValid:
+			continue
+		case legoacme.StatusPending:
+			if err := o.solve(u, a); err != nil {
+				return err
+			}
+		case legoacme.StatusInvalid:
+			return &validationFailure{err: authzProblem(a)}
+		default:
+			return fmt.Errorf("acme: the authorization for %s is %s", o.domain, a.Status)
+		}
+	}
+	return nil
+}
+
+// fetch gets the authorization at u, and remembers its status.
+func (o *order) fetch(u string) (legoacme.Authorization, error) {
+	a, err := o.core.Authorizations.Get(u)
+	if err == nil {
+		o.authz[u] = a.Status
+	}
+	return a, err
+}
+
+// solve stores the challenge's token where every instance's responder finds it,
+// tells the CA to validate, and waits for its verdict. The token is deleted when
+// the CA has decided, or the order gave up.
+func (o *order) solve(u string, a legoacme.Authorization) error {
+	chlg, err := challenge.FindChallenge(challenge.HTTP01, a)
+	if err != nil {
+		return fmt.Errorf("acme: %w", err)
+	}
+	keyAuth, err := o.core.GetKeyAuthorization(chlg.Token)
+	if err != nil {
+		return fmt.Errorf("acme: key authorization: %w", err)
+	}
+	if err := o.tokens.Present(o.domain, chlg.Token, keyAuth); err != nil {
+		return err
+	}
+	// CleanUp logs its own failure; the token expires by itself.
+	defer o.tokens.CleanUp(o.domain, chlg.Token, keyAuth) //nolint:errcheck
+	answered, err := o.core.Challenges.New(chlg.URL)
+	if err != nil {
+		return err
+	}
+	switch answered.Status {
+	case legoacme.StatusValid:
+		o.authz[u] = legoacme.StatusValid
+		return nil
+	case legoacme.StatusInvalid:
+		return &validationFailure{err: challengeProblem(answered.Challenge)}
+	}
+	return o.awaitValidation(u, parseRetryAfter(answered.RetryAfter))
+}
+
+// awaitValidation polls the authorization at u until the CA has decided it, first
+// after wait (the CA's Retry-After, or 0).
+func (o *order) awaitValidation(u string, wait time.Duration) error {
+	if wait <= 0 {
+		wait = pollFirst
+	}
+	wait = min(wait, pollMax)
+	deadline := time.Now().Add(validationTimeout)
+	for {
+		if err := sleep(o.ctx, wait); err != nil {
+			return err
+		}
+		a, err := o.fetch(u)
+		if err != nil {
+			return err
+		}
+		switch a.Status {
+		case legoacme.StatusValid:
+			return nil
+		case legoacme.StatusInvalid:
+			return &validationFailure{err: authzProblem(a)}
+		case legoacme.StatusPending, legoacme.StatusProcessing:
+		default:
+			return fmt.Errorf("acme: the authorization for %s became %s", o.domain, a.Status)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("acme: the CA did not decide the challenge for %s within %s", o.domain, validationTimeout)
+		}
+		wait = nextPoll(wait, o.tr.lastRetryAfter())
+	}
+}
+
+// finalize sends the CSR for key, waits for the CA to issue, and downloads the
+// chain.
+func (o *order) finalize(key crypto.PrivateKey) ([]byte, error) {
+	opts := certcrypto.CSROptions{SAN: []string{o.domain}}
+	if len(o.domain) <= maxCommonNameLen {
+		opts.Domain = o.domain
+	}
+	csr, err := certcrypto.CreateCSR(key, opts)
+	if err != nil {
+		return nil, fmt.Errorf("acme: create CSR: %w", err)
+	}
+	state, err := o.core.Orders.UpdateForCSR(o.placed.Finalize, csr)
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(o.finalizeTimeout)
+	wait := issuePollFirst
+	for state.Status != legoacme.StatusValid {
+		if state.Status == legoacme.StatusInvalid {
+			return nil, orderProblem(state)
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("acme: the CA did not issue the certificate for %s within %s (order %s)", o.domain, o.finalizeTimeout, state.Status)
+		}
+		if ra := o.tr.lastRetryAfter(); ra > 0 {
+			wait = min(ra, pollMax)
+		}
+		if err := sleep(o.ctx, wait); err != nil {
+			return nil, err
+		}
+		if state, err = o.core.Orders.Get(o.placed.Location); err != nil {
+			return nil, err
+		}
+		wait = min(wait*3/2, pollMax)
+	}
+	chain, _, err := o.core.Certificates.Get(state.Certificate, true)
+	return chain, err
+}
+
+// release deactivates the authorizations of a failed order that may still be
+// pending at the CA (RFC 8555 §7.5.2): a pending authorization counts against the
+// CA's limits until it expires, days later. Valid ones are kept (the next order
+// for the name reuses them), invalid ones are over already. core is not the
+// order's: the order's context may have ended. It returns how many it
+// deactivated.
+func (o *order) release(core *api.Core) int {
+	n := 0
+	for _, u := range o.placed.Authorizations {
+		switch o.authz[u] {
+		case legoacme.StatusValid, legoacme.StatusInvalid, legoacme.StatusDeactivated,
+			legoacme.StatusExpired, legoacme.StatusRevoked:
+			continue
+		}
+		if err := core.Authorizations.Deactivate(u); err != nil {
+			o.log.Info("could not deactivate an authorization of the failed order; it expires by itself",
+				zap.String("authorization", u), zap.String("error", truncate(err.Error())))
+			continue
+		}
+		o.authz[u] = legoacme.StatusDeactivated
+		n++
+	}
+	return n
+}
+
+// nextPoll is the wait before the next poll: the CA's Retry-After when it gave
+// one, else the last wait grown by half; never more than pollMax.
+func nextPoll(last, retryAfter time.Duration) time.Duration {
+	if retryAfter > 0 {
+		return min(retryAfter, pollMax)
+	}
+	return min(last*3/2, pollMax)
+}
+
+// challengeProblem is why the CA marked a challenge invalid.
+func challengeProblem(c legoacme.Challenge) error {
+	if c.Error != nil {
+		return c.Error
+	}
+	return errors.New("acme: the CA marked the challenge invalid without saying why")
+}
+
+// authzProblem is why the CA marked an authorization invalid: the problem of its
+// invalid challenge.
+func authzProblem(a legoacme.Authorization) error {
+	for _, c := range a.Challenges {
+		if c.Status == legoacme.StatusInvalid && c.Error != nil {
+			return c.Error
+		}
+	}
+	return errors.New("acme: the CA marked the authorization invalid without saying why")
+}
+
+// orderProblem is why the CA marked an order invalid after finalize.
+func orderProblem(o legoacme.ExtendedOrder) error {
+	if o.Error != nil {
+		return o.Error
+	}
+	return errors.New("acme: the CA marked the order invalid without saying why")
+}
+
+// sleep waits d, or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-t.C:
+		return nil
+	}
+}
