@@ -10,7 +10,7 @@
 // renewal names the certificate it replaces (RFC 9773 "replaces"); the renewal time
 // comes from the CA's ACME Renewal Information when it offers it (a uniformly random
 // point of its suggested window, never in the certificate's last tenth:
-// RenewAtFromWindow), otherwise from RenewAtFromValidity (a third of the lifetime
+// queue.RenewAtFromWindow), otherwise from RenewAtFromValidity (a third of the lifetime
 // before expiry). Issuer.RenewalInfo asks the CA again for a stored certificate
 // (queue.RenewalInformer), so that a window the CA moves earlier is acted on.
 //

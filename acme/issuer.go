@@ -200,13 +200,13 @@ func (i *Issuer) certificate(domain string, chainPEM []byte, key crypto.PrivateK
 	var infoAt time.Time
 	switch {
 	case err == nil:
-		infoAt = renewalInfoAt(window.RetryAfter, now)
+		infoAt = queue.RenewalInfoAt(window.RetryAfter, now)
 	case errors.Is(err, queue.ErrNoRenewalInfo):
 		// The CA offers no renewal information: the lifetime rule applies.
 	default:
 		log.Warn("could not get the CA's renewal information; renewing when a third of the lifetime remains",
 			zap.String("error", truncate(err.Error())))
-		infoAt = now.Add(renewalInfoAfterError)
+		infoAt = now.Add(queue.RenewalInfoAfterError)
 	}
 	at, fromWindow := renewAt(leaf, window, now)
 	var windowEnd time.Time

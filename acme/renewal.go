@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"strings"
 	"time"
@@ -16,21 +15,6 @@ import (
 	"github.com/go-acme/lego/v4/certificate"
 
 	"github.com/certworker/certworker/queue"
-)
-
-const (
-	// renewalInfoDefault is when renewal information is asked again when the CA
-	// sent no Retry-After. Let's Encrypt and Pebble both send six hours; RFC 9773
-	// §4.3 leaves the choice to the client when none comes.
-	renewalInfoDefault = 6 * time.Hour
-	// renewalInfoMin and renewalInfoMax bound the CA's Retry-After, as RFC 9773
-	// §4.3 advises: no more often than a minute, no less often than a day.
-	renewalInfoMin = time.Minute
-	renewalInfoMax = 24 * time.Hour
-	// renewalInfoAfterError is when renewal information is asked again after the
-	// question failed (the CA down, a malformed answer): soon enough to catch a
-	// revocation the same day, rarely enough not to add to a CA's trouble.
-	renewalInfoAfterError = time.Hour
 )
 
 // RenewAtFromValidity is the renewal time of a certificate whose CA offers no ACME
@@ -42,59 +26,15 @@ func RenewAtFromValidity(notBefore, notAfter time.Time) time.Time {
 	return queue.RenewAtFromValidity(notBefore, notAfter)
 }
 
-// RenewAtFromWindow picks the renewal time of a certificate valid from notBefore to
-// notAfter inside a CA's suggested renewal window [start, end): a uniformly random
-// point (RFC 9773 §4.2, so that certificates issued at the same moment are not all
-// renewed at the same moment), never in the certificate's last tenth.
-//
-// The last tenth of the lifetime is kept back because the CA's window may run to
-// the very end of the certificate (Pebble's does for short-lived ones), and a
-// renewal drawn seconds before expiry leaves no room for a slow or failed order. A
-// window that starts inside it (Let's Encrypt's window for a certificate it means to
-// revoke may be 5 to 3 days before the expiry of a 90-day certificate) renews at its
-// start; a window already open renews now.
-//
-// It reports false for a window it does not trust: empty or reversed, already over
-// (for a certificate just issued, renewing at once would get a new certificate with
-// the same window, and renew that at once too, until the CA's rate limit stops it),
-// or starting at or after the expiry.
-func RenewAtFromWindow(start, end, notBefore, notAfter, now time.Time) (time.Time, bool) {
-	if start.IsZero() || end.IsZero() || !end.After(start) || !end.After(now) || !start.Before(notAfter) {
-		return time.Time{}, false
-	}
-	latest := notAfter.Add(-notAfter.Sub(notBefore) / 10)
-	from := start
-	if now.After(from) {
-		from = now
-	}
-	to := end
-	if latest.Before(to) {
-		to = latest
-	}
-	if !to.After(from) {
-		return from, true
-	}
-	return from.Add(time.Duration(rand.Int64N(int64(to.Sub(from))))), true
-}
-
 // renewAt is the renewal time of a certificate just issued: from the ARI window when
 // the CA gave a usable one, else the third-of-lifetime rule. fromWindow says which.
 func renewAt(leaf *x509.Certificate, w *queue.RenewalWindow, now time.Time) (at time.Time, fromWindow bool) {
 	if w != nil {
-		if t, ok := RenewAtFromWindow(w.Start, w.End, leaf.NotBefore, leaf.NotAfter, now); ok {
+		if t, ok := queue.RenewAtFromWindow(w.Start, w.End, leaf.NotBefore, leaf.NotAfter, now); ok {
 			return t, true
 		}
 	}
 	return RenewAtFromValidity(leaf.NotBefore, leaf.NotAfter), false
-}
-
-// renewalInfoAt is when renewal information is to be asked again, from the CA's
-// Retry-After (0 when it gave none).
-func renewalInfoAt(retryAfter time.Duration, now time.Time) time.Time {
-	if retryAfter <= 0 {
-		retryAfter = renewalInfoDefault
-	}
-	return now.Add(min(max(retryAfter, renewalInfoMin), renewalInfoMax))
 }
 
 var _ queue.RenewalInformer = (*Issuer)(nil)

@@ -4,9 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/certworker/certworker/queue"
 	"github.com/stretchr/testify/require"
-
-	"github.com/certworker/certworker/acme"
 )
 
 // The renewal time inside a CA's window, at its edges, for a 90-day certificate
@@ -51,7 +50,7 @@ func TestRenewAtFromWindow_Edges(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			for range 200 {
-				got, ok := acme.RenewAtFromWindow(tc.start, tc.end, notBefore, notAfter, tc.now)
+				got, ok := queue.RenewAtFromWindow(tc.start, tc.end, notBefore, notAfter, tc.now)
 				require.Equal(t, tc.ok, ok)
 				if !ok {
 					require.True(t, got.IsZero())

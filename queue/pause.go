@@ -51,7 +51,10 @@ type Unreachable struct {
 
 // PauseUnreachable records that the CA at directory could not be reached and pauses
 // ordering from it for every instance, for base doubled per consecutive failure up to
-// limit: the CA's own backoff, kept apart from any domain's (nothing is charged).
+// limit: the CA's own backoff, kept apart from any domain's (nothing is charged). The
+// orders that fail together, while the pause they caused is in force (a fleet's
+// --concurrency of them, when the pause ends and the CA is still down), are one
+// failure: the backoff grows once per try of the CA, not once per order.
 func (q *Queue) PauseUnreachable(ctx context.Context, directory, reason string, base, limit time.Duration) (Unreachable, error) {
 	var u Unreachable
 	var left float64
@@ -59,9 +62,10 @@ func (q *Queue) PauseUnreachable(ctx context.Context, directory, reason string, 
 INSERT INTO certworker_pauses AS p (scope, key, source, paused_until, reason, failures)
 VALUES ('ca', $1, 'unreachable', now() + make_interval(secs => $3), $2, 1)
 ON CONFLICT (scope, key, source) DO UPDATE SET
-    failures = p.failures + 1,
-    paused_until = GREATEST(p.paused_until,
-        now() + make_interval(secs => LEAST($3 * power(2, LEAST(p.failures, 30)), $4))),
+    failures = CASE WHEN p.paused_until <= now() THEN p.failures + 1 ELSE p.failures END,
+    paused_until = CASE WHEN p.paused_until <= now()
+        THEN now() + make_interval(secs => LEAST($3 * power(2, LEAST(p.failures, 30)), $4))
+        ELSE p.paused_until END,
     reason = EXCLUDED.reason,
     updated_at = now()
 RETURNING failures, `+secondsUntilSQL("paused_until"),

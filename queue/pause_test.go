@@ -117,10 +117,15 @@ func TestPauseUnreachable_BacksOffAndClears(t *testing.T) {
 	}
 	require.Equal(t, []time.Duration{2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second,
 		30 * time.Second, 30 * time.Second}, got)
+	// More orders failing while that pause is in force are the same try of the CA.
+	u, err := b.q.PauseUnreachable(b.ctx, testDirectory, "connection refused", 2*time.Second, 30*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, 6, u.Failures, "an order failing inside the pause made the backoff grow")
+	require.InDelta(t, 30, u.For.Seconds(), 1)
 	cleared, err := b.q.ClearUnreachable(b.ctx, testDirectory)
 	require.NoError(t, err)
 	require.True(t, cleared)
-	u, err := b.q.PauseUnreachable(b.ctx, testDirectory, "connection refused", 2*time.Second, 30*time.Second)
+	u, err = b.q.PauseUnreachable(b.ctx, testDirectory, "connection refused", 2*time.Second, 30*time.Second)
 	require.NoError(t, err)
 	require.Equal(t, 1, u.Failures, "the backoff did not start again after the CA answered")
 }

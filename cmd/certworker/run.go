@@ -32,30 +32,33 @@ const letsEncrypt = "https://acme-v02.api.letsencrypt.org/directory"
 
 type runCmd struct {
 	dbFlags
-	ACMEDirectory    string        `name:"acme-directory" env:"CERTWORKER_ACME_DIRECTORY" default:"${le}" placeholder:"URL" help:"ACME directory URL (default: Let's Encrypt production)."`
-	ACMEEmail        string        `name:"acme-email" env:"CERTWORKER_ACME_EMAIL" placeholder:"EMAIL" help:"ACME account contact."`
-	ACMECABundle     string        `name:"acme-ca-bundle" env:"CERTWORKER_ACME_CA_BUNDLE" placeholder:"FILE" help:"PEM file of roots trusted for the ACME server, beside the system's."`
-	ACMEProfile      string        `name:"acme-profile" env:"CERTWORKER_ACME_PROFILE" placeholder:"NAME" help:"ACME profile name."`
-	ACMEEABKid       string        `name:"acme-eab-kid" env:"CERTWORKER_ACME_EAB_KID" placeholder:"KID" help:"External account binding key id."`
-	ACMEEABHMAC      string        `name:"acme-eab-hmac" env:"CERTWORKER_ACME_EAB_HMAC" placeholder:"KEY" help:"External account binding HMAC key (base64url)."`
-	KeyType          string        `name:"key-type" env:"CERTWORKER_KEY_TYPE" default:"ec256" enum:"ec256,ec384,rsa2048,rsa4096" help:"Certificate key type: ec256, ec384, rsa2048 or rsa4096."`
-	HTTP01Listen     string        `name:"http01-listen" env:"CERTWORKER_HTTP01_LISTEN" default:":80" placeholder:"ADDR" help:"HTTP-01 responder address; empty turns it off."`
-	AdminListen      string        `name:"admin-listen" env:"CERTWORKER_ADMIN_LISTEN" default:"127.0.0.1:9090" placeholder:"ADDR" help:"Address of /healthz, /readyz and /metrics; empty turns it off."`
-	Concurrency      int           `name:"concurrency" env:"CERTWORKER_CONCURRENCY" default:"4" help:"Orders in flight on this instance."`
-	PollInterval     time.Duration `name:"poll-interval" env:"CERTWORKER_POLL_INTERVAL" default:"30s" help:"Safety-net pass interval."`
-	RetryBase        time.Duration `name:"retry-base" env:"CERTWORKER_RETRY_BASE" default:"1m" help:"First gap between attempts, doubled on each failure."`
-	RetryMax         time.Duration `name:"retry-max" env:"CERTWORKER_RETRY_MAX" default:"4h" help:"Longest gap between attempts."`
-	MaxAttempts      int           `name:"max-attempts" env:"CERTWORKER_MAX_ATTEMPTS" default:"10" help:"Consecutive failures after which a domain is marked failed."`
-	KeyEncryptionKey string        `name:"key-encryption-key" env:"CERTWORKER_KEY_ENCRYPTION_KEY" placeholder:"BASE64" help:"Base64 of 32 bytes; encrypts private keys at rest (AES-256-GCM)."`
-	LogFormat        string        `name:"log-format" env:"CERTWORKER_LOG_FORMAT" default:"json" enum:"json,console" help:"Log encoder: json or console."`
-	LogLevel         string        `name:"log-level" env:"CERTWORKER_LOG_LEVEL" default:"info" help:"Log level: debug, info, warn or error."`
-	ShutdownGrace    time.Duration `name:"shutdown-grace" env:"CERTWORKER_SHUTDOWN_GRACE" default:"30s" help:"Time given to in-flight orders on SIGTERM."`
-	Wake             string        `name:"wake" env:"CERTWORKER_WAKE" default:"notify" enum:"notify,logical" help:"How the worker hears that a domain is due: notify (LISTEN/NOTIFY, any server) or logical (a logical replication stream; needs wal_level = logical and a role with REPLICATION, and spares the proxy's commits NOTIFY's commit lock). Every instance on a database should use the same."`
-	OrderTimeout     time.Duration `name:"order-timeout" env:"CERTWORKER_ORDER_TIMEOUT" default:"10m" help:"An order running longer is cancelled and charged as a failure."`
-	LimitOrders      string        `name:"limit-orders-per-account" env:"CERTWORKER_LIMIT_ORDERS_PER_ACCOUNT" default:"300/3h" placeholder:"COUNT/DURATION" help:"Ledger limit on new orders from the ACME account, shared by every instance: COUNT/DURATION or off (default: Let's Encrypt's)."`
-	LimitRegistered  string        `name:"limit-certs-per-registered-domain" env:"CERTWORKER_LIMIT_CERTS_PER_REGISTERED_DOMAIN" default:"50/168h" placeholder:"COUNT/DURATION" help:"Ledger limit on new certificates per registered domain (public suffix list): COUNT/DURATION or off."`
-	LimitExactSet    string        `name:"limit-certs-per-exact-set" env:"CERTWORKER_LIMIT_CERTS_PER_EXACT_SET" default:"5/168h" placeholder:"COUNT/DURATION" help:"Ledger limit on certificates for one exact set of names (here: one name): COUNT/DURATION or off."`
-	LimitFailedAuthz string        `name:"limit-failed-authz-per-name" env:"CERTWORKER_LIMIT_FAILED_AUTHZ_PER_NAME" default:"5/1h" placeholder:"COUNT/DURATION" help:"Ledger limit on failed authorizations per name: COUNT/DURATION or off."`
+	ACMEDirectory     string        `name:"acme-directory" env:"CERTWORKER_ACME_DIRECTORY" default:"${le}" placeholder:"URL" help:"ACME directory URL (default: Let's Encrypt production)."`
+	ACMEEmail         string        `name:"acme-email" env:"CERTWORKER_ACME_EMAIL" placeholder:"EMAIL" help:"ACME account contact."`
+	ACMECABundle      string        `name:"acme-ca-bundle" env:"CERTWORKER_ACME_CA_BUNDLE" placeholder:"FILE" help:"PEM file of roots trusted for the ACME server, beside the system's."`
+	ACMEProfile       string        `name:"acme-profile" env:"CERTWORKER_ACME_PROFILE" placeholder:"NAME" help:"ACME profile name."`
+	ACMEEABKid        string        `name:"acme-eab-kid" env:"CERTWORKER_ACME_EAB_KID" placeholder:"KID" help:"External account binding key id."`
+	ACMEEABHMAC       string        `name:"acme-eab-hmac" env:"CERTWORKER_ACME_EAB_HMAC" placeholder:"KEY" help:"External account binding HMAC key (base64url)."`
+	KeyType           string        `name:"key-type" env:"CERTWORKER_KEY_TYPE" default:"ec256" enum:"ec256,ec384,rsa2048,rsa4096" help:"Certificate key type: ec256, ec384, rsa2048 or rsa4096."`
+	HTTP01Listen      string        `name:"http01-listen" env:"CERTWORKER_HTTP01_LISTEN" default:":80" placeholder:"ADDR" help:"HTTP-01 responder address; empty turns it off."`
+	AdminListen       string        `name:"admin-listen" env:"CERTWORKER_ADMIN_LISTEN" default:"127.0.0.1:9090" placeholder:"ADDR" help:"Address of /healthz, /readyz and /metrics; empty turns it off."`
+	Concurrency       int           `name:"concurrency" env:"CERTWORKER_CONCURRENCY" default:"4" help:"Orders in flight on this instance."`
+	PollInterval      time.Duration `name:"poll-interval" env:"CERTWORKER_POLL_INTERVAL" default:"30s" help:"Safety-net pass interval."`
+	RetryBase         time.Duration `name:"retry-base" env:"CERTWORKER_RETRY_BASE" default:"1m" help:"First gap between attempts, doubled on each failure."`
+	RetryMax          time.Duration `name:"retry-max" env:"CERTWORKER_RETRY_MAX" default:"4h" help:"Longest gap between attempts."`
+	MaxAttempts       int           `name:"max-attempts" env:"CERTWORKER_MAX_ATTEMPTS" default:"10" help:"Consecutive failures after which a domain is marked failed."`
+	KeyEncryptionKey  string        `name:"key-encryption-key" env:"CERTWORKER_KEY_ENCRYPTION_KEY" placeholder:"BASE64" help:"Base64 of 32 bytes; encrypts private keys at rest (AES-256-GCM)."`
+	LogFormat         string        `name:"log-format" env:"CERTWORKER_LOG_FORMAT" default:"json" enum:"json,console" help:"Log encoder: json or console."`
+	LogLevel          string        `name:"log-level" env:"CERTWORKER_LOG_LEVEL" default:"info" help:"Log level: debug, info, warn or error."`
+	ShutdownGrace     time.Duration `name:"shutdown-grace" env:"CERTWORKER_SHUTDOWN_GRACE" default:"30s" help:"Time given to in-flight orders on SIGTERM."`
+	Wake              string        `name:"wake" env:"CERTWORKER_WAKE" default:"notify" enum:"notify,logical" help:"How the worker hears that a domain is due: notify (LISTEN/NOTIFY, any server) or logical (a logical replication stream; needs wal_level = logical and a role with REPLICATION, and spares the proxy's commits NOTIFY's commit lock). Every instance on a database should use the same."`
+	Preflight         string        `name:"preflight" env:"CERTWORKER_PREFLIGHT" default:"http" enum:"http,off" help:"Before ordering, check that the name resolves and that http://NAME/.well-known/acme-challenge/PROBE reaches certworker, so that an order bound to fail is never sent (http), or not (off)."`
+	PreflightResolver string        `name:"preflight-resolver" env:"CERTWORKER_PREFLIGHT_RESOLVER" placeholder:"HOST:PORT" help:"DNS server the preflight asks (default: the system's resolver)."`
+	PreflightPort     int           `name:"preflight-port" env:"CERTWORKER_PREFLIGHT_PORT" default:"80" help:"Port the preflight probes (where the CA validates HTTP-01)."`
+	OrderTimeout      time.Duration `name:"order-timeout" env:"CERTWORKER_ORDER_TIMEOUT" default:"10m" help:"An order running longer is cancelled and charged as a failure."`
+	LimitOrders       string        `name:"limit-orders-per-account" env:"CERTWORKER_LIMIT_ORDERS_PER_ACCOUNT" default:"300/3h" placeholder:"COUNT/DURATION" help:"Ledger limit on new orders from the ACME account, shared by every instance: COUNT/DURATION or off (default: Let's Encrypt's)."`
+	LimitRegistered   string        `name:"limit-certs-per-registered-domain" env:"CERTWORKER_LIMIT_CERTS_PER_REGISTERED_DOMAIN" default:"50/168h" placeholder:"COUNT/DURATION" help:"Ledger limit on new certificates per registered domain (public suffix list): COUNT/DURATION or off."`
+	LimitExactSet     string        `name:"limit-certs-per-exact-set" env:"CERTWORKER_LIMIT_CERTS_PER_EXACT_SET" default:"5/168h" placeholder:"COUNT/DURATION" help:"Ledger limit on certificates for one exact set of names (here: one name): COUNT/DURATION or off."`
+	LimitFailedAuthz  string        `name:"limit-failed-authz-per-name" env:"CERTWORKER_LIMIT_FAILED_AUTHZ_PER_NAME" default:"5/1h" placeholder:"COUNT/DURATION" help:"Ledger limit on failed authorizations per name: COUNT/DURATION or off."`
 	// Lease is not in CONTRACT.md: the claim's lease, for tests that stop the
 	// database for longer than it without waiting minutes.
 	Lease time.Duration `name:"lease" env:"CERTWORKER_LEASE" default:"60s" hidden:"" help:"Claim lease (tests only)."`
@@ -154,14 +157,17 @@ func (c *runCmd) Run(g *globals) error {
 		return err
 	}
 	issuer, err := acme.New(ctx, pool, log, acme.Config{
-		DirectoryURL:     c.ACMEDirectory,
-		Email:            c.ACMEEmail,
-		CABundle:         c.ACMECABundle,
-		Profile:          c.ACMEProfile,
-		EABKeyID:         c.ACMEEABKid,
-		EABHMAC:          c.ACMEEABHMAC,
-		KeyType:          c.KeyType,
-		KeyEncryptionKey: kek,
+		DirectoryURL:      c.ACMEDirectory,
+		Email:             c.ACMEEmail,
+		CABundle:          c.ACMECABundle,
+		Profile:           c.ACMEProfile,
+		EABKeyID:          c.ACMEEABKid,
+		EABHMAC:           c.ACMEEABHMAC,
+		KeyType:           c.KeyType,
+		KeyEncryptionKey:  kek,
+		Preflight:         c.Preflight,
+		PreflightResolver: c.PreflightResolver,
+		PreflightPort:     c.PreflightPort,
 	})
 	if err != nil {
 		return usagef("%v", err)

@@ -6,104 +6,99 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/queue"
 	"github.com/certworker/certworker/queue/worker"
 )
 
-// A CA that cannot be reached fails each order, charged and retried on the backoff,
-// until the domain is 'failed' at --max-attempts with the reason in ssl_error; no
-// row is left in 'provisioning' and the worker goes on running. Guards against an
-// order that hangs or panics on a dead CA holding the domain in 'provisioning'
-// forever, against failures not counted (retried for ever), and against a worker
-// that exits when the CA does, which would stop issuance for every other domain.
+// caDownFor is how long TestE2E_ACADownIsNotCharged keeps the CA away. The issue asks
+// for "a few minutes"; CI uses less (the backoff is capped at 30 s, so the catch-up
+// after a longer outage is the same), and CERTWORKER_E2E_CA_DOWN sets it for a run by
+// hand.
+func caDownFor(t *testing.T) time.Duration {
+	if v := os.Getenv("CERTWORKER_E2E_CA_DOWN"); v != "" {
+		d, err := time.ParseDuration(v)
+		require.NoError(t, err, "CERTWORKER_E2E_CA_DOWN")
+		return d
+	}
+	return 20 * time.Second
+}
+
+// A CA that cannot be reached is the CA's problem, not the domains' (CONTRACT.md §5):
+// with the CA down and domains due, no attempt is charged, ordering is paused for
+// every instance on the CA's own backoff, nothing is left in 'provisioning', the
+// worker goes on running and says what it sees (a line per change of state, a gauge),
+// and every domain is issued within a minute of the CA's return. The reference-era
+// worker charged an attempt per try, so a day's outage ended every pending domain
+// 'failed'.
 //
-// Two ways of being down: nothing ever listened (a wrong --acme-directory), and a
-// CA that issued one certificate and then went away (the account is stored, and the
-// order fails further in).
-func TestE2E_ACADownCountsAttemptsAndLeavesNothingStuck(t *testing.T) {
+// Two ways of being down, both before the account exists (a CA down at the first
+// start) and after a first certificate.
+func TestE2E_ACADownIsNotCharged(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name string
-		// down returns the issuer's configuration, with the CA down.
-		down func(t *testing.T, w *world) acme.Config
-		// errorHas is a part of the ssl_error recorded.
-		errorHas string
-	}{
-		{
-			name: "nothing listens",
-			down: func(t *testing.T, w *world) acme.Config {
-				cfg := w.acmeConfig()
-				cfg.DirectoryURL = "https://127.0.0.1:" + closedPort(t) + pebbletest.DirectoryPath
-				return cfg
-			},
-			errorHas: "connection refused",
-		},
-		{
-			name: "went away after a first certificate",
-			down: func(t *testing.T, w *world) acme.Config {
-				cfg := w.acmeConfig()
-				in := w.startWorker(t, "before", cfg, worker.Config{Concurrency: 1})
-				id := w.addDomains(t, randomName("before"))[0]
-				waitFor(t, 30*time.Second, "a first certificate", func() bool { return w.domain(t, id).Status == "active" })
-				require.NoError(t, in.Stop(t, 30*time.Second))
-				require.NoError(t, w.ca.Close())
-				return cfg
-			},
-			errorHas: "connection refused",
-		},
-	} {
+		name   string
+		before bool // a first certificate before the CA goes away
+	}{{"from the start", false}, {"after a first certificate", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			w := newWorld(t, pebbletest.Options{})
-			cfg := tc.down(t, w)
+			front := pebbletest.NewFront(t, w.ca)
+			cfg := w.acmeConfig()
+			cfg.DirectoryURL = front.DirectoryURL
 			qcfg := queue.Config{RetryBase: 200 * time.Millisecond, RetryMax: time.Minute, MaxAttempts: 3}
-			in := w.startWorker(t, "down", cfg, worker.Config{Queue: qcfg, Concurrency: 4, PollInterval: 30 * time.Second})
-
-			name := randomName("down")
+			in := w.startWorker(t, "w", cfg, worker.Config{Queue: qcfg, Concurrency: 4, PollInterval: 30 * time.Second})
+			if tc.before {
+				first := w.addDomains(t, randomName("before"))[0]
+				waitFor(t, 30*time.Second, "a first certificate", func() bool { return w.domain(t, first).Status == "active" })
+			}
+			front.SetDown(true)
 			s := startStateSampler(w, 20*time.Millisecond)
-			start := time.Now()
-			id := w.addDomains(t, name)[0]
-			// Three attempts 400 ms and 800 ms apart (base * 2^attempts).
-			waitFor(t, 15*time.Second, "the domain to fail for good", func() bool { return w.domain(t, id).Status == "failed" })
-			took := time.Since(start)
+			names := []string{randomName("down"), randomName("down"), randomName("down"), randomName("down"), randomName("down")}
+			ids := w.addDomains(t, names...)
+			down := caDownFor(t)
+			time.Sleep(down)
+			require.Equal(t, 1.0, in.Metric(t, "certworker_ca_unreachable"), "the gauge does not say the CA is unreachable")
+			var failures int
+			require.NoError(t, w.pool.QueryRow(w.ctx, `
+SELECT failures FROM certworker_pauses WHERE scope = 'ca' AND key = $1 AND source = 'unreachable'`, cfg.DirectoryURL).Scan(&failures))
+			require.Positive(t, failures)
+
+			front.SetDown(false)
+			back := time.Now()
+			waitFor(t, time.Minute, "every domain to be issued within a minute of the CA's return", func() bool {
+				for _, id := range ids {
+					if w.domain(t, id).Status != "active" {
+						return false
+					}
+				}
+				return true
+			})
+			t.Logf("CA down %s, %d tries found it unreachable; all %d domains issued %s after its return",
+				down, failures, len(ids), time.Since(back).Round(time.Millisecond))
 			states, err := s.stop()
 			require.NoError(t, err)
-
-			d := w.domain(t, id)
-			require.Equal(t, 3, d.Attempts, "attempts counted")
-			require.NotNil(t, d.Error)
-			require.Contains(t, *d.Error, tc.errorHas, "ssl_error must say why")
-			require.True(t, strings.HasPrefix(*d.Error, "acme: "), "ssl_error %q", *d.Error)
-			require.Equal(t, 3, ordersStarted(in, name), "one order per attempt")
-			require.True(t, in.Running(), "the worker must outlive the CA")
-			t.Logf("failed after %s and %d attempts: %s", took.Round(time.Millisecond), d.Attempts, *d.Error)
-
-			// Never stuck: every stay in 'provisioning' seen was one short order (a
-			// refused connection fails in milliseconds, so most are not seen at all).
-			require.LessOrEqual(t, states[id].provisioningStays, 3, "stays in provisioning")
-			require.Less(t, states[id].longestProvisioning, 2*time.Second, "longest stay in provisioning")
-			require.Equal(t, 0, w.statuses(t)["provisioning"])
-
-			// Still claiming: a domain verified now gets its first attempt.
-			other := w.addDomains(t, randomName("later"))[0]
-			waitFor(t, 10*time.Second, "the worker to try a domain verified after the failures", func() bool {
-				return w.domain(t, other).Attempts >= 1
-			})
+			for i, id := range ids {
+				require.Zero(t, states[id].maxAttempts, "%s was charged an attempt for the CA's outage", names[i])
+				require.Empty(t, states[id].errors, "%s got an ssl_error for the CA's outage", names[i])
+				require.Less(t, states[id].longestProvisioning, 5*time.Second, "%s stuck in provisioning", names[i])
+			}
 			require.True(t, in.Running())
+			require.Equal(t, 1, in.Logs.FilterMessage("CA unreachable; ordering paused for every instance, nothing charged").Len(),
+				"one line for the change of state, not one per try")
+			require.Equal(t, 1, in.Logs.FilterMessage("CA reachable again; ordering resumes").Len())
+			require.Equal(t, 0.0, in.Metric(t, "certworker_ca_unreachable"))
 		})
 	}
 }
@@ -323,12 +318,3 @@ func (s *stateSampler) sample(ctx context.Context) error {
 	return rows.Err()
 }
 
-// closedPort is a loopback port nothing listens on.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := ln.Addr().(*net.TCPAddr).Port
-	require.NoError(t, ln.Close())
-	return strconv.Itoa(port)
-}

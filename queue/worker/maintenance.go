@@ -83,6 +83,7 @@ func (w *Worker) nextMaintenance(ctx context.Context) time.Duration {
 // domain back in the queue (the wake trigger announces it too, in notify mode; this
 // covers a wake source that is down).
 func (w *Worker) maintain(ctx context.Context) {
+	w.refreshRenewalInfo(ctx)
 	queued := w.reclaim(ctx)
 	queued += w.markRenewals(ctx)
 	if queued > 0 {
