@@ -317,4 +317,3 @@ func (s *stateSampler) sample(ctx context.Context) error {
 	}
 	return rows.Err()
 }
-
