@@ -28,12 +28,54 @@ type Trouble struct {
 	// NextAttempt is nil for a domain that waits for a retry (failed, or at the
 	// attempt limit).
 	NextAttempt *time.Time `json:"next_attempt_at"`
+	// PausedUntil and PauseReason say what holds the domain back, if a pause does
+	// (a CA's rate limit, the ledger, a CA that cannot be reached).
+	PausedUntil *time.Time `json:"paused_until"`
+	PauseReason *string    `json:"pause_reason"`
 }
 
 // Overview is what `certworker status` prints.
 type Overview struct {
 	Counts  Counts    `json:"counts"`
 	Domains []Trouble `json:"domains"`
+	// Pauses are the pauses in force, the CA's included.
+	Pauses []PauseState `json:"pauses"`
+}
+
+// pauseSQL is a LATERAL join giving the row d (of proxy_domains, aliased d) the pause
+// in force that covers it and ends last, as pz: of the CA (any directory: status
+// does not know the worker's), of its registered domain, or of its name. The same
+// matching as the claim's.
+const pauseSQL = `
+LEFT JOIN LATERAL (
+    SELECT p.scope, p.paused_until, p.reason FROM certworker_pauses p
+    WHERE p.paused_until > now()
+      AND (p.scope = 'ca'
+           OR (p.key = ANY (certworker_suffixes(d.domain))
+               AND (p.scope = 'registered_domain' OR p.key = lower(d.domain))))
+    ORDER BY p.paused_until DESC LIMIT 1) pz ON true`
+
+// nextAttemptAtSQL is when a pending row is next tried, by the curve $1-$3: its backoff,
+// or the end of the pause that holds it, whichever is later; NULL for a row no pass
+// takes (failed, at the limit, not verified, not acme).
+func nextAttemptAtSQL(attempts, base, cap string) string {
+	return `CASE WHEN d.ssl_status = 'pending' AND d.ssl_attempts < ` + attempts + `
+              AND d.verification_status = 'verified' AND d.ssl_provider = 'acme'
+         THEN GREATEST(COALESCE(d.ssl_last_attempt_at + make_interval(secs => ` + backoffSQL("d.ssl_attempts", base, cap) + `), now()),
+                       pz.paused_until)
+    END`
+}
+
+// curve is the backoff curve `status` reports by: the one the running workers
+// recorded (certworker_settings), or this Queue's where none has.
+func (q *Queue) curve(ctx context.Context) (Config, error) {
+	s, ok, err := q.Settings(ctx)
+	if err != nil || !ok {
+		return q.cfg, err
+	}
+	c := q.cfg
+	c.RetryBase, c.RetryMax, c.MaxAttempts = s.RetryBase, s.RetryMax, s.MaxAttempts
+	return c, nil
 }
 
 // counts is the number of acme domains in each ssl_status.
@@ -68,23 +110,29 @@ func (q *Queue) counts(ctx context.Context) (Counts, error) {
 }
 
 // Overview counts acme domains by state and lists every domain that is retrying
-// (pending with a failure behind it) or failed, most recent attempt first.
+// (pending with a failure behind it), failed, or held back by a pause of its name or
+// registered domain, most recent attempt first, with when each is next tried under the
+// fleet's settings; and the pauses in force.
 func (q *Queue) Overview(ctx context.Context) (*Overview, error) {
 	counts, err := q.counts(ctx)
 	if err != nil {
 		return nil, err
 	}
-	o := &Overview{Counts: counts, Domains: []Trouble{}}
+	cfg, err := q.curve(ctx)
+	if err != nil {
+		return nil, err
+	}
+	o := &Overview{Counts: counts, Domains: []Trouble{}, Pauses: []PauseState{}}
 	rows, err := q.db.Query(ctx, `
-SELECT id::text, domain, ssl_status, ssl_attempts, ssl_error, ssl_last_attempt_at,
-    CASE WHEN ssl_status = 'pending' AND ssl_attempts < $1 AND verification_status = 'verified'
-         THEN COALESCE(ssl_last_attempt_at + make_interval(secs => `+backoffSQL("ssl_attempts", "$2", "$3")+`), now())
-    END
-FROM proxy_domains
-WHERE ssl_provider = 'acme'
-  AND (ssl_status = 'failed' OR (ssl_status = 'pending' AND (ssl_attempts <> 0 OR ssl_error IS NOT NULL)))
-ORDER BY ssl_last_attempt_at DESC NULLS LAST, domain`,
-		q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax))
+SELECT d.id::text, d.domain, d.ssl_status, d.ssl_attempts, d.ssl_error, d.ssl_last_attempt_at,
+    `+nextAttemptAtSQL("$1", "$2", "$3")+`, pz.paused_until, pz.reason
+FROM proxy_domains d `+pauseSQL+`
+WHERE d.ssl_provider = 'acme'
+  AND (d.ssl_status = 'failed'
+       OR (d.ssl_status = 'pending' AND (d.ssl_attempts <> 0 OR d.ssl_error IS NOT NULL))
+       OR (d.ssl_status = 'pending' AND d.verification_status = 'verified' AND pz.scope <> 'ca'))
+ORDER BY d.ssl_last_attempt_at DESC NULLS LAST, d.domain`,
+		cfg.MaxAttempts, seconds(cfg.RetryBase), seconds(cfg.RetryMax))
 	if err != nil {
 		return nil, fmt.Errorf("list failing domains: %w", err)
 	}
@@ -92,7 +140,7 @@ ORDER BY ssl_last_attempt_at DESC NULLS LAST, domain`,
 	for rows.Next() {
 		var t Trouble
 		if err := rows.Scan(&t.ID, &t.Domain, &t.SSLStatus, &t.SSLAttempts, &t.SSLError,
-			&t.LastAttempt, &t.NextAttempt); err != nil {
+			&t.LastAttempt, &t.NextAttempt, &t.PausedUntil, &t.PauseReason); err != nil {
 			return nil, fmt.Errorf("list failing domains: %w", err)
 		}
 		o.Domains = append(o.Domains, t)
@@ -100,7 +148,21 @@ ORDER BY ssl_last_attempt_at DESC NULLS LAST, domain`,
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("list failing domains: %w", err)
 	}
-	return o, nil
+	prows, err := q.db.Query(ctx, `
+SELECT scope, key, source, paused_until, reason FROM certworker_pauses
+WHERE paused_until > now() ORDER BY paused_until DESC`)
+	if err != nil {
+		return nil, fmt.Errorf("list pauses: %w", err)
+	}
+	defer prows.Close()
+	for prows.Next() {
+		var p PauseState
+		if err := prows.Scan(&p.Scope, &p.Key, &p.Source, &p.PausedUntil, &p.Reason); err != nil {
+			return nil, fmt.Errorf("list pauses: %w", err)
+		}
+		o.Pauses = append(o.Pauses, p)
+	}
+	return o, prows.Err()
 }
 
 // StoredCertificate is a proxy_certificates row, without its key.
@@ -126,6 +188,8 @@ type DomainState struct {
 	LastAttempt        *time.Time         `json:"last_attempt_at"`
 	NextAttempt        *time.Time         `json:"next_attempt_at"`
 	ExpiresAt          *time.Time         `json:"ssl_expires_at"`
+	PausedUntil        *time.Time         `json:"paused_until"`
+	PauseReason        *string            `json:"pause_reason"`
 	ClaimedBy          *string            `json:"claimed_by"`
 	LeaseExpiresAt     *time.Time         `json:"lease_expires_at"`
 	Certificate        *StoredCertificate `json:"certificate"`
@@ -137,20 +201,21 @@ func (q *Queue) State(ctx context.Context, domain string) (*DomainState, error) 
 	var c StoredCertificate
 	var notAfter *time.Time
 	var autoRenew *bool
-	err := q.db.QueryRow(ctx, `
+	cfg, err := q.curve(ctx)
+	if err != nil {
+		return nil, err
+	}
+	err = q.db.QueryRow(ctx, `
 SELECT d.id::text, d.tenant_id::text, d.domain, d.verification_status, d.ssl_status, d.ssl_provider,
-    d.ssl_attempts, d.ssl_error, d.ssl_last_attempt_at,
-    CASE WHEN d.ssl_status = 'pending' AND d.ssl_attempts < $2 AND d.verification_status = 'verified'
-              AND d.ssl_provider = 'acme'
-         THEN COALESCE(d.ssl_last_attempt_at + make_interval(secs => `+backoffSQL("d.ssl_attempts", "$3", "$4")+`), now())
-    END,
+    d.ssl_attempts, d.ssl_error, d.ssl_last_attempt_at, `+nextAttemptAtSQL("$2", "$3", "$4")+`,
+    pz.paused_until, pz.reason,
     d.ssl_expires_at, d.ssl_claimed_by, d.ssl_lease_expires_at,
     c.issuer, c.serial, c.not_before, c.expires_at, c.renew_at, c.auto_renew
-FROM proxy_domains d LEFT JOIN proxy_certificates c ON c.domain = d.domain
+FROM proxy_domains d LEFT JOIN proxy_certificates c ON c.domain = d.domain `+pauseSQL+`
 WHERE lower(d.domain) = lower($1)`, domain,
-		q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax)).Scan(
+		cfg.MaxAttempts, seconds(cfg.RetryBase), seconds(cfg.RetryMax)).Scan(
 		&s.ID, &s.TenantID, &s.Domain, &s.VerificationStatus, &s.SSLStatus, &s.SSLProvider,
-		&s.SSLAttempts, &s.SSLError, &s.LastAttempt, &s.NextAttempt,
+		&s.SSLAttempts, &s.SSLError, &s.LastAttempt, &s.NextAttempt, &s.PausedUntil, &s.PauseReason,
 		&s.ExpiresAt, &s.ClaimedBy, &s.LeaseExpiresAt,
 		&c.Issuer, &c.Serial, &c.NotBefore, &notAfter, &c.RenewAt, &autoRenew)
 	if errors.Is(err, pgx.ErrNoRows) {

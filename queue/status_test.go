@@ -97,7 +97,7 @@ func TestOverview_MarshalsToTheContractsJSON(t *testing.T) {
 	require.NoError(t, err)
 	raw, err := json.Marshal(o)
 	require.NoError(t, err)
-	require.JSONEq(t, `{"counts":{"pending":0,"provisioning":0,"active":0,"failed":0},"domains":[]}`, string(raw))
+	require.JSONEq(t, `{"counts":{"pending":0,"provisioning":0,"active":0,"failed":0},"domains":[],"pauses":[]}`, string(raw))
 
 	tn := b.tenant(t)
 	b.domain(t, tn, "failed", 10, ago(600))
@@ -199,4 +199,59 @@ func TestState_UnknownDomainIsErrNotFound(t *testing.T) {
 	b := setup(t)
 	_, err := b.q.State(b.ctx, "unknown.example")
 	require.ErrorIs(t, err, queue.ErrNotFound)
+}
+
+// `status` says what holds a domain back and until when: a pause of its registered
+// domain lists it (it is due, and waits), and its next attempt is the pause's end.
+func TestStatus_ShowsWhatPausesADomain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tn := b.tenant(t)
+	b.named(t, tn, "a.shop.example")
+	b.named(t, tn, "other.example")
+	left, err := b.q.Pause(b.ctx, queue.ScopeRegisteredDomain, "shop.example", queue.PauseLedger, time.Hour, "ledger: 2 new certificates for shop.example in 168h0m0s")
+	require.NoError(t, err)
+	until := time.Now().Add(left)
+
+	s, err := b.q.State(b.ctx, "A.Shop.Example")
+	require.NoError(t, err)
+	require.NotNil(t, s.PausedUntil)
+	require.WithinDuration(t, until, *s.PausedUntil, time.Second)
+	require.Equal(t, "ledger: 2 new certificates for shop.example in 168h0m0s", *s.PauseReason)
+	require.WithinDuration(t, until, *s.NextAttempt, time.Second, "the next attempt is the pause's end")
+
+	o, err := b.q.Overview(b.ctx)
+	require.NoError(t, err)
+	require.Len(t, o.Domains, 1, "only the held-back domain is listed")
+	require.Equal(t, "a.shop.example", o.Domains[0].Domain)
+	require.NotNil(t, o.Domains[0].PauseReason)
+	require.Len(t, o.Pauses, 1)
+	require.Equal(t, "shop.example", o.Pauses[0].Key)
+
+	free, err := b.q.State(b.ctx, "other.example")
+	require.NoError(t, err)
+	require.Nil(t, free.PausedUntil)
+}
+
+// `status` reports next attempts under the running fleet's curve (--retry-base,
+// --retry-max, --max-attempts as the workers recorded them), not the defaults: a
+// worker with --retry-base 10s retries a domain with two failures 40 s after them,
+// not 4 minutes.
+func TestStatus_NextAttemptUnderTheFleetsSettings(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, name := b.domain(t, b.tenant(t), "pending", 2, ago(0))
+	last := b.sslRow(t, id).LastAttempt
+	fleet := queue.FleetSettings{RetryBase: 10 * time.Second, RetryMax: time.Hour, MaxAttempts: 3}
+	_, _, err := b.q.RecordSettings(b.ctx, fleet)
+	require.NoError(t, err)
+	s, err := b.q.State(b.ctx, name) // b.q has the default curve
+	require.NoError(t, err)
+	require.WithinDuration(t, last.Add(40*time.Second), *s.NextAttempt, time.Second)
+
+	_, err = b.pool.Exec(b.ctx, `UPDATE proxy_domains SET ssl_attempts = 3 WHERE id = $1`, id)
+	require.NoError(t, err)
+	s, err = b.q.State(b.ctx, name)
+	require.NoError(t, err)
+	require.Nil(t, s.NextAttempt, "at the fleet's --max-attempts (3) a domain is not tried again")
 }

@@ -83,21 +83,26 @@ func (c *statusCmd) Run(g *globals) error {
 	}
 	fmt.Fprintf(g.stdout, "pending %d  provisioning %d  active %d  failed %d\n",
 		o.Counts.Pending, o.Counts.Provisioning, o.Counts.Active, o.Counts.Failed)
-	if len(o.Domains) == 0 {
-		return nil
-	}
-	fmt.Fprintln(g.stdout)
 	tw := tabwriter.NewWriter(g.stdout, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "DOMAIN\tSTATUS\tATTEMPTS\tNEXT ATTEMPT\tLAST ERROR")
-	for _, d := range o.Domains {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", d.Domain, d.SSLStatus, d.SSLAttempts, when(d.NextAttempt, "waits for retry"), str(d.SSLError))
+	if len(o.Pauses) > 0 {
+		fmt.Fprintln(tw, "\nPAUSED\tKEY\tBY\tUNTIL\tREASON")
+		for _, p := range o.Pauses {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.Scope, p.Key, p.Source, p.PausedUntil.UTC().Format(time.RFC3339), p.Reason)
+		}
+	}
+	if len(o.Domains) > 0 {
+		fmt.Fprintln(tw, "\nDOMAIN\tSTATUS\tATTEMPTS\tNEXT ATTEMPT\tLAST ERROR OR PAUSE")
+		for _, d := range o.Domains {
+			why := str(d.SSLError)
+			if d.PauseReason != nil {
+				why = "paused: " + *d.PauseReason
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", d.Domain, d.SSLStatus, d.SSLAttempts, when(d.NextAttempt, "waits for retry"), why)
+		}
 	}
 	return tw.Flush()
 }
 
-// Note: the status commands read the default backoff curve. An operator running the
-// worker with another --retry-base sees next attempts computed on the default curve;
-// the worker's own logs carry the real retry_in.
 
 func printState(g *globals, s *queue.DomainState) {
 	tw := tabwriter.NewWriter(g.stdout, 2, 4, 2, ' ', 0)
@@ -112,6 +117,10 @@ func printState(g *globals, s *queue.DomainState) {
 	row("last error", str(s.SSLError))
 	row("last attempt", when(s.LastAttempt, "never"))
 	row("next attempt", when(s.NextAttempt, "-"))
+	if s.PausedUntil != nil {
+		row("paused until", when(s.PausedUntil, "-"))
+		row("pause reason", str(s.PauseReason))
+	}
 	row("expires", when(s.ExpiresAt, "-"))
 	if s.ClaimedBy != nil {
 		row("claimed by", *s.ClaimedBy+" (lease until "+when(s.LeaseExpiresAt, "?")+")")

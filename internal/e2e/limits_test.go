@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"math/big"
 	"testing"
 	"time"
@@ -204,4 +205,52 @@ func TestE2E_ARenewalWindowMovedEarlierRenewsNow(t *testing.T) {
 	})
 	require.NotEmpty(t, ordersFor(w.ca, name)[1].Replaces, "the renewal must name the certificate it replaces")
 	require.Equal(t, 1, in.Logs.FilterMessage("the CA moved the certificate's renewal window earlier; renewing sooner").Len())
+}
+
+// The ledger keeps the fleet inside the CA's limits without asking the CA: two
+// instances, a ledger limit of 2 certificates per registered domain, 5 names under one
+// registered domain and 3 under others. Exactly 2 orders reach the CA for the first,
+// 1 for each of the others; the 3 that wait are not charged, and `status` says why.
+func TestE2E_TheLedgerKeepsTwoInstancesInsideALimit(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, pebbletest.Options{})
+	limits := queue.Limits{CertsPerRegisteredDomain: queue.Limit{Count: 2, Window: time.Hour}}
+	wcfg := worker.Config{Concurrency: 4, PollInterval: 30 * time.Second, Limits: limits}
+	w.startWorker(t, "a", w.acmeConfig(), wcfg)
+	w.startWorker(t, "b", w.acmeConfig(), wcfg)
+	rd := "shop-" + randomHex() + ".example"
+	var under []string
+	for i := range 5 {
+		under = append(under, fmt.Sprintf("n%d.%s", i, rd))
+	}
+	others := []string{randomName("other"), randomName("other"), randomName("other")}
+	ids := w.addDomains(t, append(append([]string{}, under...), others...)...)
+	waitFor(t, 30*time.Second, "5 certificates", func() bool { return w.statuses(t)["active"] == 5 })
+	time.Sleep(2 * time.Second) // long enough for a wrong third order under the limit to show
+
+	var reached int
+	for _, n := range under {
+		reached += len(ordersFor(w.ca, n))
+	}
+	require.Equal(t, 2, reached, "orders that reached the CA for names under %s", rd)
+	for _, n := range others {
+		require.Len(t, ordersFor(w.ca, n), 1, "%s", n)
+	}
+	q := queue.New(w.pool, queue.DefaultConfig())
+	waiting := 0
+	for i, n := range under {
+		d := w.domain(t, ids[i])
+		if d.Status == "active" {
+			continue
+		}
+		waiting++
+		require.Equal(t, "pending", d.Status, "%s", n)
+		require.Zero(t, d.Attempts, "%s was charged for the ledger", n)
+		s, err := q.State(w.ctx, n)
+		require.NoError(t, err)
+		require.NotNil(t, s.PauseReason, "%s: status does not say why it waits", n)
+		require.Contains(t, *s.PauseReason, "--limit-certs-per-registered-domain")
+		require.Contains(t, *s.PauseReason, rd)
+	}
+	require.Equal(t, 3, waiting)
 }

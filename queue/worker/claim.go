@@ -103,24 +103,25 @@ func (w *Worker) fill(ctx context.Context, source string) (claimed int, full boo
 		if ctx.Err() != nil {
 			return claimed, false
 		}
-		claims := w.claim(ctx, free)
+		claims, full := w.claim(ctx, free)
 		for _, c := range claims {
 			w.start(ctx, c, source)
 		}
 		claimed += len(claims)
-		if len(claims) < free {
+		if !full {
 			w.saturated = false
 			return claimed, false
 		}
 	}
 }
 
-// claim runs the claim statement for n slots. It is not cancelled by the worker's
-// context: a claim whose statement committed is never dropped, so the shutdown that
-// SIGTERM starts waits for it, and then runs or hands back what it took. When it fails
-// all the same (its timeout, a lost connection), the rows it may have claimed are
-// handed back by the next pass.
-func (w *Worker) claim(ctx context.Context, n int) []queue.Claim {
+// claim runs the claim statement for n slots, and the ledger on what it took. It is
+// not cancelled by the worker's context: a claim whose statement committed is never
+// dropped, so the shutdown that SIGTERM starts waits for it, and then runs or hands
+// back what it took. When it fails all the same (its timeout, a lost connection), the
+// rows it may have claimed are handed back by the next pass. full reports that the
+// claim took all n (more may be due), whatever the ledger let go.
+func (w *Worker) claim(ctx context.Context, n int) (claims []queue.Claim, full bool) {
 	cctx, cancel := w.step(ctx, true)
 	defer cancel()
 	claims, err := w.q.Claim(cctx, w.owner, w.cfg.Directory, n)
@@ -128,10 +129,10 @@ func (w *Worker) claim(ctx context.Context, n int) []queue.Claim {
 		w.health.failed()
 		w.untracked = true
 		w.logDBError("claim", err)
-		return nil
+		return nil, false
 	}
 	w.health.ok()
-	return claims
+	return w.admit(ctx, claims), len(claims) == n
 }
 
 // releaseUntracked hands back, uncharged, the rows this instance holds but does not

@@ -38,6 +38,8 @@ type result struct {
 	outcome string
 	// retryIn is when the domain falls due again (its backoff), or 0.
 	retryIn time.Duration
+	// authzFailed: the order failed because its authorization did (for the ledger).
+	authzFailed bool
 }
 
 // orderSet is the orders in flight, by claim token. The loop adds and removes; the
@@ -116,6 +118,7 @@ func (w *Worker) start(ctx context.Context, c queue.Claim, source string) {
 	go func() {
 		r := w.runOrder(octx, o)
 		cancel(nil)
+		w.settleLedger(o, r)
 		w.m.outcome(r.outcome, time.Since(o.started))
 		w.results <- r
 	}()
@@ -152,6 +155,7 @@ func (w *Worker) runOrder(ctx context.Context, o *order) result {
 		res.outcome, res.retryIn = w.fail(o, log, reason, "timeout")
 	default:
 		res.outcome, res.retryIn = w.failed(o, log, name, err)
+		res.authzFailed = queue.IsAuthorizationFailure(err)
 	}
 	return res
 }

@@ -1,0 +1,308 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The limit ledger (CONTRACT.md §5, issue #8): the worker's own record of its orders,
+// shared by every instance in certworker_ledger, checked against limits that mirror
+// the CA's published ones before each order. An order the CA would refuse is not
+// sent, and the domain waits, uncharged, for the window to free a slot.
+//
+// What counts, following Let's Encrypt's rules (Boulder's wfe2 and ra, its
+// rate-limits documentation):
+//   - orders per account: every order sent, but renewals, which Let's Encrypt
+//     neither checks nor counts;
+//   - certificates per registered domain: certificates issued or in flight, but
+//     renewals, which are exempt the same way;
+//   - certificates per exact set (one name here): every certificate issued or in
+//     flight, renewals included, which Let's Encrypt checks and counts too;
+//   - failed authorizations per name: every order whose authorization failed,
+//     renewals included.
+//
+// A renewal is an order for a domain that holds a certificate: it names the
+// certificate it replaces (ARI) and asks for the same single name, which Let's
+// Encrypt recognises as a renewal either way.
+
+// The outcomes of a ledger row (certworker_ledger.outcome).
+const (
+	// LedgerPending: the order is in flight; it counts as a certificate.
+	LedgerPending = "pending"
+	// LedgerIssued: the certificate was issued.
+	LedgerIssued = "issued"
+	// LedgerFailed: the order reached the CA and failed (counts as an order only).
+	LedgerFailed = "failed"
+	// LedgerFailedAuthz: the order's authorization failed at the CA.
+	LedgerFailedAuthz = "failed_authz"
+	// LedgerNotSent: nothing reached the CA that it counts (a preflight that
+	// failed, a new order it refused).
+	LedgerNotSent = "not_sent"
+)
+
+// Admission is a claim the ledger is asked about before its order.
+type Admission struct {
+	Claim Claim
+	// Name is the name to order (CheckName's), RegisteredDomain its registered
+	// domain (RegisteredDomain).
+	Name, RegisteredDomain string
+	// Renewal: the domain holds a certificate this order replaces.
+	Renewal bool
+}
+
+// Refusal is a claim the ledger refused: handed back uncharged, with why.
+type Refusal struct {
+	Claim  Claim
+	Reason string
+}
+
+// ledgerCount is what the ledger holds for one limit and key: how many rows count,
+// and when the oldest of them leaves the window.
+type ledgerCount struct {
+	n     int
+	frees *time.Time
+}
+
+// ledgerKey names one limit applied to one key.
+type ledgerKey struct{ kind, key string }
+
+// Admit checks claims (in the order given) against limits and records the ones that
+// may go, in one transaction under a lock every instance takes, so that two instances
+// never exceed a limit together. A claim the CA would refuse is handed back uncharged
+// and quietly (no wake-up: the pause holds it), and what it hit is paused, source
+// 'ledger', until the window frees a slot, with the reason for `status`. A key that
+// reaches its limit with this batch is paused at once, so that the next claim does
+// not take it in the first place.
+func (q *Queue) Admit(ctx context.Context, directory string, limits Limits, as []Admission) (admitted []Claim, refused []Refusal, err error) {
+	err = pgx.BeginFunc(ctx, q.db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('certworker_ledger'), hashtext($1))`, directory); err != nil {
+			return fmt.Errorf("ledger lock: %w", err)
+		}
+		counts, err := ledgerCounts(ctx, tx, directory, limits, as)
+		if err != nil {
+			return err
+		}
+		d := ledgerDecision{limits: limits, directory: directory, counts: counts}
+		for _, a := range as {
+			if why := d.admit(a); why != "" {
+				refused = append(refused, Refusal{Claim: a.Claim, Reason: why})
+			} else {
+				admitted = append(admitted, a.Claim)
+				d.record(a)
+			}
+		}
+		return d.write(ctx, tx, refused)
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("ledger: %w", err)
+	}
+	return admitted, refused, nil
+}
+
+// ledgerCounts reads, for every limit that is on, what counts for the keys of as.
+func ledgerCounts(ctx context.Context, tx pgx.Tx, directory string, l Limits, as []Admission) (map[ledgerKey]ledgerCount, error) {
+	var rds, names []string
+	for _, a := range as {
+		rds, names = append(rds, a.RegisteredDomain), append(names, a.Name)
+	}
+	rows, err := tx.Query(ctx, `
+SELECT 'account', $1::text, count(*), min(at) + make_interval(secs => $2) FROM certworker_ledger
+ WHERE $2 > 0 AND directory = $1 AND at > now() - make_interval(secs => $2) AND outcome <> 'not_sent' AND NOT renewal
+UNION ALL
+SELECT 'registered_domain', registered_domain, count(*), min(at) + make_interval(secs => $3) FROM certworker_ledger
+ WHERE $3 > 0 AND directory = $1 AND registered_domain = ANY($4) AND at > now() - make_interval(secs => $3)
+   AND outcome IN ('pending', 'issued') AND NOT renewal
+ GROUP BY registered_domain
+UNION ALL
+SELECT 'exact_set', name, count(*), min(at) + make_interval(secs => $5) FROM certworker_ledger
+ WHERE $5 > 0 AND directory = $1 AND name = ANY($6) AND at > now() - make_interval(secs => $5)
+   AND outcome IN ('pending', 'issued')
+ GROUP BY name
+UNION ALL
+SELECT 'failed_authz', name, count(*), min(at) + make_interval(secs => $7) FROM certworker_ledger
+ WHERE $7 > 0 AND directory = $1 AND name = ANY($6) AND at > now() - make_interval(secs => $7)
+   AND outcome = 'failed_authz'
+ GROUP BY name`,
+		directory, seconds(l.OrdersPerAccount.window()), seconds(l.CertsPerRegisteredDomain.window()), rds,
+		seconds(l.CertsPerExactSet.window()), names, seconds(l.FailedAuthzPerName.window()))
+	if err != nil {
+		return nil, fmt.Errorf("count orders: %w", err)
+	}
+	defer rows.Close()
+	counts := map[ledgerKey]ledgerCount{}
+	for rows.Next() {
+		var k ledgerKey
+		var c ledgerCount
+		if err := rows.Scan(&k.kind, &k.key, &c.n, &c.frees); err != nil {
+			return nil, fmt.Errorf("count orders: %w", err)
+		}
+		counts[k] = c
+	}
+	return counts, rows.Err()
+}
+
+// ledgerDecision applies the limits to a batch, counting what it admits.
+type ledgerDecision struct {
+	limits    Limits
+	directory string
+	counts    map[ledgerKey]ledgerCount
+	rows      []Admission
+	// full are the keys at their limit, to pause, with the reason.
+	full map[ledgerKey]string
+}
+
+// checks are the limits that apply to a, with their keys and flags.
+func (d *ledgerDecision) checks(a Admission) []struct {
+	k     ledgerKey
+	limit Limit
+	flag  string
+	what  string
+} {
+	type check = struct {
+		k     ledgerKey
+		limit Limit
+		flag  string
+		what  string
+	}
+	var out []check
+	if !a.Renewal {
+		out = append(out,
+			check{ledgerKey{"account", d.directory}, d.limits.OrdersPerAccount, "--limit-orders-per-account", "new orders from the account"},
+			check{ledgerKey{"registered_domain", a.RegisteredDomain}, d.limits.CertsPerRegisteredDomain, "--limit-certs-per-registered-domain", "new certificates for " + a.RegisteredDomain})
+	}
+	return append(out,
+		check{ledgerKey{"exact_set", a.Name}, d.limits.CertsPerExactSet, "--limit-certs-per-exact-set", "certificates for " + a.Name},
+		check{ledgerKey{"failed_authz", a.Name}, d.limits.FailedAuthzPerName, "--limit-failed-authz-per-name", "failed authorizations for " + a.Name})
+}
+
+// admit returns why a must wait, or "".
+func (d *ledgerDecision) admit(a Admission) string {
+	for _, c := range d.checks(a) {
+		if c.limit.Off() {
+			continue
+		}
+		if n := d.counts[c.k].n; n >= c.limit.Count {
+			why := fmt.Sprintf("ledger: %d %s in %s (%s %s)", n, c.what, c.limit.Window, c.flag, c.limit)
+			d.markFull(c.k, why)
+			return why
+		}
+	}
+	return ""
+}
+
+// record counts an admitted claim; a key it brings to its limit is paused.
+func (d *ledgerDecision) record(a Admission) {
+	d.rows = append(d.rows, a)
+	for _, c := range d.checks(a) {
+		if c.limit.Off() || c.k.kind == "failed_authz" {
+			continue
+		}
+		cnt := d.counts[c.k]
+		cnt.n++
+		d.counts[c.k] = cnt
+		if cnt.n >= c.limit.Count {
+			d.markFull(c.k, fmt.Sprintf("ledger: %d %s in %s (%s %s)", cnt.n, c.what, c.limit.Window, c.flag, c.limit))
+		}
+	}
+}
+
+func (d *ledgerDecision) markFull(k ledgerKey, why string) {
+	if d.full == nil {
+		d.full = map[ledgerKey]string{}
+	}
+	d.full[k] = why
+}
+
+// window is the window of a limit kind.
+func (d *ledgerDecision) window(kind string) time.Duration {
+	switch kind {
+	case "account":
+		return d.limits.OrdersPerAccount.Window
+	case "registered_domain":
+		return d.limits.CertsPerRegisteredDomain.Window
+	case "exact_set":
+		return d.limits.CertsPerExactSet.Window
+	}
+	return d.limits.FailedAuthzPerName.Window
+}
+
+// write records the admitted orders, hands the refused claims back quietly, and
+// pauses the keys at their limit until their oldest counted row leaves the window
+// (a window of rows all recorded now frees a slot a window from now).
+func (d *ledgerDecision) write(ctx context.Context, tx pgx.Tx, refused []Refusal) error {
+	b := &pgx.Batch{}
+	b.Queue(`SELECT set_config('certworker.quiet', 'on', true)`)
+	for _, a := range d.rows {
+		b.Queue(`
+INSERT INTO certworker_ledger (directory, domain_id, name, registered_domain, renewal, claim_token)
+VALUES ($1, $2, $3, $4, $5, $6)`, d.directory, a.Claim.ID, a.Name, a.RegisteredDomain, a.Renewal, a.Claim.Token)
+	}
+	for _, r := range refused {
+		b.Queue(`
+UPDATE proxy_domains SET
+    ssl_status = 'pending', ssl_last_attempt_at = ssl_claim_prev_attempt_at, updated_at = now(),
+    `+releaseClaimSQL+`
+WHERE `+heldSQL, r.Claim.ID, r.Claim.Token)
+	}
+	for k, why := range d.full {
+		scope, key := ScopeDomain, k.key
+		switch k.kind {
+		case "account":
+			scope = ScopeCA
+		case "registered_domain":
+			scope = ScopeRegisteredDomain
+		}
+		var frees *time.Time
+		if c, ok := d.counts[k]; ok {
+			frees = c.frees
+		}
+		b.Queue(`
+INSERT INTO certworker_pauses AS p (scope, key, source, paused_until, reason)
+VALUES ($1, $2, 'ledger', COALESCE($3, now() + make_interval(secs => $4)), $5)
+ON CONFLICT (scope, key, source) DO UPDATE SET
+    paused_until = EXCLUDED.paused_until, reason = EXCLUDED.reason, updated_at = now()`,
+			scope, key, frees, seconds(d.window(k.kind)), why)
+	}
+	return tx.SendBatch(ctx, b).Close()
+}
+
+// SettleLedger records how the order of claim token ended. An outcome that does not
+// count as a certificate (a failure, nothing sent) lifts the ledger's pauses of the
+// order's name and registered domain, and of the account when nothing was sent: the
+// next claim counts again and pauses them anew if they are still full. A failed
+// authorization that brings its name to the limit pauses the name (and leaves a
+// pause the name already had: one statement may not delete and insert one row).
+func (q *Queue) SettleLedger(ctx context.Context, directory, token, outcome string, limits Limits) error {
+	_, err := q.db.Exec(ctx, `
+WITH l AS (
+    UPDATE certworker_ledger SET outcome = $2 WHERE claim_token = $1 AND outcome = 'pending'
+    RETURNING name, registered_domain
+), lifted AS (
+    DELETE FROM certworker_pauses p USING l
+    WHERE p.source = 'ledger' AND $2 NOT IN ('pending', 'issued')
+      AND ((p.scope = 'registered_domain' AND p.key = l.registered_domain)
+        OR (p.scope = 'domain' AND p.key = l.name AND $2 <> 'failed_authz')
+        OR (p.scope = 'ca' AND p.key = $3 AND $2 = 'not_sent'))
+), authz AS (
+    SELECT l.name, count(*) AS n, min(c.at) + make_interval(secs => $5) AS frees
+    FROM l JOIN certworker_ledger c ON c.name = l.name AND c.directory = $3
+    WHERE $2 = 'failed_authz' AND $4 > 0 AND c.at > now() - make_interval(secs => $5)
+      AND (c.outcome = 'failed_authz' OR c.claim_token = $1)
+    GROUP BY l.name
+)
+INSERT INTO certworker_pauses (scope, key, source, paused_until, reason)
+SELECT 'domain', name, 'ledger', frees,
+       format('ledger: %s failed authorizations for %s in %s (--limit-failed-authz-per-name %s)', n, name, $6::text, $7::text)
+FROM authz WHERE n >= $4
+ON CONFLICT (scope, key, source) DO UPDATE SET
+    paused_until = EXCLUDED.paused_until, reason = EXCLUDED.reason, updated_at = now()`,
+		token, outcome, directory, limits.FailedAuthzPerName.Count, seconds(limits.FailedAuthzPerName.window()),
+		limits.FailedAuthzPerName.Window.String(), limits.FailedAuthzPerName.String())
+	if err != nil {
+		return fmt.Errorf("settle ledger: %w", err)
+	}
+	return nil
+}
