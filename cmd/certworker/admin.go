@@ -103,7 +103,6 @@ func (c *statusCmd) Run(g *globals) error {
 	return tw.Flush()
 }
 
-
 func printState(g *globals, s *queue.DomainState) {
 	tw := tabwriter.NewWriter(g.stdout, 2, 4, 2, ' ', 0)
 	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
