@@ -445,7 +445,7 @@ func TestMailbox_Merges(t *testing.T) {
 				m.send(*tt.pending)
 			}
 			m.send(tt.send)
-			require.Equal(t, tt.want, <-m.ch)
+			require.Equal(t, tt.want, waitWake(t, m.ch))
 			requireNoWakePending(t, m.ch)
 		})
 	}

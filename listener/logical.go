@@ -217,6 +217,37 @@ func (lg *Logical) down(ctx context.Context, s *stream) {
 	lg.m.connected.Set(0)
 	lg.backendPID.Store(0)
 	lg.closeConn(ctx, s.conn)
+	if ctx.Err() != nil {
+		lg.waitSlotGone(ctx, s.slot)
+	}
+}
+
+// slotGoneTimeout bounds the wait for a stopped waker's slot to go: a WAL sender ends
+// within milliseconds of its connection's close, and a server that cannot be asked
+// must not hold up Stop for longer.
+const slotGoneTimeout = 10 * time.Second
+
+// waitSlotGone waits until the server has dropped slot, so that Stop returns only once
+// nothing of the waker is left on the server. PostgreSQL drops a temporary slot when
+// its WAL sender ends, which is shortly after the connection closes, not at once; until
+// then the slot holds its database, and a DROP DATABASE (a test's cleanup, an operator's)
+// fails with "is used by an active logical replication slot" (SQLSTATE 55006).
+func (lg *Logical) waitSlotGone(ctx context.Context, slot string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), slotGoneTimeout)
+	defer cancel()
+	for {
+		var present bool
+		err := lg.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)`, slot).Scan(&present)
+		if err == nil && !present {
+			return
+		}
+		if ctx.Err() != nil {
+			lg.log.Warn("replication slot still present after the waker stopped; the server drops it when its WAL sender ends",
+				zap.String("slot", slot), zap.Error(err))
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // closeConn closes conn within PingTimeout, also once ctx is cancelled, as

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 )
 
@@ -147,19 +148,28 @@ SELECT $1, 'bulk' || g || '.example', 'pending', 'tok', 'pending', 'acme' FROM g
 	require.LessOrEqual(t, n, 3, "a bulk verify sent %d notifications", n)
 }
 
-// Bad values are refused by the database itself, not only by the proxy's code.
+// Bad values are refused by the database itself, not only by the proxy's code: each
+// with the SQLSTATE of the constraint that refuses it (23514 check_violation, 23503
+// foreign_key_violation), so that a statement failing for another reason (a typo, a
+// parameter count) cannot pass for a refusal.
 func TestSchema_RefusesBadValues(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	tn := b.tenant(t)
-	for _, stmt := range []string{
-		`INSERT INTO proxy_domains (tenant_id, domain, verification_token, ssl_status) VALUES ($1, 'a.example', 't', 'bogus')`,
-		`INSERT INTO proxy_domains (tenant_id, domain, verification_token, ssl_provider) VALUES ($1, 'a.example', 't', 'bogus')`,
-		`INSERT INTO proxy_domains (tenant_id, domain, verification_token, verification_status) VALUES ($1, 'a.example', 't', 'bogus')`,
-		`INSERT INTO proxy_domains (tenant_id, domain, verification_token, verification_method) VALUES ($1, 'a.example', 't', 'bogus')`,
-		`INSERT INTO proxy_domains (tenant_id, domain, verification_token) VALUES (gen_random_uuid(), 'a.example', 't') -- $1`,
+	for _, tc := range []struct {
+		stmt  string
+		args  []any
+		state string
+	}{
+		{`INSERT INTO proxy_domains (tenant_id, domain, verification_token, ssl_status) VALUES ($1, 'a.example', 't', 'bogus')`, []any{tn}, "23514"},
+		{`INSERT INTO proxy_domains (tenant_id, domain, verification_token, ssl_provider) VALUES ($1, 'a.example', 't', 'bogus')`, []any{tn}, "23514"},
+		{`INSERT INTO proxy_domains (tenant_id, domain, verification_token, verification_status) VALUES ($1, 'a.example', 't', 'bogus')`, []any{tn}, "23514"},
+		{`INSERT INTO proxy_domains (tenant_id, domain, verification_token, verification_method) VALUES ($1, 'a.example', 't', 'bogus')`, []any{tn}, "23514"},
+		{`INSERT INTO proxy_domains (tenant_id, domain, verification_token) VALUES (gen_random_uuid(), 'a.example', 't')`, nil, "23503"},
 	} {
-		_, err := b.pool.Exec(b.ctx, stmt, tn)
-		require.Error(t, err, stmt)
+		_, err := b.pool.Exec(b.ctx, tc.stmt, tc.args...)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr, tc.stmt)
+		require.Equal(t, tc.state, pgErr.Code, "%s: %s", tc.stmt, pgErr.Message)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -275,7 +276,11 @@ func startStateSampler(w *world, every time.Duration) *stateSampler {
 // sampling early.
 func (s *stateSampler) stop() (map[string]*domainStates, error) {
 	s.cancel()
-	<-s.done
+	select {
+	case <-s.done:
+	case <-time.After(30 * time.Second):
+		return nil, errors.New("the state sampler did not stop within 30 s")
+	}
 	if s.err != nil {
 		return nil, fmt.Errorf("sample domain states: %w", s.err)
 	}

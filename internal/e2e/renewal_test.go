@@ -199,7 +199,11 @@ func startSampler(w *world, every time.Duration) *sampler {
 // stop ends sampling and returns the histories. Safe to call twice.
 func (s *sampler) stop() map[string]*history {
 	s.cancel()
-	<-s.done
+	select {
+	case <-s.done:
+	case <-time.After(30 * time.Second):
+		panic("the certificate sampler did not stop within 30 s")
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.hist

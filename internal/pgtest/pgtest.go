@@ -17,9 +17,11 @@ package pgtest
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
 	"net/url"
@@ -46,7 +48,9 @@ import (
 // DefaultImage is used where CERTWORKER_PG_IMAGE is not set.
 const DefaultImage = "postgres:17-alpine"
 
-const templateDB = "certworker_template"
+// SkipOwnServer, set with TEST_DATABASE_URL, skips the tests that need a PostgreSQL
+// container of their own (StartServer) instead of failing them.
+const SkipOwnServer = "CERTWORKER_TEST_SKIP_OWN_SERVER"
 
 // Server is one PostgreSQL server shared by a test package.
 type Server struct {
@@ -111,7 +115,13 @@ func Shared(t testing.TB) *Server {
 func StartServer(t testing.TB, settings ...string) *Server {
 	t.Helper()
 	if os.Getenv("TEST_DATABASE_URL") != "" {
-		t.Skip("needs a container of its own; TEST_DATABASE_URL is set")
+		// A test that stops its server, or needs server settings, cannot run on a
+		// shared one. Skipping silently would report a green run that never ran it.
+		if os.Getenv(SkipOwnServer) != "" {
+			t.Skipf("needs a PostgreSQL container of its own; skipped: TEST_DATABASE_URL and %s are set", SkipOwnServer)
+		}
+		t.Fatalf("needs a PostgreSQL container of its own, and TEST_DATABASE_URL is set: "+
+			"unset TEST_DATABASE_URL, or set %s=1 to skip such tests knowingly", SkipOwnServer)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -202,38 +212,65 @@ func hostPort(host, port string) string {
 	return host + ":" + port
 }
 
+// templateName is the migrated template's name: a checksum of the migrations, so that
+// test packages running at once against one TEST_DATABASE_URL share a template built
+// from the same migrations, and a migration edited meanwhile gets a template of its
+// own instead of one being dropped while another package clones it.
+var templateName = sync.OnceValue(func() string {
+	h := sha256.New()
+	_ = fs.WalkDir(migrations.FS, ".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := migrations.FS.ReadFile(path)
+		h.Write([]byte(path + "\x00"))
+		h.Write(b)
+		return err
+	})
+	return "certworker_tpl_" + hex.EncodeToString(h.Sum(nil))[:12]
+})
+
+// createTemplate makes the migrated template this build's migrations need, once per
+// server: a template that exists is complete (it is renamed into place only once
+// migrated) and is never dropped, since another test package may be cloning it.
+// Stale ones, left by older migrations, can be dropped by hand once no test runs.
 func (s *Server) createTemplate(ctx context.Context) error {
 	conn, err := pgx.Connect(ctx, s.AdminURL)
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer conn.Close(ctx)
-	// Two test packages sharing one TEST_DATABASE_URL server build the template under
-	// a lock, and each builds it only once.
+	// Packages sharing one server build the template one at a time.
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(7427014)"); err != nil {
 		return err
 	}
 	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock(7427014)") //nolint:errcheck
+	name := templateName()
 	var exists bool
-	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", templateDB).Scan(&exists); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", name).Scan(&exists); err != nil {
 		return err
 	}
 	if exists {
-		// Rebuilt every run, so that a migration edited during development is seen.
-		if _, err := conn.Exec(ctx, "DROP DATABASE "+templateDB+" WITH (FORCE)"); err != nil {
-			return fmt.Errorf("drop old template: %w", err)
-		}
+		return nil
 	}
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+templateDB); err != nil {
+	building := name + "_building"
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+building); err != nil {
+		return fmt.Errorf("drop an interrupted template build: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+building); err != nil {
 		return fmt.Errorf("create template: %w", err)
 	}
-	db, err := sql.Open("pgx", s.URL(templateDB))
+	db, err := sql.Open("pgx", s.URL(building))
 	if err != nil {
 		return err
 	}
-	defer db.Close()
-	if _, err := migrations.ApplyDB(ctx, db); err != nil {
+	_, err = migrations.ApplyDB(ctx, db)
+	db.Close()
+	if err != nil {
 		return err
+	}
+	if _, err := conn.Exec(ctx, "ALTER DATABASE "+building+" RENAME TO "+name); err != nil {
+		return fmt.Errorf("put the template in place: %w", err)
 	}
 	return nil
 }
@@ -261,7 +298,7 @@ func (s *Server) NewDatabase(t testing.TB) string {
 		t.Fatalf("connect to test server: %v", err)
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s", name, templateDB)); err != nil {
+	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s", name, templateName())); err != nil {
 		t.Fatalf("create test database: %v", err)
 	}
 	t.Cleanup(func() {

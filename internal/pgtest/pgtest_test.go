@@ -2,9 +2,11 @@ package pgtest_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/internal/pgtest"
 )
@@ -37,4 +39,53 @@ func TestNewDB_IsMigratedAndIsolated(t *testing.T) {
 	if n != 0 {
 		t.Fatalf("a row written in one test's database is visible in another's: %d rows", n)
 	}
+}
+
+// tbRecorder is a testing.TB that records Fatalf and Skipf instead of ending a test,
+// to test what pgtest does to the test that calls it.
+type tbRecorder struct {
+	testing.TB
+	fatal, skip string
+}
+
+type stopped struct{}
+
+func (r *tbRecorder) Helper() {}
+func (r *tbRecorder) Fatalf(format string, args ...any) {
+	r.fatal = fmt.Sprintf(format, args...)
+	panic(stopped{})
+}
+func (r *tbRecorder) Skipf(format string, args ...any) {
+	r.skip = fmt.Sprintf(format, args...)
+	panic(stopped{})
+}
+
+func (r *tbRecorder) run(f func(testing.TB)) {
+	defer func() {
+		if p := recover(); p != nil {
+			if _, ok := p.(stopped); !ok {
+				panic(p)
+			}
+		}
+	}()
+	f(r)
+}
+
+// A test that needs a server of its own must not pass silently when TEST_DATABASE_URL
+// makes every test share one: it fails, unless the opt-out says to skip it knowingly.
+// (Not parallel: it sets the environment.)
+func TestStartServer_FailsUnderTestDatabaseURLUnlessOptedOut(t *testing.T) {
+	t.Setenv("TEST_DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
+	t.Setenv(pgtest.SkipOwnServer, "")
+	r := &tbRecorder{TB: t}
+	r.run(func(tb testing.TB) { pgtest.StartServer(tb) })
+	require.Contains(t, r.fatal, "needs a PostgreSQL container of its own")
+	require.Contains(t, r.fatal, pgtest.SkipOwnServer)
+	require.Empty(t, r.skip)
+
+	t.Setenv(pgtest.SkipOwnServer, "1")
+	r = &tbRecorder{TB: t}
+	r.run(func(tb testing.TB) { pgtest.StartServer(tb) })
+	require.Empty(t, r.fatal)
+	require.Contains(t, r.skip, "skipped")
 }

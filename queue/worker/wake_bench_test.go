@@ -89,7 +89,11 @@ func referenceLoop(tb testing.TB, q *queue.Queue, issuer queue.Issuer, poll time
 	}()
 	tb.Cleanup(func() {
 		cancel()
-		<-done
+		select {
+		case <-done:
+		case <-time.After(time.Minute):
+			tb.Error("the reference loop did not stop within a minute")
+		}
 	})
 }
 
