@@ -193,13 +193,16 @@ END
 $$;
 -- +goose StatementEnd
 
--- The claim's order of service: tier, then place. A row that entered the queue before
--- this migration has neither, and counts as a first issuance at the front (it has
--- waited longest). Built concurrently: the proxy keeps writing meanwhile. A build
--- that gave up leaves an INVALID index that IF NOT EXISTS would skip: the migration
--- runner drops those before it retries.
+-- The claim's order of service: tier, then place, then the row queued last. A row
+-- that entered the queue before this migration has neither tier nor place, and counts
+-- as a first issuance at the front (it has waited longest). Places tie between
+-- tenants (each tenant's first row after the queue's position gets the same one); the
+-- row queued last goes first, which puts a tenant that has just arrived ahead of one
+-- whose backlog took that place long ago. Built concurrently: the proxy keeps writing
+-- meanwhile. A build that gave up leaves an INVALID index that IF NOT EXISTS would
+-- skip: the migration runner drops those before it retries.
 CREATE INDEX CONCURRENTLY IF NOT EXISTS proxy_domains_queue_idx
-    ON proxy_domains ((COALESCE(ssl_queue_tier, 2)), (COALESCE(ssl_queue_seq, 0)))
+    ON proxy_domains ((COALESCE(ssl_queue_tier, 2)), (COALESCE(ssl_queue_seq, 0)), ssl_queued_at DESC NULLS LAST)
     WHERE verification_status = 'verified' AND ssl_provider = 'acme' AND ssl_status = 'pending';
 
 -- The next backoff to run out: per attempt count, the oldest attempt (NextDue reads

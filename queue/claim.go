@@ -25,6 +25,9 @@ type Claim struct {
 	CurrentPEM string
 }
 
+// claimOrderSQL is the claim's order of service (see claimSQL).
+const claimOrderSQL = `ORDER BY COALESCE(d.ssl_queue_tier, 2), COALESCE(d.ssl_queue_seq, 0), d.ssl_queued_at DESC NULLS LAST`
+
 // claimSQL claims up to $6 due domains in one statement.
 //
 // FOR UPDATE SKIP LOCKED inside the statement that flips the status is what makes
@@ -48,9 +51,22 @@ type Claim struct {
 // an anti-join of the whole table before the ORDER BY and LIMIT, 100 times slower at
 // 10,000 due rows, where a count stays one index probe of each row the claim reads.
 //
-// Order of service: ssl_queue_tier, then ssl_queue_seq (migration 00005), read in
-// order from proxy_domains_queue_idx, so the claim's cost follows the rows it takes,
-// not the queue's length.
+// Order of service (CONTRACT.md §5, issue #13), read in order from
+// proxy_domains_queue_idx, so that the claim's cost follows the rows it takes, not the
+// queue's length (ranking every due row on each claim would not):
+//  1. ssl_queue_tier 1, renewals close to expiry (a fifth of the lifetime left, or
+//     past the CA's renewal window): a certificate about to expire hurts a tenant
+//     who is already served, and waiting behind a backlog could let it lapse;
+//  2. tier 2, first issuances and retries, shared between tenants: ssl_queue_seq is
+//     the row's place in its tenant's line, drawn from the tenant's own counter and
+//     never behind the place the queue is serving (migration 00005), so a tenant
+//     with 2,000 rows queued gets one turn a round, and a tenant that verifies one
+//     domain later is served in the next round, not after the 2,000; on a tied
+//     place, the row queued last goes first, the tenant who has just arrived;
+//  3. tier 3, renewals with time to spare: they can wait behind a tenant's first
+//     certificate, and become tier 1 when their time runs short.
+// Within a tenant, its rows are served in the order they entered the queue, so the
+// oldest attempt first and a retry behind the rows queued before its failure.
 //
 // The claim stamps ssl_last_attempt_at and updated_at with the transaction's time, as
 // the reference does, and keeps the previous attempt time in ssl_claim_prev_attempt_at
@@ -76,7 +92,7 @@ WITH due AS (
                             AND (p.scope = 'registered_domain' OR p.key = lower(d.domain))
                             AND p.paused_until > now()))
       AND (SELECT count(*) FROM proxy_domains o WHERE lower(o.domain) = lower(d.domain)) = 1
-    ORDER BY COALESCE(d.ssl_queue_tier, 2), COALESCE(d.ssl_queue_seq, 0)
+    ` + claimOrderSQL + `
     LIMIT $6
     FOR UPDATE OF d SKIP LOCKED
 ), claimed AS (

@@ -2,3 +2,7 @@ package queue
 
 // ClaimSQLForTest is the claim statement, for EXPLAIN in tests.
 var ClaimSQLForTest = claimSQL
+
+// ClaimOrderForTest is the claim's ORDER BY, for benchmarks that compare it with the
+// first-in-first-out order it replaced.
+const ClaimOrderForTest = claimOrderSQL

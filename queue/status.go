@@ -123,14 +123,26 @@ func (q *Queue) Overview(ctx context.Context) (*Overview, error) {
 		return nil, err
 	}
 	o := &Overview{Counts: counts, Domains: []Trouble{}, Pauses: []PauseState{}}
+	// The rows to list are found first, each way by its own index (failed and
+	// retrying rows; due rows under a pause of their name or registered domain, looked
+	// for only while such a pause exists), and only they are matched with the pauses:
+	// matching every row of a million would take seconds.
 	rows, err := q.db.Query(ctx, `
 SELECT d.id::text, d.domain, d.ssl_status, d.ssl_attempts, d.ssl_error, d.ssl_last_attempt_at,
     `+nextAttemptAtSQL("$1", "$2", "$3")+`, pz.paused_until, pz.reason
-FROM proxy_domains d `+pauseSQL+`
-WHERE d.ssl_provider = 'acme'
-  AND (d.ssl_status = 'failed'
-       OR (d.ssl_status = 'pending' AND (d.ssl_attempts <> 0 OR d.ssl_error IS NOT NULL))
-       OR (d.ssl_status = 'pending' AND d.verification_status = 'verified' AND pz.scope <> 'ca'))
+FROM (
+    SELECT * FROM proxy_domains
+    WHERE ssl_provider = 'acme'
+      AND (ssl_status = 'failed' OR (ssl_status = 'pending' AND (ssl_attempts <> 0 OR ssl_error IS NOT NULL)))
+    UNION
+    SELECT * FROM proxy_domains x
+    WHERE `+claimableSQL+`
+      AND EXISTS (SELECT 1 FROM certworker_pauses WHERE scope <> 'ca' AND paused_until > now())
+      AND EXISTS (SELECT 1 FROM certworker_pauses p
+                  WHERE p.scope IN ('registered_domain', 'domain') AND p.paused_until > now()
+                    AND p.key = ANY (certworker_suffixes(x.domain))
+                    AND (p.scope = 'registered_domain' OR p.key = lower(x.domain)))
+) d `+pauseSQL+`
 ORDER BY d.ssl_last_attempt_at DESC NULLS LAST, d.domain`,
 		cfg.MaxAttempts, seconds(cfg.RetryBase), seconds(cfg.RetryMax))
 	if err != nil {

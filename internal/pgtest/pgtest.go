@@ -275,13 +275,19 @@ func (s *Server) createTemplate(ctx context.Context) error {
 	return nil
 }
 
-// URL is the server's URL with the database replaced.
+// URL is the server's URL with the database replaced, for sessions as `certworker`
+// opens them: without JIT (cmd/certworker/db.go says why).
 func (s *Server) URL(database string) string {
 	u, err := url.Parse(s.AdminURL)
 	if err != nil {
 		panic(fmt.Sprintf("TEST_DATABASE_URL must be a URL: %v", err))
 	}
 	u.Path = "/" + database
+	q := u.Query()
+	if q.Get("jit") == "" {
+		q.Set("jit", "off")
+	}
+	u.RawQuery = q.Encode()
 	return u.String()
 }
 

@@ -1,0 +1,237 @@
+package e2e
+
+// The real `certworker run` binary, as processes, against Pebble: what only a process
+// shows (signals, its HTTP endpoints, an outage of the database under several of
+// them).
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/certworker/certworker/internal/pebbletest"
+	"github.com/certworker/certworker/internal/pgtest"
+)
+
+var (
+	binaryOnce sync.Once
+	binaryPath string
+	binaryErr  error
+)
+
+// certworkerBinary builds cmd/certworker once for the package's tests.
+func certworkerBinary(t *testing.T) string {
+	t.Helper()
+	binaryOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "certworker-e2e-")
+		if err != nil {
+			binaryErr = err
+			return
+		}
+		binaryPath = filepath.Join(dir, "certworker")
+		out, err := exec.Command("go", "build", "-o", binaryPath, "../../cmd/certworker").CombinedOutput()
+		if err != nil {
+			binaryErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	require.NoError(t, binaryErr)
+	return binaryPath
+}
+
+// proc is one `certworker run` process.
+type proc struct {
+	name  string
+	cmd   *exec.Cmd
+	admin string
+	logs  *lockedBuffer
+	done  chan struct{}
+	err   error
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// startProc runs `certworker run` against dsn and the CA, with its admin endpoints on a
+// port of its own and the given extra flags. It is killed when the test ends, and its
+// log printed if the test failed.
+func startProc(t *testing.T, name, dsn string, ca *pebbletest.CA, roots string, extra ...string) *proc {
+	t.Helper()
+	p := &proc{name: name, admin: freeAddr(t), logs: &lockedBuffer{}, done: make(chan struct{})}
+	args := append([]string{"run",
+		"--database-url", dsn,
+		"--acme-directory", ca.DirectoryURL,
+		"--acme-ca-bundle", roots,
+		"--acme-email", "ops@e2e.example",
+		"--admin-listen", p.admin,
+		"--preflight", "off",
+		"--log-level", "debug",
+		"--limit-orders-per-account", "off", "--limit-certs-per-registered-domain", "off",
+		"--limit-certs-per-exact-set", "off", "--limit-failed-authz-per-name", "off",
+	}, extra...)
+	p.cmd = exec.Command(certworkerBinary(t), args...)
+	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
+	require.NoError(t, p.cmd.Start())
+	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		if t.Failed() {
+			lines := strings.Split(p.logs.String(), "\n")
+			if len(lines) > 150 {
+				lines = lines[len(lines)-150:]
+			}
+			t.Logf("log of %s:\n%s", name, strings.Join(lines, "\n"))
+		}
+	})
+	return p
+}
+
+// get fetches a path of the process's admin endpoints.
+func (p *proc) get(path string) (int, string) {
+	c := &http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get("http://" + p.admin + path)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// stop sends SIGTERM and waits for the exit status.
+func (p *proc) stop(t *testing.T, timeout time.Duration) int {
+	t.Helper()
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		t.Fatalf("%s did not exit within %s of SIGTERM", p.name, timeout)
+	}
+	return p.cmd.ProcessState.ExitCode()
+}
+
+// processWorld is a database of its own (one that can be stopped), Pebble and a
+// tenant, for process tests.
+type processWorld struct {
+	*world
+	srv *pgtest.Server
+}
+
+func newProcessWorld(t *testing.T, opts pebbletest.Options) *processWorld {
+	t.Helper()
+	srv := pgtest.StartServer(t)
+	w := &world{ctx: context.Background()}
+	opts.HTTPPort = 0
+	w.ca = pebbletest.StartT(t, opts)
+	w.rootsFile = filepath.Join(t.TempDir(), "roots.pem")
+	require.NoError(t, os.WriteFile(w.rootsFile, w.ca.RootsPEM(), 0o600))
+	w.pool, w.dsn = srv.NewPool(t)
+	w.tenant = pgtest.Tenant(t, w.pool)
+	return &processWorld{world: w, srv: srv}
+}
+
+// The real `run` command: /readyz answers 200 once it runs, /metrics is Prometheus
+// text with the worker's series, a verified domain is issued, and SIGTERM during an
+// order hands it back, uncharged, and exits 0 within the grace and the hand-back.
+func TestProcess_RunServesItsEndpointsAndHandsBackAtSIGTERM(t *testing.T) {
+	t.Parallel()
+	w := newProcessWorld(t, pebbletest.Options{ValidationSleep: true, SleepSeconds: 20})
+	p := startProc(t, "run", w.dsn, w.ca, w.rootsFile,
+		"--http01-listen", fmt.Sprintf("127.0.0.1:%d", w.ca.HTTPPort), "--shutdown-grace", "1s")
+	waitFor(t, 20*time.Second, "/readyz to answer 200", func() bool { code, _ := p.get("/readyz"); return code == 200 })
+	code, body := p.get("/healthz")
+	require.Equal(t, 200, code)
+	require.Contains(t, body, "ok")
+
+	// Pebble's validation sleeps up to 20 s: the order is in flight when SIGTERM comes.
+	id := w.addDomains(t, randomName("sigterm"))[0]
+	waitFor(t, 20*time.Second, "the order to start", func() bool { return w.domain(t, id).Status == "provisioning" })
+	code, body = p.get("/metrics")
+	require.Equal(t, 200, code)
+	for _, series := range []string{"certworker_claims_total", "certworker_orders_in_flight 1", "certworker_listener_connected 1"} {
+		require.Contains(t, body, series, "/metrics")
+	}
+	start := time.Now()
+	require.Equal(t, 0, p.stop(t, 30*time.Second), "exit status after SIGTERM")
+	t.Logf("exited %s after SIGTERM", time.Since(start).Round(time.Millisecond))
+	d := w.domain(t, id)
+	require.Equal(t, "pending", d.Status, "the order in flight was not handed back")
+	require.Zero(t, d.Attempts, "the hand-back was charged")
+	require.Contains(t, p.logs.String(), "order handed back at shutdown")
+}
+
+// After a database outage longer than the lease, with every instance alive, no
+// domain is ordered twice (issue #9): two processes have orders in flight when
+// PostgreSQL stops for three leases; nobody can take a claim while nobody can reach
+// the database, so the orders go on (the CA's validations are answered from the
+// responder's memory), their results are written once it is back, each instance
+// re-asserts its leases first, and nobody reclaims another's until a full lease after
+// its own reconnection. Every domain ends active with exactly one order at Pebble.
+func TestProcess_AnOutageLongerThanTheLeaseOrdersNothingTwice(t *testing.T) {
+	t.Parallel()
+	const lease = 3 * time.Second
+	w := newProcessWorld(t, pebbletest.Options{ValidationSleep: true, SleepSeconds: 4})
+	common := []string{"--lease", lease.String(), "--concurrency", "4", "--poll-interval", "1s", "--retry-base", "1s"}
+	startProc(t, "a", w.dsn, w.ca, w.rootsFile, append(common, "--http01-listen", fmt.Sprintf("127.0.0.1:%d", w.ca.HTTPPort))...)
+	startProc(t, "b", w.dsn, w.ca, w.rootsFile, append(common, "--http01-listen", "")...)
+	names := make([]string, 6)
+	for i := range names {
+		names[i] = randomName("outage")
+	}
+	ids := w.addDomains(t, names...)
+	// Every order at the CA, its token stored: orders in flight, validations to come.
+	waitFor(t, 30*time.Second, "six orders in flight with their tokens stored", func() bool {
+		var tokens int
+		require.NoError(t, w.pool.QueryRow(w.ctx, `SELECT count(*) FROM certworker_http01_tokens`).Scan(&tokens))
+		return tokens == len(ids) && w.statuses(t)["provisioning"] == len(ids)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	require.NoError(t, w.srv.Stop(ctx))
+	down := time.Now()
+	time.Sleep(3 * lease)
+	require.NoError(t, w.srv.Start(ctx))
+	t.Logf("database down %s (lease %s)", time.Since(down).Round(time.Millisecond), lease)
+	waitFor(t, time.Minute, "every domain to be active", func() bool { return w.statuses(t)["active"] == len(ids) })
+	for _, n := range names {
+		require.Len(t, ordersFor(w.ca, n), 1, "%s was ordered more than once", n)
+	}
+	for _, id := range ids {
+		require.Zero(t, w.domain(t, id).Attempts)
+	}
+}

@@ -1,0 +1,53 @@
+package worker_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/certworker/certworker/internal/fakeissuer"
+	"github.com/certworker/certworker/internal/workertest"
+	"github.com/certworker/certworker/queue/worker"
+)
+
+// Tenant A verifies 2,000 domains in one statement; a second later tenant B verifies
+// one. B's domain is among the next --concurrency claims, on one instance and on three,
+// not behind A's backlog (issue #13). Counted on the database: A's domains claimed
+// after B's verify and before B's claim.
+func TestWorker_ALateTenantIsAmongTheNextClaims(t *testing.T) {
+	t.Parallel()
+	const concurrency = 4
+	for _, instances := range []int{1, 3} {
+		t.Run(fmt.Sprintf("%d instances", instances), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			fake := fakeissuer.New(1)
+			fake.Delay = 20 * time.Millisecond
+			for i := range instances {
+				b.start(t, fmt.Sprint("w", i), worker.Config{Issuer: fake, Concurrency: concurrency, PollInterval: time.Hour})
+			}
+			a, other := b.tenant(t), b.tenant(t)
+			_, err := b.pool.Exec(b.ctx, `
+INSERT INTO proxy_domains (tenant_id, domain, verification_token, ssl_provider)
+SELECT $1, 'a' || g || '.example', 'tok', 'acme' FROM generate_series(1, 2000) g`, a)
+			require.NoError(t, err)
+			_, err = b.pool.Exec(b.ctx, `UPDATE proxy_domains SET verification_status = 'verified' WHERE tenant_id = $1`, a)
+			require.NoError(t, err)
+			time.Sleep(time.Second)
+			id, _ := b.unverified(t, other)
+			_, err = b.pool.Exec(b.ctx, `UPDATE proxy_domains SET verification_status = 'verified' WHERE id = $1`, id)
+			require.NoError(t, err)
+			workertest.Eventually(t, 20*time.Second, "B's claim", func() bool { return b.status(t, id) != "pending" })
+			var before, backlog int
+			require.NoError(t, b.pool.QueryRow(b.ctx, `
+SELECT count(*) FILTER (WHERE a.ssl_last_attempt_at > bd.ssl_queued_at AND a.ssl_last_attempt_at < bd.ssl_last_attempt_at),
+       count(*) FILTER (WHERE a.ssl_status = 'pending')
+FROM proxy_domains a, proxy_domains bd WHERE a.tenant_id = $1 AND bd.id = $2`, a, id).Scan(&before, &backlog))
+			t.Logf("%d of A's domains claimed between B's verify and B's claim; %d of A's still queued then", before, backlog)
+			require.Positive(t, backlog, "A's backlog was drained before B arrived: the test shows nothing")
+			require.LessOrEqual(t, before, concurrency, "B waited behind A's backlog")
+		})
+	}
+}
