@@ -23,7 +23,7 @@ func legacy(t *testing.T) string {
 }
 
 // openDB is a database/sql handle on url, closed when the test ends.
-func openDB(t *testing.T, url string) *sql.DB {
+func openDB(t testing.TB, url string) *sql.DB {
 	t.Helper()
 	db, err := sql.Open("pgx", url)
 	require.NoError(t, err)

@@ -106,9 +106,11 @@ func ApplyDB(ctx context.Context, db *sql.DB) ([]Result, error) {
 //   - Every statement runs under the lock timeout. A migration whose statement gives
 //     up is run again, after a backoff, from its first statement: every migration file
 //     is idempotent (see README), so what it did before is skipped, and an interrupted
-//     run is finished the same way by the next one. Before each run, any INVALID index
-//     left by a concurrent build that gave up is dropped, since IF NOT EXISTS would
-//     otherwise skip it for ever.
+//     run is finished the same way by the next one. A retry first waits (15 s at most)
+//     for the transactions older than the lock timeout to end, so as not to queue
+//     behind the same one again. Before each run, any INVALID index left by a
+//     concurrent build that gave up is dropped, since IF NOT EXISTS would otherwise
+//     skip it for ever.
 func Up(ctx context.Context, db *sql.DB, opts Options) ([]Result, error) {
 	opts = opts.withDefaults()
 	guard, err := db.Conn(ctx)
@@ -154,7 +156,45 @@ func Up(ctx context.Context, db *sql.DB, opts Options) ([]Result, error) {
 			return out, fmt.Errorf("apply migrations: %w", ctx.Err())
 		case <-time.After(wait):
 		}
+		if err := waitForOldTransactions(ctx, guard, opts.LockTimeout); err != nil {
+			return out, err
+		}
 	}
+}
+
+// oldTransactionsWait bounds how long a retry waits for old transactions to end: a
+// session the proxy left idle in a transaction must not stop migrate for good.
+const oldTransactionsWait = 15 * time.Second
+
+// waitForOldTransactions waits, before a retry, until no other session of this
+// database has had a transaction open for longer than the lock timeout (or for
+// oldTransactionsWait at most). Such a transaction is what the statement that gave up
+// was waiting for, a lock it holds or a snapshot a concurrent index build must see
+// end; retrying while it lasts would queue behind it again, and the proxy's writes
+// with it, once per retry. Where the role may not see other roles' sessions
+// (pg_stat_activity hides their xact_start), nothing is found and the retry goes
+// ahead.
+func waitForOldTransactions(ctx context.Context, guard *sql.Conn, lockTimeout time.Duration) error {
+	deadline := time.Now().Add(oldTransactionsWait)
+	for time.Now().Before(deadline) {
+		var old int
+		err := guard.QueryRowContext(ctx, `
+SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'
+  AND xact_start < now() - make_interval(secs => $1)`, max(lockTimeout, 0).Seconds()).Scan(&old)
+		if err != nil {
+			return fmt.Errorf("look for old transactions: %w", err)
+		}
+		if old == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("apply migrations: %w", ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return nil
 }
 
 // runOnce drops what an earlier attempt left half-built, then runs every pending
