@@ -222,10 +222,10 @@ func (w *Worker) Run(ctx context.Context) error {
 			w.reclaim(ctx)
 		}
 		rctx, cancel := context.WithTimeout(ctx, w.stepTimeout())
-		if n, err := w.q.MarkRenewals(rctx); err != nil {
+		if r, err := w.q.MarkRenewals(rctx); err != nil {
 			w.logDBError("mark renewals", err)
-		} else if n > 0 {
-			w.log.Info("certificates due for renewal", zap.Int64("renewals", n), zap.String("source", source))
+		} else if r.Marked > 0 {
+			w.log.Info("certificates due for renewal", zap.Int64("renewals", r.Marked), zap.String("source", source))
 		}
 		cancel()
 		schedule(claim(source))

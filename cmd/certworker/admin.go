@@ -141,7 +141,11 @@ func printState(g *globals, s *queue.DomainState) {
 		row("certificate issuer", str(c.Issuer))
 		row("certificate serial", str(c.Serial))
 		row("not before", when(c.NotBefore, "-"))
-		row("not after", c.NotAfter.UTC().Format(time.RFC3339))
+		notAfter := "unknown (no expires_at, and certificate_pem cannot be read)"
+		if !c.NotAfter.IsZero() {
+			notAfter = c.NotAfter.UTC().Format(time.RFC3339)
+		}
+		row("not after", notAfter)
 		row("renewal time", when(c.RenewAt, "not yet known (worked out on the next pass)"))
 		row("auto renew", fmt.Sprint(c.AutoRenew))
 	} else {
@@ -188,6 +192,10 @@ func (c *retryCmd) Run(g *globals) error {
 		var refused *queue.RefusedError
 		if errors.As(err, &refused) {
 			return &failedError{"refused: " + refused.Reason}
+		}
+		var ambiguous *queue.AmbiguousError
+		if errors.As(err, &ambiguous) {
+			return &failedError{"refused: " + ambiguous.Error()}
 		}
 		return &failedError{err.Error()}
 	}
