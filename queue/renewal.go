@@ -89,23 +89,34 @@ func (q *Queue) MarkRenewals(ctx context.Context) (RenewalPass, error) {
 // (renew_at - not_before): 2L/3 + (2L/3)/5 = 4L/5. Without a lifetime at all,
 // renew_at itself (urgent: the expiry is unknown).
 func (q *Queue) requeueDue(ctx context.Context) (int64, error) {
-	tag, err := q.db.Exec(ctx, `
-UPDATE proxy_domains d SET
-    ssl_status = 'pending', ssl_attempts = 0, updated_at = now(),
-    ssl_renew_by = LEAST(
+	var total int64
+	for {
+		tag, err := q.db.Exec(ctx, `
+WITH due AS (
+    SELECT d.id, LEAST(
         CASE WHEN c.not_before IS NULL THEN c.renew_at
              WHEN c.expires_at IS NOT NULL THEN c.expires_at - (c.expires_at - c.not_before) / 5
              ELSE c.renew_at + (c.renew_at - c.not_before) / 5 END,
-        c.ari_window_end)
-FROM proxy_certificates c
-WHERE c.domain = d.domain AND c.auto_renew AND c.renew_at <= now()
-  AND d.ssl_status = 'active'
-  AND d.ssl_provider = 'acme'
-  AND d.verification_status = 'verified'`)
-	if err != nil {
-		return 0, fmt.Errorf("mark renewals: %w", err)
+        c.ari_window_end) AS renew_by
+    FROM proxy_domains d JOIN proxy_certificates c ON c.domain = d.domain
+    WHERE c.auto_renew AND c.renew_at <= now()
+      AND d.ssl_status = 'active'
+      AND d.ssl_provider = 'acme'
+      AND d.verification_status = 'verified'
+    LIMIT $1
+    FOR UPDATE OF d SKIP LOCKED)
+UPDATE proxy_domains d SET
+    ssl_status = 'pending', ssl_attempts = 0, updated_at = now(), ssl_renew_by = due.renew_by
+FROM due
+WHERE d.id = due.id`, fillBatch)
+		if err != nil {
+			return total, fmt.Errorf("mark renewals: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < fillBatch {
+			return total, nil
+		}
 	}
-	return tag.RowsAffected(), nil
 }
 
 // unscheduled is a certificate row without a renewal time.
@@ -115,9 +126,10 @@ type unscheduled struct {
 	domainID string
 }
 
-// fillBatch is how many certificate rows a statement reads: the proxy's database
-// holds tens of thousands without a renewal time after migrate, and reading them in
-// one go would hold their PEMs (a few kB each) in memory at once.
+// fillBatch is how many rows one statement of the renewal pass reads or requeues: the
+// proxy's database holds tens of thousands of certificates without a renewal time
+// after migrate, and reading them in one go would hold their PEMs (a few kB each) in
+// memory at once, and requeueing them in one statement their rows' locks.
 const fillBatch = 1000
 
 // readUnscheduled reads the next batch of certificate rows without a renewal time,

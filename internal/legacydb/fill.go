@@ -121,10 +121,12 @@ domains AS (
     SELECT '00000000-0000-4000-8000-000000000001', domain, 'verified', 'tok', status, 'acme',
            attempts, CASE WHEN attempts <> 0 THEN now() - interval '1 day' END
     FROM odd RETURNING domain)
-INSERT INTO proxy_certificates (domain, certificate_pem, private_key_pem, expires_at)
-SELECT $3, E'-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n', $8::text, $9::timestamptz
-UNION ALL SELECT $4, $7, $8, $9
-UNION ALL SELECT 'deleted-' || g || '.fixture.example', $11, $8, $9 FROM generate_series(1, $10) g`
+INSERT INTO proxy_certificates (domain, certificate_pem, private_key_pem, expires_at, updated_at)
+SELECT $3, E'-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n', $8::text,
+       $9::timestamptz, now() - interval '10 days'
+UNION ALL SELECT $4, $7, $8, $9, now() - interval '10 days'
+UNION ALL SELECT 'deleted-' || g || '.fixture.example', $11, $8, $9, now() - interval '30 days'
+FROM generate_series(1, $10) g`
 
 // certificates are what the fixture's rows hold: real certificates for
 // *.fixture.example from a fixture CA, so that the worker can parse them and finds
