@@ -2,11 +2,14 @@ package migrations_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -38,6 +41,8 @@ import (
 // many times a statement gave up waiting and was retried. A run fails when a write
 // failed or took longer than the lock timeout plus 100 ms.
 //
+// Each run appends a line per case to bench/migrate.txt.
+//
 //	go test -run '^$' -bench BenchmarkUp_UnderProxyWrites -benchtime 1x ./migrations/
 func BenchmarkUp_UnderProxyWrites(b *testing.B) {
 	for _, tc := range []struct {
@@ -54,6 +59,7 @@ func BenchmarkUp_UnderProxyWrites(b *testing.B) {
 			for range b.N {
 				r := measureMigration(b, tc.lockTimeout, tc.holdFrom)
 				r.report(b)
+				r.record(b, tc.name)
 				if tc.lockTimeout > 0 {
 					if r.errors > 0 {
 						b.Errorf("%d writes failed", r.errors)
@@ -270,4 +276,48 @@ func (r *migrationRun) report(b *testing.B) {
 	b.Logf("migrate %.1fs, %s; %d writes (%d failed), statement p50 %.1f ms, p99 %.1f ms, max %.1f ms; max since due %.1f ms; %d retries",
 		r.migrate.Seconds(), held, r.writes, r.errors, ms(percentile(r.exec, 0.5)), ms(percentile(r.exec, 0.99)),
 		ms(r.maxExec), ms(r.maxDue), r.retries)
+}
+
+// migrateBenchCommand is how bench/migrate.txt was produced, written into it.
+const migrateBenchCommand = `CERTWORKER_PG_IMAGE=certworker-postgres:15 TESTCONTAINERS_RYUK_DISABLED=true go test -run '^$' -bench BenchmarkUp_UnderProxyWrites -benchtime 1x -timeout 30m ./migrations/`
+
+// record appends the run to ../bench/migrate.txt (the repository's bench/), with a
+// header when the file is new, and the machine's load: a shared host is noted.
+func (r *migrationRun) record(b *testing.B, name string) {
+	b.Helper()
+	path := filepath.Join("..", "bench", "migrate.txt")
+	var text string
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		text = fmt.Sprintf("# migrate on the proxy's database (100,000 domains, never migrated) while a writer updates\n"+
+			"# proxy_domains %d times a second (each write its own transaction; its pool's size ends each line);\n"+
+			"# write latency is the statement's, and from when it was due (adds the wait for a pooled connection).\n"+
+			"# One line per case, appended on every run.\n# command: %s\n"+
+			"# %-22s %-50s %8s %6s %6s %8s %8s %8s %9s %7s %s\n", writesPerSecond, migrateBenchCommand,
+			"when (UTC)", "case", "migrate", "writes", "errors", "p50 ms", "p99 ms", "max ms", "max due", "retries", "load, pool")
+	}
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	text += fmt.Sprintf("%-24s %-50s %7.1fs %6d %6d %8.1f %8.1f %8.1f %9.1f %7d %s, pool %d\n",
+		time.Now().UTC().Format(time.RFC3339), name, r.migrate.Seconds(), r.writes, r.errors,
+		ms(percentile(r.exec, 0.5)), ms(percentile(r.exec, 0.99)), ms(r.maxExec), ms(r.maxDue), r.retries,
+		loadAvg(), writerConns)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		b.Fatalf("results file: %v", err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(text); err != nil {
+		b.Fatalf("results file: %v", err)
+	}
+}
+
+// loadAvg is the host's one-minute load average, or "?" off Linux.
+func loadAvg() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "load ?"
+	}
+	if f := strings.Fields(string(data)); len(f) > 0 {
+		return "load " + f[0]
+	}
+	return "load ?"
 }
