@@ -3,7 +3,14 @@
 -- Values are text with CHECK constraints rather than enum types: the proxy binds them
 -- as text, and adding a value to a CHECK is a one-line migration where an enum needs
 -- ALTER TYPE outside a transaction.
+--
+-- On the proxy's database these tables exist already, created by the proxy without
+-- the CHECK constraints: CREATE TABLE IF NOT EXISTS skips them (taking no lock), and
+-- migration 00006 adds the constraints online. The index is built CONCURRENTLY, so
+-- that building it on a table of 100,000 rows does not stop the proxy's writes; hence
+-- NO TRANSACTION.
 
+-- +goose NO TRANSACTION
 -- +goose Up
 CREATE TABLE IF NOT EXISTS proxy_tenants (
     id         uuid PRIMARY KEY DEFAULT gen_random_uuid(),
@@ -37,7 +44,7 @@ CREATE TABLE IF NOT EXISTS proxy_domains (
     updated_at          timestamptz NOT NULL DEFAULT now()
 );
 
-CREATE INDEX IF NOT EXISTS proxy_domains_tenant_idx ON proxy_domains (tenant_id);
+CREATE INDEX CONCURRENTLY IF NOT EXISTS proxy_domains_tenant_idx ON proxy_domains (tenant_id);
 
 CREATE TABLE IF NOT EXISTS proxy_certificates (
     id              uuid PRIMARY KEY DEFAULT gen_random_uuid(),
@@ -47,7 +54,9 @@ CREATE TABLE IF NOT EXISTS proxy_certificates (
     -- PEM, or the sealed form described in the README when the worker runs with
     -- --key-encryption-key.
     private_key_pem text NOT NULL,
-    expires_at      timestamptz NOT NULL,
+    -- NULL in rows the reference or an operator wrote (CONTRACT.md §1): the worker
+    -- then reads the expiry from certificate_pem.
+    expires_at      timestamptz,
     auto_renew      boolean NOT NULL DEFAULT true,
     created_at      timestamptz NOT NULL DEFAULT now(),
     updated_at      timestamptz NOT NULL DEFAULT now()

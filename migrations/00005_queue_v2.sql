@@ -31,17 +31,41 @@
 -- ssl_renew_by: for a row holding a certificate, when its renewal becomes urgent:
 -- a fifth of the lifetime before expiry, or the end of the CA's renewal window if that
 -- comes first. NULL for a row without one (its first issuance).
-ALTER TABLE proxy_domains
-    ADD COLUMN IF NOT EXISTS ssl_claim_prev_attempt_at timestamptz,
-    ADD COLUMN IF NOT EXISTS ssl_queue_seq bigint,
-    ADD COLUMN IF NOT EXISTS ssl_queue_tier smallint,
-    ADD COLUMN IF NOT EXISTS ssl_renew_by timestamptz;
+--
+-- ALTER TABLE takes an ACCESS EXCLUSIVE lock even when every column exists already,
+-- so it runs only when one is missing (as in 00002): a run that is retried, or a second
+-- one, does not queue the proxy's writes behind it again.
+-- +goose StatementBegin
+DO $$
+BEGIN
+    IF (SELECT count(*) FROM pg_attribute
+        WHERE attrelid = 'proxy_domains'::regclass AND NOT attisdropped
+          AND attname IN ('ssl_claim_prev_attempt_at', 'ssl_queue_seq', 'ssl_queue_tier', 'ssl_renew_by')) < 4 THEN
+        ALTER TABLE proxy_domains
+            ADD COLUMN IF NOT EXISTS ssl_claim_prev_attempt_at timestamptz,
+            ADD COLUMN IF NOT EXISTS ssl_queue_seq bigint,
+            ADD COLUMN IF NOT EXISTS ssl_queue_tier smallint,
+            ADD COLUMN IF NOT EXISTS ssl_renew_by timestamptz;
+    END IF;
+END
+$$;
+-- +goose StatementEnd
 
 -- The CA's renewal information for a stored certificate: the end of its suggested
 -- window (past it a renewal is urgent) and when to ask again.
-ALTER TABLE proxy_certificates
-    ADD COLUMN IF NOT EXISTS ari_window_end timestamptz,
-    ADD COLUMN IF NOT EXISTS ari_next_at timestamptz;
+-- +goose StatementBegin
+DO $$
+BEGIN
+    IF (SELECT count(*) FROM pg_attribute
+        WHERE attrelid = 'proxy_certificates'::regclass AND NOT attisdropped
+          AND attname IN ('ari_window_end', 'ari_next_at')) < 2 THEN
+        ALTER TABLE proxy_certificates
+            ADD COLUMN IF NOT EXISTS ari_window_end timestamptz,
+            ADD COLUMN IF NOT EXISTS ari_next_at timestamptz;
+    END IF;
+END
+$$;
+-- +goose StatementEnd
 
 -- The fleet's settings, recorded by every `certworker run` at start so that `status`
 -- computes next attempts under the curve the workers use, and so that the limit
@@ -176,10 +200,16 @@ $$;
 -- fires, whoever makes it, moves out of 'provisioning' included (the proxy's and an
 -- operator's edits, a hand-back); the function above keeps the worker's failure write
 -- silent. One transaction, so that no write goes unseen between the drop and the
--- create.
+-- create; and only while the trigger is still 00002's (its WHEN clause leaves out rows
+-- coming from 'provisioning'), so that a second run takes no lock on the table.
 -- +goose StatementBegin
 DO $$
 BEGIN
+    IF EXISTS (SELECT 1 FROM pg_trigger
+               WHERE tgrelid = 'proxy_domains'::regclass AND tgname = 'certworker_queued_update'
+                 AND pg_get_triggerdef(oid) NOT LIKE '%''provisioning''%') THEN
+        RETURN;
+    END IF;
     DROP TRIGGER IF EXISTS certworker_queued_update ON proxy_domains;
     CREATE TRIGGER certworker_queued_update
         BEFORE UPDATE ON proxy_domains

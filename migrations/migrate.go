@@ -3,25 +3,82 @@ package migrations
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"math/rand/v2"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
-	"github.com/pressly/goose/v3/lock"
 )
 
-// Result is one migration that Apply ran.
+// Result is one migration that Up ran.
 type Result struct {
 	Version  int64
 	Source   string
 	Duration string
 }
 
-// Apply brings the database at databaseURL up to the newest embedded migration.
-//
-// It is idempotent, and safe when several instances run it at once: goose holds a
-// PostgreSQL session advisory lock for the whole run, so the second instance waits and
-// then finds nothing left to do, instead of both applying the same migration.
+// DefaultLockTimeout is how long any one statement of a migration may wait for a lock
+// (`migrate --lock-timeout`). While a DDL statement waits for its lock, every write
+// of the proxy's to the same table queues behind it: this bounds that queue. Two
+// seconds is longer than the proxy's own statements hold their locks, and short
+// enough that a tenant's "verify" does not time out behind it.
+const DefaultLockTimeout = 2 * time.Second
+
+// NoLockTimeout waits as long as it takes: what migrate did before --lock-timeout.
+// Only for measuring that; it lets the proxy's writes queue for as long as its
+// longest transaction lasts.
+const NoLockTimeout = time.Duration(-1)
+
+// defaultAttempts is how many times a migration whose statement gave up waiting for a
+// lock is tried in all. With the backoff below that is about six minutes of retries:
+// enough to outlast any transaction of the proxy's, short enough that a migrate stuck
+// behind something that never ends says so.
+const defaultAttempts = 30
+
+// Backoff between attempts: doubling from retryBase to retryMax, with a fifth of
+// jitter so that several instances retrying at once do not queue at the same moment.
+const (
+	retryBase = 250 * time.Millisecond
+	retryMax  = 15 * time.Second
+)
+
+// Options are Up's settings; the zero value is the default.
+type Options struct {
+	// LockTimeout bounds every statement's wait for a lock: 0 is DefaultLockTimeout,
+	// NoLockTimeout waits for ever.
+	LockTimeout time.Duration
+	// Attempts is how many times a migration is tried when a statement gives up
+	// waiting for a lock (0: 30).
+	Attempts int
+	// OnRetry, when set, hears of every retry before its wait.
+	OnRetry func(Retry)
+}
+
+// Retry is a statement that gave up waiting for a lock and is about to be retried.
+type Retry struct {
+	// Attempt is the attempt that failed, from 1.
+	Attempt int
+	// Wait is the pause before the next attempt.
+	Wait time.Duration
+	// Err is what the statement returned (SQLSTATE 55P03 or 40P01).
+	Err error
+}
+
+func (o Options) withDefaults() Options {
+	if o.LockTimeout == 0 {
+		o.LockTimeout = DefaultLockTimeout
+	}
+	if o.Attempts <= 0 {
+		o.Attempts = defaultAttempts
+	}
+	return o
+}
+
+// Apply brings the database at databaseURL up to the newest embedded migration, with
+// the default Options.
 func Apply(ctx context.Context, databaseURL string) ([]Result, error) {
 	cfg, err := stdlibConfig(databaseURL)
 	if err != nil {
@@ -29,32 +86,167 @@ func Apply(ctx context.Context, databaseURL string) ([]Result, error) {
 	}
 	db := stdlib.OpenDB(*cfg)
 	defer db.Close()
-	return ApplyDB(ctx, db)
+	return Up(ctx, db, Options{})
 }
 
-// ApplyDB is Apply on an open database handle.
+// ApplyDB is Up with the default Options.
 func ApplyDB(ctx context.Context, db *sql.DB) ([]Result, error) {
-	locker, err := lock.NewPostgresSessionLocker()
+	return Up(ctx, db, Options{})
+}
+
+// Up brings the database up to the newest embedded migration, online: the proxy keeps
+// reading and writing its tables throughout.
+//
+//   - Several instances may run it at once: each holds a session advisory lock for
+//     its whole run (goose's lock id, so an older certworker's migrate waits too), and
+//     the second finds nothing left to do.
+//   - Before any DDL it checks the rows against the value sets the schema is about to
+//     enforce, and stops with a *ViolationsError, having changed nothing, when one
+//     breaks them.
+//   - Every statement runs under the lock timeout. A migration whose statement gives
+//     up is run again, after a backoff, from its first statement: every migration file
+//     is idempotent (see README), so what it did before is skipped, and an interrupted
+//     run is finished the same way by the next one. A retry first waits (15 s at most)
+//     for the transactions older than the lock timeout to end, so as not to queue
+//     behind the same one again. Before each run, any INVALID index left by a
+//     concurrent build that gave up is dropped, since IF NOT EXISTS would otherwise
+//     skip it for ever.
+func Up(ctx context.Context, db *sql.DB, opts Options) ([]Result, error) {
+	opts = opts.withDefaults()
+	guard, err := db.Conn(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("migration lock: %w", err)
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	defer guard.Close()
+	unlock, err := lockMigrations(ctx, guard)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if err := setLockTimeout(ctx, guard, opts.LockTimeout); err != nil {
+		return nil, err
+	}
+	if err := Preflight(ctx, guard); err != nil {
+		return nil, err
+	}
+	var out []Result
+	for attempt := 1; ; attempt++ {
+		applied, err := runOnce(ctx, db, guard, opts)
+		out = append(out, applied...)
+		if err == nil {
+			return out, nil
+		}
+		if isCheckViolation(err) {
+			// A row written between the preflight and the constraint (which checks
+			// every write from the moment it exists) breaks its validation: say which,
+			// as the preflight would have.
+			if verr := Preflight(ctx, guard); verr != nil {
+				return out, verr
+			}
+		}
+		if !gaveUpWaiting(err) || attempt >= opts.Attempts || ctx.Err() != nil {
+			return out, fmt.Errorf("apply migrations: %w", err)
+		}
+		wait := backoff(attempt)
+		if opts.OnRetry != nil {
+			opts.OnRetry(Retry{Attempt: attempt, Wait: wait, Err: err})
+		}
+		select {
+		case <-ctx.Done():
+			return out, fmt.Errorf("apply migrations: %w", ctx.Err())
+		case <-time.After(wait):
+		}
+		if err := waitForOldTransactions(ctx, guard, opts.LockTimeout); err != nil {
+			return out, err
+		}
+	}
+}
+
+// oldTransactionsWait bounds how long a retry waits for old transactions to end: a
+// session the proxy left idle in a transaction must not stop migrate for good.
+const oldTransactionsWait = 15 * time.Second
+
+// waitForOldTransactions waits, before a retry, until no other session of this
+// database has had a transaction open for longer than the lock timeout (or for
+// oldTransactionsWait at most). Such a transaction is what the statement that gave up
+// was waiting for, a lock it holds or a snapshot a concurrent index build must see
+// end; retrying while it lasts would queue behind it again, and the proxy's writes
+// with it, once per retry. Where the role may not see other roles' sessions
+// (pg_stat_activity hides their xact_start), nothing is found and the retry goes
+// ahead.
+func waitForOldTransactions(ctx context.Context, guard *sql.Conn, lockTimeout time.Duration) error {
+	deadline := time.Now().Add(oldTransactionsWait)
+	for time.Now().Before(deadline) {
+		var old int
+		err := guard.QueryRowContext(ctx, `
+SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'
+  AND xact_start < now() - make_interval(secs => $1)`, max(lockTimeout, 0).Seconds()).Scan(&old)
+		if err != nil {
+			return fmt.Errorf("look for old transactions: %w", err)
+		}
+		if old == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("apply migrations: %w", ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// runOnce drops what an earlier attempt left half-built, then runs every pending
+// migration. A new goose provider each time: goose remembers that it has created its
+// version table even when that failed.
+func runOnce(ctx context.Context, db *sql.DB, guard *sql.Conn, opts Options) ([]Result, error) {
+	if err := dropInvalidIndexes(ctx, guard); err != nil {
+		return nil, err
 	}
 	provider, err := goose.NewProvider(goose.DialectPostgres, db, FS,
-		goose.WithSessionLocker(locker))
+		goose.WithSessionLocker(sessionSettings{lockTimeout: opts.LockTimeout}))
 	if err != nil {
 		return nil, fmt.Errorf("load migrations: %w", err)
 	}
 	results, err := provider.Up(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("apply migrations: %w", err)
+	var partial *goose.PartialError
+	if errors.As(err, &partial) {
+		results = partial.Applied
 	}
 	out := make([]Result, 0, len(results))
 	for _, r := range results {
 		out = append(out, Result{Version: r.Source.Version, Source: r.Source.Path, Duration: r.Duration.String()})
 	}
-	return out, nil
+	return out, err
+}
+
+// gaveUpWaiting reports whether err is a statement that gave up waiting for a lock
+// (lock_not_available: the lock timeout) or was chosen as a deadlock's victim: both
+// are worth another try once the other transaction is gone.
+func gaveUpWaiting(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "40P01")
+}
+
+// isCheckViolation reports whether err is a row breaking a CHECK constraint.
+func isCheckViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23514"
+}
+
+// backoff is the pause after the nth failed attempt.
+func backoff(attempt int) time.Duration {
+	d := retryBase << min(attempt-1, 10)
+	d = min(d, retryMax)
+	jitter := time.Duration(rand.Int64N(int64(d)/5 + 1))
+	return d - d/10 + jitter
 }
 
 // HasPending reports whether the database lacks any embedded migration.
+//
+// Deprecated: Check also tells a database migrated by a newer binary apart, and does
+// not create goose's version table on a database that has none.
 func HasPending(ctx context.Context, db *sql.DB) (bool, error) {
 	provider, err := goose.NewProvider(goose.DialectPostgres, db, FS)
 	if err != nil {

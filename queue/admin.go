@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,80 +16,112 @@ type RefusedError struct{ Reason string }
 
 func (e *RefusedError) Error() string { return e.Reason }
 
-// Retry puts a failed or backing-off domain back in the queue now, by name: pending,
-// attempts 0, error and last attempt cleared (so the next pass takes it rather than
-// waiting out a backoff computed for a cause the operator has just fixed). It
-// refuses a domain that is unknown, not verified, not acme, active, or being issued.
-// It notifies, so a running worker takes the domain within milliseconds.
+// AmbiguousError is a name that matches several domains when looked up in any case:
+// rows that differ only in case (MarkCaseDuplicates). The operator commands refuse to
+// choose between them.
+type AmbiguousError struct {
+	Name    string
+	Matches []NameMatch
+}
+
+// NameMatch is one of the domains an ambiguous name matches.
+type NameMatch struct{ ID, Domain string }
+
+func (e *AmbiguousError) Error() string {
+	names := make([]string, len(e.Matches))
+	for i, m := range e.Matches {
+		names[i] = fmt.Sprintf("%s (%s)", m.Domain, m.ID)
+	}
+	return fmt.Sprintf("%s matches %d domains that differ only in case: %s; delete all but one first",
+		e.Name, len(e.Matches), strings.Join(names, ", "))
+}
+
+// named is one row of a look-up by name.
+type named struct {
+	id, tenantID, domain, verification, provider, status string
+}
+
+// lookUp finds the one domain called name, in any case (operators type names as a
+// browser shows them), through the index on lower(domain) of migration 00006, locking
+// it for the rest of tx. It returns ErrNotFound for none, and an *AmbiguousError, naming them all, for
+// several.
+func lookUp(ctx context.Context, tx pgx.Tx, name string) (named, error) {
+	rows, err := tx.Query(ctx, `
+SELECT id::text, tenant_id::text, domain, verification_status, ssl_provider, ssl_status
+FROM proxy_domains WHERE lower(domain) = lower($1) ORDER BY domain FOR UPDATE`, name)
+	if err != nil {
+		return named{}, fmt.Errorf("look up %s: %w", name, err)
+	}
+	found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (named, error) {
+		var n named
+		err := r.Scan(&n.id, &n.tenantID, &n.domain, &n.verification, &n.provider, &n.status)
+		return n, err
+	})
+	if err != nil {
+		return named{}, fmt.Errorf("look up %s: %w", name, err)
+	}
+	switch len(found) {
+	case 0:
+		return named{}, ErrNotFound
+	case 1:
+		return found[0], nil
+	}
+	amb := &AmbiguousError{Name: name}
+	for _, n := range found {
+		amb.Matches = append(amb.Matches, NameMatch{ID: n.id, Domain: n.domain})
+	}
+	return named{}, amb
+}
+
+// Retry puts a failed or backing-off domain back in the queue now, by name in any
+// case: pending, attempts 0, error and last attempt cleared (so the next pass takes it
+// rather than waiting out a backoff computed for a cause the operator has just
+// fixed). It refuses, with a *RefusedError saying why, a domain that is unknown, not
+// verified, not acme, active, or being issued, and, with an *AmbiguousError, a name
+// two rows hold in different cases. The requeue is certworker_queue_for_issuance's,
+// the proxy's own, which wakes a running worker within milliseconds.
 func (q *Queue) Retry(ctx context.Context, domain string) error {
 	return pgx.BeginFunc(ctx, q.db, func(tx pgx.Tx) error {
-		var id, verification, provider, status string
-		err := tx.QueryRow(ctx, `
-SELECT id::text, verification_status, ssl_provider, ssl_status FROM proxy_domains
-WHERE lower(domain) = lower($1) FOR UPDATE`, domain).Scan(&id, &verification, &provider, &status)
-		if errors.Is(err, pgx.ErrNoRows) {
+		d, err := lookUp(ctx, tx, domain)
+		if errors.Is(err, ErrNotFound) {
 			return &RefusedError{fmt.Sprintf("%s: unknown domain", domain)}
 		}
 		if err != nil {
-			return fmt.Errorf("retry: %w", err)
+			return err
 		}
 		switch {
-		case verification != "verified":
-			return &RefusedError{fmt.Sprintf("%s: not verified (verification_status %s); a certificate is only ordered for a verified domain", domain, verification)}
-		case provider != "acme":
-			return &RefusedError{fmt.Sprintf("%s: its certificate does not come from ACME (ssl_provider %s)", domain, provider)}
-		case status == "active":
-			return &RefusedError{fmt.Sprintf("%s: already active; it is renewed on its own schedule", domain)}
-		case status == "provisioning":
-			return &RefusedError{fmt.Sprintf("%s: being issued right now", domain)}
+		case d.verification != "verified":
+			return &RefusedError{fmt.Sprintf("%s: not verified (verification_status %s); a certificate is only ordered for a verified domain", d.domain, d.verification)}
+		case d.provider != "acme":
+			return &RefusedError{fmt.Sprintf("%s: its certificate does not come from ACME (ssl_provider %s)", d.domain, d.provider)}
+		case d.status == "active":
+			return &RefusedError{fmt.Sprintf("%s: already active; it is renewed on its own schedule", d.domain)}
+		case d.status == "provisioning":
+			return &RefusedError{fmt.Sprintf("%s: being issued right now", d.domain)}
 		}
-		if err := requeue(ctx, tx, `id = $1`, id); err != nil {
-			return err
+		var queued int
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM certworker_queue_for_issuance($1, $2)`,
+			d.id, d.tenantID).Scan(&queued); err != nil {
+			return fmt.Errorf("retry %s: %w", d.domain, err)
+		}
+		if queued != 1 {
+			return fmt.Errorf("retry %s: the domain was not queued", d.domain)
 		}
 		return nil
 	})
 }
 
-// requeueSQL is the one statement that puts a domain back in the queue with its
-// history cleared.
-const requeueSQL = `
-UPDATE proxy_domains SET
-    ssl_status = 'pending', ssl_attempts = 0, ssl_error = NULL, ssl_last_attempt_at = NULL,
-    updated_at = now()
-WHERE `
-
-func requeue(ctx context.Context, tx pgx.Tx, where string, args ...any) error {
-	tag, err := tx.Exec(ctx, requeueSQL+where, args...)
-	if err != nil {
-		return fmt.Errorf("requeue: %w", err)
-	}
-	if tag.RowsAffected() == 0 {
-		return ErrNotFound
-	}
-	// A pending domain going back to pending does not enter the claimable set, so
-	// the trigger is silent: say it here.
-	if _, err := tx.Exec(ctx, `SELECT pg_notify('certworker_wake', '')`); err != nil {
-		return fmt.Errorf("requeue: %w", err)
-	}
-	return nil
-}
-
-// QueueForIssuance is the proxy API's "retry" (the reference's
-// saas::db::queue_for_issuance): requeue domain id of tenantID if it is verified,
-// acme, and failed or pending. It reports false, and changes nothing, for any other
-// domain, including another tenant's: queueing an unverified domain would order a
-// certificate for a name nobody has proved control of, and a tenant must never touch
-// another tenant's domain.
+// QueueForIssuance is the proxy API's "retry": certworker_queue_for_issuance (migration
+// 00006), the one implementation the proxy calls too. It reports whether the domain
+// was queued; false, with nothing changed, for another tenant's domain, one that is
+// not verified, not acme, or already provisioning or active.
 func (q *Queue) QueueForIssuance(ctx context.Context, id, tenantID string) (bool, error) {
-	err := pgx.BeginFunc(ctx, q.db, func(tx pgx.Tx) error {
-		return requeue(ctx, tx, `id = $1 AND tenant_id = $2
-  AND verification_status = 'verified' AND ssl_provider = 'acme'
-  AND ssl_status IN ('failed', 'pending')`, id, tenantID)
-	})
-	if errors.Is(err, ErrNotFound) {
-		return false, nil
+	var queued int
+	if err := q.db.QueryRow(ctx, `SELECT count(*) FROM certworker_queue_for_issuance($1, $2)`,
+		id, tenantID).Scan(&queued); err != nil {
+		return false, fmt.Errorf("queue for issuance: %w", err)
 	}
-	return err == nil, err
+	return queued == 1, nil
 }
 
 // Domain is a proxy_domains row as the proxy's API shows it.
@@ -119,23 +152,13 @@ func scanDomain(row pgx.Row) (*Domain, error) {
 	return &d, nil
 }
 
-// UpdateDomain is the proxy API's domain update (the reference's
-// saas::db::update_domain): a nil field is left alone. Changing the provider resets
-// the SSL state to a fresh 'pending' with no history, so a domain switched to acme is
-// queued (if verified) instead of sitting in whatever state the old provider left it
-// in. Returns nil, nil when the domain is not the tenant's.
+// UpdateDomain is the proxy API's domain update: certworker_update_domain (migration
+// 00006). A nil field is left alone; changing the provider resets the SSL state to a
+// fresh 'pending', so a verified domain switched to acme is queued. Returns nil, nil
+// when the domain is not the tenant's.
 func (q *Queue) UpdateDomain(ctx context.Context, id, tenantID string, method, provider *string) (*Domain, error) {
 	d, err := scanDomain(q.db.QueryRow(ctx, `
-UPDATE proxy_domains SET
-    verification_method = COALESCE($3, verification_method),
-    ssl_status   = CASE WHEN $4::text IS NOT NULL AND $4::text <> ssl_provider THEN 'pending' ELSE ssl_status END,
-    ssl_attempts = CASE WHEN $4::text IS NOT NULL AND $4::text <> ssl_provider THEN 0 ELSE ssl_attempts END,
-    ssl_error    = CASE WHEN $4::text IS NOT NULL AND $4::text <> ssl_provider THEN NULL ELSE ssl_error END,
-    ssl_last_attempt_at = CASE WHEN $4::text IS NOT NULL AND $4::text <> ssl_provider THEN NULL ELSE ssl_last_attempt_at END,
-    ssl_provider = COALESCE($4, ssl_provider),
-    updated_at = now()
-WHERE id = $1 AND tenant_id = $2
-RETURNING `+domainColumns, id, tenantID, method, provider))
+SELECT `+domainColumns+` FROM certworker_update_domain($1, $2, $3, $4)`, id, tenantID, method, provider))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

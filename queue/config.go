@@ -20,11 +20,6 @@ const (
 	DefaultLease = 60 * time.Second
 )
 
-// unleasedGrace is how long a 'provisioning' row without a lease (written by the
-// reference worker, or by hand) is left alone after its last attempt before it is
-// reclaimed. The reference waited 15 minutes; CONTRACT.md §5 asks for 2.
-const unleasedGrace = 2 * time.Minute
-
 // Config is the backoff curve, the give-up point and the lease. The claim query takes
 // these as parameters, so the Go and SQL curves cannot drift.
 type Config struct {

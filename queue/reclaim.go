@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"fmt"
+	"time"
 )
 
 // Reclaimed is a domain requeued because its claim was abandoned.
@@ -16,10 +17,19 @@ type Reclaimed struct {
 // interruptedError is the ssl_error of a reclaimed domain.
 const interruptedError = "issuance was interrupted before it finished"
 
+// unleasedGrace is how long a 'provisioning' row without a lease is left alone after
+// its last attempt before it is reclaimed: the reference worker's own STUCK_AFTER.
+// Such a row is the reference's claim (or a hand edit), and while the two workers run
+// side by side during a cutover the reference may still be ordering it: its orders
+// are bounded by its own 15 minutes, not by anything certworker can see. Taking it
+// back sooner (this was 2 minutes) orders the same domain twice. A claim of
+// certworker's own has a lease, and is reclaimed as soon as the lease runs out.
+const unleasedGrace = 15 * time.Minute
+
 // ReclaimAbandoned puts back domains whose claim was abandoned: 'provisioning' with a
 // lease that ran out (the instance holding it died), or, for a row claimed without a
 // lease (by the reference worker or by hand), last tried more than unleasedGrace
-// ago. Without it, nothing ever moves such a row out of 'provisioning' and the domain
+// (15 minutes) ago. Without it, nothing ever moves such a row out of 'provisioning' and the domain
 // silently never gets a certificate.
 //
 // The attempt is counted: the interrupted order was still an order, and an instance
@@ -29,9 +39,9 @@ const interruptedError = "issuance was interrupted before it finished"
 // nothing would ever claim it and status would not show it as failed).
 //
 // The backoff is not applied (ssl_last_attempt_at is cleared): the failure was this
-// service's, not the domain's, and CONTRACT.md §5 wants the domain claimable again
-// within 2 minutes of the abandoned claim, while the backoff after one attempt is
-// twice --retry-base.
+// service's, not the domain's, and CONTRACT.md §5 wants a domain whose certworker
+// claim was abandoned claimable again within 2 minutes of it, while the backoff after
+// one attempt is twice --retry-base.
 //
 // A live order is never taken: its instance renews the lease every third of it.
 func (q *Queue) ReclaimAbandoned(ctx context.Context) ([]Reclaimed, error) {

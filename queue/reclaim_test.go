@@ -136,3 +136,21 @@ func TestReclaim_AHugeAttemptCountDoesNotBlockTheOthers(t *testing.T) {
 	require.Equal(t, "failed", b.status(t, huge))
 	require.Equal(t, "pending", b.status(t, normal))
 }
+
+// A row the reference worker claimed ('provisioning', no lease) while the two run side
+// by side during a cutover: the reference may still be ordering it, for up to its own
+// 15 minutes. Taken back after 2 minutes (as before), the same domain was ordered
+// twice; after 15 it is the reference's abandoned claim, and is requeued.
+func TestReclaim_TheReferencesClaimIsTakenBackOnlyAfterItsOwn15Minutes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tn := b.tenant(t)
+	live, _ := b.domain(t, tn, "provisioning", 0, ago(14*60))
+	abandoned, _ := b.domain(t, tn, "provisioning", 0, ago(16*60))
+	got, err := b.q.ReclaimAbandoned(b.ctx)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.Equal(t, abandoned, got[0].ID)
+	require.Equal(t, "provisioning", b.status(t, live), "the reference's live order was taken from it")
+	require.Equal(t, "pending", b.status(t, abandoned))
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -17,86 +18,233 @@ func RenewAtFromValidity(notBefore, notAfter time.Time) time.Time {
 	return notAfter.Add(-notAfter.Sub(notBefore) / 3)
 }
 
-// legacyRenewWithin is used only for a certificate row whose PEM cannot be parsed,
-// so its lifetime is unknown: the reference's rule.
-const legacyRenewWithin = 30 * 24 * time.Hour
+// BadRow is a row the worker cannot use as it is. The pass that first meets it deals
+// with it (each method says how) and returns it, once: the caller logs it and counts
+// it, and later passes do not return it again. Other rows carry on.
+type BadRow struct {
+	// ID is the domain's id (proxy_domains.id), or "" for a certificate row whose
+	// domain does not exist.
+	ID     string
+	Domain string
+	Reason string
+}
+
+// RenewalPass is what MarkRenewals did.
+type RenewalPass struct {
+	// Marked is how many domains went back to 'pending' for a new certificate.
+	Marked int64
+	// Bad are the certificate rows it could not use, each due for issuance now.
+	Bad []BadRow
+}
 
 // MarkRenewals moves active domains whose certificate is due for renewal back to
-// 'pending' (which wakes every instance through the trigger), and returns how many.
+// 'pending' (which wakes every instance through the trigger), and reports how many.
 // Driven off proxy_certificates.renew_at, so a certificate replaced out of band is
-// renewed on its own schedule. Rows with no renewal time are first given one from
-// their own certificate_pem (fillRenewalTimes).
+// renewed on its own schedule. Rows with no renewal time (uploaded by hand, written
+// by the reference, or replaced by someone else: migration 00006 clears it then) are
+// first given one from their own certificate_pem (fillRenewalTimes).
+//
+// A row it cannot use never stops the pass. A certificate_pem that cannot be read,
+// or whose certificate does not name its domain, is a certificate the proxy cannot
+// serve for the domain: the domain is due for issuance now, as if it had none, and
+// the row is returned in Bad. A NULL expires_at is not a problem (the reference wrote
+// it): the renewal time comes from the PEM.
 //
 // A domain keeps its current certificate until the new one is stored, and the
 // renewal time only moves when a new certificate is stored, so a certificate is never
 // renewed again before its new renewal time.
-func (q *Queue) MarkRenewals(ctx context.Context) (int64, error) {
-	if err := q.fillRenewalTimes(ctx); err != nil {
-		return 0, err
+func (q *Queue) MarkRenewals(ctx context.Context) (RenewalPass, error) {
+	var pass RenewalPass
+	for after := ""; ; {
+		batch, err := q.readUnscheduled(ctx, after)
+		if err != nil {
+			return pass, err
+		}
+		if len(batch) == 0 {
+			break
+		}
+		after = batch[len(batch)-1].id
+		marked, bad, err := q.schedule(ctx, batch)
+		pass.Marked += marked
+		pass.Bad = append(pass.Bad, bad...)
+		if err != nil {
+			return pass, err
+		}
 	}
-	tag, err := q.db.Exec(ctx, `
-UPDATE proxy_domains d SET ssl_status = 'pending', ssl_attempts = 0, updated_at = now()
-WHERE d.ssl_status = 'active'
-  AND d.ssl_provider = 'acme'
-  AND d.verification_status = 'verified'
-  AND EXISTS (
-      SELECT 1 FROM proxy_certificates c
-      WHERE c.domain = d.domain AND c.auto_renew AND c.renew_at <= now())`)
+	marked, err := q.requeueDue(ctx)
+	pass.Marked += marked
+	return pass, err
+}
+
+// requeueDue moves the active domains whose certificate's renewal time has passed back
+// to 'pending', with a clean slate (a count left on an active row must not start the
+// renewal part-way up the backoff curve), and with ssl_renew_by, which the wake
+// trigger reads to give the row its tier in the order of service: when the renewal
+// becomes urgent, a fifth of the lifetime before expiry (CONTRACT.md §5), or the end
+// of the CA's renewal window if that is earlier.
+//
+// The lifetime comes from not_before and expires_at. A row whose expires_at is NULL
+// (the reference's) had its renew_at worked out from its PEM at two thirds of the
+// lifetime, so the fifth before expiry is as far again past renew_at as a fifth of
+// (renew_at - not_before): 2L/3 + (2L/3)/5 = 4L/5. Without a lifetime at all,
+// renew_at itself (urgent: the expiry is unknown).
+func (q *Queue) requeueDue(ctx context.Context) (int64, error) {
+	var total int64
+	for {
+		tag, err := q.db.Exec(ctx, `
+WITH due AS (
+    SELECT d.id, LEAST(
+        CASE WHEN c.not_before IS NULL THEN c.renew_at
+             WHEN c.expires_at IS NOT NULL THEN c.expires_at - (c.expires_at - c.not_before) / 5
+             ELSE c.renew_at + (c.renew_at - c.not_before) / 5 END,
+        c.ari_window_end) AS renew_by
+    FROM proxy_domains d JOIN proxy_certificates c ON c.domain = d.domain
+    WHERE c.auto_renew AND c.renew_at <= now()
+      AND d.ssl_status = 'active'
+      AND d.ssl_provider = 'acme'
+      AND d.verification_status = 'verified'
+    LIMIT $1
+    FOR UPDATE OF d SKIP LOCKED)
+UPDATE proxy_domains d SET
+    ssl_status = 'pending', ssl_attempts = 0, updated_at = now(), ssl_renew_by = due.renew_by
+FROM due
+WHERE d.id = due.id`, fillBatch)
+		if err != nil {
+			return total, fmt.Errorf("mark renewals: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < fillBatch {
+			return total, nil
+		}
+	}
+}
+
+// unscheduled is a certificate row without a renewal time.
+type unscheduled struct {
+	id, domain, chain string
+	// domainID is "" when the row's domain does not exist.
+	domainID string
+}
+
+// fillBatch is how many rows one statement of the renewal pass reads or requeues: the
+// proxy's database holds tens of thousands of certificates without a renewal time
+// after migrate, and reading them in one go would hold their PEMs (a few kB each) in
+// memory at once, and requeueing them in one statement their rows' locks.
+const fillBatch = 1000
+
+// readUnscheduled reads the next batch of certificate rows without a renewal time,
+// in id order after the given id.
+func (q *Queue) readUnscheduled(ctx context.Context, after string) ([]unscheduled, error) {
+	if after == "" {
+		after = "00000000-0000-0000-0000-000000000000"
+	}
+	rows, err := q.db.Query(ctx, `
+SELECT c.id::text, c.domain, c.certificate_pem, COALESCE(d.id::text, '')
+FROM proxy_certificates c LEFT JOIN proxy_domains d ON d.domain = c.domain
+WHERE c.renew_at IS NULL AND c.auto_renew AND c.id > $1::uuid
+ORDER BY c.id LIMIT $2`, after, fillBatch)
 	if err != nil {
-		return 0, fmt.Errorf("mark renewals: %w", err)
+		return nil, fmt.Errorf("read certificates without a renewal time: %w", err)
+	}
+	defer rows.Close()
+	var out []unscheduled
+	for rows.Next() {
+		var u unscheduled
+		if err := rows.Scan(&u.id, &u.domain, &u.chain, &u.domainID); err != nil {
+			return nil, fmt.Errorf("read certificates without a renewal time: %w", err)
+		}
+		out = append(out, u)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read certificates without a renewal time: %w", err)
+	}
+	return out, nil
+}
+
+// schedule gives each row of the batch its renewal time from its leaf, by the same
+// third-of-lifetime rule as a certificate the worker stores, with what it recorded
+// about the certificate (not before, issuer, serial); and marks the domains of the
+// rows it cannot use due for issuance. It returns how many domains it marked, and the
+// rows it could not use.
+func (q *Queue) schedule(ctx context.Context, batch []unscheduled) (int64, []BadRow, error) {
+	var ids, issuers, serials []string
+	var renewAts, notBefores []time.Time
+	var badIDs, reasons []string
+	var bad []BadRow
+	for _, u := range batch {
+		leaf, reason := judge(u.chain, u.domain)
+		if reason != "" {
+			badIDs, reasons = append(badIDs, u.id), append(reasons, reason)
+			bad = append(bad, BadRow{ID: u.domainID, Domain: u.domain, Reason: reason})
+			continue
+		}
+		ids = append(ids, u.id)
+		renewAts = append(renewAts, RenewAtFromValidity(leaf.NotBefore, leaf.NotAfter))
+		notBefores = append(notBefores, leaf.NotBefore)
+		issuers = append(issuers, leaf.Issuer.String())
+		serials = append(serials, leaf.SerialNumber.Text(16))
+	}
+	if len(ids) > 0 {
+		if _, err := q.db.Exec(ctx, `
+UPDATE proxy_certificates c SET
+    renew_at = f.renew_at,
+    not_before = COALESCE(c.not_before, f.not_before),
+    issuer = COALESCE(c.issuer, f.issuer),
+    serial = COALESCE(c.serial, f.serial)
+FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[], $4::text[], $5::text[])
+    AS f (id, renew_at, not_before, issuer, serial)
+WHERE c.id = f.id AND c.renew_at IS NULL`, ids, renewAts, notBefores, issuers, serials); err != nil {
+			return 0, nil, fmt.Errorf("record renewal times: %w", err)
+		}
+	}
+	if len(badIDs) == 0 {
+		return 0, nil, nil
+	}
+	marked, err := q.requeueForIssuance(ctx, badIDs, reasons)
+	return marked, bad, err
+}
+
+// requeueForIssuance marks the certificates of the given rows due now (renew_at, so
+// that no later pass reads them again) and moves their domains back to 'pending' as a
+// first issuance would be (no ssl_renew_by: its tier is the first issuances'), with
+// the reason in ssl_error so that `status` says why the domain is being ordered.
+func (q *Queue) requeueForIssuance(ctx context.Context, ids, reasons []string) (int64, error) {
+	tag, err := q.db.Exec(ctx, `
+WITH c AS (
+    UPDATE proxy_certificates c SET renew_at = now()
+    FROM unnest($1::uuid[], $2::text[]) AS b (id, reason)
+    WHERE c.id = b.id AND c.renew_at IS NULL
+    RETURNING c.domain, b.reason)
+UPDATE proxy_domains d SET
+    ssl_status = 'pending', ssl_attempts = 0, ssl_error = c.reason, ssl_renew_by = NULL,
+    updated_at = now()
+FROM c
+WHERE d.domain = c.domain
+  AND d.ssl_status = 'active'
+  AND d.ssl_provider = 'acme'
+  AND d.verification_status = 'verified'`, ids, reasons)
+	if err != nil {
+		return 0, fmt.Errorf("mark unusable certificates due for issuance: %w", err)
 	}
 	return tag.RowsAffected(), nil
 }
 
-// fillRenewalTimes gives a renewal time to certificate rows that have none (uploaded
-// by hand, or written before this column existed), by the same third-of-lifetime rule,
-// from the validity period in their own certificate_pem.
-func (q *Queue) fillRenewalTimes(ctx context.Context) error {
-	rows, err := q.db.Query(ctx, `
-SELECT id::text, certificate_pem, expires_at FROM proxy_certificates
-WHERE renew_at IS NULL AND auto_renew LIMIT 1000`)
-	if err != nil {
-		return fmt.Errorf("read certificates without a renewal time: %w", err)
-	}
-	type fill struct {
-		id      string
-		renewAt time.Time
-	}
-	var fills []fill
-	for rows.Next() {
-		var id, chain string
-		var expires time.Time
-		if err := rows.Scan(&id, &chain, &expires); err != nil {
-			rows.Close()
-			return fmt.Errorf("read certificates without a renewal time: %w", err)
-		}
-		renewAt, err := renewAtFromPEM(chain)
-		if err != nil {
-			renewAt = expires.Add(-legacyRenewWithin)
-		}
-		fills = append(fills, fill{id, renewAt})
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("read certificates without a renewal time: %w", err)
-	}
-	for _, f := range fills {
-		if _, err := q.db.Exec(ctx, `UPDATE proxy_certificates SET renew_at = $2 WHERE id = $1 AND renew_at IS NULL`,
-			f.id, f.renewAt); err != nil {
-			return fmt.Errorf("record renewal time: %w", err)
-		}
-	}
-	return nil
-}
-
-// renewAtFromPEM applies RenewAtFromValidity to the first certificate (the leaf) of a
-// PEM chain.
-func renewAtFromPEM(chain string) (time.Time, error) {
+// judge parses a stored chain's leaf and checks that it names its domain. It returns
+// the leaf, or why the certificate cannot be used for the domain.
+func judge(chain, domain string) (*x509.Certificate, string) {
 	leaf, err := LeafFromPEM(chain)
 	if err != nil {
-		return time.Time{}, err
+		return nil, fmt.Sprintf("stored certificate cannot be read (%v); ordering a new one", err)
 	}
-	return RenewAtFromValidity(leaf.NotBefore, leaf.NotAfter), nil
+	if err := leaf.VerifyHostname(domain); err != nil {
+		names := leaf.DNSNames
+		if len(names) == 0 {
+			names = []string{leaf.Subject.CommonName}
+		}
+		return nil, fmt.Sprintf("stored certificate is for %s, not %s; ordering a new one",
+			strings.Join(names, ", "), domain)
+	}
+	return leaf, ""
 }
 
 // LeafFromPEM parses the first certificate of a PEM chain.

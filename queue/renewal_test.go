@@ -54,12 +54,13 @@ func TestMarkRenewals_RequeuesACertificatePastItsRenewalTime(t *testing.T) {
 	chain, _ := mintPEM(t, name, now.Add(-61*day), now.Add(29*day))
 	b.storeCert(t, name, chain, now.Add(29*day), timePtr(now.Add(-day)), true)
 
-	var n int64
+	var pass queue.RenewalPass
 	wakes := b.notifications(t, func() {
-		n, err = b.q.MarkRenewals(b.ctx)
+		pass, err = b.q.MarkRenewals(b.ctx)
 		require.NoError(t, err)
 	})
-	require.EqualValues(t, 1, n)
+	require.EqualValues(t, 1, pass.Marked)
+	require.Empty(t, pass.Bad)
 	require.Equal(t, 1, wakes, "a renewal must wake the workers through the trigger")
 
 	r := b.sslRow(t, id)
@@ -115,9 +116,9 @@ func TestMarkRenewals_LeavesAloneWhatIsNotDue(t *testing.T) {
 		chain, _ := mintPEM(t, domain, now.Add(-89*day), now.Add(day))
 		b.storeCert(t, domain, chain, now.Add(day), timePtr(r.renewAt), r.autoRenew)
 
-		n, err := b.q.MarkRenewals(b.ctx)
+		pass, err := b.q.MarkRenewals(b.ctx)
 		require.NoError(t, err, name)
-		require.Zero(t, n, "%s: marked for renewal", name)
+		require.Zero(t, pass.Marked, "%s: marked for renewal", name)
 		got := b.sslRow(t, id)
 		require.Equal(t, r.status, got.Status, name)
 		require.Equal(t, r.attempts, got.Attempts, "%s: attempts reset", name)
@@ -150,8 +151,9 @@ func TestMarkRenewals_AHandUploadedCertificateIsJudgedByItsOwnValidity(t *testin
 			chain, _ := mintPEM(t, name, tc.notBefore, notAfter)
 			b.storeCert(t, name, chain, notAfter, nil, true)
 
-			n, err := b.q.MarkRenewals(b.ctx)
+			pass, err := b.q.MarkRenewals(b.ctx)
 			require.NoError(t, err)
+			n := pass.Marked
 
 			at := b.storedRenewAt(t, name)
 			require.NotNil(t, at, "no renewal time was recorded for an uploaded certificate")
@@ -179,47 +181,11 @@ func TestMarkRenewals_AnUploadedChainIsJudgedByItsLeaf(t *testing.T) {
 	intermediate, _ := mintPEM(t, "intermediate.example", now.Add(-5*day), now.Add(day))
 	b.storeCert(t, name, leaf+intermediate, now.Add(5*day), nil, true)
 
-	n, err := b.q.MarkRenewals(b.ctx)
+	pass, err := b.q.MarkRenewals(b.ctx)
 	require.NoError(t, err)
-	require.Zero(t, n, "renewed by the intermediate's validity")
+	require.Zero(t, pass.Marked, "renewed by the intermediate's validity")
 	require.Equal(t, "active", b.status(t, id))
 	require.WithinDuration(t, now.Add(3*day), *b.storedRenewAt(t, name), 0)
-}
-
-// A certificate_pem the worker cannot parse still gets a renewal time, from the
-// row's expires_at by the reference's rule: without one it would never be renewed.
-func TestMarkRenewals_AnUnparseablePEMFallsBackToThirtyDaysBeforeExpiry(t *testing.T) {
-	t.Parallel()
-	now := time.Now().Truncate(time.Microsecond)
-	for _, tc := range []struct {
-		name    string
-		expires time.Time
-		renewed bool
-	}{
-		{"expires in 10 days", now.Add(10 * day), true},
-		{"expires in 40 days", now.Add(40 * day), false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t)
-			id, name := b.domain(t, b.tenant(t), "active", 0, ago(3600))
-			b.storeCert(t, name, "-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n", tc.expires, nil, true)
-
-			n, err := b.q.MarkRenewals(b.ctx)
-			require.NoError(t, err, "one unreadable certificate must not stop renewals")
-
-			at := b.storedRenewAt(t, name)
-			require.NotNil(t, at)
-			require.WithinDuration(t, tc.expires.Add(-30*day), *at, 0)
-			if tc.renewed {
-				require.EqualValues(t, 1, n)
-				require.Equal(t, "pending", b.status(t, id))
-			} else {
-				require.Zero(t, n)
-				require.Equal(t, "active", b.status(t, id))
-			}
-		})
-	}
 }
 
 // The reference renewed when expires_at - 30 days had passed, which for a 6-day
@@ -236,9 +202,9 @@ func TestMarkRenewals_AJustIssuedShortLivedCertificateIsNotRenewedAgain(t *testi
 	require.NoError(t, b.markActive(b.claimOne(t, id), first))
 
 	for range 3 {
-		n, err := b.q.MarkRenewals(b.ctx)
+		pass, err := b.q.MarkRenewals(b.ctx)
 		require.NoError(t, err)
-		require.Zero(t, n, "a 6-day certificate was marked for renewal as soon as it was issued")
+		require.Zero(t, pass.Marked, "a 6-day certificate was marked for renewal as soon as it was issued")
 	}
 	require.Equal(t, "active", b.status(t, id))
 
@@ -247,19 +213,71 @@ func TestMarkRenewals_AJustIssuedShortLivedCertificateIsNotRenewedAgain(t *testi
 	require.NoError(t, err)
 	_, err = b.pool.Exec(b.ctx, `UPDATE proxy_domains SET ssl_last_attempt_at = now() - interval '4 days' WHERE id = $1`, id)
 	require.NoError(t, err)
-	n, err := b.q.MarkRenewals(b.ctx)
+	pass, err := b.q.MarkRenewals(b.ctx)
 	require.NoError(t, err)
-	require.EqualValues(t, 1, n)
+	require.EqualValues(t, 1, pass.Marked)
 	c := b.claimOne(t, id)
 	require.Equal(t, first.ChainPEM, c.CurrentPEM)
 
 	second := mintCertificate(t, name, now, now.Add(6*day))
 	require.NoError(t, b.markActive(c, second))
 	for range 3 {
-		n, err := b.q.MarkRenewals(b.ctx)
+		pass, err := b.q.MarkRenewals(b.ctx)
 		require.NoError(t, err)
-		require.Zero(t, n, "the renewed certificate was renewed again before its new renewal time")
+		require.Zero(t, pass.Marked, "the renewed certificate was renewed again before its new renewal time")
 	}
 	require.Equal(t, "active", b.status(t, id))
 	require.WithinDuration(t, queue.RenewAtFromValidity(now, now.Add(6*day)), *b.storedRenewAt(t, name), 0)
+}
+
+// A certificate replaced by someone else (the proxy, an operator uploading one) is
+// renewed on the new certificate's schedule, worked out again from its PEM. Before,
+// renew_at kept the old certificate's value: a shorter-lived upload expired before
+// its renewal, and an old renewal time already past made the worker overwrite the
+// upload at once. The worker's own write (MarkActive) sets the renewal time with the
+// certificate and keeps it; so does an operator who sets renew_at with the upload.
+func TestMarkRenewals_ACertificateReplacedBySomeoneElseIsRescheduledFromTheNewOne(t *testing.T) {
+	t.Parallel()
+	now := nowSecond()
+	for _, tc := range []struct {
+		name    string
+		stale   bool // the old certificate's renewal time has passed
+		ownTime bool // the upload sets renew_at itself
+	}{
+		{"a shorter-lived upload", false, false},
+		{"an upload replacing a certificate due for renewal", true, false},
+		{"an upload with its own renewal time", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			id, name := b.domain(t, b.tenant(t), "pending", 0, nil)
+			require.NoError(t, b.markActive(b.claimOne(t, id), mintCertificate(t, name, now.Add(-time.Hour), now.Add(90*day))))
+			if tc.stale {
+				_, err := b.pool.Exec(b.ctx, `UPDATE proxy_certificates SET renew_at = now() - interval '1 hour' WHERE domain = $1`, name)
+				require.NoError(t, err)
+			}
+			upload, _ := mintPEM(t, name, now, now.Add(6*day))
+			ownRenewAt := now.Add(5 * day)
+			if tc.ownTime {
+				_, err := b.pool.Exec(b.ctx, `UPDATE proxy_certificates SET certificate_pem = $2, expires_at = $3, renew_at = $4 WHERE domain = $1`,
+					name, upload, now.Add(6*day), ownRenewAt)
+				require.NoError(t, err)
+			} else {
+				_, err := b.pool.Exec(b.ctx, `UPDATE proxy_certificates SET certificate_pem = $2, expires_at = $3, updated_at = now() WHERE domain = $1`,
+					name, upload, now.Add(6*day))
+				require.NoError(t, err)
+			}
+
+			pass, err := b.q.MarkRenewals(b.ctx)
+			require.NoError(t, err)
+			require.Zero(t, pass.Marked, "the upload was renewed at once")
+			require.Equal(t, "active", b.status(t, id))
+			want := queue.RenewAtFromValidity(now, now.Add(6*day))
+			if tc.ownTime {
+				want = ownRenewAt
+			}
+			require.WithinDuration(t, want, *b.storedRenewAt(t, name), 0)
+		})
+	}
 }

@@ -2,7 +2,6 @@ package queue
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -182,7 +181,9 @@ type StoredCertificate struct {
 	Issuer    *string    `json:"issuer"`
 	Serial    *string    `json:"serial"`
 	NotBefore *time.Time `json:"not_before"`
-	NotAfter  time.Time  `json:"not_after"`
+	// NotAfter is expires_at, or the leaf's own when expires_at is NULL (the
+	// reference's rows); zero when neither is known.
+	NotAfter  time.Time  `json:"not_after,omitzero"`
 	RenewAt   *time.Time `json:"renew_at"`
 	AutoRenew bool       `json:"auto_renew"`
 }
@@ -207,39 +208,71 @@ type DomainState struct {
 	Certificate        *StoredCertificate `json:"certificate"`
 }
 
-// State is one domain's whole state and its certificate, by name.
+// State is one domain's whole state and its certificate, by name in any case. It
+// returns ErrNotFound for an unknown name, and an *AmbiguousError naming them all when
+// rows that differ only in case match it: showing one of them would answer for the
+// wrong one.
 func (q *Queue) State(ctx context.Context, domain string) (*DomainState, error) {
-	var s DomainState
-	var c StoredCertificate
-	var notAfter *time.Time
-	var autoRenew *bool
 	cfg, err := q.curve(ctx)
 	if err != nil {
 		return nil, err
 	}
-	err = q.db.QueryRow(ctx, `
+	rows, err := q.db.Query(ctx, `
 SELECT d.id::text, d.tenant_id::text, d.domain, d.verification_status, d.ssl_status, d.ssl_provider,
     d.ssl_attempts, d.ssl_error, d.ssl_last_attempt_at, `+nextAttemptAtSQL("$2", "$3", "$4")+`,
     pz.paused_until, pz.reason,
     d.ssl_expires_at, d.ssl_claimed_by, d.ssl_lease_expires_at,
-    c.issuer, c.serial, c.not_before, c.expires_at, c.renew_at, c.auto_renew
+    c.id IS NOT NULL, c.issuer, c.serial, c.not_before, c.expires_at,
+    CASE WHEN c.expires_at IS NULL THEN c.certificate_pem END, c.renew_at, COALESCE(c.auto_renew, false)
 FROM proxy_domains d LEFT JOIN proxy_certificates c ON c.domain = d.domain `+pauseSQL+`
-WHERE lower(d.domain) = lower($1)`, domain,
-		cfg.MaxAttempts, seconds(cfg.RetryBase), seconds(cfg.RetryMax)).Scan(
-		&s.ID, &s.TenantID, &s.Domain, &s.VerificationStatus, &s.SSLStatus, &s.SSLProvider,
-		&s.SSLAttempts, &s.SSLError, &s.LastAttempt, &s.NextAttempt, &s.PausedUntil, &s.PauseReason,
-		&s.ExpiresAt, &s.ClaimedBy, &s.LeaseExpiresAt,
-		&c.Issuer, &c.Serial, &c.NotBefore, &notAfter, &c.RenewAt, &autoRenew)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, ErrNotFound
-	}
+WHERE lower(d.domain) = lower($1)
+ORDER BY d.domain`, domain,
+		cfg.MaxAttempts, seconds(cfg.RetryBase), seconds(cfg.RetryMax))
 	if err != nil {
 		return nil, fmt.Errorf("read domain: %w", err)
 	}
-	if notAfter != nil {
-		c.NotAfter = *notAfter
-		c.AutoRenew = autoRenew != nil && *autoRenew
-		s.Certificate = &c
+	states, err := pgx.CollectRows(rows, scanState)
+	if err != nil {
+		return nil, fmt.Errorf("read domain: %w", err)
 	}
+	switch len(states) {
+	case 0:
+		return nil, ErrNotFound
+	case 1:
+		return states[0], nil
+	}
+	amb := &AmbiguousError{Name: domain}
+	for _, s := range states {
+		amb.Matches = append(amb.Matches, NameMatch{ID: s.ID, Domain: s.Domain})
+	}
+	return nil, amb
+}
+
+func scanState(row pgx.CollectableRow) (*DomainState, error) {
+	var s DomainState
+	var c StoredCertificate
+	var hasCert bool
+	var notAfter *time.Time
+	var chain *string
+	err := row.Scan(
+		&s.ID, &s.TenantID, &s.Domain, &s.VerificationStatus, &s.SSLStatus, &s.SSLProvider,
+		&s.SSLAttempts, &s.SSLError, &s.LastAttempt, &s.NextAttempt, &s.PausedUntil, &s.PauseReason,
+		&s.ExpiresAt, &s.ClaimedBy, &s.LeaseExpiresAt,
+		&hasCert, &c.Issuer, &c.Serial, &c.NotBefore, &notAfter, &chain, &c.RenewAt, &c.AutoRenew)
+	if err != nil {
+		return nil, err
+	}
+	if !hasCert {
+		return &s, nil
+	}
+	switch {
+	case notAfter != nil:
+		c.NotAfter = *notAfter
+	case chain != nil:
+		if leaf, err := LeafFromPEM(*chain); err == nil {
+			c.NotAfter = leaf.NotAfter
+		}
+	}
+	s.Certificate = &c
 	return &s, nil
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/queue"
@@ -254,4 +255,39 @@ func TestStatus_NextAttemptUnderTheFleetsSettings(t *testing.T) {
 	s, err = b.q.State(b.ctx, name)
 	require.NoError(t, err)
 	require.Nil(t, s.NextAttempt, "at the fleet's --max-attempts (3) a domain is not tried again")
+}
+
+// A certificate the reference stored with a NULL expires_at is shown (before, status
+// said "none stored"), with its expiry read from its PEM.
+func TestState_ACertificateWithANullExpiryIsShownWithItsPEMsExpiry(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, name := b.domain(t, b.tenant(t), "active", 0, ago(3600))
+	now := nowSecond()
+	chain, _ := mintPEM(t, name, now.Add(-day), now.Add(89*day))
+	b.putCert(t, name, chain, nil)
+	s, err := b.q.State(b.ctx, name)
+	require.NoError(t, err)
+	require.Equal(t, id, s.ID)
+	require.NotNil(t, s.Certificate, "the certificate is missing")
+	require.True(t, now.Add(89*day).Equal(s.Certificate.NotAfter), "not after %s", s.Certificate.NotAfter)
+}
+
+// `status DOMAIN` and `retry DOMAIN` look names up in any case through the index on
+// lower(domain), not by reading the whole table (100,000 rows on the proxy's database).
+func TestLookUpByName_UsesTheIndexOnLowerDomain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tn := b.tenant(t)
+	_, err := b.pool.Exec(b.ctx, `
+INSERT INTO proxy_domains (tenant_id, domain, verification_token)
+SELECT $1, 'n' || g || '.example', 'tok' FROM generate_series(1, 20000) g`, tn)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `ANALYZE proxy_domains`)
+	require.NoError(t, err)
+	rows, err := b.pool.Query(b.ctx, `EXPLAIN SELECT id FROM proxy_domains d WHERE lower(d.domain) = lower('N5.Example')`)
+	require.NoError(t, err)
+	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Contains(t, strings.Join(plan, "\n"), "proxy_domains_lower_domain_idx")
 }

@@ -19,9 +19,13 @@ import (
 
 type migrateCmd struct {
 	dbFlags
+	LockTimeout time.Duration `name:"lock-timeout" default:"2s" env:"CERTWORKER_LOCK_TIMEOUT" help:"Longest any statement waits for a lock on the proxy's tables before it gives up and is retried with backoff: the longest a proxy write waits behind migrate (also CERTWORKER_LOCK_TIMEOUT)."`
 }
 
 func (c *migrateCmd) Run(g *globals) error {
+	if c.LockTimeout <= 0 {
+		return usagef("--lock-timeout must be positive, got %s", c.LockTimeout)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	pool, err := c.connect(ctx)
@@ -31,18 +35,35 @@ func (c *migrateCmd) Run(g *globals) error {
 	defer pool.Close()
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
-	results, err := migrations.ApplyDB(ctx, db)
+	results, err := migrations.Up(ctx, db, migrations.Options{
+		LockTimeout: c.LockTimeout,
+		OnRetry: func(r migrations.Retry) {
+			fmt.Fprintf(g.stderr, "certworker: a statement gave up waiting for a lock after %s (%s); retrying in %s (attempt %d)\n",
+				c.LockTimeout, oneLine(redact(r.Err.Error(), c.DatabaseURL)), r.Wait.Round(time.Millisecond), r.Attempt+1)
+		},
+	})
+	for _, r := range results {
+		fmt.Fprintf(g.stdout, "applied %s (%s)\n", r.Source, r.Duration)
+	}
 	if err != nil {
 		return &failedError{redact(err.Error(), c.DatabaseURL)}
 	}
 	if len(results) == 0 {
 		fmt.Fprintln(g.stdout, "database schema is up to date")
-		return nil
-	}
-	for _, r := range results {
-		fmt.Fprintf(g.stdout, "applied %s (%s)\n", r.Source, r.Duration)
 	}
 	return nil
+}
+
+// schemaError is run's refusal to start on a database whose schema does not match
+// this binary (exit 2): behind it (run migrate) or ahead of it (a newer certworker
+// migrated it), or unreadable (the flag to look at).
+func schemaError(err error, databaseURL string) error {
+	var behind *migrations.BehindError
+	var ahead *migrations.AheadError
+	if errors.As(err, &behind) || errors.As(err, &ahead) {
+		return usagef("%s", err)
+	}
+	return usagef("--database-url: %s", redact(err.Error(), databaseURL))
 }
 
 type statusCmd struct {
@@ -128,7 +149,11 @@ func printState(g *globals, s *queue.DomainState) {
 		row("certificate issuer", str(c.Issuer))
 		row("certificate serial", str(c.Serial))
 		row("not before", when(c.NotBefore, "-"))
-		row("not after", c.NotAfter.UTC().Format(time.RFC3339))
+		notAfter := "unknown (no expires_at, and certificate_pem cannot be read)"
+		if !c.NotAfter.IsZero() {
+			notAfter = c.NotAfter.UTC().Format(time.RFC3339)
+		}
+		row("not after", notAfter)
 		row("renewal time", when(c.RenewAt, "not yet known (worked out on the next pass)"))
 		row("auto renew", fmt.Sprint(c.AutoRenew))
 	} else {
@@ -175,6 +200,10 @@ func (c *retryCmd) Run(g *globals) error {
 		var refused *queue.RefusedError
 		if errors.As(err, &refused) {
 			return &failedError{"refused: " + refused.Reason}
+		}
+		var ambiguous *queue.AmbiguousError
+		if errors.As(err, &ambiguous) {
+			return &failedError{"refused: " + ambiguous.Error()}
 		}
 		return &failedError{err.Error()}
 	}

@@ -143,10 +143,8 @@ func (c *runCmd) Run(g *globals) error {
 		return err
 	}
 	defer pool.Close()
-	if pending, err := migrations.HasPending(ctx, stdlib.OpenDBFromPool(pool)); err != nil {
-		return usagef("--database-url: %s", redact(err.Error(), c.DatabaseURL))
-	} else if pending {
-		return usagef("the database schema is not up to date: run `certworker migrate` first")
+	if err := migrations.Check(ctx, stdlib.OpenDBFromPool(pool)); err != nil {
+		return schemaError(err, c.DatabaseURL)
 	}
 
 	reg := prometheus.NewRegistry()

@@ -380,7 +380,8 @@ func TestProcess_KilledMidOrderIsIssuedByAnotherWithinTwoMinutes(t *testing.T) {
 	started := bproc.find(func(e entry) bool { return e.is("order started", fields) })
 	require.NotNil(t, started)
 	require.EqualValues(t, 2, started["attempt"])
-	require.NotNil(t, bproc.find(func(e entry) bool { return e.is("certificate issued", fields) }))
+	// The row is active once the store commits; the log line follows it.
+	bproc.waitLog(t, 5*time.Second, "B's log of the certificate", func(e entry) bool { return e.is("certificate issued", fields) })
 }
 
 // A live order that takes longer than the lease (a slow CA, a DNS check that waits

@@ -7,6 +7,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/certworker/certworker/listener"
+	"github.com/certworker/certworker/queue"
 )
 
 // maintenanceLoop runs the steps that find work the wake-ups do not announce
@@ -83,6 +84,7 @@ func (w *Worker) nextMaintenance(ctx context.Context) time.Duration {
 // domain back in the queue (the wake trigger announces it too, in notify mode; this
 // covers a wake source that is down).
 func (w *Worker) maintain(ctx context.Context) {
+	w.housekeeping(ctx)
 	w.refreshRenewalInfo(ctx)
 	queued := w.reclaim(ctx)
 	queued += w.markRenewals(ctx)
@@ -127,19 +129,22 @@ func (w *Worker) reclaim(ctx context.Context) int {
 }
 
 // markRenewals puts certificates due for renewal back in the queue, and promotes
-// renewals that waited until they became urgent.
+// renewals that waited until they became urgent. A certificate row it cannot use (an
+// odd row the proxy's years left behind) is logged and counted once, and its domain
+// ordered afresh; the pass goes on with the others.
 func (w *Worker) markRenewals(ctx context.Context) int {
 	rctx, cancel := w.step(ctx, false)
 	defer cancel()
-	n, err := w.q.MarkRenewals(rctx)
+	pass, err := w.q.MarkRenewals(rctx)
 	if err != nil {
 		w.health.failed()
 		w.logDBError("mark renewals", err)
 		return 0
 	}
 	w.health.ok()
-	if n > 0 {
-		w.log.Info("certificates due for renewal", zap.Int64("renewals", n))
+	w.badRows("certificate row unusable; the domain is ordered afresh", pass.Bad)
+	if pass.Marked > 0 {
+		w.log.Info("certificates due for renewal", zap.Int64("renewals", pass.Marked))
 	}
 	promoted, err := w.q.PromoteUrgentRenewals(rctx)
 	if err != nil {
@@ -147,5 +152,46 @@ func (w *Worker) markRenewals(ctx context.Context) int {
 	} else if promoted > 0 {
 		w.log.Info("renewals became urgent; served before first issuances", zap.Int64("renewals", promoted))
 	}
-	return int(n + promoted)
+	return int(pass.Marked + promoted)
+}
+
+// badRows logs and counts rows a step could not use. Each comes back from the queue
+// once (the step marks it), so each is logged once, not on every pass.
+func (w *Worker) badRows(msg string, bad []queue.BadRow) {
+	for _, b := range bad {
+		w.m.badRow()
+		w.log.Warn(msg, zap.String("domain", b.Domain), zap.String("domain_id", b.ID), zap.String("error", b.Reason))
+	}
+}
+
+// housekeepingEvery is how often the steps that read whole tables run (a second or
+// two at a million domains): finding domains that differ only in case, and pruning
+// what the worker keeps. Neither is urgent: the claim never takes a case twin, and
+// what is pruned only takes space.
+const housekeepingEvery = 10 * time.Minute
+
+// housekeeping marks case twins failed and prunes what the worker keeps, once every
+// housekeepingEvery.
+func (w *Worker) housekeeping(ctx context.Context) {
+	if time.Since(w.lastHousekeeping) < housekeepingEvery {
+		return
+	}
+	w.lastHousekeeping = time.Now()
+	hctx, cancel := context.WithTimeout(ctx, w.cfg.PollInterval)
+	defer cancel()
+	twins, err := w.q.MarkCaseDuplicates(hctx)
+	if err != nil {
+		w.logDBError("mark domains that differ only in case", err)
+	}
+	w.badRows("two domains differ only in case; neither is ordered, both marked failed", twins)
+	pruned, err := w.q.Prune(hctx)
+	if err != nil {
+		w.logDBError("prune", err)
+		return
+	}
+	if pruned != (queue.PruneResult{}) {
+		w.log.Info("pruned", zap.Int64("http01_tokens", pruned.Tokens), zap.Int64("pauses", pruned.Pauses),
+			zap.Int64("ledger_rows", pruned.Ledger), zap.Int64("tenant_counters", pruned.Tenants),
+			zap.Int64("certificates_of_deleted_domains", pruned.Certificates))
+	}
 }

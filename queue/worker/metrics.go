@@ -20,6 +20,7 @@ type metrics struct {
 	inflight      prometheus.Gauge
 	caUnreachable prometheus.Gauge
 	heartbeats    prometheus.Counter
+	badRows       prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -58,10 +59,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "certworker_lease_renewal_failures_total",
 			Help: "Lease renewals that could not reach the database.",
 		}),
+		badRows: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "certworker_bad_rows_total",
+			Help: "Rows a step could not use and skipped (an unusable certificate row, two domains differing only in case), each counted once.",
+		}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.wakeups, m.claims, m.outcomes, m.durations, m.wakeLatency, m.inflight,
-			m.caUnreachable, m.heartbeats)
+			m.caUnreachable, m.heartbeats, m.badRows)
 	}
 	return m
 }
@@ -93,3 +98,5 @@ func (m *metrics) setCAUnreachable(down bool) {
 }
 
 func (m *metrics) heartbeatFailed() { m.heartbeats.Inc() }
+
+func (m *metrics) badRow() { m.badRows.Inc() }

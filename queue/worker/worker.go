@@ -38,6 +38,9 @@ type Worker struct {
 	health  dbHealth
 	// caDown: this instance found the CA unreachable and has not seen it answer since.
 	caDown atomic.Bool
+	// lastHousekeeping is when the maintenance last ran its housekeeping; only the
+	// maintenance goroutine touches it.
+	lastHousekeeping time.Time
 	// hard is closed when the shutdown stops waiting for results: a write that
 	// finishes an order gives up retrying then.
 	hard chan struct{}

@@ -1,0 +1,103 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/certworker/certworker/internal/legacydb"
+	"github.com/certworker/certworker/internal/pgtest"
+)
+
+func execSQL(t *testing.T, dsn, sql string, args ...any) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, sql, args...)
+	require.NoError(t, err)
+}
+
+// `run` refuses a database whose schema is not this binary's, with exit 2 and what to
+// do: behind it, run migrate; ahead of it (a newer binary migrated it during a rolling
+// deploy), do not run this binary, rather than work with rules it does not know.
+func TestCLI_RunRefusesASchemaBehindOrAheadOfTheBinary(t *testing.T) {
+	t.Parallel()
+	behind := pgtest.NewDB(t)
+	execSQL(t, behind, `DELETE FROM goose_db_version WHERE version_id = 6`)
+	ahead := pgtest.NewDB(t)
+	execSQL(t, ahead, `INSERT INTO goose_db_version (version_id, is_applied) VALUES (900, true)`)
+	for _, tc := range []struct {
+		dsn, want string
+	}{
+		{behind, "run `certworker migrate` first"},
+		{ahead, "ahead of this binary (a newer certworker applied migration 00900"},
+	} {
+		code, _, stderr := invoke(t, "run", "--database-url", tc.dsn, "--http01-listen", "", "--admin-listen", "")
+		require.Equal(t, exitUsage, code, stderr)
+		require.Contains(t, stderr, tc.want)
+	}
+}
+
+func TestCLI_MigrateLockTimeout(t *testing.T) {
+	t.Setenv("CERTWORKER_DATABASE_URL", "postgres://x:y@127.0.0.1:1/none")
+	for _, args := range [][]string{
+		{"migrate", "--lock-timeout", "0s"},
+		{"migrate", "--lock-timeout", "-1s"},
+		{"migrate", "--lock-timeout", "soon"},
+	} {
+		code, _, stderr := invoke(t, args...)
+		require.Equal(t, exitUsage, code, "%v: %s", args, stderr)
+		require.Contains(t, stderr, "--lock-timeout", "%v", args)
+	}
+	t.Setenv("CERTWORKER_LOCK_TIMEOUT", "soon")
+	code, _, stderr := invoke(t, "migrate")
+	require.Equal(t, exitUsage, code, stderr)
+	require.Contains(t, stderr, "lock-timeout")
+}
+
+// migrate on the proxy's database: a row outside the value sets makes it exit 1 with
+// the rows and the fix, in one line; once fixed, it migrates, and `run` accepts the
+// database. A statement that gave up waiting for a lock is reported on stderr as it
+// is retried.
+func TestCLI_MigrateTheProxysDatabase(t *testing.T) {
+	t.Parallel()
+	dsn := legacydb.New(t, pgtest.Shared(t), legacydb.Options{Domains: 2_000, Tenants: 20})
+	execSQL(t, dsn, `UPDATE proxy_domains SET ssl_status = 'Active' WHERE id = $1`, legacydb.DomainID(7))
+	code, stdout, stderr := invoke(t, "migrate", "--database-url", dsn)
+	require.Equal(t, exitFailed, code, stderr)
+	require.Empty(t, stdout)
+	require.Equal(t, 1, strings.Count(strings.TrimSpace(stderr), "\n")+1, "not one line: %q", stderr)
+	require.Contains(t, stderr, legacydb.DomainID(7))
+	require.Contains(t, stderr, "UPDATE proxy_domains SET ssl_status = lower(btrim(ssl_status))")
+
+	execSQL(t, dsn, `UPDATE proxy_domains SET ssl_status = lower(ssl_status)`)
+	ctx := context.Background()
+	proxy, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer proxy.Close(ctx)
+	// A transaction of the proxy's that keeps an old snapshot for a while: the first
+	// concurrent index build waits for it, gives up after the lock timeout, and is
+	// retried.
+	_, err = proxy.Exec(ctx, `BEGIN ISOLATION LEVEL REPEATABLE READ`)
+	require.NoError(t, err)
+	_, err = proxy.Exec(ctx, `SELECT 1`)
+	require.NoError(t, err)
+	release := time.AfterFunc(time.Second, func() { _, _ = proxy.Exec(ctx, `COMMIT`) })
+	defer release.Stop()
+
+	code, stdout, stderr = invoke(t, "migrate", "--database-url", dsn, "--lock-timeout", "300ms")
+	require.Equal(t, exitOK, code, stderr)
+	require.Contains(t, stdout, "applied 00006_live_database.sql")
+	require.Contains(t, stderr, "gave up waiting for a lock after 300ms")
+	require.Contains(t, stderr, "retrying in")
+
+	code, stdout, _ = invoke(t, "migrate", "--database-url", dsn)
+	require.Equal(t, exitOK, code)
+	require.Contains(t, stdout, "up to date")
+}

@@ -1,0 +1,10 @@
+package migrations
+
+// ValueSetsForTest is the preflight's value sets by constraint name.
+func ValueSetsForTest() map[string][]string {
+	out := make(map[string][]string, len(valueSets))
+	for _, v := range valueSets {
+		out[v.constraint()] = v.Allowed
+	}
+	return out
+}

@@ -1,0 +1,107 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// PruneResult is how many rows Prune deleted, by kind.
+type PruneResult struct {
+	// Tokens: HTTP-01 challenge tokens past their expiry (left by an instance that
+	// died mid-order; a live order deletes its own).
+	Tokens int64
+	// Pauses: pauses that ended more than pauseKeep ago.
+	Pauses int64
+	// Ledger: orders older than the longest limit window.
+	Ledger int64
+	// Tenants: the order-of-service counters of tenants with no domain left.
+	Tenants int64
+	// Certificates: certificate rows, with their private keys, of deleted domains.
+	Certificates int64
+}
+
+const (
+	// pauseKeep is how long an ended pause is kept: `status` and operators can still
+	// see why ordering stopped yesterday, and a CA that was unreachable and fails again
+	// within the day resumes its backoff where it left off.
+	pauseKeep = 24 * time.Hour
+	// defaultLedgerWindow is the ledger's history when certworker_settings.limits says
+	// nothing (no worker has started, or every limit is off): the longest of the
+	// default limits, 50 certificates per registered domain in 168 hours.
+	defaultLedgerWindow = 168 * time.Hour
+	// orphanGrace is how long a certificate row whose domain does not exist is kept
+	// after it was last written, so that a proxy that stores a certificate before the
+	// domain row (or deletes and adds a domain again) is not raced.
+	orphanGrace = time.Hour
+	// pruneBatch is how many rows one statement deletes: short transactions, short
+	// row locks, however much there is to delete after years without pruning.
+	pruneBatch = 1000
+)
+
+// Prune deletes what the worker keeps and no longer needs, so that nothing grows
+// without bound. Safe on any instance at any time, and concurrently: every statement
+// deletes only rows nothing will read again. For a maintenance timer (every few
+// minutes); the first run on the proxy's database after years may have much to do,
+// and does it in batches of pruneBatch rows.
+//
+// A deleted domain's certificate row and private key are deleted here, an hour after
+// the row was last written: the proxy deletes the domain (proxy_certificates has no
+// foreign key to it), and the key should not outlive it. The name is compared in any
+// case, as the proxy looks certificates up.
+func (q *Queue) Prune(ctx context.Context) (PruneResult, error) {
+	var r PruneResult
+	for _, step := range []struct {
+		what  string
+		count *int64
+		table string
+		sql   string
+		args  []any
+	}{
+		{"expired HTTP-01 tokens", &r.Tokens, "certworker_http01_tokens", `
+SELECT ctid FROM certworker_http01_tokens WHERE expires_at < now()`, nil},
+		{"ended pauses", &r.Pauses, "certworker_pauses", `
+SELECT ctid FROM certworker_pauses WHERE paused_until < now() - make_interval(secs => $1)`,
+			[]any{seconds(pauseKeep)}},
+		{"old ledger rows", &r.Ledger, "certworker_ledger", `
+SELECT ctid FROM certworker_ledger WHERE at < now() - make_interval(secs => COALESCE(
+    (SELECT max((l.value->>'window_seconds')::double precision)
+     FROM certworker_settings s, jsonb_each(s.limits) AS l
+     WHERE s.id AND jsonb_typeof(s.limits) = 'object' AND jsonb_typeof(l.value) = 'object'),
+    $1))`, []any{seconds(defaultLedgerWindow)}},
+		{"counters of tenants without domains", &r.Tenants, "certworker_tenants", `
+SELECT t.ctid FROM certworker_tenants t
+WHERE NOT EXISTS (SELECT 1 FROM proxy_domains d WHERE d.tenant_id = t.tenant_id)`, nil},
+		{"certificates of deleted domains", &r.Certificates, "proxy_certificates", `
+SELECT c.ctid FROM proxy_certificates c
+WHERE c.updated_at < now() - make_interval(secs => $1)
+  AND NOT EXISTS (SELECT 1 FROM proxy_domains d WHERE lower(d.domain) = lower(c.domain))`,
+			[]any{seconds(orphanGrace)}},
+	} {
+		n, err := q.deleteInBatches(ctx, step.table, step.sql, step.args)
+		*step.count = n
+		if err != nil {
+			return r, fmt.Errorf("prune %s: %w", step.what, err)
+		}
+	}
+	return r, nil
+}
+
+// deleteInBatches deletes the rows of table that match (a query of their ctids),
+// pruneBatch at a time, and returns how many. A row that changed between the
+// query and the delete has another ctid and is left for the next run: it was
+// written, so it may be needed (a tenant's counter taken by a new domain).
+func (q *Queue) deleteInBatches(ctx context.Context, table, match string, args []any) (int64, error) {
+	var total int64
+	for {
+		tag, err := q.db.Exec(ctx, fmt.Sprintf(`
+DELETE FROM %s WHERE ctid = ANY (ARRAY(%s LIMIT %d))`, table, match, pruneBatch), args...)
+		if err != nil {
+			return total, err
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < pruneBatch {
+			return total, nil
+		}
+	}
+}
