@@ -203,7 +203,7 @@ func (i *Issuer) issue(ctx context.Context, req queue.Request) (*queue.Certifica
 	if err != nil {
 		return nil, fmt.Errorf("acme: encode certificate key: %w", err)
 	}
-	sealed, err := Seal(i.cfg.KeyEncryptionKey, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), req.Domain)
+	sealed, err := i.cfg.KeyEncryptionKeys.Seal(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), req.Domain)
 	if err != nil {
 		return nil, fmt.Errorf("acme: %w", err)
 	}
