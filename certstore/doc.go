@@ -7,8 +7,10 @@
 //	defer store.Close()
 //	srv := &http.Server{TLSConfig: &tls.Config{GetCertificate: store.GetCertificate}}
 //
-// It depends on pgx, zap and the standard library (and certstore/seal), never on the
-// ACME client: a proxy importing it does not import lego.
+// It depends on pgx, zap, golang.org/x/sync and the standard library (and
+// certstore/seal), never on the ACME client: a proxy importing it does not import
+// lego. Package certstore/loopback serves HTTPS from a tls.Config on 127.0.0.1 and
+// opens https://NAME through it, for tests and demos.
 //
 // # What is served
 //

@@ -6,3 +6,11 @@ func Misses(s *Store) int {
 	defer s.mu.RUnlock()
 	return s.misses
 }
+
+// Epoch counts the notifications and reconnections s has seen, so that a test can
+// wait for the notification of its own write before it counts queries.
+func Epoch(s *Store) uint64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.epoch
+}

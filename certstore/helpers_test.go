@@ -169,6 +169,8 @@ type bundle struct {
 	keys   seal.Keyring
 	loads  *loadCounter
 	tenant string
+	// chain is the certificate the trigger benchmark stores, again and again.
+	chain issued
 
 	mu sync.Mutex
 	// refused is the last error GetCertificate returned for each name.
@@ -178,6 +180,15 @@ type bundle struct {
 // setup opens a store on a fresh database of the package's server (or of server,
 // when given) and serves HTTPS with it.
 func setup(t *testing.T, opts certstore.Options, server ...*pgtest.Server) *bundle {
+	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = zaptest.NewLogger(t)
+	}
+	return setupTB(t, opts, server...)
+}
+
+// setupTB is setup for a test or a benchmark.
+func setupTB(t testing.TB, opts certstore.Options, server ...*pgtest.Server) *bundle {
 	t.Helper()
 	var dsn string
 	if len(server) > 0 {
@@ -196,9 +207,6 @@ func setup(t *testing.T, opts certstore.Options, server ...*pgtest.Server) *bund
 	require.NoError(t, err)
 	t.Cleanup(b.admin.Close)
 
-	if opts.Logger == nil {
-		opts.Logger = zaptest.NewLogger(t)
-	}
 	b.keys = opts.KeyEncryptionKeys
 	b.store, err = certstore.Open(b.ctx, b.pool, opts)
 	require.NoError(t, err)
@@ -219,7 +227,7 @@ func setup(t *testing.T, opts certstore.Options, server ...*pgtest.Server) *bund
 }
 
 // domain adds a domain row for the bundle's tenant.
-func (b *bundle) domain(t *testing.T, name, verification, provider, status string) {
+func (b *bundle) domain(t testing.TB, name, verification, provider, status string) {
 	t.Helper()
 	_, err := b.admin.Exec(b.ctx, `
 INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_provider, ssl_status)
@@ -234,7 +242,7 @@ type execer interface {
 
 // storeCert writes a certificate row as the worker's MarkActive does (an upsert by
 // domain), its key sealed with the bundle's keys bound to the name in lower case.
-func (b *bundle) storeCert(t *testing.T, q execer, name string, c issued) {
+func (b *bundle) storeCert(t testing.TB, q execer, name string, c issued) {
 	t.Helper()
 	stored, err := b.keys.Seal([]byte(c.keyPEM), strings.ToLower(name))
 	require.NoError(t, err)
@@ -242,7 +250,7 @@ func (b *bundle) storeCert(t *testing.T, q execer, name string, c issued) {
 }
 
 // storeRaw writes a certificate row with the stored key as given.
-func (b *bundle) storeRaw(t *testing.T, q execer, name, chainPEM, storedKey string, c issued) {
+func (b *bundle) storeRaw(t testing.TB, q execer, name, chainPEM, storedKey string, c issued) {
 	t.Helper()
 	_, err := q.Exec(b.ctx, `
 INSERT INTO proxy_certificates (domain, certificate_pem, private_key_pem, expires_at, not_before, serial)
@@ -255,7 +263,7 @@ ON CONFLICT (domain) DO UPDATE SET
 }
 
 // served adds a verified domain with a valid certificate and returns it.
-func (b *bundle) served(t *testing.T, name string) issued {
+func (b *bundle) served(t testing.TB, name string) issued {
 	t.Helper()
 	b.domain(t, name, "verified", "acme", "active")
 	c := b.ca.valid(t, name)
@@ -265,7 +273,7 @@ func (b *bundle) served(t *testing.T, name string) issued {
 
 // handshake makes a TLS handshake with SNI name, verifying the chain for name, and
 // returns the serial presented.
-func (b *bundle) handshake(t *testing.T, name string) (*big.Int, error) {
+func (b *bundle) handshake(t testing.TB, name string) (*big.Int, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
 	defer cancel()

@@ -203,7 +203,11 @@ func TestStore_OpensKeysSealedUnderAnyGivenKey(t *testing.T) {
 func TestStore_MissFloodCostsBoundedQueries(t *testing.T) {
 	t.Parallel()
 	b := setup(t, certstore.Options{TTL: long, MissTTL: time.Minute})
+	epoch := certstore.Epoch(b.store)
 	c := b.served(t, "popular.example")
+	// Its notification could otherwise arrive during the flood and rightly cost a
+	// reload.
+	waitFor(t, 5*time.Second, "the insert's notification", func() bool { return certstore.Epoch(b.store) > epoch })
 	const names, rounds, workers = 10, 40, 25
 	var wg sync.WaitGroup
 	for w := range workers {
@@ -283,9 +287,11 @@ func TestStore_KeepsServingWhilePostgresIsDown(t *testing.T) {
 func TestStore_RechecksWhatItHoldsAfterReconnecting(t *testing.T) {
 	t.Parallel()
 	b := setup(t, certstore.Options{TTL: long, MissTTL: long, BackoffMin: 3 * time.Second, BackoffMax: 3 * time.Second})
+	epoch := certstore.Epoch(b.store)
 	changed := b.served(t, "changed.example")
 	same := b.served(t, "same.example")
 	gone := b.served(t, "gone.example")
+	waitFor(t, 5*time.Second, "the inserts' notifications", func() bool { return certstore.Epoch(b.store) >= epoch+3 })
 	for name, c := range map[string]issued{"changed.example": changed, "same.example": same, "gone.example": gone} {
 		b.requireServes(t, name, c.serial)
 	}
