@@ -3,6 +3,7 @@ package certstore_test
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/certworker/certworker/certstore"
 	"github.com/certworker/certworker/internal/pgtest"
+	"github.com/certworker/certworker/migrations"
 )
 
 // channelReader is a connection listening on certstore.Channel.
@@ -167,4 +169,32 @@ VALUES ('manual.example', 'pem', 'key', now() + interval '1 day') RETURNING vers
 	require.Positive(t, version)
 	_, err = conn.Exec(ctx, `UPDATE proxy_certificates SET certificate_pem = 'pem2' WHERE domain = 'manual.example'`)
 	require.NoError(t, err)
+}
+
+// Migration 00007 run again over itself (what the next `certworker migrate` does
+// after one interrupted half-way) succeeds and leaves one working set of triggers.
+// Guards against a statement that is not idempotent wedging every later migrate.
+func TestMigration00007_RunsTwice(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.NewDB(t)
+	ctx := context.Background()
+	db, err := sql.Open("pgx", dsn)
+	require.NoError(t, err)
+	defer db.Close()
+	_, err = db.ExecContext(ctx, `DELETE FROM goose_db_version WHERE version_id >= 7`)
+	require.NoError(t, err)
+	results, err := migrations.ApplyDB(ctx, db)
+	require.NoError(t, err)
+	require.NotEmpty(t, results)
+	require.Equal(t, int64(7), results[0].Version)
+
+	var triggers int
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM pg_trigger
+WHERE tgname LIKE 'certworker_certificate_%' OR tgname LIKE 'certworker_domain_withdrawn_%'`).Scan(&triggers))
+	require.Equal(t, 5, triggers)
+	r := listenChannel(t, dsn)
+	_, err = db.ExecContext(ctx, `INSERT INTO proxy_certificates (domain, certificate_pem, private_key_pem, expires_at)
+VALUES ('Again.example', 'pem', 'key', now())`)
+	require.NoError(t, err)
+	require.Equal(t, "again.example", r.next())
 }
