@@ -70,7 +70,7 @@ WHERE directory = $1 AND eab_kid = $2`, i.cfg.DirectoryURL, i.cfg.EABKeyID).Scan
 	if err != nil {
 		return nil, fmt.Errorf("load ACME account: %w", err)
 	}
-	keyPEM, err := Open(i.cfg.KeyEncryptionKey, stored, i.cfg.DirectoryURL)
+	keyPEM, err := i.cfg.KeyEncryptionKeys.Open(stored, i.cfg.DirectoryURL)
 	if err != nil {
 		return nil, fmt.Errorf("load ACME account key: %w", err)
 	}
@@ -151,7 +151,7 @@ func (i *Issuer) registerAccount(ctx context.Context, tr *orderTransport) (*acco
 	if err != nil {
 		return nil, fmt.Errorf("register ACME account: encode key: %w", err)
 	}
-	stored, err := Seal(i.cfg.KeyEncryptionKey, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), i.cfg.DirectoryURL)
+	stored, err := i.cfg.KeyEncryptionKeys.Seal(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), i.cfg.DirectoryURL)
 	if err != nil {
 		return nil, fmt.Errorf("register ACME account: seal key: %w", err)
 	}

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/go-acme/lego/v4/certcrypto"
+
+	"github.com/certworker/certworker/certstore/seal"
 )
 
 // Config is what the issuer needs from the command line. Every field maps to one
@@ -37,9 +39,9 @@ type Config struct {
 	// KeyType is the certificates' key type (--key-type): ec256, ec384, rsa2048 or
 	// rsa4096; "" is ec256.
 	KeyType string
-	// KeyEncryptionKey seals private keys at rest (--key-encryption-key, decoded
-	// with ParseKeyEncryptionKey): nil or 32 bytes.
-	KeyEncryptionKey []byte
+	// KeyEncryptionKeys seal private keys at rest (--key-encryption-key, read with
+	// seal.ParseKeyring): the first seals, any opens; empty stores PEM.
+	KeyEncryptionKeys seal.Keyring
 	// HTTPTimeout bounds each request to the CA (0: DefaultHTTPTimeout). lego's
 	// calls take no context, so this is also what bounds a CA that accepts the
 	// connection and then says nothing.
@@ -111,8 +113,8 @@ func (c *Config) validate() (certcrypto.KeyType, *x509.CertPool, error) {
 			return "", nil, errors.New("--acme-eab-hmac: not base64url (the HMAC key as the CA gave it)")
 		}
 	}
-	if n := len(c.KeyEncryptionKey); n != 0 && n != KeyEncryptionKeySize {
-		return "", nil, fmt.Errorf("--key-encryption-key: must be %d bytes, got %d", KeyEncryptionKeySize, n)
+	if err := c.KeyEncryptionKeys.Validate(); err != nil {
+		return "", nil, err
 	}
 	if c.HTTPTimeout < 0 {
 		return "", nil, fmt.Errorf("acme HTTP timeout: %s is negative", c.HTTPTimeout)

@@ -94,28 +94,8 @@
 // Private keys, the certificates' (proxy_certificates.private_key_pem) and the
 // account's (certworker_acme_accounts.private_key_pem), are PEM, PKCS #8
 // ("-----BEGIN PRIVATE KEY-----"). Without --key-encryption-key they are stored as
-// that PEM. With it they are stored sealed, as one line of ASCII text:
-//
-//	certworker:aes256gcm:v1:<base64(nonce || ciphertext || tag)>
-//
-// where:
-//
-//   - "certworker:aes256gcm:" names the scheme and "v1" its version; a reader that
-//     meets another version must refuse it, not guess.
-//   - base64 is the standard alphabet with padding (RFC 4648 §4).
-//   - nonce is 12 random bytes, new for every key sealed; tag is GCM's 16 bytes,
-//     appended to the ciphertext as Go's crypto/cipher and most libraries do.
-//   - The cipher is AES-256-GCM, the key the 32 bytes whose base64 is
-//     --key-encryption-key, the plaintext the PEM text of the key.
-//   - The additional authenticated data is the row's identity, in UTF-8: the domain
-//     name in lower case, lower(proxy_certificates.domain), for a certificate's
-//     key, the ACME directory URL (certworker_acme_accounts.directory) for the
-//     account's. A sealed key copied to another row does not open.
-//
-// To read a stored key: if it starts with "-----BEGIN", it is PEM; if it starts with
-// "certworker:aes256gcm:v1:", base64-decode the rest, split off the first 12 bytes
-// as the nonce, and AES-256-GCM-open the remainder with the AAD above; anything else
-// is an error. Open does exactly this, and also accepts PEM when a key encryption
-// key is set, so that a key uploaded by hand keeps working. Private keys never reach
-// a log.
+// that PEM; with it they are sealed by package certstore/seal (whose documentation,
+// and README.md, give the format), bound to the row: the domain name in lower case
+// for a certificate's key, the directory URL for the account's. Private keys never
+// reach a log.
 package acme

@@ -371,7 +371,7 @@ func TestNew_ConfigErrorsNameTheFlag(t *testing.T) {
 		{"kid without hmac", func(c *acme.Config) { c.EABKeyID = "kid" }, "--acme-eab-hmac", ""},
 		{"hmac without kid", func(c *acme.Config) { c.EABHMAC = "c2VjcmV0" }, "--acme-eab-kid", "c2VjcmV0"},
 		{"hmac not base64url", func(c *acme.Config) { c.EABKeyID, c.EABHMAC = "kid", "not base64 !!secret" }, "--acme-eab-hmac", "secret"},
-		{"key encryption key size", func(c *acme.Config) { c.KeyEncryptionKey = make([]byte, 16) }, "--key-encryption-key", ""},
+		{"key encryption key size", func(c *acme.Config) { c.KeyEncryptionKeys = [][]byte{make([]byte, 16)} }, "--key-encryption-key", ""},
 		{"directory not https", func(c *acme.Config) { c.DirectoryURL = "http://127.0.0.1/dir" }, "--acme-directory", ""},
 		{"directory missing", func(c *acme.Config) { c.DirectoryURL = "" }, "--acme-directory", ""},
 		{"email", func(c *acme.Config) { c.Email = "not an email" }, "--acme-email", ""},

@@ -218,7 +218,7 @@ func (i *Issuer) certificate(domain string, chainPEM []byte, key crypto.PrivateK
 	if err != nil {
 		return nil, fmt.Errorf("acme: encode certificate key: %w", err)
 	}
-	sealed, err := Seal(i.cfg.KeyEncryptionKey, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), domain)
+	sealed, err := i.cfg.KeyEncryptionKeys.Seal(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), domain)
 	if err != nil {
 		return nil, fmt.Errorf("acme: %w", err)
 	}

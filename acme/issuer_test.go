@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/acme"
+	"github.com/certworker/certworker/certstore/seal"
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/queue"
 )
@@ -270,30 +271,33 @@ func TestIssue_SealsKeysWithKeyEncryptionKey(t *testing.T) {
 		kek[i] = byte(i + 1)
 	}
 	cfg := b.config()
-	cfg.KeyEncryptionKey = kek
+	cfg.KeyEncryptionKeys = seal.Keyring{kek}
 	name := randomName("s")
 	cert, err := newIssuer(t, b.pool, nil, cfg).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: name})
 	require.NoError(t, err)
 
-	require.True(t, strings.HasPrefix(cert.PrivateKey, acme.SealedPrefix), "certificate key must be sealed")
+	require.True(t, strings.HasPrefix(cert.PrivateKey, seal.PrefixV2+seal.KeyID(kek)+":"), "certificate key must be sealed, naming its key")
 	require.NotContains(t, cert.PrivateKey, "PRIVATE KEY")
-	keyPEM, err := acme.Open(kek, cert.PrivateKey, name)
+	keyPEM, err := cfg.KeyEncryptionKeys.Open(cert.PrivateKey, name)
 	require.NoError(t, err)
 	key, err := certcrypto.ParsePEMPrivateKey(keyPEM)
 	require.NoError(t, err)
 	require.True(t, key.(crypto.Signer).Public().(interface{ Equal(crypto.PublicKey) bool }).Equal(parseChain(t, cert.ChainPEM)[0].PublicKey))
-	_, err = acme.Open(kek, cert.PrivateKey, "other.example")
-	require.ErrorIs(t, err, acme.ErrUnseal, "a key moved to another domain's row must not open")
+	_, err = cfg.KeyEncryptionKeys.Open(cert.PrivateKey, "other.example")
+	require.ErrorIs(t, err, seal.ErrUnseal, "a key moved to another domain's row must not open")
 
 	var stored string
 	require.NoError(t, b.pool.QueryRow(context.Background(),
 		"SELECT private_key_pem FROM certworker_acme_accounts").Scan(&stored))
-	require.True(t, acme.IsSealed(stored), "the account key must be sealed")
-	_, err = acme.Open(kek, stored, b.ca.DirectoryURL)
+	require.True(t, seal.IsSealed(stored), "the account key must be sealed")
+	_, err = cfg.KeyEncryptionKeys.Open(stored, b.ca.DirectoryURL)
 	require.NoError(t, err)
 
-	// Another instance with the same key encryption key reuses the sealed account.
-	_, err = newIssuer(t, b.newPool(t), nil, cfg).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: randomName("s")})
+	// Another instance in the middle of a rotation (a new key first, the old one
+	// still listed) opens the account sealed under the old key and reuses it.
+	rotated := cfg
+	rotated.KeyEncryptionKeys = seal.Keyring{make([]byte, 32), kek}
+	_, err = newIssuer(t, b.newPool(t), nil, rotated).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: randomName("s")})
 	require.NoError(t, err)
 	require.Equal(t, 1, b.ca.NewAccounts())
 }

@@ -90,12 +90,11 @@ $$;
 -- +goose StatementEnd
 
 -- `status DOMAIN` and `retry DOMAIN` look names up in any case (operators type them as
--- a browser shows them), and the worker looks for names that differ only in case.
--- Not unique: the proxy's own unique constraint is on the name as written, and a
--- database that has years of rows may hold two that differ only in case; the worker
--- marks those failed (queue.MarkCaseDuplicates) and the look-ups refuse to choose.
-CREATE INDEX CONCURRENTLY IF NOT EXISTS proxy_domains_lower_domain_idx
-    ON proxy_domains (lower(domain));
+-- a browser shows them), and the worker looks for names that differ only in case,
+-- through 00005's index on lower(domain). Not unique: the proxy's own unique
+-- constraint is on the name as written, and a database that has years of rows may
+-- hold two that differ only in case; the worker marks those failed
+-- (queue.MarkCaseDuplicates) and the look-ups refuse to choose.
 
 -- The proxy's "retry" for a tenant (the reference's saas::db::queue_for_issuance):
 -- puts the tenant's domain back in the queue with its history cleared (pending,
@@ -217,4 +216,3 @@ DROP TRIGGER IF EXISTS certworker_certificate_replaced ON proxy_certificates;
 DROP FUNCTION IF EXISTS certworker_certificate_replaced();
 DROP FUNCTION IF EXISTS certworker_update_domain(uuid, uuid, text, text);
 DROP FUNCTION IF EXISTS certworker_queue_for_issuance(uuid, uuid);
-DROP INDEX CONCURRENTLY IF EXISTS proxy_domains_lower_domain_idx;

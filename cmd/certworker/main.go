@@ -45,6 +45,7 @@ type cli struct {
 	Run     runCmd     `cmd:"" help:"Run the worker, its HTTP-01 responder and its admin endpoints until SIGTERM or SIGINT."`
 	Status  statusCmd  `cmd:"" help:"Show counts by ssl_status and every domain that is retrying or failed; with DOMAIN, that domain's whole state."`
 	Retry   retryCmd   `cmd:"" help:"Put a failed or backing-off domain back in the queue now (pending, attempts 0, error cleared)."`
+	Rekey   rekeyCmd   `cmd:"" help:"Re-seal every stored private key with the first --key-encryption-key; refuses, changing nothing, if a stored key opens with none of them."`
 	Version versionCmd `cmd:"" help:"Print the version, commit and Go version."`
 }
 

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/certworker/certworker/acme"
+	"github.com/certworker/certworker/certstore/seal"
 	"github.com/certworker/certworker/listener"
 	"github.com/certworker/certworker/migrations"
 	"github.com/certworker/certworker/queue"
@@ -46,7 +47,7 @@ type runCmd struct {
 	RetryBase         time.Duration `name:"retry-base" env:"CERTWORKER_RETRY_BASE" default:"1m" help:"First gap between attempts, doubled on each failure."`
 	RetryMax          time.Duration `name:"retry-max" env:"CERTWORKER_RETRY_MAX" default:"4h" help:"Longest gap between attempts."`
 	MaxAttempts       int           `name:"max-attempts" env:"CERTWORKER_MAX_ATTEMPTS" default:"10" help:"Consecutive failures after which a domain is marked failed."`
-	KeyEncryptionKey  string        `name:"key-encryption-key" env:"CERTWORKER_KEY_ENCRYPTION_KEY" placeholder:"BASE64" help:"Base64 of 32 bytes; encrypts private keys at rest (AES-256-GCM)."`
+	KeyEncryptionKey  string        `name:"key-encryption-key" env:"CERTWORKER_KEY_ENCRYPTION_KEY" placeholder:"BASE64[,BASE64...]" help:"Comma-separated base64 keys of 32 bytes; encrypt private keys at rest (AES-256-GCM): the first seals, any opens."`
 	LogFormat         string        `name:"log-format" env:"CERTWORKER_LOG_FORMAT" default:"json" enum:"json,console" help:"Log encoder: json or console."`
 	LogLevel          string        `name:"log-level" env:"CERTWORKER_LOG_LEVEL" default:"info" help:"Log level: debug, info, warn or error."`
 	ShutdownGrace     time.Duration `name:"shutdown-grace" env:"CERTWORKER_SHUTDOWN_GRACE" default:"30s" help:"Time given to in-flight orders on SIGTERM."`
@@ -123,7 +124,7 @@ func (c *runCmd) Run(g *globals) error {
 	if err := c.validate(); err != nil {
 		return err
 	}
-	kek, err := acme.ParseKeyEncryptionKey(c.KeyEncryptionKey)
+	keks, err := seal.ParseKeyring(c.KeyEncryptionKey)
 	if err != nil {
 		return usagef("%v", err)
 	}
@@ -162,7 +163,7 @@ func (c *runCmd) Run(g *globals) error {
 		EABKeyID:          c.ACMEEABKid,
 		EABHMAC:           c.ACMEEABHMAC,
 		KeyType:           c.KeyType,
-		KeyEncryptionKey:  kek,
+		KeyEncryptionKeys: keks,
 		Preflight:         c.Preflight,
 		PreflightResolver: c.PreflightResolver,
 		PreflightPort:     c.PreflightPort,

@@ -1,0 +1,72 @@
+package loopback_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"math/big"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/certworker/certworker/certstore/loopback"
+)
+
+// selfSigned is a certificate for name that is its own root.
+func selfSigned(t *testing.T, name string) (tls.Certificate, *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(42), Subject: pkix.Name{CommonName: name}, DNSNames: []string{name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	require.NoError(t, err)
+	leaf, err := x509.ParseCertificate(der)
+	require.NoError(t, err)
+	roots := x509.NewCertPool()
+	roots.AddCert(leaf)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, roots
+}
+
+// Get opens https://NAME through the server, sending NAME as SNI, and verifies the
+// chain against the roots given: what the demo relies on to say a domain is served.
+// Guards against a helper that reports success for a certificate a browser would
+// refuse.
+func TestServer_GetAndHandshakePresentTheCertificateForTheName(t *testing.T) {
+	t.Parallel()
+	cert, roots := selfSigned(t, "shop.example")
+	var sni string
+	srv, err := loopback.Serve(&tls.Config{GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
+		sni = h.ServerName
+		return &cert, nil
+	}})
+	require.NoError(t, err)
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	leaf, err := srv.Get(ctx, "shop.example", roots)
+	require.NoError(t, err)
+	require.Equal(t, int64(42), leaf.SerialNumber.Int64())
+	require.Equal(t, "shop.example", sni)
+
+	leaf, err = srv.Handshake(ctx, "shop.example", roots)
+	require.NoError(t, err)
+	require.Equal(t, int64(42), leaf.SerialNumber.Int64())
+	_, err = srv.Handshake(ctx, "other.example", nil)
+	require.NoError(t, err, "without roots the chain is not verified")
+
+	_, err = srv.Get(ctx, "other.example", roots)
+	require.ErrorContains(t, err, "other.example", "the certificate does not cover the name")
+	_, otherRoots := selfSigned(t, "shop.example")
+	_, err = srv.Get(ctx, "shop.example", otherRoots)
+	require.ErrorContains(t, err, "certificate", "a chain to roots not given is refused")
+}
