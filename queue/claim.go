@@ -65,6 +65,7 @@ const claimOrderSQL = `ORDER BY COALESCE(d.ssl_queue_tier, 2), COALESCE(d.ssl_qu
 //     place, the row queued last goes first, the tenant who has just arrived;
 //  3. tier 3, renewals with time to spare: they can wait behind a tenant's first
 //     certificate, and become tier 1 when their time runs short.
+//
 // Within a tenant, its rows are served in the order they entered the queue, so the
 // oldest attempt first and a retry behind the rows queued before its failure.
 //
