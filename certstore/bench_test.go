@@ -25,7 +25,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/certworker/certworker/certstore"
-	"github.com/certworker/certworker/certstore/loopback"
+	"github.com/certworker/certworker/internal/loopback"
 	"github.com/certworker/certworker/internal/pgtest"
 )
 

@@ -1,14 +1,18 @@
 // Command demo runs certworker end to end with nothing installed: PostgreSQL in a
 // container (or DATABASE_URL), Pebble in-process as the CA with its own DNS, the
 // worker with its HTTP-01 responder, and a tenant who verifies a handful of domains
-// one by one. It prints each domain going pending, provisioning, active, with the
-// time from "verify" to its certificate, and a summary.
+// one by one. It prints each domain going pending, provisioning, active, and then
+// served: an HTTPS handshake for the name through a TLS server whose certificates
+// come from certstore (as the proxy's would), with the time from "verify" to each,
+// and a summary.
 //
 //	make demo            # or: go run ./internal/demo
 package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"database/sql"
 	"errors"
 	"flag"
@@ -27,6 +31,8 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/certworker/certworker/acme"
+	"github.com/certworker/certworker/certstore"
+	"github.com/certworker/certworker/internal/loopback"
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/migrations"
@@ -124,6 +130,21 @@ func run(n int, gap time.Duration, verbose bool) error {
 	}
 	defer func() { wstop(); _ = w.Wait() }()
 
+	// The proxy's side: a TLS server that serves what certworker stores, told of each
+	// new certificate by NOTIFY certworker_certificate.
+	store, err := certstore.Open(ctx, pool, certstore.Options{Logger: log})
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	https, err := loopback.Serve(&tls.Config{GetCertificate: store.GetCertificate})
+	if err != nil {
+		return err
+	}
+	defer https.Close()
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.IssuerRootsPEM())
+
 	var tenant string
 	if err := pool.QueryRow(ctx, `INSERT INTO proxy_tenants (name, slug, email) VALUES ('Demo Shop', $1, 'owner@example.com') RETURNING id::text`,
 		fmt.Sprintf("demo-%d", time.Now().UnixNano())).Scan(&tenant); err != nil {
@@ -189,7 +210,17 @@ VALUES ($1, $2, 'demo-token', 'acme') RETURNING id::text`, tenant, name).Scan(&d
 					}
 					fmt.Println(line)
 				}
-				if status == "active" || status == "failed" {
+				if status == "active" {
+					if _, served := d.seen["https"]; !served {
+						hctx, cancel := context.WithTimeout(ctx, time.Second)
+						if _, err := https.Get(hctx, d.name, roots); err == nil {
+							d.seen["https"] = time.Now()
+							fmt.Printf("%-26s %-12s +%s\n", d.name, "served", time.Since(d.verifiedAt).Round(time.Millisecond))
+						}
+						cancel()
+					}
+				}
+				if (status == "active" && !d.seen["https"].IsZero()) || status == "failed" {
 					done++
 				}
 			}
@@ -203,15 +234,16 @@ VALUES ($1, $2, 'demo-token', 'acme') RETURNING id::text`, tenant, name).Scan(&d
 func summary(ctx context.Context, pool *pgxpool.Pool, rows []*domainRow) error {
 	fmt.Println("\nsummary")
 	tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "DOMAIN\tSTATUS\tVERIFY→CLAIM\tVERIFY→ACTIVE\tNOT AFTER\tRENEWS AT")
+	fmt.Fprintln(tw, "DOMAIN\tSTATUS\tVERIFY→CLAIM\tVERIFY→ACTIVE\tVERIFY→HTTPS\tNOT AFTER\tRENEWS AT")
 	for _, d := range rows {
 		var status string
 		var notAfter, renewAt *time.Time
 		_ = pool.QueryRow(ctx, `
 SELECT d.ssl_status, c.expires_at, c.renew_at FROM proxy_domains d
 LEFT JOIN proxy_certificates c ON c.domain = d.domain WHERE d.id = $1`, d.id).Scan(&status, &notAfter, &renewAt)
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", d.name, status,
-			since(d.verifiedAt, d.seen["provisioning"]), since(d.verifiedAt, d.seen["active"]), day(notAfter), day(renewAt))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.name, status,
+			since(d.verifiedAt, d.seen["provisioning"]), since(d.verifiedAt, d.seen["active"]),
+			since(d.verifiedAt, d.seen["https"]), day(notAfter), day(renewAt))
 	}
 	return tw.Flush()
 }

@@ -14,7 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/certworker/certworker/certstore/loopback"
+	"github.com/certworker/certworker/internal/loopback"
 )
 
 // selfSigned is a certificate for name that is its own root.
