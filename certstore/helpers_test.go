@@ -24,8 +24,8 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/certworker/certworker/certstore"
-	"github.com/certworker/certworker/internal/loopback"
 	"github.com/certworker/certworker/certstore/seal"
+	"github.com/certworker/certworker/internal/loopback"
 	"github.com/certworker/certworker/internal/pgtest"
 )
 
