@@ -159,14 +159,28 @@ type drainResult struct {
 func BenchmarkClaimThroughput(b *testing.B) {
 	var results []drainResult
 	var profileTop, statementsTop string
-	for _, conc := range []int{4, 16} {
-		b.Run(fmt.Sprintf("worker/concurrency-%d", conc), func(b *testing.B) {
+	for _, run := range []struct {
+		conc      int
+		noHandoff bool // the certificate trigger's NOTIFY off, to show what it costs
+	}{{4, false}, {16, false}, {16, true}} {
+		conc := run.conc
+		name := fmt.Sprintf("worker/concurrency-%d", conc)
+		if run.noHandoff {
+			name += "/no-handoff-notify"
+		}
+		b.Run(name, func(b *testing.B) {
 			d := newBenchDB(b)
 			d.insertDomains(b, throughputDomains, "verified")
+			if run.noHandoff {
+				if _, err := d.pool.Exec(d.ctx, `ALTER TABLE proxy_certificates
+    DISABLE TRIGGER certworker_certificate_insert, DISABLE TRIGGER certworker_certificate_update`); err != nil {
+					b.Fatal(err)
+				}
+			}
 			resetStatements(b, d)
 			fake := fakeissuer.New(1)
 			var prof strings.Builder
-			if conc == 16 {
+			if conc == 16 && !run.noHandoff {
 				stop := startCPUProfile(b, &prof)
 				defer func() { profileTop = stop() }()
 			}
@@ -186,11 +200,14 @@ func BenchmarkClaimThroughput(b *testing.B) {
 			}
 			checkIssuedOnce(b, fake, throughputDomains)
 			r := drainResult{what: fmt.Sprintf("worker, --concurrency %d", conc), elapsed: end.Sub(start)}
+			if run.noHandoff {
+				r.what += ", hand-off NOTIFY off"
+			}
 			r.rate = throughputDomains / r.elapsed.Seconds()
 			r.note = fmt.Sprintf("worker start to all active; fake issuer answering at once; %s", claimSources(b, in))
 			b.ReportMetric(r.rate, "claims/s")
 			results = append(results, r)
-			if conc == 16 {
+			if conc == 16 && !run.noHandoff {
 				statementsTop = topStatements(b, d)
 			}
 		})
@@ -224,7 +241,7 @@ func BenchmarkClaimThroughput(b *testing.B) {
 			results = append(results, r)
 		})
 	}
-	if len(results) == 4 {
+	if len(results) == 5 {
 		writeClaims(b, results, profileTop, statementsTop)
 	}
 }
@@ -241,8 +258,9 @@ func writeClaims(tb testing.TB, results []drainResult, profileTop, statementsTop
 		fmt.Fprintf(tw, "%s\t%.2f\t%.0f\t%s\n", r.what, r.elapsed.Seconds(), r.rate, r.note)
 	}
 	_ = tw.Flush()
-	w16, bare1, bare16 := results[1].rate, results[2].rate, results[3].rate
+	w16, quiet16, bare1, bare16 := results[1].rate, results[2].rate, results[3].rate, results[4].rate
 	fmt.Fprintf(&s, "\nworker at 16 / bare claim one at a time: %.2f; / bare claim 16 at a time: %.2f\n", w16/bare1, w16/bare16)
+	fmt.Fprintf(&s, "worker at 16 with the certificate hand-off's NOTIFY / without it: %.2f\n", w16/quiet16)
 	fmt.Fprintf(&s, "\nWhere the worker's time went at --concurrency 16 (this process, pprof, top by cumulative CPU):\n%s", profileTop)
 	fmt.Fprintf(&s, "\nWhere the server's time went (pg_stat_statements, top by total time):\n%s", statementsTop)
 	writeBenchFile(tb, "claims.txt", s.String())
