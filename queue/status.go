@@ -121,7 +121,7 @@ func (q *Queue) Overview(ctx context.Context) (*Overview, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := &Overview{Counts: counts, Domains: []Trouble{}, Pauses: []PauseState{}}
+	o := &Overview{Counts: counts, Domains: []Trouble{}}
 	// The rows to list are found first, each way by its own index (failed and
 	// retrying rows; due rows under a pause of their name or registered domain, looked
 	// for only while such a pause exists), and only they are matched with the pauses:
@@ -159,21 +159,29 @@ ORDER BY d.ssl_last_attempt_at DESC NULLS LAST, d.domain`,
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("list failing domains: %w", err)
 	}
-	prows, err := q.db.Query(ctx, `
+	if o.Pauses, err = q.Pauses(ctx); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// Pauses are the pauses in force, the one that ends last first.
+func (q *Queue) Pauses(ctx context.Context) ([]PauseState, error) {
+	rows, err := q.db.Query(ctx, `
 SELECT scope, key, source, paused_until, reason FROM certworker_pauses
 WHERE paused_until > now() ORDER BY paused_until DESC`)
 	if err != nil {
 		return nil, fmt.Errorf("list pauses: %w", err)
 	}
-	defer prows.Close()
-	for prows.Next() {
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (PauseState, error) {
 		var p PauseState
-		if err := prows.Scan(&p.Scope, &p.Key, &p.Source, &p.PausedUntil, &p.Reason); err != nil {
-			return nil, fmt.Errorf("list pauses: %w", err)
-		}
-		o.Pauses = append(o.Pauses, p)
+		err := r.Scan(&p.Scope, &p.Key, &p.Source, &p.PausedUntil, &p.Reason)
+		return p, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list pauses: %w", err)
 	}
-	return o, prows.Err()
+	return append([]PauseState{}, out...), nil
 }
 
 // StoredCertificate is a proxy_certificates row, without its key.
