@@ -1,7 +1,6 @@
 package queue
 
 import (
-	"context"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,9 +16,9 @@ type Metrics struct {
 	inflight    prometheus.Gauge
 }
 
-// NewMetrics registers the worker's metrics on reg, with a collector that reads the
-// queue depth by status from q at scrape time (so a scrape costs one query, and an
-// idle worker none).
+// NewMetrics registers the worker's metrics on reg. The queue depth by status
+// (certworker_queue_domains) is reported by the fleet statistics, read on a timer
+// (cmd/certworker/fleet.go), not here at every scrape.
 func NewMetrics(reg prometheus.Registerer, q *Queue) *Metrics {
 	m := &Metrics{
 		wakeups: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -50,7 +49,7 @@ func NewMetrics(reg prometheus.Registerer, q *Queue) *Metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.wakeups, m.claims, m.outcomes, m.durations, m.wakeLatency, m.inflight, &depthCollector{q: q})
+		reg.MustRegister(m.wakeups, m.claims, m.outcomes, m.durations, m.wakeLatency, m.inflight)
 	}
 	return m
 }
@@ -81,26 +80,5 @@ func (m *Metrics) finished(outcome string, d time.Duration) {
 func (m *Metrics) setInflight(n int) {
 	if m != nil {
 		m.inflight.Set(float64(n))
-	}
-}
-
-// depthCollector reports the number of acme domains in each ssl_status.
-type depthCollector struct{ q *Queue }
-
-var depthDesc = prometheus.NewDesc("certworker_queue_domains",
-	"ACME domains by ssl_status, read from the database at scrape time.", []string{"status"}, nil)
-
-func (d *depthCollector) Describe(ch chan<- *prometheus.Desc) { ch <- depthDesc }
-
-func (d *depthCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	o, err := d.q.counts(ctx)
-	if err != nil {
-		ch <- prometheus.NewInvalidMetric(depthDesc, err)
-		return
-	}
-	for status, n := range map[string]int{"pending": o.Pending, "provisioning": o.Provisioning, "active": o.Active, "failed": o.Failed} {
-		ch <- prometheus.MustNewConstMetric(depthDesc, prometheus.GaugeValue, float64(n), status)
 	}
 }

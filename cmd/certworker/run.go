@@ -191,6 +191,10 @@ func (c *runCmd) Run(g *globals) error {
 	}
 
 	q := queue.New(pool, queue.Config{RetryBase: c.RetryBase, RetryMax: c.RetryMax, MaxAttempts: c.MaxAttempts})
+	fl := newFleet(q, issuer.DirectoryURL(), fleetInterval, log)
+	reg.MustRegister(fl)
+	fl.Start(ctx)
+	defer fl.Stop()
 	host, _ := os.Hostname()
 	w := queue.NewWorker(q, issuer, lst.Wakes(), log, queue.WorkerConfig{
 		Owner:         fmt.Sprintf("%s:%d", host, os.Getpid()),
