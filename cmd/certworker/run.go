@@ -124,6 +124,9 @@ func (c *runCmd) Run(g *globals) error {
 		return err
 	}
 	defer pool.Close()
+	if err := checkConnection(ctx, pool, log); err != nil {
+		return err
+	}
 	if pending, err := migrations.HasPending(ctx, stdlib.OpenDBFromPool(pool)); err != nil {
 		return usagef("--database-url: %s", redact(err.Error(), c.DatabaseURL))
 	} else if pending {
