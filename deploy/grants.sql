@@ -1,0 +1,41 @@
+-- The rights `certworker run` needs, and no more, for a role of its own on the
+-- proxy's database. `certworker migrate` runs as the owner of the proxy's tables (it
+-- alters them, creates tables, functions, triggers, indexes and a publication);
+-- `run` needs no DDL and nothing on a table it does not touch (proxy_tenants, for
+-- one, it never reads).
+--
+--   CREATE ROLE certworker_run LOGIN PASSWORD '...';        -- add REPLICATION for --wake logical
+--   psql "$DATABASE_URL" -v role=certworker_run -f deploy/grants.sql   -- as the owner, after migrate
+--
+-- One place for every grant: README.md ("Least privilege") explains them, and
+-- cmd/certworker/grants_test.go runs `run` under a role that has exactly these and
+-- issues a certificate. A statement that starts touching another table adds its grant
+-- here, and the test tells when one is missing.
+--
+-- Written for psql (:"role" is the role's name, quoted). Every GRANT can run twice.
+
+-- PUBLIC has these by default; an installation that revoked them gives them back to
+-- this role alone. (On PostgreSQL 13 and 14 PUBLIC may also CREATE in schema public:
+-- REVOKE CREATE ON SCHEMA public FROM PUBLIC keeps the role free of DDL there too.)
+GRANT USAGE ON SCHEMA public TO :"role";
+
+-- The queue: claims, leases, results, renewals, hand-backs. No INSERT or DELETE: the
+-- proxy owns the rows; certworker moves them between states (the ssl_* columns).
+GRANT SELECT, UPDATE ON proxy_domains TO :"role";
+-- Stored certificates: written and replaced on issuance (INSERT ... ON CONFLICT),
+-- renewal times filled in. Never deleted by certworker.
+GRANT SELECT, INSERT, UPDATE ON proxy_certificates TO :"role";
+
+-- The ACME account shared by every instance: registered once, replaced (deleted and
+-- registered again) when the CA no longer knows it.
+GRANT SELECT, INSERT, DELETE ON certworker_acme_accounts TO :"role";
+-- HTTP-01 tokens of orders in flight, and the responder's reads.
+GRANT SELECT, INSERT, UPDATE, DELETE ON certworker_http01_tokens TO :"role";
+-- The wake mode and the fleet's settings, recorded at start.
+GRANT SELECT, INSERT, UPDATE ON certworker_settings TO :"role";
+-- Pauses: a CA's rate limit or outage pauses ordering for every instance.
+GRANT SELECT, INSERT, UPDATE ON certworker_pauses TO :"role";
+-- The order ledger, read by the fleet statistics (the account-wide budget).
+GRANT SELECT ON certworker_ledger TO :"role";
+-- `run` refuses to start on a schema that is behind or ahead of it.
+GRANT SELECT ON goose_db_version TO :"role";
