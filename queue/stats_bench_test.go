@@ -101,7 +101,7 @@ func (d *benchDB) fillFleet(tb testing.TB) {
          SELECT domain, 'pem', 'key', ssl_expires_at, ssl_expires_at - interval '30 days'
          FROM proxy_domains WHERE ssl_expires_at IS NOT NULL`, nil},
 		{`INSERT INTO certworker_pauses (scope, key, source, paused_until) VALUES
-             ('registered_domain', 'fleet42.example', 'rate_limit', now() + interval '1 hour'),
+             ('registered_domain', 'fleet402.example', 'rate_limit', now() + interval '1 hour'),
              ('domain', 'fleet302.example', 'rate_limit', now() + interval '1 hour'),
              ('ca', 'https://other-ca.example/dir', 'unreachable', now() + interval '1 hour')`, nil},
 		{`INSERT INTO certworker_ledger (at, directory, name, registered_domain, outcome)
