@@ -14,7 +14,7 @@ import (
 )
 
 // fleetInterval is how often each instance reads the fleet statistics. At a million
-// domains a read costs the database about 135 ms (bench/fleet-stats.txt), so once a
+// domains a read costs the database about 160 ms (bench/fleet-stats.txt), so once a
 // minute per instance is a fraction of a percent of a core;
 // and an alert that waits for minutes (deploy/alerts.yaml) loses nothing to a minute's
 // delay. Scrapes, however often they come, read the last values and cost nothing.
