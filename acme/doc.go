@@ -57,8 +57,13 @@
 //
 // Only HTTP-01 is answered. The order's instance stores the token and key
 // authorization in certworker_http01_tokens and commits before it asks the CA to
-// validate; HTTP01Handler, served by every instance on --http01-listen, answers from
-// that table, so the CA's validation request may reach any instance. The order
+// validate; the Responder, served by every instance on --http01-listen, answers from
+// that table, so the CA's validation request may reach any instance. It holds the
+// pending tokens in memory, kept current by a notification on every change of the
+// table, so that a request for any other token costs no query (a miss is looked up at
+// most 50 times a second) and a token it holds is answered while the database is
+// away. (HTTP01Handler is a Responder that is not started: it answers from the
+// database alone, for tests and the demo.) The order
 // deletes its token when the challenge is decided; a token left behind by an
 // instance that died expires after an hour and is then neither served nor kept.
 // After a failed or abandoned order, its authorizations that may still be pending

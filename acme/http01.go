@@ -4,15 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"math/rand/v2"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/go-acme/lego/v4/challenge/http01"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"golang.org/x/time/rate"
 )
 
 const (
@@ -26,20 +31,11 @@ const (
 	// tokenWriteTimeout bounds Present and CleanUp, which lego calls without a
 	// context.
 	tokenWriteTimeout = 10 * time.Second
-
-	// lookupTimeout bounds the responder's query. The CA's validation request waits
-	// on it; past this the database counts as unreachable (503), and the CA retries
-	// or fails the challenge, which the worker retries with backoff.
-	lookupTimeout = 5 * time.Second
-
-	// maxTokenLen rejects absurd paths before they reach the database. ACME tokens
-	// are 43 characters at Let's Encrypt (RFC 8555 §8.1 asks for at least 128 bits).
-	maxTokenLen = 256
 )
 
 // tokenStore is the lego HTTP-01 provider of one order: Present stores the token in
-// PostgreSQL, where the responder of every instance (HTTP01Handler) finds it, and
-// CleanUp deletes it.
+// PostgreSQL, where the responder of every instance (Responder) finds it, and
+// CleanUp deletes it. The table's trigger (migration 00008) tells every responder.
 type tokenStore struct {
 	pool *pgxpool.Pool
 	log  *zap.Logger
@@ -89,55 +85,481 @@ func (s *tokenStore) CleanUp(domain, token, _ string) error {
 	return nil
 }
 
-// HTTP01Handler answers the CA's HTTP-01 validation requests (CONTRACT.md §4):
-// GET or HEAD /.well-known/acme-challenge/TOKEN is 200, text/plain, the key
-// authorization, for an unexpired token stored by any instance; anything else is
-// 404; 503 while the database cannot be reached. The body of a 503 is generic: the
-// database's error goes to the log, never to the client (it would tell anyone on the
-// internet the database's address and user).
-func HTTP01Handler(pool *pgxpool.Pool, log *zap.Logger) http.Handler {
+// The responder's limits. Together they decide what a flood of requests for tokens
+// that are not pending costs the database: at most DefaultLookupsPerSecond queries a
+// second per instance, whatever the flood's rate.
+const (
+	// DefaultLookupsPerSecond bounds the database look-ups of well-formed tokens the
+	// memory does not hold. Such a miss is either noise (a scanner, a flood) or a
+	// token whose notification has not reached this instance yet, which is rare and
+	// brief (the notification leaves at the commit, before lego even tells the CA to
+	// validate). 50 a second answers every CA that validates from a handful of places
+	// at once, and is nothing to the database.
+	DefaultLookupsPerSecond = 50
+
+	// maxLookupWait is how long a miss may queue for its turn at the database: at 50
+	// a second, ten misses wait at most; the rest are not looked up at all.
+	maxLookupWait = 200 * time.Millisecond
+
+	// DefaultMissWait is how long a miss that gets no turn waits for its token to
+	// arrive by notification before it is answered 404: the notification is on its
+	// way in milliseconds when the token is real, and every request of a flood is
+	// held that long (a goroutine each, a few KiB).
+	DefaultMissWait = 100 * time.Millisecond
+
+	// lookupTimeout bounds a look-up. The CA's validation request waits on it; past
+	// this the database counts as unreachable (503), and the CA retries or fails the
+	// challenge, which the worker retries with backoff.
+	lookupTimeout = 5 * time.Second
+
+	// maxTokenLen rejects absurd paths before anything else. ACME tokens are 43
+	// characters at Let's Encrypt (RFC 8555 §8.1 asks for at least 128 bits).
+	maxTokenLen = 256
+
+	// maxTokensLoaded bounds the tokens read into memory at a (re)connection. One
+	// token per order in flight makes a few hundred at the most; the bound only keeps
+	// a table filled by mistake from filling the memory.
+	maxTokensLoaded = 10000
+
+	// tokenChannel is the notification channel of migration 00008's trigger.
+	tokenChannel = "certworker_http01"
+)
+
+// The token listener's connection policy, the wake listener's (package listener):
+// a dead connection is noticed within responderPingAfter + responderPingTimeout, and
+// a server that was down for long is listened to again within 30 s of its return.
+const (
+	responderPingAfter      = 10 * time.Second
+	responderPingTimeout    = 5 * time.Second
+	responderConnectTimeout = 10 * time.Second
+	responderBackoffMin     = 100 * time.Millisecond
+	responderBackoffMax     = 30 * time.Second
+	// responderStableAfter: a connection lost sooner counts as one more failure for
+	// the backoff, so a server that drops connections at once is not hammered.
+	responderStableAfter = time.Minute
+)
+
+// ResponderOptions tune a Responder; the zero value is the production setting.
+type ResponderOptions struct {
+	// LookupsPerSecond bounds the look-ups of tokens the memory does not hold; 0 is
+	// DefaultLookupsPerSecond.
+	LookupsPerSecond float64
+	// MissWait is how long a miss beyond that budget waits for its token's
+	// notification; 0 is DefaultMissWait.
+	MissWait time.Duration
+	// Registerer, if not nil, receives certworker_http01_requests_total{result},
+	// certworker_http01_tokens_held and certworker_http01_listener_connected.
+	Registerer prometheus.Registerer
+}
+
+// Responder answers the CA's HTTP-01 validation requests (CONTRACT.md §4): GET or
+// HEAD /.well-known/acme-challenge/TOKEN is 200, text/plain, the key authorization,
+// for an unexpired token stored by any instance; anything else is 404; 503 when the
+// database cannot be reached and the answer is not in memory. It faces the internet,
+// so most of what it hears is noise, and noise must not reach the proxy's database:
+//
+//   - a path that cannot hold an ACME token (RFC 8555: base64url, no padding) is 404
+//     at once;
+//   - the pending tokens of every instance are held in memory, loaded at each
+//     (re)connection and kept current by the notifications of migration 00008's
+//     trigger on a dedicated LISTEN connection, so a pending token is answered from
+//     memory, also while the database is unreachable;
+//   - a well-formed token the memory does not hold is looked up in the database, at
+//     most LookupsPerSecond times a second; beyond that it waits MissWait for its
+//     notification and is then 404 (or 503 while the listener is down, when the
+//     memory cannot be trusted to be complete).
+//
+// The body of a 503 is generic: the database's error goes to the log, never to the
+// client (it would tell anyone on the internet the database's address and user).
+//
+// Start connects the listener; a Responder that is not started answers from the
+// database alone, within the same budget. Stop is safe before Start and twice.
+type Responder struct {
+	pool    *pgxpool.Pool
+	log     *zap.Logger
+	opts    ResponderOptions
+	lookups *rate.Limiter
+	m       responderMetrics
+
+	// tokens is read without a lock by every request; writers replace the whole map
+	// (tokens are few) under mu.
+	tokens    atomic.Pointer[map[string]heldToken]
+	listening atomic.Bool
+
+	mu sync.Mutex
+	// changed is closed and replaced at every change of tokens; guarded by mu.
+	changed chan struct{}
+
+	runMu  sync.Mutex
+	cancel context.CancelFunc // guarded by runMu
+	done   chan struct{}      // guarded by runMu
+}
+
+type heldToken struct {
+	keyAuth string
+	expires time.Time
+}
+
+// NewResponder returns a Responder reading pool's database. It does not connect:
+// Start does.
+func NewResponder(pool *pgxpool.Pool, log *zap.Logger, opts ResponderOptions) *Responder {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	log = log.Named("http01")
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodGet && r.Method != http.MethodHead {
-			notFound(w)
-			return
+	if opts.LookupsPerSecond <= 0 {
+		opts.LookupsPerSecond = DefaultLookupsPerSecond
+	}
+	if opts.MissWait <= 0 {
+		opts.MissWait = DefaultMissWait
+	}
+	r := &Responder{
+		pool: pool,
+		log:  log.Named("http01"),
+		opts: opts,
+		// A burst of one: "at most N a second" holds over any second, and misses
+		// that come together queue for up to maxLookupWait.
+		lookups: rate.NewLimiter(rate.Limit(opts.LookupsPerSecond), 1),
+		m:       newResponderMetrics(opts.Registerer),
+		changed: make(chan struct{}),
+	}
+	r.tokens.Store(&map[string]heldToken{})
+	return r
+}
+
+// HTTP01Handler is a Responder that is not started: it answers from the database
+// alone, within the look-up budget. For tests and tools; `certworker run` starts one.
+func HTTP01Handler(pool *pgxpool.Pool, log *zap.Logger) http.Handler {
+	return NewResponder(pool, log, ResponderOptions{})
+}
+
+// Listening reports whether the token listener holds a live connection, so that the
+// memory is complete.
+func (r *Responder) Listening() bool { return r.listening.Load() }
+
+// Start connects the token listener and loads the pending tokens, then keeps the
+// connection up in a goroutine until Stop or the end of ctx. It returns the first
+// connection's error, and then nothing is left running. A second Start while
+// running does nothing.
+func (r *Responder) Start(ctx context.Context) error {
+	r.runMu.Lock()
+	defer r.runMu.Unlock()
+	if r.cancel != nil {
+		return nil
+	}
+	conn, err := r.connect(ctx)
+	if err != nil {
+		return fmt.Errorf("HTTP-01 token listener: %w", err)
+	}
+	ctx, r.cancel = context.WithCancel(ctx)
+	r.done = make(chan struct{})
+	go r.run(ctx, conn, r.done)
+	return nil
+}
+
+// Stop ends the listener and waits until its connection is closed.
+func (r *Responder) Stop() {
+	r.runMu.Lock()
+	defer r.runMu.Unlock()
+	if r.cancel == nil {
+		return
+	}
+	r.cancel()
+	<-r.done
+	r.cancel, r.done = nil, nil
+}
+
+// ServeHTTP answers one validation request.
+func (r *Responder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	if req.Method != http.MethodGet && req.Method != http.MethodHead {
+		r.m.result(resultMalformed)
+		notFound(w)
+		return
+	}
+	token, ok := strings.CutPrefix(req.URL.Path, http01.PathPrefix)
+	if !ok || !isToken(token) {
+		r.m.result(resultMalformed)
+		notFound(w)
+		return
+	}
+	if keyAuth, ok := r.held(token); ok {
+		r.m.result(resultMemory)
+		serveKeyAuth(w, req, keyAuth)
+		return
+	}
+	keyAuth, result := r.miss(req.Context(), token)
+	r.m.result(result)
+	switch result {
+	case resultMemory, resultDatabase:
+		serveKeyAuth(w, req, keyAuth)
+	case resultUnavailable:
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("Retry-After", "5")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte("service unavailable\n"))
+	default:
+		notFound(w)
+	}
+}
+
+// What a request came to, the label of certworker_http01_requests_total.
+const (
+	resultMemory      = "memory"      // answered from memory
+	resultDatabase    = "database"    // a miss, found in the database
+	resultNotFound    = "not_found"   // a miss, looked up and not found
+	resultLimited     = "limited"     // a miss beyond the look-up budget: 404, no query
+	resultMalformed   = "malformed"   // not a challenge path, or not a token: 404, no query
+	resultUnavailable = "unavailable" // the database could not be asked: 503
+)
+
+// held returns the key authorization of a token in memory that has not expired.
+func (r *Responder) held(token string) (string, bool) {
+	t, ok := (*r.tokens.Load())[token]
+	if !ok || !time.Now().Before(t.expires) {
+		return "", false
+	}
+	return t.keyAuth, true
+}
+
+// miss answers a well-formed token the memory does not hold: a look-up when the
+// budget allows, otherwise a short wait for its notification.
+func (r *Responder) miss(ctx context.Context, token string) (string, string) {
+	res := r.lookups.Reserve()
+	if delay := res.Delay(); delay > maxLookupWait {
+		res.Cancel()
+		return r.await(ctx, token)
+	} else if delay > 0 {
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return "", resultLimited // the client has gone; nothing is written
 		}
-		token, ok := strings.CutPrefix(r.URL.Path, http01.PathPrefix)
-		if !ok || !isToken(token) {
-			notFound(w)
-			return
+	}
+	qctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+	defer cancel()
+	var h heldToken
+	err := r.pool.QueryRow(qctx, `
+SELECT key_authorization, expires_at FROM certworker_http01_tokens
+WHERE token = $1 AND expires_at > now()`, token).Scan(&h.keyAuth, &h.expires)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return "", resultNotFound
+	case err != nil:
+		if ctx.Err() == nil {
+			r.log.Warn("HTTP-01 token lookup failed", zap.Error(err))
 		}
-		ctx, cancel := context.WithTimeout(r.Context(), lookupTimeout)
-		defer cancel()
-		var keyAuth string
-		err := pool.QueryRow(ctx, `
-SELECT key_authorization FROM certworker_http01_tokens
-WHERE token = $1 AND expires_at > now()`, token).Scan(&keyAuth)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			notFound(w)
-			return
-		case err != nil:
-			if r.Context().Err() == nil {
-				log.Warn("HTTP-01 token lookup failed", zap.Error(err))
-			}
-			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-			w.Header().Set("Retry-After", "5")
-			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = w.Write([]byte("service unavailable\n"))
-			return
+		return "", resultUnavailable
+	}
+	// Kept only while notifications keep it current; otherwise a token deleted or
+	// changed later would be served from a stale copy.
+	if r.listening.Load() {
+		r.update(func(m map[string]heldToken) { m[token] = h })
+	}
+	return h.keyAuth, resultDatabase
+}
+
+// await waits up to MissWait for token to arrive by notification. With the listener
+// down the memory may be incomplete, and the answer is 503 rather than a 404 the CA
+// would take as final.
+func (r *Responder) await(ctx context.Context, token string) (string, string) {
+	if !r.listening.Load() {
+		return "", resultUnavailable
+	}
+	timer := time.NewTimer(r.opts.MissWait)
+	defer timer.Stop()
+	for {
+		r.mu.Lock()
+		changed := r.changed
+		r.mu.Unlock()
+		if keyAuth, ok := r.held(token); ok {
+			return keyAuth, resultMemory
 		}
-		w.Header().Set("Content-Type", "text/plain")
-		w.Header().Set("Cache-Control", "no-store")
-		w.Header().Set("X-Content-Type-Options", "nosniff")
-		w.WriteHeader(http.StatusOK)
-		if r.Method != http.MethodHead {
-			_, _ = w.Write([]byte(keyAuth))
+		select {
+		case <-changed:
+		case <-timer.C:
+			return "", resultLimited
+		case <-ctx.Done():
+			return "", resultLimited
 		}
+	}
+}
+
+// update applies f to a copy of the tokens, drops the expired ones, publishes the
+// copy and wakes the requests waiting for a token.
+func (r *Responder) update(f func(map[string]heldToken)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	next := make(map[string]heldToken, len(*r.tokens.Load())+1)
+	for k, v := range *r.tokens.Load() {
+		if now.Before(v.expires) {
+			next[k] = v
+		}
+	}
+	f(next)
+	r.tokens.Store(&next)
+	r.m.tokens.Set(float64(len(next)))
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// connect opens the listener's own connection (not one of the pool's: the
+// responder must keep listening when the pool is busy), runs LISTEN, and then loads
+// every pending token, in that order, so that a token stored in between is either
+// loaded or notified.
+func (r *Responder) connect(ctx context.Context) (*pgx.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, responderConnectTimeout)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+tokenChannel); err != nil {
+		_ = conn.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("listen on %s: %w", tokenChannel, err)
+	}
+	rows, err := conn.Query(ctx, `
+SELECT token, key_authorization, expires_at FROM certworker_http01_tokens
+WHERE expires_at > now() LIMIT $1`, maxTokensLoaded)
+	if err != nil {
+		_ = conn.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("load HTTP-01 tokens: %w", err)
+	}
+	loaded := map[string]heldToken{}
+	var token string
+	var h heldToken
+	_, err = pgx.ForEachRow(rows, []any{&token, &h.keyAuth, &h.expires}, func() error {
+		loaded[token] = h
+		return nil
 	})
+	if err != nil {
+		_ = conn.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("load HTTP-01 tokens: %w", err)
+	}
+	r.update(func(m map[string]heldToken) {
+		clear(m)
+		maps.Copy(m, loaded)
+	})
+	r.listening.Store(true)
+	r.m.connected.Set(1)
+	r.log.Info("HTTP-01 token listener connected", zap.Int("tokens", len(loaded)))
+	return conn, nil
+}
+
+// run keeps the listener's connection up until ctx ends, reconnecting with a
+// jittered exponential backoff.
+func (r *Responder) run(ctx context.Context, conn *pgx.Conn, done chan struct{}) {
+	defer close(done)
+	failures := 0
+	for {
+		upAt := time.Now()
+		err := r.listen(ctx, conn)
+		r.listening.Store(false)
+		r.m.connected.Set(0)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		_ = conn.Close(cctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(upAt) >= responderStableAfter {
+			failures = 0
+		}
+		r.log.Warn("HTTP-01 token listener lost; tokens in memory are still answered, misses are looked up", zap.Error(err))
+		for {
+			delay := backoff(failures)
+			failures++
+			t := time.NewTimer(delay)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			if conn, err = r.connect(ctx); err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			r.log.Warn("HTTP-01 token listener reconnection failed", zap.Error(err), zap.Int("attempt", failures))
+		}
+	}
+}
+
+// listen applies notifications until the connection fails or ctx ends, checking the
+// connection after every responderPingAfter of silence.
+func (r *Responder) listen(ctx context.Context, conn *pgx.Conn) error {
+	for {
+		wctx, cancel := context.WithTimeout(ctx, responderPingAfter)
+		n, err := conn.WaitForNotification(wctx)
+		silent := wctx.Err() != nil
+		cancel()
+		if n != nil && n.Channel == tokenChannel {
+			if err := r.reread(ctx, conn, n.Payload); err != nil {
+				return err
+			}
+		}
+		switch {
+		case err == nil:
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case silent:
+			pctx, cancel := context.WithTimeout(ctx, responderPingTimeout)
+			_, err := conn.Exec(pctx, "SELECT 1")
+			cancel()
+			if err != nil {
+				return fmt.Errorf("ping after %s of silence: %w", responderPingAfter, err)
+			}
+			r.update(func(map[string]heldToken) {}) // drops the expired
+		default:
+			return fmt.Errorf("wait for notification: %w", err)
+		}
+	}
+}
+
+// reread reads the notified token's row again: stored or changed, it is held; gone
+// or expired, it is forgotten.
+func (r *Responder) reread(ctx context.Context, conn *pgx.Conn, token string) error {
+	if !isToken(token) {
+		return nil // not one a request could ask for
+	}
+	qctx, cancel := context.WithTimeout(ctx, responderPingTimeout)
+	defer cancel()
+	var h heldToken
+	err := conn.QueryRow(qctx, `
+SELECT key_authorization, expires_at FROM certworker_http01_tokens
+WHERE token = $1 AND expires_at > now()`, token).Scan(&h.keyAuth, &h.expires)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		r.update(func(m map[string]heldToken) { delete(m, token) })
+	case err != nil:
+		return fmt.Errorf("read HTTP-01 token: %w", err)
+	default:
+		r.update(func(m map[string]heldToken) { m[token] = h })
+	}
+	return nil
+}
+
+// backoff is the delay before the reconnection after the given number of failures:
+// doubling from responderBackoffMin to responderBackoffMax, drawn from its upper half.
+func backoff(failures int) time.Duration {
+	d := responderBackoffMax
+	if failures < 20 {
+		d = min(responderBackoffMin<<failures, responderBackoffMax)
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+func serveKeyAuth(w http.ResponseWriter, req *http.Request, keyAuth string) {
+	w.Header().Set("Content-Type", "text/plain")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusOK)
+	if req.Method != http.MethodHead {
+		_, _ = w.Write([]byte(keyAuth))
+	}
 }
 
 func notFound(w http.ResponseWriter) {
@@ -161,3 +583,37 @@ func isToken(s string) bool {
 	}
 	return true
 }
+
+// responderMetrics are the responder's Prometheus metrics; unregistered ones still
+// count.
+type responderMetrics struct {
+	requests  *prometheus.CounterVec
+	tokens    prometheus.Gauge
+	connected prometheus.Gauge
+}
+
+func newResponderMetrics(reg prometheus.Registerer) responderMetrics {
+	m := responderMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "certworker_http01_requests_total",
+			Help: "HTTP-01 requests by result: memory, database (a miss found there), not_found (looked up, absent), limited (a miss beyond the look-up budget, not looked up), malformed (not a token), unavailable (503).",
+		}, []string{"result"}),
+		tokens: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "certworker_http01_tokens_held",
+			Help: "Pending HTTP-01 tokens held in memory.",
+		}),
+		connected: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "certworker_http01_listener_connected",
+			Help: "1 while the HTTP-01 token listener is connected (the memory is complete), else 0.",
+		}),
+	}
+	for _, r := range []string{resultMemory, resultDatabase, resultNotFound, resultLimited, resultMalformed, resultUnavailable} {
+		m.requests.WithLabelValues(r)
+	}
+	if reg != nil {
+		reg.MustRegister(m.requests, m.tokens, m.connected)
+	}
+	return m
+}
+
+func (m responderMetrics) result(r string) { m.requests.WithLabelValues(r).Inc() }

@@ -2,19 +2,27 @@ package acme_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/certworker/certworker/acme"
+	"github.com/certworker/certworker/internal/pgtest"
 )
 
 func storeToken(t *testing.T, pool *pgxpool.Pool, token, keyAuth string, expiresIn time.Duration) {
@@ -118,4 +126,274 @@ func toString(v any) string {
 		return e.Error()
 	}
 	return ""
+}
+
+// lookupCounter counts the token look-ups made on a pool's connections, leaving out
+// the responder's own listener connection (the one that ran LISTEN), whose re-reads
+// follow notifications and are not what a request costs.
+type lookupCounter struct {
+	mu        sync.Mutex
+	listeners map[*pgx.Conn]bool
+	lookups   int
+}
+
+func (c *lookupCounter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case strings.HasPrefix(data.SQL, "LISTEN"):
+		c.listeners[conn] = true
+	case strings.Contains(data.SQL, "FROM certworker_http01_tokens") && !c.listeners[conn]:
+		c.lookups++
+	}
+	return ctx
+}
+
+func (c *lookupCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *lookupCounter) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lookups
+}
+
+// countedPool is a pool on dsn whose token look-ups are counted.
+func countedPool(t *testing.T, dsn string) (*pgxpool.Pool, *lookupCounter) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	require.NoError(t, err)
+	counter := &lookupCounter{listeners: map[*pgx.Conn]bool{}}
+	cfg.ConnConfig.Tracer = counter
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool, counter
+}
+
+func startResponder(t *testing.T, pool *pgxpool.Pool, opts acme.ResponderOptions) *acme.Responder {
+	t.Helper()
+	r := acme.NewResponder(pool, zap.NewNop(), opts)
+	require.NoError(t, r.Start(context.Background()))
+	t.Cleanup(r.Stop)
+	return r
+}
+
+func randomToken() string {
+	var b [32]byte
+	_, _ = rand.Read(b[:])
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+const challenge = "/.well-known/acme-challenge/"
+
+// Paths that cannot hold an ACME token are 404 without asking the database: here the
+// database cannot be reached, and would make any question a 503. Guards against
+// spending a query (or a 503 the CA reads as "try again") on garbage.
+func TestResponder_MalformedTokenIs404WithoutTheDatabase(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(context.Background(),
+		"postgres://certworker:pw@127.0.0.1:"+closedPort(t)+"/certworker?sslmode=disable&connect_timeout=2")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	h := acme.HTTP01Handler(pool, zap.NewNop())
+	for _, token := range []string{
+		"", "AAAA=", "AAAA%3D", "a+b", "a.b", "a%2Fb", "a%20b", "%C3%A9t%C3%A9", "..%2F..%2Fetc",
+		strings.Repeat("a", 257), "tok%00en",
+	} {
+		require.Equal(t, http.StatusNotFound, get(t, h, http.MethodGet, challenge+token).StatusCode, token)
+	}
+	require.Equal(t, http.StatusServiceUnavailable, get(t, h, http.MethodGet, challenge+randomToken()).StatusCode,
+		"a well-formed token does need the database")
+}
+
+// A pending token is answered from memory: no query, however many requests.
+func TestResponder_PendingTokenAnsweredFromMemory(t *testing.T) {
+	t.Parallel()
+	_, dsn := pgtest.NewPool(t)
+	pool, counter := countedPool(t, dsn)
+	r := startResponder(t, pool, acme.ResponderOptions{})
+	token := randomToken()
+	storeToken(t, pool, token, token+".thumb", time.Hour)
+	require.Eventually(t, func() bool {
+		return get(t, r, http.MethodGet, challenge+token).StatusCode == http.StatusOK
+	}, 10*time.Second, 10*time.Millisecond)
+	before := counter.count()
+	for range 200 {
+		resp := get(t, r, http.MethodGet, challenge+token)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		require.Equal(t, token+".thumb", body(t, resp))
+	}
+	require.Equal(t, before, counter.count(), "a token in memory cost a query")
+}
+
+// A plain INSERT (the preflight's probe, another instance's order) reaches every
+// responder by notification, and a DELETE removes it, without a single look-up.
+// Guards against a responder that only knows its own instance's tokens.
+func TestResponder_NotificationReachesEveryResponder(t *testing.T) {
+	t.Parallel()
+	_, dsn := pgtest.NewPool(t)
+	type instance struct {
+		r       *acme.Responder
+		counter *lookupCounter
+	}
+	var instances []instance
+	for range 2 {
+		pool, counter := countedPool(t, dsn)
+		// A budget that is spent by the first miss: every later answer must come
+		// from memory.
+		r := startResponder(t, pool, acme.ResponderOptions{LookupsPerSecond: 1e-6, MissWait: 2 * time.Second})
+		require.Equal(t, http.StatusNotFound, get(t, r, http.MethodGet, challenge+randomToken()).StatusCode)
+		require.Equal(t, 1, counter.count())
+		instances = append(instances, instance{r, counter})
+	}
+	writer, err := pgxpool.New(context.Background(), dsn)
+	require.NoError(t, err)
+	t.Cleanup(writer.Close)
+	token := randomToken()
+	storeToken(t, writer, token, token+".probe", time.Hour)
+	for i, in := range instances {
+		resp := get(t, in.r, http.MethodGet, challenge+token)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "instance %d", i)
+		require.Equal(t, token+".probe", body(t, resp))
+	}
+	_, err = writer.Exec(context.Background(), `DELETE FROM certworker_http01_tokens WHERE token = $1`, token)
+	require.NoError(t, err)
+	for i, in := range instances {
+		require.Eventually(t, func() bool {
+			return get(t, in.r, http.MethodGet, challenge+token).StatusCode == http.StatusNotFound
+		}, 10*time.Second, 10*time.Millisecond, "instance %d", i)
+		require.Equal(t, 1, in.counter.count(), "instance %d looked a token up", i)
+	}
+}
+
+// A token whose notification never came (stored with triggers off) is still found:
+// a miss is looked up, and then held.
+func TestResponder_MissIsLookedUp(t *testing.T) {
+	t.Parallel()
+	_, dsn := pgtest.NewPool(t)
+	pool, counter := countedPool(t, dsn)
+	r := startResponder(t, pool, acme.ResponderOptions{})
+	token := randomToken()
+	conn, err := pgx.Connect(context.Background(), dsn)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(context.Background(), `SET session_replication_role = replica`) // no triggers
+	require.NoError(t, err)
+	_, err = conn.Exec(context.Background(), `
+INSERT INTO certworker_http01_tokens (token, key_authorization, domain, expires_at)
+VALUES ($1, $1 || '.quiet', 'q.example', now() + interval '1 hour')`, token)
+	require.NoError(t, err)
+
+	resp := get(t, r, http.MethodGet, challenge+token)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, token+".quiet", body(t, resp))
+	require.Equal(t, 1, counter.count())
+	require.Equal(t, http.StatusOK, get(t, r, http.MethodGet, challenge+token).StatusCode)
+	require.Equal(t, 1, counter.count(), "the token found is held")
+}
+
+// A flood of well-formed tokens costs the database at most 50 look-ups a second;
+// every one is 404. Guards against a responder that turns the internet's noise into
+// the proxy's database load.
+func TestResponder_LookupsAreBounded(t *testing.T) {
+	t.Parallel()
+	_, dsn := pgtest.NewPool(t)
+	pool, counter := countedPool(t, dsn)
+	r := startResponder(t, pool, acme.ResponderOptions{MissWait: time.Millisecond})
+	start := time.Now()
+	var wg sync.WaitGroup
+	var bad atomic.Int64
+	for range 16 {
+		wg.Go(func() {
+			for range 40 {
+				if get(t, r, http.MethodGet, challenge+randomToken()).StatusCode != http.StatusNotFound {
+					bad.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	require.Zero(t, bad.Load())
+	n := counter.count()
+	require.Positive(t, n)
+	require.LessOrEqual(t, float64(n), acme.DefaultLookupsPerSecond*elapsed.Seconds()+1,
+		"%d look-ups in %s", n, elapsed)
+	t.Logf("640 misses in %s: %d look-ups", elapsed, n)
+}
+
+// While the database cannot be reached, a token in memory is still answered and a
+// miss is 503 (CONTRACT.md §4), never a 404 the CA would take as final.
+func TestResponder_DatabaseLost(t *testing.T) {
+	t.Parallel()
+	_, dsn := pgtest.NewPool(t)
+	proxy := newCutProxy(t, dsn)
+	pool, err := pgxpool.New(context.Background(), proxy.dsn)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	r := startResponder(t, pool, acme.ResponderOptions{})
+	token := randomToken()
+	storeToken(t, pool, token, token+".kept", time.Hour)
+	require.Eventually(t, func() bool {
+		return get(t, r, http.MethodGet, challenge+token).StatusCode == http.StatusOK
+	}, 10*time.Second, 10*time.Millisecond)
+
+	proxy.cut()
+	require.Eventually(t, func() bool { return !r.Listening() }, 20*time.Second, 10*time.Millisecond)
+	resp := get(t, r, http.MethodGet, challenge+token)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, token+".kept", body(t, resp))
+	resp = get(t, r, http.MethodGet, challenge+randomToken())
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	require.Equal(t, "service unavailable\n", body(t, resp))
+}
+
+// cutProxy forwards TCP to a test database until cut, after which every connection
+// is closed and new ones are refused: a database that has gone away.
+type cutProxy struct {
+	dsn   string
+	ln    net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func newCutProxy(t *testing.T, dsn string) *cutProxy {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	target := u.Host
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	u.Host = ln.Addr().String()
+	p := &cutProxy{dsn: u.String(), ln: ln}
+	t.Cleanup(p.cut)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, s)
+			p.mu.Unlock()
+			go func() { _, _ = io.Copy(s, c); s.Close() }()
+			go func() { _, _ = io.Copy(c, s); c.Close() }()
+		}
+	}()
+	return p
+}
+
+func (p *cutProxy) cut() {
+	p.ln.Close()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
 }

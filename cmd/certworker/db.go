@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/certworker/certworker/queue"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -23,14 +24,7 @@ func (f dbFlags) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, usagef("--database-url: %s", redact(err.Error(), f.DatabaseURL))
 	}
-	// No JIT in certworker's own sessions: its statements are short and run often,
-	// but their estimated cost at a million rows (the correlated look-ups of the claim
-	// counted once per row the planner thinks it may read) crosses jit_above_cost, and
-	// compiling them took 36 ms of a claim's 38 (bench/plans.txt). A session setting:
-	// the proxy's sessions keep theirs. A DSN that sets jit keeps its own.
-	if _, set := cfg.ConnConfig.RuntimeParams["jit"]; !set {
-		cfg.ConnConfig.RuntimeParams["jit"] = "off"
-	}
+	queue.ConfigurePool(cfg)
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
 	}

@@ -41,12 +41,13 @@ func (e *failedError) Error() string { return e.msg }
 // cli is the command line. Every flag can also be set by CERTWORKER_ + its name in
 // upper case with - as _; --database-url also reads DATABASE_URL.
 type cli struct {
-	Migrate migrateCmd `cmd:"" help:"Apply the embedded database migrations (idempotent; safe to run from several instances at once)."`
-	Run     runCmd     `cmd:"" help:"Run the worker, its HTTP-01 responder and its admin endpoints until SIGTERM or SIGINT."`
-	Status  statusCmd  `cmd:"" help:"Show counts by ssl_status and every domain that is retrying or failed; with DOMAIN, that domain's whole state."`
-	Retry   retryCmd   `cmd:"" help:"Put a failed or backing-off domain back in the queue now (pending, attempts 0, error cleared)."`
-	Rekey   rekeyCmd   `cmd:"" help:"Re-seal every stored private key with the first --key-encryption-key; refuses, changing nothing, if a stored key opens with none of them."`
-	Version versionCmd `cmd:"" help:"Print the version, commit and Go version."`
+	Migrate     migrateCmd     `cmd:"" help:"Apply the embedded database migrations (idempotent; safe to run from several instances at once)."`
+	Run         runCmd         `cmd:"" help:"Run the worker, its HTTP-01 responder and its admin endpoints until SIGTERM or SIGINT."`
+	Status      statusCmd      `cmd:"" help:"Show counts by ssl_status and every domain that is retrying or failed; with DOMAIN, that domain's whole state."`
+	Retry       retryCmd       `cmd:"" help:"Put a failed or backing-off domain back in the queue now (pending, attempts 0, error cleared)."`
+	Healthcheck healthcheckCmd `cmd:"" help:"Exit 0 when /readyz of the local instance (--admin-listen) answers 200, else 1; for images with no shell."`
+	Rekey       rekeyCmd       `cmd:"" help:"Re-seal every stored private key with the first --key-encryption-key; refuses, changing nothing, if a stored key opens with none of them."`
+	Version     versionCmd     `cmd:"" help:"Print the version, commit and Go version."`
 }
 
 // dbFlags is the connection flag every database command takes.

@@ -144,6 +144,9 @@ func (c *runCmd) Run(g *globals) error {
 		return err
 	}
 	defer pool.Close()
+	if err := checkConnection(ctx, pool, log); err != nil {
+		return err
+	}
 	if err := migrations.Check(ctx, stdlib.OpenDBFromPool(pool)); err != nil {
 		return schemaError(err, c.DatabaseURL)
 	}
@@ -200,7 +203,21 @@ func (c *runCmd) Run(g *globals) error {
 		return usagef("--database-url: cannot start the worker: %s", redact(err.Error(), c.DatabaseURL))
 	}
 
-	servers, err := c.serve(log, pool, w)
+	var responder *acme.Responder
+	if c.HTTP01Listen != "" {
+		responder = acme.NewResponder(pool, log, acme.ResponderOptions{Registerer: reg})
+		if err := responder.Start(ctx); err != nil {
+			stop()
+			_ = w.Wait()
+			return usagef("--database-url: %s", redact(err.Error(), c.DatabaseURL))
+		}
+		defer responder.Stop()
+	}
+	fl := newFleet(queue.New(pool, queue.DefaultConfig()), issuer.DirectoryURL(), fleetInterval, log)
+	reg.MustRegister(fl)
+	fl.Start(ctx)
+	defer fl.Stop()
+	servers, err := c.serve(log, pool, w, responder)
 	if err != nil {
 		stop()
 		_ = w.Wait()
@@ -249,14 +266,14 @@ func (c *runCmd) limits() (queue.Limits, error) {
 
 // serve starts the HTTP-01 responder and the admin endpoints. A listen error is a
 // configuration error naming the flag.
-func (c *runCmd) serve(log *zap.Logger, pool *pgxpool.Pool, wk *worker.Worker) (map[string]*http.Server, error) {
+func (c *runCmd) serve(log *zap.Logger, pool *pgxpool.Pool, wk *worker.Worker, http01 http.Handler) (map[string]*http.Server, error) {
 	servers := map[string]*http.Server{}
 	start := func(name, flag, addr string, h http.Handler) error {
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
 			return usagef("%s: cannot listen on %s: %s", flag, addr, strings.TrimPrefix(err.Error(), "listen tcp "+addr+": "))
 		}
-		s := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+		s := newServer(h)
 		servers[name] = s
 		log.Info("listening", zap.String("server", name), zap.String("addr", ln.Addr().String()))
 		go func() {
@@ -267,7 +284,7 @@ func (c *runCmd) serve(log *zap.Logger, pool *pgxpool.Pool, wk *worker.Worker) (
 		return nil
 	}
 	if c.HTTP01Listen != "" {
-		if err := start("http01", "--http01-listen", c.HTTP01Listen, acme.HTTP01Handler(pool, log)); err != nil {
+		if err := start("http01", "--http01-listen", c.HTTP01Listen, http01); err != nil {
 			return servers, err
 		}
 	}
@@ -297,4 +314,22 @@ func (c *runCmd) serve(log *zap.Logger, pool *pgxpool.Pool, wk *worker.Worker) (
 		}
 	}
 	return servers, nil
+}
+
+// newServer is an HTTP server fit to face the internet, as the HTTP-01 responder does
+// on port 80. A CA's validation request is one GET with a few hundred bytes of
+// headers, answered at once: 5 s to send the headers and 10 s for the whole request
+// end a slow client (slowloris) long before it matters, 10 s to write the answer is
+// far beyond what a key authorization takes, an idle keep-alive connection is closed
+// after 30 s, and 8 KiB of headers (Go allows 4 KiB more) is plenty for a CA and
+// little for a flood.
+func newServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      10 * time.Second,
+		IdleTimeout:       30 * time.Second,
+		MaxHeaderBytes:    8 << 10,
+	}
 }

@@ -36,6 +36,7 @@ import (
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/migrations"
+	"github.com/certworker/certworker/queue"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -90,7 +91,7 @@ func run(n int, gap time.Duration, verbose bool) error {
 		return err
 	}
 	db.Close()
-	pool, err := pgxpool.New(ctx, dsn)
+	pool, err := queue.NewPool(ctx, dsn)
 	if err != nil {
 		return err
 	}
@@ -101,7 +102,12 @@ func run(n int, gap time.Duration, verbose bool) error {
 	if err != nil {
 		return err
 	}
-	responder := &http.Server{Handler: acme.HTTP01Handler(pool, log), ReadHeaderTimeout: 5 * time.Second}
+	tokens := acme.NewResponder(pool, log, acme.ResponderOptions{})
+	if err := tokens.Start(ctx); err != nil {
+		return err
+	}
+	defer tokens.Stop()
+	responder := &http.Server{Handler: tokens, ReadHeaderTimeout: 5 * time.Second}
 	go responder.Serve(ln) //nolint:errcheck
 	defer responder.Close()
 

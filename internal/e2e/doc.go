@@ -1,9 +1,9 @@
 // Package e2e holds the end-to-end tests and the issuance benchmark: the real worker
-// (queue.Worker, woken by listener.Listener) with the real ACME issuer (acme.Issuer)
+// (queue/worker, built by worker.New as `certworker run` builds it) with the real ACME issuer (acme.Issuer)
 // against Pebble running in the process (internal/pebbletest), on a fresh PostgreSQL
 // database per test (internal/pgtest). Nothing is faked: a domain goes from
 // "verified" to a certificate stored in proxy_certificates through HTTP-01 answered
-// by acme.HTTP01Handler from the database, as in production.
+// by an acme.Responder, as in production.
 //
 // The package has no code of its own; everything is in _test.go files.
 //

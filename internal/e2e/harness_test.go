@@ -19,6 +19,7 @@ import (
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/internal/workertest"
+	"github.com/certworker/certworker/queue"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -50,7 +51,10 @@ func newWorld(t testing.TB, opts pebbletest.Options) *world {
 	w.pool, w.dsn = pgtest.NewPool(t)
 	// One responder for every instance: the tokens live in the database, so the CA's
 	// validation request may reach any instance's.
-	srv := &http.Server{Handler: acme.HTTP01Handler(w.pool, zap.NewNop()), ReadHeaderTimeout: 5 * time.Second}
+	responder := acme.NewResponder(w.pool, zap.NewNop(), acme.ResponderOptions{})
+	require.NoError(t, responder.Start(w.ctx))
+	t.Cleanup(responder.Stop)
+	srv := &http.Server{Handler: responder, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	require.NoError(t, w.pool.QueryRow(w.ctx,
@@ -74,7 +78,7 @@ func (w *world) acmeConfig() acme.Config {
 // prints the end of its log.
 func (w *world) startWorker(t testing.TB, name string, acfg acme.Config, cfg worker.Config) *workertest.Instance {
 	t.Helper()
-	pool, err := pgxpool.New(w.ctx, w.dsn)
+	pool, err := queue.NewPool(w.ctx, w.dsn)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	issuer, err := acme.New(w.ctx, pool, zap.NewNop(), acfg)

@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/internal/pebbletest"
@@ -220,6 +221,20 @@ func TestProcess_AnOutageLongerThanTheLeaseOrdersNothingTwice(t *testing.T) {
 		require.NoError(t, w.pool.QueryRow(w.ctx, `SELECT count(*) FROM certworker_http01_tokens`).Scan(&tokens))
 		return tokens == len(ids) && w.statuses(t)["provisioning"] == len(ids)
 	})
+	// The responder the CA validates through (a's) answers every token: a token it
+	// has answered is held in its memory, which is what answers while the database
+	// is away.
+	var tokens []string
+	rows, err := w.pool.Query(w.ctx, `SELECT token FROM certworker_http01_tokens`)
+	require.NoError(t, err)
+	tokens, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	for _, tok := range tokens {
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/.well-known/acme-challenge/%s", w.ca.HTTPPort, tok))
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, "token %s", tok)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	require.NoError(t, w.srv.Stop(ctx))
@@ -231,6 +246,7 @@ func TestProcess_AnOutageLongerThanTheLeaseOrdersNothingTwice(t *testing.T) {
 	for _, n := range names {
 		require.Len(t, ordersFor(w.ca, n), 1, "%s was ordered more than once", n)
 	}
+	t.Logf("every domain active %s after the database came back, one order each", time.Since(down.Add(3*lease)).Round(time.Millisecond))
 	for _, id := range ids {
 		require.Zero(t, w.domain(t, id).Attempts)
 	}

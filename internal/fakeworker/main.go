@@ -82,6 +82,7 @@ func run(dsn, owner string, concurrency int, delay, poll, grace, reconnectMax ti
 	if pcfg.ConnConfig.ConnectTimeout == 0 {
 		pcfg.ConnConfig.ConnectTimeout = 10 * time.Second // as cmd/certworker
 	}
+	queue.ConfigurePool(pcfg) // as cmd/certworker
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err

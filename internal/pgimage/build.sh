@@ -29,9 +29,22 @@ if [ -z "$mirror" ]; then
   echo "no Debian mirror found in /etc/apt sources; set DEBIAN_MIRROR" >&2
   exit 1
 fi
+# A fresh machine has Go and Docker, not debootstrap: install it where we may (root,
+# with apt), otherwise say the one command that does.
 if ! command -v debootstrap >/dev/null; then
-  echo "debootstrap is not installed (apt-get install debootstrap)" >&2
-  exit 1
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "debootstrap is not installed; installing it with apt-get"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap; } >/dev/null || {
+      echo "could not install debootstrap; run: apt-get install -y debootstrap" >&2
+      exit 1
+    }
+  elif command -v apt-get >/dev/null; then
+    echo "debootstrap is not installed; run: sudo apt-get install -y debootstrap" >&2
+    exit 1
+  else
+    echo "debootstrap is not installed; install it with your package manager, or set CERTWORKER_PG_IMAGE to a PostgreSQL image you have" >&2
+    exit 1
+  fi
 fi
 
 root=$(mktemp -d)

@@ -43,6 +43,7 @@ import (
 	"github.com/testcontainers/testcontainers-go/wait"
 
 	"github.com/certworker/certworker/migrations"
+	"github.com/certworker/certworker/queue"
 )
 
 // DefaultImage is used where CERTWORKER_PG_IMAGE is not set.
@@ -275,19 +276,13 @@ func (s *Server) createTemplate(ctx context.Context) error {
 	return nil
 }
 
-// URL is the server's URL with the database replaced, for sessions as `certworker`
-// opens them: without JIT (cmd/certworker/db.go says why).
+// URL is the server's URL with the database replaced.
 func (s *Server) URL(database string) string {
 	u, err := url.Parse(s.AdminURL)
 	if err != nil {
 		panic(fmt.Sprintf("TEST_DATABASE_URL must be a URL: %v", err))
 	}
 	u.Path = "/" + database
-	q := u.Query()
-	if q.Get("jit") == "" {
-		q.Set("jit", "off")
-	}
-	u.RawQuery = q.Encode()
 	return u.String()
 }
 
@@ -333,11 +328,12 @@ func NewPool(t testing.TB) (*pgxpool.Pool, string) {
 	return Shared(t).NewPool(t)
 }
 
-// NewPool is a pool on a fresh migrated database of s, closed when the test ends.
+// NewPool is a pool on a fresh migrated database of s, with the sessions the worker
+// opens (queue.ConfigurePool), closed when the test ends.
 func (s *Server) NewPool(t testing.TB) (*pgxpool.Pool, string) {
 	t.Helper()
 	dsn := s.NewDatabase(t)
-	pool, err := pgxpool.New(context.Background(), dsn)
+	pool, err := queue.NewPool(context.Background(), dsn)
 	if err != nil {
 		t.Fatalf("pool: %v", err)
 	}

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/certworker/certworker/listener"
+	"github.com/certworker/certworker/queue"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -45,7 +46,7 @@ type Instance struct {
 // its log.
 func Start(t testing.TB, dsn, name string, cfg worker.Config) *Instance {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), dsn)
+	pool, err := queue.NewPool(context.Background(), dsn)
 	if err != nil {
 		t.Fatalf("worker %s: pool: %v", name, err)
 	}

@@ -291,6 +291,6 @@ func (w *Worker) record(o *order, log *zap.Logger, what string, write func(conte
 		case <-w.hard:
 			return err
 		}
-		delay = min(2*delay, 5*time.Second)
+		delay = min(2*delay, 2*time.Second)
 	}
 }

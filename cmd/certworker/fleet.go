@@ -1,0 +1,213 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/certworker/certworker/queue"
+)
+
+// fleetInterval is how often each instance reads the fleet statistics. At a million
+// domains a read costs the database about 160 ms (bench/fleet-stats.txt), so once a
+// minute per instance is a fraction of a percent of a core;
+// and an alert that waits for minutes (deploy/alerts.yaml) loses nothing to a minute's
+// delay. Scrapes, however often they come, read the last values and cost nothing.
+const fleetInterval = time.Minute
+
+// fleetTimeout bounds one read, so that a database that hangs does not stack them up.
+const fleetTimeout = 30 * time.Second
+
+// fleet reads queue.FleetStats on a timer and reports the last values as Prometheus
+// metrics: the alerts' inputs (deploy/alerts.yaml). Every series is per fleet, not per
+// domain, so there are as many at a million domains as at one; every instance reports
+// the same figures (alert rules take their max). It is a prometheus.Collector.
+//
+// Start and Stop follow the services' shape: Stop is safe before Start and twice.
+type fleet struct {
+	q         *queue.Queue
+	directory string
+	interval  time.Duration
+	log       *zap.Logger
+
+	mu       sync.Mutex
+	stats    *queue.FleetStats // guarded by mu; nil until the first read succeeds
+	lastOK   time.Time         // guarded by mu
+	took     time.Duration     // guarded by mu: the last read's duration
+	failures float64           // guarded by mu: reads that failed, ever
+
+	runMu  sync.Mutex
+	cancel context.CancelFunc // guarded by runMu
+	done   chan struct{}      // guarded by runMu
+}
+
+// newFleet returns a collector of the fleet statistics for the CA at directory (the
+// issuer's --acme-directory), read every interval once started.
+func newFleet(q *queue.Queue, directory string, interval time.Duration, log *zap.Logger) *fleet {
+	return &fleet{q: q, directory: directory, interval: interval, log: log.Named("fleet")}
+}
+
+// Start reads the statistics at once and then every interval, in a goroutine, until
+// Stop or the end of ctx. A second Start while running does nothing.
+func (f *fleet) Start(ctx context.Context) {
+	f.runMu.Lock()
+	defer f.runMu.Unlock()
+	if f.cancel != nil {
+		return
+	}
+	ctx, f.cancel = context.WithCancel(ctx)
+	f.done = make(chan struct{})
+	go f.loop(ctx, f.done)
+}
+
+// Stop ends the reads and waits for the one under way.
+func (f *fleet) Stop() {
+	f.runMu.Lock()
+	defer f.runMu.Unlock()
+	if f.cancel == nil {
+		return
+	}
+	f.cancel()
+	<-f.done
+	f.cancel, f.done = nil, nil
+}
+
+func (f *fleet) loop(ctx context.Context, done chan struct{}) {
+	defer close(done)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		f.refresh(ctx)
+		timer.Reset(f.interval)
+	}
+}
+
+// refresh reads the statistics once and keeps them, or keeps the last ones and counts
+// the failure (the scrape then shows how old they are).
+func (f *fleet) refresh(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(ctx, fleetTimeout)
+	defer cancel()
+	start := time.Now()
+	s, err := f.q.FleetStats(rctx, f.directory)
+	took := time.Since(start)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.took = took
+	if err != nil {
+		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+			return
+		}
+		f.failures++
+		f.log.Warn("fleet statistics not read; the metrics keep the last values", zap.Error(err), zap.Duration("took", took))
+		return
+	}
+	f.stats, f.lastOK = &s, time.Now()
+	f.log.Debug("fleet statistics read", zap.Duration("took", took))
+}
+
+var (
+	fleetQueueDesc = prometheus.NewDesc("certworker_queue_domains",
+		"ACME domains by ssl_status, from the last fleet statistics read.", []string{"status"}, nil)
+	fleetExpiringDesc = prometheus.NewDesc("certworker_certificates_expiring_unrenewed",
+		"Verified ACME domains whose certificate expires within the window and that nothing is renewing: failed, retrying after a failure, or active an hour past their renewal time.",
+		[]string{"within"}, nil)
+	fleetOldestDesc = prometheus.NewDesc("certworker_certificates_oldest_expiry_timestamp_seconds",
+		"The earliest expiry among the valid certificates of verified ACME domains (absent when there is none).", nil, nil)
+	fleetVerifiedDesc = prometheus.NewDesc("certworker_domains_verified",
+		"Verified ACME domains: the SLO's denominator.", nil, nil)
+	fleetValidDesc = prometheus.NewDesc("certworker_domains_valid_certificate",
+		"Verified ACME domains holding a certificate that has not expired: the SLO's numerator.", nil, nil)
+	fleetSLODesc = prometheus.NewDesc("certworker_certificate_slo_ratio",
+		"certworker_domains_valid_certificate / certworker_domains_verified (1 with no verified domain).", nil, nil)
+	fleetPendingDesc = prometheus.NewDesc("certworker_domains_pending_over_1h",
+		"Queued domains (verified, acme, pending) that entered the queue more than an hour ago.", nil, nil)
+	fleetPausedDesc = prometheus.NewDesc("certworker_paused_domains",
+		"Queued domains held back by a pause in force, by scope (ca, registered_domain, domain).", []string{"scope"}, nil)
+	fleetCAPausedDesc = prometheus.NewDesc("certworker_ca_paused",
+		"1 while ordering from this instance's ACME directory is paused for every instance, else 0.", nil, nil)
+	fleetLedgerDesc = prometheus.NewDesc("certworker_ledger_account_orders",
+		"Orders the ledger counts against the account-wide limit, inside its window (absent while the limit is off).", nil, nil)
+	fleetLedgerLimitDesc = prometheus.NewDesc("certworker_ledger_account_orders_limit",
+		"The account-wide order limit (absent while it is off).", nil, nil)
+	fleetLastOKDesc = prometheus.NewDesc("certworker_fleet_stats_last_success_timestamp_seconds",
+		"When the fleet statistics were last read (0: never).", nil, nil)
+	fleetTookDesc = prometheus.NewDesc("certworker_fleet_stats_duration_seconds",
+		"How long the last read of the fleet statistics took.", nil, nil)
+	fleetFailuresDesc = prometheus.NewDesc("certworker_fleet_stats_failures_total",
+		"Reads of the fleet statistics that failed.", nil, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (f *fleet) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{
+		fleetQueueDesc, fleetExpiringDesc, fleetOldestDesc, fleetVerifiedDesc, fleetValidDesc, fleetSLODesc,
+		fleetPendingDesc, fleetPausedDesc, fleetCAPausedDesc, fleetLedgerDesc, fleetLedgerLimitDesc,
+		fleetLastOKDesc, fleetTookDesc, fleetFailuresDesc,
+	} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector: the last values read, never a query.
+func (f *fleet) Collect(ch chan<- prometheus.Metric) {
+	f.mu.Lock()
+	s, lastOK, took, failures := f.stats, f.lastOK, f.took, f.failures
+	f.mu.Unlock()
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	var last float64
+	if !lastOK.IsZero() {
+		last = float64(lastOK.UnixNano()) / 1e9
+	}
+	gauge(fleetLastOKDesc, last)
+	gauge(fleetTookDesc, took.Seconds())
+	ch <- prometheus.MustNewConstMetric(fleetFailuresDesc, prometheus.CounterValue, failures)
+	if s == nil {
+		return
+	}
+	for status, n := range s.Domains {
+		gauge(fleetQueueDesc, float64(n), status)
+	}
+	for i, w := range queue.ExpiryWindows {
+		if i < len(s.ExpiringUnrenewed) {
+			gauge(fleetExpiringDesc, float64(s.ExpiringUnrenewed[i]), days(w))
+		}
+	}
+	if s.NextExpiry != nil {
+		gauge(fleetOldestDesc, float64(s.NextExpiry.UnixNano())/1e9)
+	}
+	gauge(fleetVerifiedDesc, float64(s.Verified))
+	gauge(fleetValidDesc, float64(s.Valid))
+	ratio := 1.0
+	if s.Verified > 0 {
+		ratio = float64(s.Valid) / float64(s.Verified)
+	}
+	gauge(fleetSLODesc, ratio)
+	gauge(fleetPendingDesc, float64(s.PendingOverHour))
+	for scope, n := range s.Paused {
+		gauge(fleetPausedDesc, float64(n), scope)
+	}
+	caPaused := 0.0
+	if s.CAPausedUntil != nil {
+		caPaused = 1
+	}
+	gauge(fleetCAPausedDesc, caPaused)
+	if s.LedgerLimit != nil && s.LedgerOrders != nil {
+		gauge(fleetLedgerDesc, float64(*s.LedgerOrders))
+		gauge(fleetLedgerLimitDesc, float64(*s.LedgerLimit))
+	}
+}
+
+// days labels a window in whole days: "7d".
+func days(d time.Duration) string { return strconv.Itoa(int(d/(24*time.Hour))) + "d" }

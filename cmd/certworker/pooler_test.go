@@ -1,0 +1,153 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+
+	"github.com/certworker/certworker/internal/pgtest"
+)
+
+// A direct connection is seen as one: every statement of a connection in one server
+// session. Guards against a probe that refuses a good connection.
+func TestDetectPooler_DirectConnection(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	verdict, evidence := detectPooler(context.Background(), pool)
+	require.Equal(t, connSession, verdict, evidence)
+	require.NoError(t, checkConnection(context.Background(), pool, zap.NewNop()))
+}
+
+// Through PgBouncer (Debian's package; .ci/run installs it): session mode passes,
+// transaction and statement modes are refused with exit 2 naming --database-url.
+func TestDetectPooler_PgBouncer(t *testing.T) {
+	t.Parallel()
+	bin, err := exec.LookPath("pgbouncer")
+	if err != nil {
+		t.Skip("pgbouncer is not installed (apt-get install pgbouncer)")
+	}
+	dsn := pgtest.NewDB(t)
+	for _, tc := range []struct {
+		mode, want string
+		poolSize   int
+	}{
+		{"session", connSession, 4},
+		{"transaction", connTransaction, 4},
+		{"transaction", connTransaction, 1},
+		{"statement", connStatement, 4},
+	} {
+		t.Run(fmt.Sprintf("%s-%d", tc.mode, tc.poolSize), func(t *testing.T) {
+			t.Parallel()
+			pool := throughPgBouncer(t, bin, dsn, tc.mode, tc.poolSize)
+			verdict, evidence := detectPooler(context.Background(), pool)
+			require.Equal(t, tc.want, verdict, evidence)
+			err := checkConnection(context.Background(), pool, zap.NewNop())
+			if tc.want == connSession {
+				require.NoError(t, err)
+				return
+			}
+			var ue *usageError
+			require.ErrorAs(t, err, &ue)
+			require.Contains(t, ue.msg, "--database-url")
+			require.Contains(t, ue.msg, tc.want)
+		})
+	}
+}
+
+// throughPgBouncer starts a PgBouncer in the given pool mode in front of dsn's server
+// and returns a pool connected through it.
+func throughPgBouncer(t *testing.T, bin, dsn, mode string, poolSize int) *pgxpool.Pool {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	pw, _ := u.User.Password()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := ln.Addr().(*net.TCPAddr).Port
+	require.NoError(t, ln.Close())
+
+	// PgBouncer refuses to run as root; it drops to nobody (-u), who must read this.
+	dir, err := os.MkdirTemp("", "pgbouncer-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	require.NoError(t, os.Chmod(dir, 0o755))
+	ini := fmt.Sprintf(`[databases]
+* = host=%s port=%s user=%s password=%s
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = %d
+unix_socket_dir =
+auth_type = trust
+auth_file = %s
+pool_mode = %s
+default_pool_size = %d
+ignore_startup_parameters = extra_float_digits,search_path
+`, u.Hostname(), u.Port(), u.User.Username(), pw, port, filepath.Join(dir, "users.txt"), mode, poolSize)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "pgbouncer.ini"), []byte(ini), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "users.txt"), []byte(fmt.Sprintf("%q %q\n", u.User.Username(), pw)), 0o644))
+	args := []string{filepath.Join(dir, "pgbouncer.ini")}
+	if os.Geteuid() == 0 {
+		args = append([]string{"-u", "nobody"}, args...)
+	}
+	cmd := exec.Command(bin, args...)
+	out := &logBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+
+	u.Host = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	q := u.Query()
+	q.Set("pool_max_conns", "4")
+	u.RawQuery = q.Encode()
+	var pool *pgxpool.Pool
+	require.Eventually(t, func() bool {
+		p, err := pgxpool.New(context.Background(), u.String())
+		if err != nil {
+			return false
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if p.Ping(ctx) != nil {
+			p.Close()
+			return false
+		}
+		pool = p
+		return true
+	}, 10*time.Second, 50*time.Millisecond, "pgbouncer did not start: %s", out)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// logBuffer collects a process's output; safe for the copying goroutine and the test.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

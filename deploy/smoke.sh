@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Runs certworker's image against a throwaway PostgreSQL container: `migrate`, then
+# `run`, then checks that /readyz answers 200 (from the host, and with the image's own
+# `certworker healthcheck`). Removes what it started, whatever happens.
+#
+# Usage: smoke.sh [IMAGE]   (default certworker:latest)
+# CERTWORKER_PG_IMAGE picks PostgreSQL's image (default postgres:17-alpine; the
+# Makefile's image-test sets certworker-postgres:15 where no registry can serve it).
+set -euo pipefail
+
+image=${1:-certworker:latest}
+pg_image=${CERTWORKER_PG_IMAGE:-postgres:17-alpine}
+name=certworker-smoke-$$
+url="postgres://postgres:smoke@$name-pg:5432/certworker?sslmode=disable"
+
+cleanup() {
+  docker rm -f "$name-run" "$name-pg" >/dev/null 2>&1 || true
+  docker network rm "$name" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+# fail prints the worker's log, when there is one, and stops.
+fail() {
+  echo "smoke: $*" >&2
+  docker logs "$name-run" 2>&1 | tail -n 40 >&2 || true
+  exit 1
+}
+
+# within SECONDS CMD...: runs CMD every half second until it succeeds.
+within() {
+  local deadline=$((SECONDS + $1))
+  shift
+  until "$@" >/dev/null 2>&1; do
+    [ "$SECONDS" -lt "$deadline" ] || return 1
+    sleep 0.5
+  done
+}
+
+docker network create "$name" >/dev/null
+docker run -d --name "$name-pg" --network "$name" \
+  -e POSTGRES_PASSWORD=smoke -e POSTGRES_DB=certworker "$pg_image" >/dev/null
+within 60 docker exec "$name-pg" pg_isready -h 127.0.0.1 -U postgres -d certworker ||
+  fail "PostgreSQL ($pg_image) did not start"
+
+# The one-shot migrate, as compose and the Kubernetes Job run it.
+docker run --rm --network "$name" "$image" migrate --database-url "$url" ||
+  fail "migrate failed"
+echo "smoke: migrate done"
+
+# The worker. Its ACME directory is a loopback address of its own container where
+# nothing listens: with no domain queued it never asks, and if it did, nothing would
+# leave the container.
+docker run -d --name "$name-run" --network "$name" -p 127.0.0.1::9090 \
+  -e CERTWORKER_DATABASE_URL="$url" \
+  -e CERTWORKER_ACME_DIRECTORY=https://127.0.0.1:9/directory \
+  "$image" run >/dev/null
+port=$(docker port "$name-run" 9090/tcp | head -n1)
+port=${port##*:}
+
+# readyz GETs /readyz on the published admin port, with bash alone (no curl on every
+# machine), and succeeds on a 200. A subshell, because a failed exec redirection ends
+# a non-interactive shell.
+readyz() (
+  exec 3<>"/dev/tcp/127.0.0.1/$port"
+  printf 'GET /readyz HTTP/1.0\r\nHost: localhost\r\n\r\n' >&3
+  read -r status <&3
+  [[ $status == "HTTP/1.0 200"* ]]
+)
+within 60 readyz || fail "/readyz did not answer 200 on 127.0.0.1:$port"
+echo "smoke: /readyz answered 200"
+docker exec "$name-run" /usr/local/bin/certworker healthcheck >/dev/null ||
+  fail "certworker healthcheck failed inside the container"
+echo "smoke: certworker healthcheck passed"
+
+# SIGTERM: a clean stop, exit status 0.
+docker stop -t 60 "$name-run" >/dev/null
+code=$(docker inspect -f '{{.State.ExitCode}}' "$name-run")
+[ "$code" = 0 ] || fail "run exited $code on SIGTERM"
+echo "smoke: run stopped cleanly; image $image works"

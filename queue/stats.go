@@ -1,0 +1,232 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ExpiryWindows are the windows FleetStats counts certificates that expire without a
+// renewal under way in. 7 days is the first a 90-day certificate should never reach
+// (it renews with 30 left, and a week of retries at --retry-max 4h is 42 attempts);
+// 3 days leaves a working day or two to fix what blocks it; 1 day is the last call.
+var ExpiryWindows = []time.Duration{7 * 24 * time.Hour, 3 * 24 * time.Hour, 24 * time.Hour}
+
+// PendingTooLong is the age past which a queued domain counts in
+// FleetStats.PendingOverHour: an order takes seconds to minutes, and the backoff
+// reaches an hour only after six failures in a row.
+const PendingTooLong = time.Hour
+
+// statsTimeout bounds each statement of FleetStats. At a million domains they take
+// milliseconds to a few hundred (bench/fleet-stats.txt); a statistics pass that takes
+// longer is abandoned rather than left holding a snapshot open.
+const statsTimeout = "10s"
+
+// FleetStats is the state of the whole fleet, for alerts: every figure is a count or
+// a time, never a per-domain series, so their number does not grow with the domains.
+// Read from one snapshot of the database.
+type FleetStats struct {
+	// At is the database's clock at the snapshot.
+	At time.Time
+	// Domains counts acme domains by ssl_status; every status has a key.
+	Domains map[string]int
+	// Verified counts the verified acme domains, and Valid those of them whose
+	// certificate (ssl_expires_at) has not expired: Valid/Verified is the SLO.
+	Verified, Valid int
+	// NextExpiry is the earliest expiry among those valid certificates (nil: none).
+	NextExpiry *time.Time
+	// ExpiringUnrenewed[i] counts verified acme domains whose certificate expires
+	// within ExpiryWindows[i] and is not being renewed: the domain failed, its
+	// renewal has failed at least once, or it is still active an hour past its
+	// renewal time (no worker marked it).
+	ExpiringUnrenewed []int
+	// PendingOverHour counts queued domains (verified, acme, pending) that entered
+	// the queue more than PendingTooLong ago.
+	PendingOverHour int
+	// Paused counts queued domains held back by a pause in force, by scope
+	// (ScopeCA for the directory asked about); every scope has a key.
+	Paused map[string]int
+	// CAPausedUntil is when the directory's CA-wide pause ends (nil: not paused).
+	CAPausedUntil *time.Time
+	// LedgerOrders counts the orders the ledger recorded for the directory within the
+	// orders_per_account window, against LedgerLimit. Both are nil while that limit
+	// is off or no worker has recorded the fleet's limits.
+	LedgerOrders, LedgerLimit *int
+}
+
+// FleetStats reads the fleet's state for the alert metrics. It is meant for a timer,
+// not for every scrape: at a million domains its first statement reads an index of
+// all the acme domains. The others read only the troubled rows, the queue, the pauses
+// and the ledger, so they stay small while the fleet is healthy.
+func (q *Queue) FleetStats(ctx context.Context, directory string) (FleetStats, error) {
+	s := FleetStats{
+		Domains: map[string]int{"pending": 0, "provisioning": 0, "active": 0, "failed": 0},
+		Paused:  map[string]int{ScopeCA: 0, ScopeRegisteredDomain: 0, ScopeDomain: 0},
+	}
+	tx, err := q.db.Begin(ctx)
+	if err != nil {
+		return s, fmt.Errorf("fleet statistics: begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
+	// One snapshot for every figure, so that they add up.
+	if _, err := tx.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"); err != nil {
+		return s, fmt.Errorf("fleet statistics: %w", err)
+	}
+	if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = '"+statsTimeout+"'"); err != nil {
+		return s, fmt.Errorf("fleet statistics: %w", err)
+	}
+	for _, step := range []func(context.Context, pgx.Tx, *FleetStats, string) error{
+		readStatusCounts, readExpiringUnrenewed, readPendingOverHour, readPauses, readLedger,
+	} {
+		if err := step(ctx, tx, &s, directory); err != nil {
+			return s, fmt.Errorf("fleet statistics: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// statusCountsSQL reads the acme domains by status, the SLO's two counts and the next
+// expiry in one pass: an index-only scan of proxy_domains_fleet_idx (migration 00008)
+// aggregated into one row. One row with a FILTER per status, rather than GROUP BY:
+// the index leads with the expiry, so grouping would hash every row.
+const statusCountsSQL = `
+SELECT now(),
+       count(*) FILTER (WHERE ssl_status = 'pending'),
+       count(*) FILTER (WHERE ssl_status = 'provisioning'),
+       count(*) FILTER (WHERE ssl_status = 'active'),
+       count(*) FILTER (WHERE ssl_status = 'failed'),
+       count(*) FILTER (WHERE verification_status = 'verified'),
+       count(*) FILTER (WHERE verification_status = 'verified' AND ssl_expires_at > now()),
+       min(ssl_expires_at) FILTER (WHERE verification_status = 'verified' AND ssl_expires_at > now())
+FROM proxy_domains
+WHERE ssl_provider = 'acme'`
+
+func readStatusCounts(ctx context.Context, tx pgx.Tx, s *FleetStats, _ string) error {
+	var pending, provisioning, active, failed int
+	if err := tx.QueryRow(ctx, statusCountsSQL).Scan(&s.At, &pending, &provisioning, &active, &failed,
+		&s.Verified, &s.Valid, &s.NextExpiry); err != nil {
+		return fmt.Errorf("count domains: %w", err)
+	}
+	s.Domains["pending"], s.Domains["provisioning"], s.Domains["active"], s.Domains["failed"] = pending, provisioning, active, failed
+	return nil
+}
+
+// expiringUnrenewedSQL counts, per window ($1, in seconds; $2 the longest), the verified
+// acme certificates that expire inside it with no renewal under way. The failed and
+// retrying rows are a range scan of proxy_domains_fleet_idx; the active ones come from
+// certificates more than an hour past their renewal time (proxy_certificates_renew_idx),
+// which MarkRenewals leaves behind only when no worker runs. Neither reads the healthy
+// majority, whatever the certificates' lifetime.
+const expiringUnrenewedSQL = `
+WITH late AS MATERIALIZED (
+    SELECT d.ssl_expires_at AS expires
+    FROM proxy_domains d
+    WHERE d.ssl_provider = 'acme' AND d.verification_status = 'verified'
+      AND (d.ssl_status = 'failed' OR (d.ssl_status = 'pending' AND d.ssl_attempts > 0))
+      AND d.ssl_expires_at > now()
+      AND d.ssl_expires_at <= now() + make_interval(secs => $2)
+    UNION ALL
+    SELECT d.ssl_expires_at
+    FROM proxy_certificates c
+    JOIN proxy_domains d ON d.domain = c.domain
+    WHERE c.auto_renew AND c.renew_at < now() - interval '1 hour'
+      AND d.ssl_provider = 'acme' AND d.verification_status = 'verified'
+      AND d.ssl_status = 'active'
+      AND d.ssl_expires_at > now()
+      AND d.ssl_expires_at <= now() + make_interval(secs => $2)
+)
+SELECT array_agg((SELECT count(*) FROM late WHERE expires <= now() + make_interval(secs => w)) ORDER BY i)
+FROM unnest($1::float8[]) WITH ORDINALITY AS u(w, i)`
+
+func readExpiringUnrenewed(ctx context.Context, tx pgx.Tx, s *FleetStats, _ string) error {
+	windows := make([]float64, len(ExpiryWindows))
+	for i, w := range ExpiryWindows {
+		windows[i] = w.Seconds()
+	}
+	var counts []int
+	if err := tx.QueryRow(ctx, expiringUnrenewedSQL, windows, slices.Max(windows)).Scan(&counts); err != nil {
+		return fmt.Errorf("count certificates expiring without renewal: %w", err)
+	}
+	s.ExpiringUnrenewed = counts
+	return nil
+}
+
+// pendingOverHourSQL counts the queue's rows that entered it more than $1 seconds ago
+// (ssl_queued_at, stamped by the wake trigger; updated_at for a row queued before
+// migration 00002). It reads the queue, through its partial indexes.
+const pendingOverHourSQL = `
+SELECT count(*) FROM proxy_domains
+WHERE verification_status = 'verified' AND ssl_provider = 'acme' AND ssl_status = 'pending'
+  AND COALESCE(ssl_queued_at, updated_at) < now() - make_interval(secs => $1)`
+
+func readPendingOverHour(ctx context.Context, tx pgx.Tx, s *FleetStats, _ string) error {
+	if err := tx.QueryRow(ctx, pendingOverHourSQL, PendingTooLong.Seconds()).Scan(&s.PendingOverHour); err != nil {
+		return fmt.Errorf("count domains pending too long: %w", err)
+	}
+	return nil
+}
+
+// pausesSQL counts the queued domains each scope of pause holds back, matching keys
+// as the claim does: 'ca' by the directory ($1), 'registered_domain' among the
+// name's suffixes of two labels or more (key = ANY (certworker_suffixes(name)),
+// written here as the string comparison it amounts to, which costs a tenth of
+// building the array for every queued name), 'domain' by the name in lower case. The
+// queue is read only when a pause is in force (the uncorrelated EXISTS is a one-time
+// filter), so with none this reads nothing but certworker_pauses.
+const pausesSQL = `
+WITH p AS MATERIALIZED (
+    SELECT scope, key, paused_until FROM certworker_pauses
+    WHERE paused_until > now() AND (scope <> 'ca' OR key = $1)
+), queued AS MATERIALIZED (
+    SELECT lower(domain) AS name FROM proxy_domains
+    WHERE verification_status = 'verified' AND ssl_provider = 'acme' AND ssl_status = 'pending'
+      AND EXISTS (SELECT 1 FROM p)
+)
+SELECT
+    (SELECT max(paused_until) FROM p WHERE scope = 'ca'),
+    (SELECT count(*) FROM queued WHERE EXISTS (SELECT 1 FROM p WHERE scope = 'ca')),
+    (SELECT count(*) FROM queued q
+     WHERE EXISTS (SELECT 1 FROM p WHERE scope = 'registered_domain' AND strpos(p.key, '.') > 0
+                                    AND (q.name = p.key OR right(q.name, length(p.key) + 1) = '.' || p.key))),
+    (SELECT count(*) FROM queued q
+     WHERE EXISTS (SELECT 1 FROM p WHERE scope = 'domain' AND p.key = q.name))`
+
+func readPauses(ctx context.Context, tx pgx.Tx, s *FleetStats, directory string) error {
+	var ca, regd, dom int
+	if err := tx.QueryRow(ctx, pausesSQL, directory).Scan(&s.CAPausedUntil, &ca, &regd, &dom); err != nil {
+		return fmt.Errorf("count paused domains: %w", err)
+	}
+	s.Paused[ScopeCA], s.Paused[ScopeRegisteredDomain], s.Paused[ScopeDomain] = ca, regd, dom
+	return nil
+}
+
+// ledgerSQL reads the account-wide limit the workers recorded
+// (certworker_settings.limits -> orders_per_account) and counts the directory's ($1)
+// orders inside its window that reached the CA (not 'not_sent'), through
+// certworker_ledger_at_idx.
+const ledgerSQL = `
+SELECT lim.count,
+       (SELECT count(*)::int FROM certworker_ledger l
+        WHERE l.directory = $1 AND l.outcome <> 'not_sent'
+          AND l.at > now() - make_interval(secs => lim.window_seconds))
+FROM certworker_settings s,
+     LATERAL (SELECT (s.limits -> 'orders_per_account' ->> 'count')::int AS count,
+                     (s.limits -> 'orders_per_account' ->> 'window_seconds')::float8 AS window_seconds) lim
+WHERE s.id AND lim.count IS NOT NULL AND lim.window_seconds IS NOT NULL`
+
+func readLedger(ctx context.Context, tx pgx.Tx, s *FleetStats, directory string) error {
+	var limit, used int
+	err := tx.QueryRow(ctx, ledgerSQL, directory).Scan(&limit, &used)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
+		return fmt.Errorf("read the order ledger: %w", err)
+	}
+	s.LedgerLimit, s.LedgerOrders = &limit, &used
+	return nil
+}
