@@ -136,20 +136,25 @@ func (c *runCmd) Run(g *globals) error {
 	// lego logs through a process-wide logger that acme points at zap.L().
 	zap.ReplaceGlobals(log.Named("acme"))
 
+	// Both addresses are bound before anything else: a port already taken is a
+	// configuration error found before the worker places an order, and the HTTP-01
+	// responder answers before the first order's validation can arrive (a worker that
+	// ordered before its responder listened would have the CA's validations refused,
+	// and each refusal counts against the failed-validation limit).
+	lns, err := c.listen()
+	if err != nil {
+		return err
+	}
+	defer lns.close()
+
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	pool, err := c.connect(ctx)
+	pool, err := c.open(ctx, log)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := checkConnection(ctx, pool, log); err != nil {
-		return err
-	}
-	if err := migrations.Check(ctx, stdlib.OpenDBFromPool(pool)); err != nil {
-		return schemaError(err, c.DatabaseURL)
-	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -158,6 +163,63 @@ func (c *runCmd) Run(g *globals) error {
 	if err != nil {
 		return err
 	}
+	issuer, err := c.issuer(ctx, pool, log, keks)
+	if err != nil {
+		return err
+	}
+
+	var servers []*http.Server
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		for _, s := range servers {
+			_ = s.Shutdown(sctx)
+		}
+	}()
+	if ln, ok := lns["http01"]; ok {
+		responder := acme.NewResponder(pool, log, acme.ResponderOptions{Registerer: reg})
+		if err := responder.Start(ctx); err != nil {
+			return usagef("--database-url: %s", redact(err.Error(), c.DatabaseURL))
+		}
+		defer responder.Stop()
+		servers = append(servers, serve(log, "http01", ln, responder))
+	}
+
+	w, err := c.startWorker(ctx, pool, issuer, log, reg, limits)
+	if err != nil {
+		return err
+	}
+
+	fl := newFleet(queue.New(pool, queue.DefaultConfig()), issuer.DirectoryURL(), fleetInterval, log)
+	reg.MustRegister(fl)
+	fl.Start(ctx)
+	defer fl.Stop()
+	if ln, ok := lns["admin"]; ok {
+		servers = append(servers, serve(log, "admin", ln, adminMux(pool, w, reg)))
+	}
+	return w.Wait()
+}
+
+// open connects to the database and checks what run needs of it: a connection
+// LISTEN works on (not a transaction pooler) and a schema migrated to this version.
+func (c *runCmd) open(ctx context.Context, log *zap.Logger) (*pgxpool.Pool, error) {
+	pool, err := c.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkConnection(ctx, pool, log); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	if err := migrations.Check(ctx, stdlib.OpenDBFromPool(pool)); err != nil {
+		pool.Close()
+		return nil, schemaError(err, c.DatabaseURL)
+	}
+	return pool, nil
+}
+
+// issuer registers (or loads) the ACME account and returns the issuer.
+func (c *runCmd) issuer(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger, keks seal.Keyring) (*acme.Issuer, error) {
 	issuer, err := acme.New(ctx, pool, log, acme.Config{
 		DirectoryURL:      c.ACMEDirectory,
 		Email:             c.ACMEEmail,
@@ -172,9 +234,13 @@ func (c *runCmd) Run(g *globals) error {
 		PreflightPort:     c.PreflightPort,
 	})
 	if err != nil {
-		return usagef("%v", err)
+		return nil, usagef("%v", err)
 	}
+	return issuer, nil
+}
 
+// startWorker starts the worker: its listener connects, and it claims from then on.
+func (c *runCmd) startWorker(ctx context.Context, pool *pgxpool.Pool, issuer *acme.Issuer, log *zap.Logger, reg prometheus.Registerer, limits queue.Limits) (*worker.Worker, error) {
 	w, err := worker.New(worker.Config{
 		Pool:          pool,
 		Issuer:        issuer,
@@ -191,49 +257,18 @@ func (c *runCmd) Run(g *globals) error {
 		OrderTimeout:  c.OrderTimeout,
 	})
 	if err != nil {
-		return usagef("%v", err)
+		return nil, usagef("%v", err)
 	}
 	if err := w.Start(ctx); err != nil {
 		var se *listener.SetupError
 		if errors.As(err, &se) {
 			// Names settings, the role and the database, never the password; and
 			// redacting a short password could mangle the setting's name.
-			return usagef("%s", se.Error())
+			return nil, usagef("%s", se.Error())
 		}
-		return usagef("--database-url: cannot start the worker: %s", redact(err.Error(), c.DatabaseURL))
+		return nil, usagef("--database-url: cannot start the worker: %s", redact(err.Error(), c.DatabaseURL))
 	}
-
-	var responder *acme.Responder
-	if c.HTTP01Listen != "" {
-		responder = acme.NewResponder(pool, log, acme.ResponderOptions{Registerer: reg})
-		if err := responder.Start(ctx); err != nil {
-			stop()
-			_ = w.Wait()
-			return usagef("--database-url: %s", redact(err.Error(), c.DatabaseURL))
-		}
-		defer responder.Stop()
-	}
-	fl := newFleet(queue.New(pool, queue.DefaultConfig()), issuer.DirectoryURL(), fleetInterval, log)
-	reg.MustRegister(fl)
-	fl.Start(ctx)
-	defer fl.Stop()
-	servers, err := c.serve(log, pool, w, responder)
-	if err != nil {
-		stop()
-		_ = w.Wait()
-		return err
-	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		for _, s := range servers {
-			_ = s.Shutdown(sctx)
-		}
-	}()
-	if h, ok := servers["admin"]; ok {
-		h.Handler.(*http.ServeMux).Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	}
-	return w.Wait()
+	return w, nil
 }
 
 // owner is this instance's name in ssl_claimed_by: host and pid (the worker adds a
@@ -264,56 +299,74 @@ func (c *runCmd) limits() (queue.Limits, error) {
 	return l, nil
 }
 
-// serve starts the HTTP-01 responder and the admin endpoints. A listen error is a
-// configuration error naming the flag.
-func (c *runCmd) serve(log *zap.Logger, pool *pgxpool.Pool, wk *worker.Worker, http01 http.Handler) (map[string]*http.Server, error) {
-	servers := map[string]*http.Server{}
-	start := func(name, flag, addr string, h http.Handler) error {
-		ln, err := net.Listen("tcp", addr)
+// listen binds the addresses of --http01-listen and --admin-listen (those not
+// empty). A listen error is a configuration error naming the flag.
+func (c *runCmd) listen() (listeners, error) {
+	lns := listeners{}
+	for _, l := range []struct{ name, flag, addr string }{
+		{"http01", "--http01-listen", c.HTTP01Listen},
+		{"admin", "--admin-listen", c.AdminListen},
+	} {
+		if l.addr == "" {
+			continue
+		}
+		ln, err := net.Listen("tcp", l.addr)
 		if err != nil {
-			return usagef("%s: cannot listen on %s: %s", flag, addr, strings.TrimPrefix(err.Error(), "listen tcp "+addr+": "))
+			lns.close()
+			return nil, usagef("%s: cannot listen on %s: %s", l.flag, l.addr, strings.TrimPrefix(err.Error(), "listen tcp "+l.addr+": "))
 		}
-		s := newServer(h)
-		servers[name] = s
-		log.Info("listening", zap.String("server", name), zap.String("addr", ln.Addr().String()))
-		go func() {
-			if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("HTTP server stopped", zap.String("server", name), zap.Error(err))
-			}
-		}()
-		return nil
+		lns[l.name] = ln
 	}
-	if c.HTTP01Listen != "" {
-		if err := start("http01", "--http01-listen", c.HTTP01Listen, http01); err != nil {
-			return servers, err
+	return lns, nil
+}
+
+// listeners are the bound sockets of run's HTTP servers, by server name.
+type listeners map[string]net.Listener
+
+// close closes the sockets; one a server already closed is closed again harmlessly.
+func (lns listeners) close() {
+	for _, ln := range lns {
+		_ = ln.Close()
+	}
+}
+
+// serve answers on ln with h until the server is shut down.
+func serve(log *zap.Logger, name string, ln net.Listener, h http.Handler) *http.Server {
+	s := newServer(h)
+	log.Info("listening", zap.String("server", name), zap.String("addr", ln.Addr().String()))
+	go func() {
+		if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("HTTP server stopped", zap.String("server", name), zap.Error(err))
 		}
-	}
-	if c.AdminListen != "" {
-		mux := http.NewServeMux()
-		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-			fmt.Fprintln(w, "ok")
-		})
-		mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-			ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-			defer cancel()
-			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-			switch {
-			case pool.Ping(ctx) != nil:
-				w.WriteHeader(http.StatusServiceUnavailable)
-				fmt.Fprintln(w, "database unreachable")
-			case !wk.Ready():
-				w.WriteHeader(http.StatusServiceUnavailable)
-				fmt.Fprintln(w, "listener not connected")
-			default:
-				fmt.Fprintln(w, "ready")
-			}
-		})
-		if err := start("admin", "--admin-listen", c.AdminListen, mux); err != nil {
-			return servers, err
+	}()
+	return s
+}
+
+// adminMux serves /healthz (the process is alive), /readyz (the database answers
+// and the worker's listener is connected) and /metrics.
+func adminMux(pool *pgxpool.Pool, wk *worker.Worker, reg *prometheus.Registry) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		switch {
+		case pool.Ping(ctx) != nil:
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, "database unreachable")
+		case !wk.Ready():
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, "listener not connected")
+		default:
+			fmt.Fprintln(w, "ready")
 		}
-	}
-	return servers, nil
+	})
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	return mux
 }
 
 // newServer is an HTTP server fit to face the internet, as the HTTP-01 responder does

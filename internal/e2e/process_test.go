@@ -208,8 +208,13 @@ func TestProcess_AnOutageLongerThanTheLeaseOrdersNothingTwice(t *testing.T) {
 	const lease = 3 * time.Second
 	w := newProcessWorld(t, pebbletest.Options{ValidationSleep: true, SleepSeconds: 4})
 	common := []string{"--lease", lease.String(), "--concurrency", "4", "--poll-interval", "1s", "--retry-base", "1s"}
-	startProc(t, "a", w.dsn, w.ca, w.rootsFile, append(common, "--http01-listen", fmt.Sprintf("127.0.0.1:%d", w.ca.HTTPPort))...)
-	startProc(t, "b", w.dsn, w.ca, w.rootsFile, append(common, "--http01-listen", "")...)
+	a := startProc(t, "a", w.dsn, w.ca, w.rootsFile, append(common, "--http01-listen", fmt.Sprintf("127.0.0.1:%d", w.ca.HTTPPort))...)
+	b := startProc(t, "b", w.dsn, w.ca, w.rootsFile, append(common, "--http01-listen", "")...)
+	// b orders too, and the CA validates its orders through a's responder: a must
+	// be up before there is anything to order.
+	for _, p := range []*proc{a, b} {
+		waitFor(t, 30*time.Second, p.name+" ready", func() bool { code, _ := p.get("/readyz"); return code == http.StatusOK })
+	}
 	names := make([]string, 6)
 	for i := range names {
 		names[i] = randomName("outage")
