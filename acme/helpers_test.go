@@ -47,9 +47,20 @@ func setup(t *testing.T, opts pebbletest.Options, respond bool) *bed {
 	b := &bed{ca: pebbletest.StartT(t, opts), ln: ln}
 	b.pool, b.dsn = pgtest.NewPool(t)
 	if respond {
-		b.serve(t, acme.HTTP01Handler(b.pool, zap.NewNop()))
+		b.respond(t, b.pool, zap.NewNop())
 	}
 	return b
+}
+
+// respond answers the HTTP-01 port with a started Responder on pool, as `run` does
+// (an unstarted one answers misses beyond its look-up budget with 503, which the CA
+// takes as a failed validation when several orders validate at once).
+func (b *bed) respond(t *testing.T, pool *pgxpool.Pool, log *zap.Logger) {
+	t.Helper()
+	r := acme.NewResponder(pool, log, acme.ResponderOptions{})
+	require.NoError(t, r.Start(context.Background()))
+	t.Cleanup(r.Stop)
+	b.serve(t, r)
 }
 
 // serve answers the HTTP-01 port with h until the test ends.

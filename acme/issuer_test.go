@@ -82,7 +82,7 @@ func TestIssue_ChallengeAnsweredByAnotherInstance(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pebbletest.Options{}, false)
 	poolA, poolB := b.newPool(t), b.newPool(t)
-	b.serve(t, acme.HTTP01Handler(poolB, nil))
+	b.respond(t, poolB, nil)
 	issA := newIssuer(t, poolA, nil, b.config())
 
 	name := randomName("b")

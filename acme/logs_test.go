@@ -14,7 +14,6 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/queue"
 )
@@ -32,7 +31,7 @@ func TestIssue_KeysNeverReachLogs(t *testing.T) {
 	defer restore()
 
 	b := setup(t, pebbletest.Options{}, false)
-	b.serve(t, acme.HTTP01Handler(b.pool, log))
+	b.respond(t, b.pool, log)
 	iss := newIssuer(t, b.pool, log, b.config())
 	name := randomName("logs")
 	ctx := testCtx(t, 30*time.Second)

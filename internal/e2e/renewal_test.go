@@ -196,13 +196,18 @@ func startSampler(w *world, every time.Duration) *sampler {
 	return s
 }
 
-// stop ends sampling and returns the histories. Safe to call twice.
+// stop ends sampling with one last sample, so that a certificate stored since the
+// last tick (an order the worker finished while stopping) is in the histories, and
+// returns them. Safe to call twice.
 func (s *sampler) stop() map[string]*history {
 	s.cancel()
 	select {
 	case <-s.done:
 	case <-time.After(30 * time.Second):
 		panic("the certificate sampler did not stop within 30 s")
+	}
+	if err := s.sample(s.w.ctx); err != nil && s.w.ctx.Err() == nil {
+		panic(fmt.Sprintf("the certificate sampler's last sample: %v", err))
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
