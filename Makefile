@@ -14,7 +14,7 @@ LOCAL_PG_IMAGE := certworker-postgres:15
 PG_ENV = CERTWORKER_PG_IMAGE=$${CERTWORKER_PG_IMAGE:-$$(docker image inspect $(LOCAL_PG_IMAGE) >/dev/null 2>&1 && echo $(LOCAL_PG_IMAGE))}
 export TESTCONTAINERS_RYUK_DISABLED ?= true
 
-.PHONY: all build test lint bench demo pg-image pg-image-if-needed image image-test alerts-test deploy-check clean
+.PHONY: all build test lint bench demo pg-image pg-image-if-needed image image-test alerts-test deploy-check clean clean-containers
 
 all: build
 
@@ -90,3 +90,8 @@ pg-image-if-needed:
 
 clean:
 	rm -rf bin
+
+# Containers of a test run that was killed before it could remove them (Ryuk, the
+# reaper that would, is off). Every testcontainers container on this Docker host.
+clean-containers:
+	docker ps -aq --filter label=org.testcontainers=true | xargs -r docker rm -f
