@@ -22,6 +22,7 @@ import (
 
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/internal/pgtest"
+	"github.com/certworker/certworker/internal/workertest"
 	"github.com/certworker/certworker/queue"
 )
 
@@ -137,7 +138,7 @@ func issueThroughBinary(t *testing.T, bin, adminDSN, runDSN, wake string) {
 		"--retry-base", "1s",
 		"--shutdown-grace", "5s")
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
-	logs := &logBuffer{}
+	logs := &workertest.Buffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	require.NoError(t, cmd.Start())
 	exited := make(chan error, 1)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -10,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/certworker/certworker/internal/pgtest"
+	"github.com/certworker/certworker/internal/workertest"
 )
 
 // A direct connection is seen as one: every statement of a connection in one server
@@ -103,7 +102,7 @@ ignore_startup_parameters = extra_float_digits,search_path
 		args = append([]string{"-u", "nobody"}, args...)
 	}
 	cmd := exec.Command(bin, args...)
-	out := &logBuffer{}
+	out := &workertest.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() {
@@ -132,22 +131,4 @@ ignore_startup_parameters = extra_float_digits,search_path
 	}, 10*time.Second, 50*time.Millisecond, "pgbouncer did not start: %s", out)
 	t.Cleanup(pool.Close)
 	return pool
-}
-
-// logBuffer collects a process's output; safe for the copying goroutine and the test.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -5,7 +5,6 @@ package e2e
 // them).
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/internal/pgtest"
+	"github.com/certworker/certworker/internal/workertest"
 )
 
 var (
@@ -57,26 +57,9 @@ type proc struct {
 	name  string
 	cmd   *exec.Cmd
 	admin string
-	logs  *lockedBuffer
+	logs  *workertest.Buffer
 	done  chan struct{}
 	err   error
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func freeAddr(t *testing.T) string {
@@ -92,7 +75,7 @@ func freeAddr(t *testing.T) string {
 // log printed if the test failed.
 func startProc(t *testing.T, name, dsn string, ca *pebbletest.CA, roots string, extra ...string) *proc {
 	t.Helper()
-	p := &proc{name: name, admin: freeAddr(t), logs: &lockedBuffer{}, done: make(chan struct{})}
+	p := &proc{name: name, admin: freeAddr(t), logs: &workertest.Buffer{}, done: make(chan struct{})}
 	args := append([]string{"run",
 		"--database-url", dsn,
 		"--acme-directory", ca.DirectoryURL,

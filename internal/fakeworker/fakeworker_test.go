@@ -1,7 +1,6 @@
 package main_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -19,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/internal/pgtest"
+	"github.com/certworker/certworker/internal/workertest"
 	"github.com/certworker/certworker/queue"
 )
 
@@ -71,24 +71,6 @@ func recordSourcesAsInputs(t *testing.T) {
 	})
 }
 
-// logBuffer collects a process's stderr; safe for the copying goroutine and the test.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // entry is one JSON log line.
 type entry map[string]any
 
@@ -110,7 +92,7 @@ func (e entry) is(msg string, fields entry) bool {
 
 // entries parses the JSON lines written so far; anything else (a panic, a race
 // report) is skipped here and shown by the failure dump.
-func (b *logBuffer) entries() []entry {
+func entries(b *workertest.Buffer) []entry {
 	var out []entry
 	for line := range strings.Lines(b.String()) {
 		var e entry
@@ -125,7 +107,7 @@ func (b *logBuffer) entries() []entry {
 type proc struct {
 	owner string
 	cmd   *exec.Cmd
-	logs  *logBuffer
+	logs  *workertest.Buffer
 	// exited is closed when the process has ended, with Wait's error in waitErr.
 	exited  chan struct{}
 	waitErr error
@@ -137,7 +119,7 @@ type proc struct {
 func startProc(t *testing.T, dsn, owner string, args ...string) *proc {
 	t.Helper()
 	recordSourcesAsInputs(t)
-	p := &proc{owner: owner, logs: &logBuffer{}, exited: make(chan struct{})}
+	p := &proc{owner: owner, logs: &workertest.Buffer{}, exited: make(chan struct{})}
 	p.cmd = exec.Command(binary, append([]string{"--database-url", dsn, "--owner", owner}, args...)...)
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 	require.NoError(t, p.cmd.Start())
@@ -170,7 +152,7 @@ func (p *proc) running() bool {
 
 // find is the first log line that matches, or nil.
 func (p *proc) find(match func(entry) bool) entry {
-	logs := p.logs.entries()
+	logs := entries(p.logs)
 	if i := index(logs, 0, match); i >= 0 {
 		return logs[i]
 	}
@@ -197,7 +179,7 @@ func (p *proc) waitLogs(t *testing.T, timeout time.Duration, what string, cond f
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		if cond(p.logs.entries()) {
+		if cond(entries(p.logs)) {
 			return
 		}
 		if !p.running() {
@@ -410,7 +392,7 @@ func TestProcess_ASlowLiveOrderIsNotTakenByAnother(t *testing.T) {
 	}), "B took A's live claim")
 	// B was awake all along: it had passes in the meantime.
 	passes := 0
-	for _, e := range other.logs.entries() {
+	for _, e := range entries(other.logs) {
 		if e.msg() == "pass finished" {
 			passes++
 		}
@@ -521,7 +503,7 @@ func TestProcess_SurvivesADatabaseRestart(t *testing.T) {
 	// What woke it was the listener's reconnection, after the restart.
 	// The listener reconnects too (perhaps after the timer's pass has caught up).
 	w.waitLog(t, 15*time.Second, "the listener's reconnection", func(e entry) bool { return e.msg() == "listener reconnected" })
-	logs := w.logs.entries()
+	logs := entries(w.logs)
 	at := func(from int, match func(entry) bool) int { return index(logs, from, match) }
 	lost := at(0, func(e entry) bool { return e.msg() == "listener connection lost" })
 	require.GreaterOrEqual(t, lost, 0, "the listener never saw the outage")
@@ -571,7 +553,7 @@ func TestProcess_ALiveOrderKeepsItsClaimThroughAnOutageLongerThanTheLease(t *tes
 	require.Nil(t, r.Error)
 	fields := entry{"domain": name}
 	var started int
-	for _, e := range w.logs.entries() {
+	for _, e := range entries(w.logs) {
 		if e.is("order started", fields) {
 			started++
 		}
