@@ -168,6 +168,15 @@ func (c *runCmd) Run(g *globals) error {
 		return err
 	}
 
+	var responder *acme.Responder
+	if _, ok := lns["http01"]; ok {
+		responder = acme.NewResponder(pool, log, acme.ResponderOptions{Registerer: reg})
+		if err := responder.Start(ctx); err != nil {
+			return usagef("--database-url: %s", redact(err.Error(), c.DatabaseURL))
+		}
+		defer responder.Stop()
+	}
+	// The servers are shut down first (deferred last), the responder after them.
 	var servers []*http.Server
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -176,13 +185,8 @@ func (c *runCmd) Run(g *globals) error {
 			_ = s.Shutdown(sctx)
 		}
 	}()
-	if ln, ok := lns["http01"]; ok {
-		responder := acme.NewResponder(pool, log, acme.ResponderOptions{Registerer: reg})
-		if err := responder.Start(ctx); err != nil {
-			return usagef("--database-url: %s", redact(err.Error(), c.DatabaseURL))
-		}
-		defer responder.Stop()
-		servers = append(servers, serve(log, "http01", ln, responder))
+	if responder != nil {
+		servers = append(servers, serve(log, "http01", lns["http01"], responder))
 	}
 
 	w, err := c.startWorker(ctx, pool, issuer, log, reg, limits)
