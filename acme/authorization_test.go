@@ -16,7 +16,8 @@ import (
 // authorization counts against the CA's limits until it expires, days later): the
 // issuer deactivates it, also when the order was cancelled half-way, which it
 // learns of only when lego's next request fails. A failed validation leaves its
-// authorization invalid, not pending. Checked in Pebble's own records. Guards
+// authorization invalid, not pending, and not deactivated: also when the CA
+// says so in its answer to the challenge, before the issuer polls. Checked in Pebble's own records. Guards
 // against a worker piling up pending authorizations with every order it gives up.
 func TestIssue_FailedOrderLeavesNoPendingAuthorization(t *testing.T) {
 	t.Parallel()
@@ -36,6 +37,11 @@ func TestIssue_FailedOrderLeavesNoPendingAuthorization(t *testing.T) {
 			rule:        &pebbletest.Rule{Step: pebbletest.StepChallenge, Times: 1, Answer: pebbletest.Answer{Stall: 20 * time.Second}},
 			cancelAfter: time.Second, want: "deactivated"},
 		{name: "a failed validation", respond: false, want: "invalid"},
+		// The CA's answer to the challenge already says invalid: the issuer must
+		// remember it, not deactivate an authorization that is over.
+		{name: "a failed validation the CA reports when it answers the challenge", respond: false,
+			rule: &pebbletest.Rule{Step: pebbletest.StepChallenge, Times: 1, Answer: pebbletest.Answer{Decided: true}},
+			want: "invalid"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -182,6 +182,9 @@ func (o *order) solve(u string, a legoacme.Authorization) error {
 		o.authz[u] = legoacme.StatusValid
 		return nil
 	case legoacme.StatusInvalid:
+		// The CA decided before it answered: the authorization is over, and
+		// release must not deactivate it.
+		o.authz[u] = legoacme.StatusInvalid
 		return &validationFailure{err: challengeProblem(answered.Challenge)}
 	}
 	return o.awaitValidation(u, parseRetryAfter(answered.RetryAfter))

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"path"
 	"slices"
 	"strconv"
 	"sync"
@@ -47,13 +48,15 @@ import (
 // (reach: the CA), RateLimitedRegisteredDomain (the registered domain),
 // RateLimitedExactSet and RateLimitedFailedAuthorizations (the domain), Paused and
 // RejectedIdentifier (permanent), ServerInternal and Unavailable (5xx), Dropped and
-// TimedOut (unreachable).
+// TimedOut (unreachable). Answer{Decided: true} on StepChallenge answers with the
+// CA's own verdict, as a CA that validates before it answers.
 type Front struct {
 	// DirectoryURL is the CA's directory through the front.
 	DirectoryURL string
 
 	srv   *httptest.Server
 	proxy *httputil.ReverseProxy
+	ca    *CA
 
 	mu       sync.Mutex // guards the fields below
 	rules    []*Rule
@@ -99,6 +102,11 @@ type Answer struct {
 	// Stall holds the request that long, or until the client gives up, then
 	// resets the connection: a request that times out.
 	Stall time.Duration
+	// Decided, for a challenge, passes the request on to the CA and answers only
+	// once the CA has decided the challenge, with the challenge as it then stands
+	// (status "valid" or "invalid", and its error): a CA whose validation ended
+	// before it answered, which RFC 8555 allows and a fast CA does.
+	Decided bool
 }
 
 // Problem is an ACME problem document (RFC 8555 §6.7).
@@ -118,7 +126,7 @@ func NewFront(t testing.TB, ca *CA) *Front {
 	target.Path = ""
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(ca.RootsPEM())
-	f := &Front{answered: map[Step]int{}}
+	f := &Front{answered: map[Step]int{}, ca: ca}
 	// Pebble builds its URLs from the Host header, which the proxy keeps, so every
 	// URL the client follows comes back through the front.
 	f.proxy = httputil.NewSingleHostReverseProxy(target)
@@ -177,11 +185,61 @@ func (f *Front) serve(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	answer, ok := f.match(step, names)
-	if !ok {
+	switch {
+	case !ok:
 		f.proxy.ServeHTTP(w, r)
+	case answer.Decided && step == StepChallenge:
+		f.answerDecided(w, r)
+	default:
+		answer.write(w, r)
+	}
+}
+
+// answerDecided passes a challenge request on to the CA, waits until the CA has
+// decided the challenge, and answers with the CA's own answer (its headers and
+// nonce included) with the challenge's status, error and validation time as they
+// then stand.
+func (f *Front) answerDecided(w http.ResponseWriter, r *http.Request) {
+	rec := httptest.NewRecorder()
+	f.proxy.ServeHTTP(rec, r)
+	var body map[string]any
+	if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &body) != nil {
+		copyAnswer(w, rec, rec.Body.Bytes())
 		return
 	}
-	answer.write(w, r)
+	chlg := f.ca.store.GetChallengeByID(path.Base(r.URL.Path))
+	for chlg != nil {
+		chlg.RLock()
+		status, problem, validated := chlg.Status, chlg.Error, chlg.Validated
+		chlg.RUnlock()
+		if status != "pending" && status != "processing" {
+			body["status"] = status
+			if problem != nil {
+				body["error"] = problem
+			}
+			if validated != "" {
+				body["validated"] = validated
+			}
+			break
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	out, _ := json.Marshal(body)
+	copyAnswer(w, rec, out)
+}
+
+// copyAnswer writes the recorded answer rec with body in place of its own.
+func copyAnswer(w http.ResponseWriter, rec *httptest.ResponseRecorder, body []byte) {
+	for k, v := range rec.Header() {
+		w.Header()[k] = v
+	}
+	w.Header().Del("Content-Length")
+	w.WriteHeader(rec.Code)
+	_, _ = w.Write(body)
 }
 
 // match finds the answer for a request of step for names, and counts it.
