@@ -36,6 +36,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -57,6 +58,7 @@ import (
 	"time"
 
 	"github.com/letsencrypt/pebble/v2/ca"
+	"github.com/letsencrypt/pebble/v2/core"
 	"github.com/letsencrypt/pebble/v2/db"
 	"github.com/letsencrypt/pebble/v2/va"
 	"github.com/letsencrypt/pebble/v2/wfe"
@@ -77,6 +79,8 @@ const (
 	NewAccountPath = "/sign-me-up"
 	// challengePath is the prefix of Pebble's challenge URLs.
 	challengePath = "/chalZ/"
+	// certificatePath is where Pebble serves certificates, by serial in hex.
+	certificatePath = "/certZ/"
 )
 
 // Options configure a CA. The zero value is a fast CA: no validation sleep, no
@@ -371,6 +375,10 @@ func (c *CA) record(next http.Handler) http.Handler {
 			if sw.status == http.StatusCreated {
 				c.newAccounts.Add(1)
 			}
+		case r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, certificatePath):
+			serial, _, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, certificatePath), "/")
+			c.settleIssued(serial)
+			next.ServeHTTP(w, r)
 		default:
 			if r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, challengePath) && c.retryAfter != "" {
 				w.Header().Set("Retry-After", c.retryAfter)
@@ -390,13 +398,13 @@ func (c *CA) recordOrder(next http.Handler, w http.ResponseWriter, r *http.Reque
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	c.orderRequests.Add(1)
+	o, err := parseOrder(body)
+	if err == nil && o.Replaces != "" {
+		c.syncReplaced(o.Replaces)
+	}
 	sw := &statusWriter{ResponseWriter: w, capture: true}
 	next.ServeHTTP(sw, r)
-	if sw.status != http.StatusCreated {
-		return
-	}
-	o, err := parseOrder(body)
-	if err != nil {
+	if sw.status != http.StatusCreated || err != nil {
 		return
 	}
 	var answer struct {
@@ -408,6 +416,77 @@ func (c *CA) recordOrder(next http.Handler, w http.ResponseWriter, r *http.Reque
 	c.mu.Lock()
 	c.orders = append(c.orders, o)
 	c.mu.Unlock()
+}
+
+// Pebble (v2.10.3) finishes an order in a goroutine of its own: it issues the
+// certificate, then files the order under the certificate's serial and, for a
+// renewal, marks the order it replaces as replaced, writing IsReplaced under that
+// order's lock; a new order naming the same certificate reads IsReplaced without
+// the lock. So a client quick enough to download its certificate and order again
+// could meet an order not yet marked (and no alreadyReplaced), and the race
+// detector flags the read. settleIssued and syncReplaced close both, on the CA's
+// side of the wire: the certificate is served only once Pebble's bookkeeping for it
+// is done, and a new order takes the replaced order's lock before Pebble reads it.
+
+// settleIssued waits, up to 5 seconds, until Pebble has filed the order that
+// issued the certificate with serial (hex) and marked the order it replaces.
+func (c *CA) settleIssued(serial string) {
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+		if c.issueSettled(serial) {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func (c *CA) issueSettled(serial string) bool {
+	o, err := c.store.GetOrderByIssuedSerial(serial)
+	if err != nil {
+		return false
+	}
+	o.RLock()
+	replaces := o.Replaces
+	o.RUnlock()
+	if replaces == "" {
+		return true
+	}
+	old := c.replacedOrder(replaces)
+	if old == nil {
+		// Pebble cannot mark it either.
+		return true
+	}
+	old.RLock()
+	defer old.RUnlock()
+	return old.IsReplaced
+}
+
+// syncReplaced takes and drops the lock of the order that issued the certificate
+// replaces names (an RFC 9773 certificate id), so that what Pebble wrote under it
+// happens before this request reads it.
+func (c *CA) syncReplaced(replaces string) {
+	if old := c.replacedOrder(replaces); old != nil {
+		old.RLock()
+		_ = old.IsReplaced
+		old.RUnlock()
+	}
+}
+
+// replacedOrder is the order that issued the certificate with the id replaces, or
+// nil when Pebble knows none.
+func (c *CA) replacedOrder(replaces string) *core.Order {
+	_, encoded, ok := strings.Cut(replaces, ".")
+	if !ok {
+		return nil
+	}
+	sn, err := base64.RawURLEncoding.DecodeString(encoded)
+	if err != nil {
+		return nil
+	}
+	o, err := c.store.GetOrderByIssuedSerial(hex.EncodeToString(new(big.Int).SetBytes(sn).Bytes()))
+	if err != nil {
+		return nil
+	}
+	return o
 }
 
 // Requests is how many requests of each step reached the CA so far (through any

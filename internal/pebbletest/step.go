@@ -42,7 +42,7 @@ var stepPrefixes = []struct {
 	{"/authZ/", StepAuthorization},
 	{challengePath, StepChallenge},
 	{"/finalize-order/", StepFinalize},
-	{"/certZ/", StepCertificate},
+	{certificatePath, StepCertificate},
 	{renewalInfoPath, StepRenewalInfo},
 }
 
