@@ -136,12 +136,18 @@ func localResponse(req *http.Request, body []byte, header http.Header) *http.Res
 }
 
 // noteUnreachable records a request that got no answer, unless the order was
-// cancelled (then the order says so, not the CA).
+// cancelled (then the order says so, not the CA). A request whose own deadline
+// (http.Client.Timeout) has passed got no answer in time, whichever error net/http
+// returns for it: http.Client ends such a request both by its context's deadline
+// and by closing Request.Cancel on a timer of its own, so the transport may
+// return context.DeadlineExceeded or "net/http: request canceled", and the
+// context may not even say it is done yet.
 func (t *orderTransport) noteUnreachable(req *http.Request, err error) {
 	if t.ctx.Err() != nil {
 		return
 	}
-	if errors.Is(err, context.DeadlineExceeded) {
+	deadline, hasDeadline := req.Context().Deadline()
+	if errors.Is(err, context.DeadlineExceeded) || hasDeadline && !time.Now().Before(deadline) {
 		err = fmt.Errorf("no answer in time (%w)", err)
 	}
 	t.noteUnavailable(fmt.Errorf("%s %s: %w", req.Method, req.URL.Redacted(), err))
