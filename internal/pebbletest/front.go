@@ -105,7 +105,8 @@ type Answer struct {
 	// Decided, for a challenge, passes the request on to the CA and answers only
 	// once the CA has decided the challenge, with the challenge as it then stands
 	// (status "valid" or "invalid", and its error): a CA whose validation ended
-	// before it answered, which RFC 8555 allows and a fast CA does.
+	// before it answered, which RFC 8555 allows and a fast CA does. Requests of
+	// other steps pass on to the CA as usual.
 	Decided bool
 }
 
@@ -190,6 +191,9 @@ func (f *Front) serve(w http.ResponseWriter, r *http.Request) {
 		f.proxy.ServeHTTP(w, r)
 	case answer.Decided && step == StepChallenge:
 		f.answerDecided(w, r)
+	case answer.Decided:
+		// Only a challenge has a verdict to wait for.
+		f.proxy.ServeHTTP(w, r)
 	default:
 		answer.write(w, r)
 	}
