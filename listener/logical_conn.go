@@ -25,6 +25,32 @@ import (
 func (lg *Logical) connect(ctx context.Context) (_ *stream, err error) {
 	ctx, cancel := context.WithTimeout(ctx, lg.opts.ConnectTimeout)
 	defer cancel()
+	pgcfg, err := lg.replicationConfig(ctx)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := pgconn.ConnectConfig(ctx, pgcfg)
+	if err != nil {
+		if se := connectSetupError(err, pgcfg.User); se != nil {
+			return nil, se
+		}
+		// pgconn's errors name host, port, user and database, never the password.
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			lg.closeConn(ctx, conn)
+		}
+	}()
+	if err := checkPublishing(ctx, conn, pgcfg.Database); err != nil {
+		return nil, err
+	}
+	return startStream(ctx, conn)
+}
+
+// replicationConfig is the pool's connection configuration for a logical WAL
+// sender on the same database.
+func (lg *Logical) replicationConfig(ctx context.Context) (*pgconn.Config, error) {
 	cfg := lg.pool.Config() // a deep copy: ours to modify
 	if cfg.BeforeConnect != nil {
 		if err := cfg.BeforeConnect(ctx, cfg.ConnConfig); err != nil {
@@ -46,37 +72,33 @@ func (lg *Logical) connect(ctx context.Context) (_ *stream, err error) {
 	pgcfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
 	}
-	conn, err := pgconn.ConnectConfig(ctx, pgcfg)
-	if err != nil {
-		if se := connectSetupError(err, pgcfg.User); se != nil {
-			return nil, se
-		}
-		// pgconn's errors name host, port, user and database, never the password.
-		return nil, fmt.Errorf("connect: %w", err)
-	}
-	defer func() {
-		if err != nil {
-			lg.closeConn(ctx, conn)
-		}
-	}()
+	return pgcfg, nil
+}
 
+// checkPublishing checks that the server decodes WAL logically and that database
+// publishes the domains table, and says what to change when not.
+func checkPublishing(ctx context.Context, conn *pgconn.PgConn, database string) error {
 	level, err := queryOne(ctx, conn, "SHOW wal_level")
 	if err != nil {
-		return nil, fmt.Errorf("read wal_level: %w", err)
+		return fmt.Errorf("read wal_level: %w", err)
 	}
 	if level != "logical" {
-		return nil, setupErrorf("the server's wal_level is %q; set wal_level = logical in postgresql.conf and restart PostgreSQL", level)
+		return setupErrorf("the server's wal_level is %q; set wal_level = logical in postgresql.conf and restart PostgreSQL", level)
 	}
 	published, err := queryOne(ctx, conn, fmt.Sprintf(
 		"SELECT count(*) FROM pg_publication_tables WHERE pubname = '%s' AND tablename = '%s'", Publication, domainsTable))
 	if err != nil {
-		return nil, fmt.Errorf("look up publication %s: %w", Publication, err)
+		return fmt.Errorf("look up publication %s: %w", Publication, err)
 	}
 	if published == "0" {
-		return nil, setupErrorf("database %q has no publication %s of %s; run `certworker migrate` as the owner of %s, or CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert, update')",
-			pgcfg.Database, Publication, domainsTable, domainsTable, Publication, domainsTable)
+		return setupErrorf("database %q has no publication %s of %s; run `certworker migrate` as the owner of %s, or CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert, update')",
+			database, Publication, domainsTable, domainsTable, Publication, domainsTable)
 	}
+	return nil
+}
 
+// startStream creates a temporary slot on conn and starts streaming from it.
+func startStream(ctx context.Context, conn *pgconn.PgConn) (*stream, error) {
 	slot, err := newSlotName()
 	if err != nil {
 		return nil, err
