@@ -32,6 +32,13 @@ type loopState struct {
 const (
 	// minIdleRetry is the first idle retry.
 	minIdleRetry = 50 * time.Millisecond
+	// wakeRetry is how soon a wake-up's pass that found something due now but
+	// claimed nothing looks once more, before the idle retries: the change it was
+	// woken for may not be visible yet. Logical decoding sends a transaction once
+	// its commit record is flushed, a moment before the committing backend leaves
+	// the proc array and a new snapshot sees its rows; and another instance's claim
+	// of the row may be committing.
+	wakeRetry = 5 * time.Millisecond
 	// timerSlack makes the timer fire a little late rather than early: the claim
 	// compares with the database's clock, and strictly.
 	timerSlack = 5 * time.Millisecond
@@ -174,6 +181,10 @@ func (w *Worker) schedule(ctx context.Context, source string, claimed int) {
 		// Due now, and a wake-up is already waiting (the notification of the row
 		// that made it due): its pass claims it.
 		ok = false
+	case ok && source == listener.SourceNotify:
+		// Due now and not claimed by the pass a wake-up started: the change may not
+		// be visible yet. Look once more soon; the idle retries follow.
+		d = wakeRetry
 	case ok:
 		// Due now and not claimed: another instance holds it locked, or a pause
 		// holds it back. Look again, less often each time it goes on.

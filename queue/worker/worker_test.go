@@ -182,3 +182,44 @@ func TestWorker_AClaimAfterAFinishedOrderIsARefill(t *testing.T) {
 	// The third refill found the queue empty.
 	require.Equal(t, 3.0, in.Metric(t, "certworker_wakeups_total", listener.SourceRefill))
 }
+
+// A wake-up's pass that finds a domain due now but cannot claim it looks once more
+// 5 ms later, before the idle retries (50 ms, doubling). The row may not be visible
+// to its snapshot yet: the logical stream announces a commit a moment before a new
+// snapshot sees it, and a claim once waited 55 ms for that. Here the row is locked
+// by another transaction instead, which the claim skips the same way. Once the lock
+// is gone the domain is claimed, once. Guards against a stream wake-up whose change
+// is not visible costing the idle retry's 50 ms or more.
+func TestWorker_AWakeUpThatFindsNothingClaimableLooksAgainSoon(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fake := fakeissuer.New(10)
+	id, name := b.domain(t, b.tenant(t))
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(b.ctx) //nolint:errcheck
+	_, err = tx.Exec(b.ctx, `SELECT 1 FROM proxy_domains WHERE id = $1 FOR UPDATE`, id)
+	require.NoError(t, err)
+
+	in := b.start(t, "w", worker.Config{Issuer: fake, Concurrency: 1, PollInterval: time.Hour})
+	in.WaitForLog(t, "pass finished", 1, 10*time.Second)
+	_, err = b.pool.Exec(b.ctx, `SELECT pg_notify($1, '')`, listener.Channel)
+	require.NoError(t, err)
+	var pass map[string]any
+	workertest.Eventually(t, 10*time.Second, "the notification's pass to finish", func() bool {
+		for _, e := range in.Logs.FilterMessage("pass finished").All() {
+			if f := e.ContextMap(); f["source"] == listener.SourceNotify {
+				pass = f
+				return true
+			}
+		}
+		return false
+	})
+	require.Equal(t, int64(0), pass["claimed"], "the row is locked")
+	require.Equal(t, listener.SourceTimer, pass["next_source"])
+	require.Less(t, pass["next_in"], 50*time.Millisecond, "the next look after the wake-up's pass")
+
+	require.NoError(t, tx.Rollback(b.ctx))
+	b.waitStatus(t, id, "active", 10*time.Second)
+	require.Equal(t, 1, fake.Count(name))
+}
