@@ -23,6 +23,7 @@ import (
 
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/internal/pgtest"
+	"github.com/certworker/certworker/internal/workertest"
 )
 
 func storeToken(t *testing.T, pool *pgxpool.Pool, token, keyAuth string, expiresIn time.Duration) {
@@ -92,7 +93,7 @@ func TestHTTP01Handler_ServesStoredUnexpiredTokensOnly(t *testing.T) {
 func TestHTTP01Handler_DatabaseUnreachableIs503WithGenericBody(t *testing.T) {
 	t.Parallel()
 	pool, err := pgxpool.New(context.Background(),
-		"postgres://certworker:hunter2secret@127.0.0.1:"+closedPort(t)+"/certworker?sslmode=disable&connect_timeout=2")
+		"postgres://certworker:hunter2secret@"+workertest.FreeAddr(t)+"/certworker?sslmode=disable&connect_timeout=2")
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	core, logs := observer.New(zap.DebugLevel)
@@ -192,7 +193,7 @@ const challenge = "/.well-known/acme-challenge/"
 func TestResponder_MalformedTokenIs404WithoutTheDatabase(t *testing.T) {
 	t.Parallel()
 	pool, err := pgxpool.New(context.Background(),
-		"postgres://certworker:pw@127.0.0.1:"+closedPort(t)+"/certworker?sslmode=disable&connect_timeout=2")
+		"postgres://certworker:pw@"+workertest.FreeAddr(t)+"/certworker?sslmode=disable&connect_timeout=2")
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	h := acme.HTTP01Handler(pool, zap.NewNop())

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/certworker/certworker/internal/pebbletest"
+	"github.com/certworker/certworker/internal/workertest"
 	"github.com/certworker/certworker/queue"
 )
 
@@ -41,7 +42,7 @@ func TestIssue_KeysNeverReachLogs(t *testing.T) {
 	require.NoError(t, err)
 	// A failing order too: errors are logged by the worker.
 	failing := b.config()
-	failing.DirectoryURL = "https://127.0.0.1:" + closedPort(t) + "/dir"
+	failing.DirectoryURL = "https://" + workertest.FreeAddr(t) + "/dir"
 	_, failErr := newIssuer(t, b.pool, log, failing).Issue(ctx, queue.Request{Domain: name})
 	require.Error(t, failErr)
 

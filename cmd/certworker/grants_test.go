@@ -121,7 +121,7 @@ func leastPrivilegeRole(t *testing.T, adminDSN string, replication bool) string 
 func issueThroughBinary(t *testing.T, bin, adminDSN, runDSN, wake string) {
 	t.Helper()
 	ctx := context.Background()
-	http01, admin := freeAddr(t), freeAddr(t)
+	http01, admin := workertest.FreeAddr(t), workertest.FreeAddr(t)
 	_, port, _ := net.SplitHostPort(http01)
 	httpPort, _ := strconv.Atoi(port)
 	ca := pebbletest.StartT(t, pebbletest.Options{HTTPPort: httpPort})
@@ -188,13 +188,4 @@ SELECT id, $1, 'verified', 'tok' FROM t`, name)
 		t.Fatal("run did not stop on SIGTERM")
 	}
 	exited <- nil // for the cleanup
-}
-
-// freeAddr is a loopback address nothing listens on, for now.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().String()
 }

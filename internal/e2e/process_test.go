@@ -8,7 +8,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -62,20 +61,12 @@ type proc struct {
 	err   error
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // startProc runs `certworker run` against dsn and the CA, with its admin endpoints on a
 // port of its own and the given extra flags. It is killed when the test ends, and its
 // log printed if the test failed.
 func startProc(t *testing.T, name, dsn string, ca *pebbletest.CA, roots string, extra ...string) *proc {
 	t.Helper()
-	p := &proc{name: name, admin: freeAddr(t), logs: &workertest.Buffer{}, done: make(chan struct{})}
+	p := &proc{name: name, admin: workertest.FreeAddr(t), logs: &workertest.Buffer{}, done: make(chan struct{})}
 	args := append([]string{"run",
 		"--database-url", dsn,
 		"--acme-directory", ca.DirectoryURL,
