@@ -16,8 +16,8 @@ import (
 
 type rekeyCmd struct {
 	dbFlags
-	KeyEncryptionKey string `name:"key-encryption-key" env:"CERTWORKER_KEY_ENCRYPTION_KEY" placeholder:"BASE64[,BASE64...]" help:"The keys, as for run: every stored key is re-sealed with the first; any of them opens. Required."`
-	BatchSize        int    `name:"batch-size" env:"CERTWORKER_BATCH_SIZE" default:"100" help:"Keys re-sealed per transaction."`
+	keyFlags
+	BatchSize int `name:"batch-size" env:"CERTWORKER_BATCH_SIZE" default:"100" help:"Keys re-sealed per transaction."`
 }
 
 // rekeyRounds is how many times a key that changed while rekey read it is read and
@@ -32,12 +32,12 @@ func (c *rekeyCmd) Run(g *globals) error {
 	if c.BatchSize < 1 {
 		return usagef("--batch-size: must be at least 1, got %d", c.BatchSize)
 	}
-	keys, err := seal.ParseKeyring(c.KeyEncryptionKey)
+	keys, err := c.keyring()
 	if err != nil {
-		return usagef("%v", err)
+		return err
 	}
 	if len(keys) == 0 {
-		return usagef("--key-encryption-key is required: rekey re-seals every stored key with the first key of the list")
+		return usagef("--key-encryption-key is required (or --key-encryption-key-file): rekey re-seals every stored key with the first key of the list")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

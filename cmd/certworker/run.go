@@ -33,6 +33,7 @@ const letsEncrypt = "https://acme-v02.api.letsencrypt.org/directory"
 
 type runCmd struct {
 	dbFlags
+	keyFlags
 	ACMEDirectory     string        `name:"acme-directory" env:"CERTWORKER_ACME_DIRECTORY" default:"${le}" placeholder:"URL" help:"ACME directory URL (default: Let's Encrypt production)."`
 	ACMEEmail         string        `name:"acme-email" env:"CERTWORKER_ACME_EMAIL" placeholder:"EMAIL" help:"ACME account contact."`
 	ACMECABundle      string        `name:"acme-ca-bundle" env:"CERTWORKER_ACME_CA_BUNDLE" placeholder:"FILE" help:"PEM file of roots trusted for the ACME server, beside the system's."`
@@ -47,7 +48,6 @@ type runCmd struct {
 	RetryBase         time.Duration `name:"retry-base" env:"CERTWORKER_RETRY_BASE" default:"1m" help:"First gap between attempts, doubled on each failure."`
 	RetryMax          time.Duration `name:"retry-max" env:"CERTWORKER_RETRY_MAX" default:"4h" help:"Longest gap between attempts."`
 	MaxAttempts       int           `name:"max-attempts" env:"CERTWORKER_MAX_ATTEMPTS" default:"10" help:"Consecutive failures after which a domain is marked failed."`
-	KeyEncryptionKey  string        `name:"key-encryption-key" env:"CERTWORKER_KEY_ENCRYPTION_KEY" placeholder:"BASE64[,BASE64...]" help:"Comma-separated base64 keys of 32 bytes; encrypt private keys at rest (AES-256-GCM): the first seals, any opens."`
 	LogFormat         string        `name:"log-format" env:"CERTWORKER_LOG_FORMAT" default:"json" enum:"json,console" help:"Log encoder: json or console."`
 	LogLevel          string        `name:"log-level" env:"CERTWORKER_LOG_LEVEL" default:"info" help:"Log level: debug, info, warn or error."`
 	ShutdownGrace     time.Duration `name:"shutdown-grace" env:"CERTWORKER_SHUTDOWN_GRACE" default:"30s" help:"Time given to in-flight orders on SIGTERM."`
@@ -124,9 +124,9 @@ func (c *runCmd) Run(g *globals) error {
 	if err := c.validate(); err != nil {
 		return err
 	}
-	keks, err := seal.ParseKeyring(c.KeyEncryptionKey)
+	keks, err := c.keyring()
 	if err != nil {
-		return usagef("%v", err)
+		return err
 	}
 	log, err := newLogger(c.LogFormat, c.LogLevel)
 	if err != nil {
