@@ -177,6 +177,30 @@ func KeyID(key []byte) string {
 	return hex.EncodeToString(sum[:KeyIDSize])
 }
 
+// IDs is the key id of every key, in order.
+func (k Keyring) IDs() []string {
+	ids := make([]string, len(k))
+	for i, key := range k {
+		ids[i] = KeyID(key)
+	}
+	return ids
+}
+
+// SealedKeyID is the key id a stored key names: that of a v2 sealed key, "" for v1
+// (which names none), PEM and anything else. It does not check that the rest is
+// well formed.
+func SealedKeyID(stored string) string {
+	rest, ok := strings.CutPrefix(strings.TrimSpace(stored), PrefixV2)
+	if !ok {
+		return ""
+	}
+	id, _, ok := strings.Cut(rest, ":")
+	if !ok {
+		return ""
+	}
+	return id
+}
+
 // SealingKeyID is the id of the key Seal uses, or "" for an empty Keyring.
 func (k Keyring) SealingKeyID() string {
 	if len(k) == 0 {
