@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/certstore/seal"
+	"github.com/certworker/certworker/internal/pgtest"
 )
 
 // writeKeyFile writes content to a file of the test's and returns its path.
@@ -73,4 +74,57 @@ func TestKeyEncryptionKeyFile_ReadsTheListAndRefusesWhatIsWrong(t *testing.T) {
 			})
 		}
 	}
+}
+
+// `run` opens the stored ACME account key before it claims anything: sealed under a
+// key it was not given, run exits 2 naming --key-encryption-key and the key id it
+// lacks (v1 names none: the message gives the ids it tried), with the keys given on
+// the command line or in a file, and claims nothing. Guards against the review's
+// finding: a worker started with only the old key after a rekey reported ready and
+// charged every due domain "not in --key-encryption-key" until all had failed.
+func TestRun_ExitsTwoWhenTheStoredAccountKeyDoesNotOpen(t *testing.T) {
+	t.Setenv("CERTWORKER_KEY_ENCRYPTION_KEY", "")
+	t.Setenv("CERTWORKER_KEY_ENCRYPTION_KEY_FILE", "")
+	b := setupRekey(t)
+	id := pgtest.Domain(t, b.pool, pgtest.Tenant(t, b.pool), "due.example")
+	oldOnly := base64.StdEncoding.EncodeToString(b.oldKey)
+	newID, oldID := seal.KeyID(b.newKey), seal.KeyID(b.oldKey)
+	storeAccount := func(stored string) {
+		_, err := b.pool.Exec(b.ctx, `UPDATE certworker_acme_accounts SET private_key_pem = $1`, stored)
+		require.NoError(t, err)
+	}
+	v2New := v2(t, b.newKey, b.plain[rekeyDirectory], rekeyDirectory)
+	for _, tc := range []struct {
+		name, stored string
+		keys         []string
+		want         string
+	}{
+		{"v2, the other key", v2New, []string{"--key-encryption-key", oldOnly},
+			"is sealed under a key encryption key that is not in --key-encryption-key (key id " + newID + ")"},
+		{"v2, from a file", v2New, []string{"--key-encryption-key-file", writeKeyFile(t, oldOnly+"\n")},
+			"(key id " + newID + ")"},
+		{"v2, no key", v2New, nil, "no --key-encryption-key is set (it names key id " + newID + ")"},
+		{"v1, the other key", v1(t, b.newKey, b.plain[rekeyDirectory], rekeyDirectory), []string{"--key-encryption-key", oldOnly},
+			"v1 format, which names no key id; tried key ids " + oldID},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			storeAccount(tc.stored)
+			code, stdout, stderr := invoke(t, append([]string{"run", "--database-url", b.dsn,
+				"--acme-directory", rekeyDirectory, "--http01-listen", "", "--admin-listen", ""}, tc.keys...)...)
+			require.Equal(t, exitUsage, code, stderr)
+			require.Empty(t, stdout)
+			require.Contains(t, stderr, "certworker: cannot open the stored ACME account key of "+rekeyDirectory+": ")
+			require.Contains(t, stderr, tc.want)
+			require.Contains(t, stderr, "start with the key it was sealed with in --key-encryption-key")
+			require.NotContains(t, stderr, oldOnly)
+		})
+	}
+	var status string
+	var attempts int
+	var claimedBy *string
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT ssl_status, ssl_attempts, ssl_claimed_by FROM proxy_domains WHERE id = $1`, id).
+		Scan(&status, &attempts, &claimedBy))
+	require.Equal(t, "pending", status)
+	require.Zero(t, attempts)
+	require.Nil(t, claimedBy, "run claimed before it checked the account key")
 }
