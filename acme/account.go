@@ -11,11 +11,15 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/go-acme/lego/v4/certcrypto"
 	"github.com/go-acme/lego/v4/registration"
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
+
+	"github.com/certworker/certworker/certstore/seal"
+	"github.com/certworker/certworker/queue"
 )
 
 // account is the ACME account orders are placed with; it is lego's registration.User.
@@ -48,8 +52,22 @@ func (i *Issuer) accountFor(ctx context.Context, tr *orderTransport) (*account, 
 			return nil, err
 		}
 	}
+	if acct.email != i.cfg.Email {
+		i.log.Info("ACME account contact differs from --acme-email; the account keeps the one it was registered with",
+			zap.String("directory", i.cfg.DirectoryURL), zap.String("account_uri", acct.reg.URI))
+	}
 	i.account = acct
 	return acct, nil
+}
+
+// CheckAccountKey opens the stored account key of this issuer's directory and EAB
+// key id with the configured keys, and keeps nothing: `run` calls it before it claims
+// anything, and /readyz on every probe (CONTRACT.md §3, §4). No account stored yet is
+// fine: the first order registers one. A stored key that does not open is a
+// *queue.KeyError naming the key id it lacks; any other error is the database's.
+func (i *Issuer) CheckAccountKey(ctx context.Context) error {
+	_, err := i.loadAccount(ctx, i.pool)
+	return err
 }
 
 // queryer is what loadAccount needs of a pool or a transaction.
@@ -72,12 +90,12 @@ WHERE directory = $1 AND eab_kid = $2`, i.cfg.DirectoryURL, i.cfg.EABKeyID).Scan
 	}
 	keyPEM, err := i.cfg.KeyEncryptionKeys.Open(stored, i.cfg.DirectoryURL)
 	if err != nil {
-		return nil, fmt.Errorf("load ACME account key: %w", err)
+		return nil, i.keyError(stored, err)
 	}
 	key, err := certcrypto.ParsePEMPrivateKey(keyPEM)
 	if err != nil {
 		// The parser's message never quotes the key.
-		return nil, fmt.Errorf("load ACME account key: %w", err)
+		return nil, i.keyError(stored, fmt.Errorf("not a private key once opened: %w", err))
 	}
 	reg := &registration.Resource{}
 	if len(regJSON) > 0 {
@@ -87,11 +105,29 @@ WHERE directory = $1 AND eab_kid = $2`, i.cfg.DirectoryURL, i.cfg.EABKeyID).Scan
 	}
 	// uri is the column the account is known by; the JSON is informative.
 	reg.URI = uri
-	if email != i.cfg.Email {
-		i.log.Info("ACME account contact differs from --acme-email; the account keeps the one it was registered with",
-			zap.String("directory", i.cfg.DirectoryURL), zap.String("account_uri", uri))
-	}
 	return &account{email: email, key: key, reg: reg}, nil
+}
+
+// keyError is the *queue.KeyError for a stored account key that err says cannot be
+// used with the configured keys: it names the key id the key is sealed under where the
+// format names one (v2), and otherwise the ids of the keys that were tried, so that
+// the operator can tell which key is missing.
+func (i *Issuer) keyError(stored string, err error) *queue.KeyError {
+	what := "ACME account key of " + i.cfg.DirectoryURL
+	if i.cfg.EABKeyID != "" {
+		what += " (EAB key id " + i.cfg.EABKeyID + ")"
+	}
+	id := seal.SealedKeyID(stored)
+	switch {
+	case errors.Is(err, seal.ErrUnknownKey):
+		// The message names the id already.
+	case id != "":
+		err = fmt.Errorf("%w (it names key id %s)", err, id)
+	case errors.Is(err, seal.ErrUnseal):
+		err = fmt.Errorf("%w (it is sealed in the v1 format, which names no key id; tried key ids %s)",
+			err, strings.Join(i.cfg.KeyEncryptionKeys.IDs(), ", "))
+	}
+	return &queue.KeyError{Key: what, KeyID: id, Err: err}
 }
 
 // registerAccount registers a new account with the CA and stores it, unless another

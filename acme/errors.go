@@ -110,6 +110,7 @@ func (e *validationFailure) Error() string { return e.err.Error() }
 func (e *validationFailure) Unwrap() error { return e.err }
 
 // classify turns what an order ended with into what the worker acts on:
+//   - a *queue.KeyError as it is (the stored account key does not open);
 //   - a *queue.PermanentError for the CA's pause of the account and name (with the
 //     unpause link) and for the refusals in permanentProblems;
 //   - a *queue.RateLimitError for a rate limit (rateLimited, or any HTTP 429),
@@ -124,6 +125,12 @@ func (e *validationFailure) Unwrap() error { return e.err }
 func classify(err error, tr *orderTransport) error {
 	if err == nil {
 		return nil
+	}
+	var ke *queue.KeyError
+	if errors.As(err, &ke) {
+		// The operator's problem, told apart by its type: the worker charges
+		// nothing for it.
+		return ke
 	}
 	var pd *legoacme.ProblemDetails
 	if errors.As(err, &pd) && pd != nil {

@@ -22,6 +22,9 @@ import (
 //   - *PreflightError when a check before ordering failed and nothing was sent to the
 //     CA (charged; ssl_error starts "preflight:");
 //   - *PermanentError for a refusal no retry can fix (the domain fails at once);
+//   - *KeyError when a stored key the order needs (the ACME account's) does not open
+//     with the instance's key encryption keys (not charged; the instance stops
+//     claiming until it is restarted with the key);
 //   - any other error for a failure charged to the domain and retried with backoff.
 //
 // An error whose chain holds an AuthorizationFailure that reports true is also
@@ -140,6 +143,25 @@ type PermanentError struct{ Err error }
 
 func (e *PermanentError) Error() string { return e.Err.Error() }
 func (e *PermanentError) Unwrap() error { return e.Err }
+
+// KeyError: a stored private key an order needs (the ACME account's) does not open
+// with the key encryption keys this instance was started with, or does not parse once
+// opened. Typically another instance, in the middle of a rotation, sealed it under a
+// key this one lacks. It is the operator's problem, never the domain's (CONTRACT.md
+// §6): not charged; the worker hands the claim back, stops claiming, and reports not
+// ready until it is restarted with the key. Its message names the key id it lacks
+// where the stored format names one, and never holds a key.
+type KeyError struct {
+	// Key says which stored key, e.g. "ACME account key of https://ca/directory".
+	Key string
+	// KeyID is the id of the key encryption key the stored key is sealed under, when
+	// its format names one (sealed v2); "" otherwise.
+	KeyID string
+	Err   error
+}
+
+func (e *KeyError) Error() string { return "cannot open the stored " + e.Key + ": " + e.Err.Error() }
+func (e *KeyError) Unwrap() error { return e.Err }
 
 // AuthorizationFailure is implemented by errors of orders whose authorization failed
 // at the CA (a validation that did not succeed). The CA counts those against a limit

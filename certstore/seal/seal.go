@@ -9,6 +9,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"strings"
 )
 
@@ -39,6 +41,14 @@ const (
 // flag is the command-line flag the keys come from; every error names it.
 const flag = "--key-encryption-key"
 
+// fileFlag is the flag that reads the same list from a file (ReadKeyringFile).
+const fileFlag = "--key-encryption-key-file"
+
+// maxKeyringFile bounds what ReadKeyringFile reads. A key is 44 characters of base64
+// and a rotation lists two or three; 64 KiB is room for a thousand, and refuses a
+// path that names a device or a large file by mistake before it is read whole.
+const maxKeyringFile = 64 << 10
+
 var (
 	// ErrNoKey: a sealed key was found but no key encryption key was given.
 	ErrNoKey = errors.New("the key is sealed (certworker:aes256gcm) but no " + flag + " is set")
@@ -62,6 +72,43 @@ type Keyring [][]byte
 // key are ignored. "" is no key. Errors name the flag and the key's position, never
 // its value.
 func ParseKeyring(s string) (Keyring, error) {
+	return parseKeyring(flag, s)
+}
+
+// ReadKeyringFile reads --key-encryption-key-file: the file holds the list
+// ParseKeyring reads, and whitespace and line breaks around it and around each key
+// are ignored. A file keeps the keys off command lines and out of the container's
+// configuration (`docker inspect`, a Pod's spec), where the flag's variable shows
+// them. A file that holds no key is an error, not "no encryption": it is a secret
+// that was not mounted or not filled in, and starting without keys would store new
+// keys in the clear. Errors name the flag and the path, never a key.
+func ReadKeyringFile(path string) (Keyring, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", fileFlag, err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxKeyringFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", fileFlag, err)
+	}
+	name := fileFlag + " " + path
+	if len(b) > maxKeyringFile {
+		return nil, fmt.Errorf("%s: larger than %d KiB, which no list of keys is", name, maxKeyringFile>>10)
+	}
+	k, err := parseKeyring(name, string(b))
+	if err != nil {
+		return nil, err
+	}
+	if len(k) == 0 {
+		return nil, fmt.Errorf("%s: the file holds no key (a secret not mounted, or empty?)", name)
+	}
+	return k, nil
+}
+
+// parseKeyring is ParseKeyring with name, the flag (and file) the list came from,
+// in its errors.
+func parseKeyring(name, s string) (Keyring, error) {
 	if strings.TrimSpace(s) == "" {
 		return nil, nil
 	}
@@ -70,11 +117,11 @@ func ParseKeyring(s string) (Keyring, error) {
 	for i, p := range parts {
 		key, err := parseKey(strings.TrimSpace(p))
 		if err != nil {
-			return nil, fmt.Errorf("%s: key %d of %d: %w", flag, i+1, len(parts), err)
+			return nil, fmt.Errorf("%s: key %d of %d: %w", name, i+1, len(parts), err)
 		}
 		k = append(k, key)
 	}
-	if err := k.Validate(); err != nil {
+	if err := k.validate(name); err != nil {
 		return nil, err
 	}
 	return k, nil
@@ -83,6 +130,11 @@ func ParseKeyring(s string) (Keyring, error) {
 func parseKey(s string) ([]byte, error) {
 	if s == "" {
 		return nil, errors.New("empty (two commas in a row, or a trailing comma?)")
+	}
+	if strings.ContainsAny(s, "\r\n") {
+		// Go's base64 skips line breaks: two keys on two lines would otherwise be
+		// read as one key of 64 bytes, a puzzling error.
+		return nil, errors.New("holds a line break: separate keys with commas")
 	}
 	for _, enc := range []*base64.Encoding{
 		base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding,
@@ -101,15 +153,17 @@ func parseKey(s string) ([]byte, error) {
 
 // Validate checks every key's size, and that no two keys share a key id (the same
 // key given twice is fine).
-func (k Keyring) Validate() error {
+func (k Keyring) Validate() error { return k.validate(flag) }
+
+func (k Keyring) validate(name string) error {
 	seen := make(map[string][]byte, len(k))
 	for i, key := range k {
 		if len(key) != KeySize {
-			return fmt.Errorf("%s: key %d of %d must be %d bytes, got %d", flag, i+1, len(k), KeySize, len(key))
+			return fmt.Errorf("%s: key %d of %d must be %d bytes, got %d", name, i+1, len(k), KeySize, len(key))
 		}
 		id := KeyID(key)
 		if other, ok := seen[id]; ok && string(other) != string(key) {
-			return fmt.Errorf("%s: keys share the key id %s: generate another key", flag, id)
+			return fmt.Errorf("%s: keys share the key id %s: generate another key", name, id)
 		}
 		seen[id] = key
 	}
@@ -121,6 +175,30 @@ func (k Keyring) Validate() error {
 func KeyID(key []byte) string {
 	sum := sha256.Sum256(key)
 	return hex.EncodeToString(sum[:KeyIDSize])
+}
+
+// IDs is the key id of every key, in order.
+func (k Keyring) IDs() []string {
+	ids := make([]string, len(k))
+	for i, key := range k {
+		ids[i] = KeyID(key)
+	}
+	return ids
+}
+
+// SealedKeyID is the key id a stored key names: that of a v2 sealed key, "" for v1
+// (which names none), PEM and anything else. It does not check that the rest is
+// well formed.
+func SealedKeyID(stored string) string {
+	rest, ok := strings.CutPrefix(strings.TrimSpace(stored), PrefixV2)
+	if !ok {
+		return ""
+	}
+	id, _, ok := strings.Cut(rest, ":")
+	if !ok {
+		return ""
+	}
+	return id
 }
 
 // SealingKeyID is the id of the key Seal uses, or "" for an empty Keyring.

@@ -1,6 +1,7 @@
 package seal_test
 
 import (
+	"bytes"
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/ecdsa"
@@ -11,6 +12,8 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/pem"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -219,4 +222,48 @@ func TestParseKeyring(t *testing.T) {
 	}
 	require.NoError(t, seal.Keyring{a, a}.Validate(), "the same key twice is harmless")
 	require.ErrorContains(t, seal.Keyring{a, make([]byte, 31)}.Validate(), "key 2 of 2 must be 32 bytes")
+}
+
+// --key-encryption-key-file holds the flag's list; the newline an editor or a secret
+// store leaves, and spaces and line breaks around the keys, are ignored. A file that
+// cannot be read, holds no key, holds two keys on two lines with no comma, or is
+// not a list at all is refused, naming the flag and the path but never a key.
+// Guards against an empty or missing secret starting a worker that stores keys in
+// the clear, and against a key printed in an error.
+func TestReadKeyringFile(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		path := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(path, []byte(content), 0o600))
+		return path
+	}
+	a, b := base64.StdEncoding.EncodeToString(testKEK(3)), base64.RawURLEncoding.EncodeToString(testKEK(5))
+	got, err := seal.ReadKeyringFile(write("two", "  "+a+" ,\n\t"+b+"\r\n\n"))
+	require.NoError(t, err)
+	require.Equal(t, seal.Keyring{testKEK(3), testKEK(5)}, got, "in order: the first seals")
+
+	short := base64.StdEncoding.EncodeToString([]byte("sixteen byte key"))
+	for _, tc := range []struct{ name, content, want string }{
+		{"empty", "", "holds no key"},
+		{"blank", " \n\n", "holds no key"},
+		{"short", short + "\n", "key 1 of 1: must be base64 of 32 bytes"},
+		{"lines", a + "\n" + b + "\n", "key 1 of 1: holds a line break: separate keys with commas"},
+		{"trailing comma", a + ",\n", "key 2 of 2: empty"},
+		{"garbage", "supersecret!\n", "not base64"},
+		{"large", strings.Repeat(a+",", 2000), "larger than 64 KiB"},
+	} {
+		path := write(tc.name, tc.content)
+		_, err := seal.ReadKeyringFile(path)
+		require.ErrorContains(t, err, "--key-encryption-key-file "+path+": ", tc.name)
+		require.ErrorContains(t, err, tc.want, tc.name)
+		for _, secret := range []string{a, b, short, "supersecret"} {
+			require.NotContains(t, err.Error(), secret, tc.name)
+		}
+	}
+	_, err = seal.ReadKeyringFile(filepath.Join(dir, "missing"))
+	require.ErrorContains(t, err, "--key-encryption-key-file: open "+filepath.Join(dir, "missing")+": no such file or directory")
+	_, err = seal.ReadKeyringFile(dir)
+	require.ErrorContains(t, err, "--key-encryption-key-file", "a directory")
+	require.False(t, bytes.Contains([]byte(err.Error()), []byte(a)))
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os/signal"
 	"strings"
@@ -15,8 +16,8 @@ import (
 
 type rekeyCmd struct {
 	dbFlags
-	KeyEncryptionKey string `name:"key-encryption-key" env:"CERTWORKER_KEY_ENCRYPTION_KEY" placeholder:"BASE64[,BASE64...]" help:"The keys, as for run: every stored key is re-sealed with the first; any of them opens. Required."`
-	BatchSize        int    `name:"batch-size" env:"CERTWORKER_BATCH_SIZE" default:"100" help:"Keys re-sealed per transaction."`
+	keyFlags
+	BatchSize int `name:"batch-size" env:"CERTWORKER_BATCH_SIZE" default:"100" help:"Keys re-sealed per transaction."`
 }
 
 // rekeyRounds is how many times a key that changed while rekey read it is read and
@@ -31,12 +32,12 @@ func (c *rekeyCmd) Run(g *globals) error {
 	if c.BatchSize < 1 {
 		return usagef("--batch-size: must be at least 1, got %d", c.BatchSize)
 	}
-	keys, err := seal.ParseKeyring(c.KeyEncryptionKey)
+	keys, err := c.keyring()
 	if err != nil {
-		return usagef("%v", err)
+		return err
 	}
 	if len(keys) == 0 {
-		return usagef("--key-encryption-key is required: rekey re-seals every stored key with the first key of the list")
+		return usagef("--key-encryption-key is required (or --key-encryption-key-file): rekey re-seals every stored key with the first key of the list")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -45,6 +46,13 @@ func (c *rekeyCmd) Run(g *globals) error {
 		return err
 	}
 	defer pool.Close()
+	if err := checkRekeyPrivileges(ctx, pool); err != nil {
+		var ue *usageError
+		if errors.As(err, &ue) {
+			return err
+		}
+		return &failedError{redact(err.Error(), c.DatabaseURL)}
+	}
 	res, err := newRekeyer(pool, keys, c.BatchSize).run(ctx)
 	if err != nil {
 		return &failedError{redact(err.Error(), c.DatabaseURL)}
@@ -57,6 +65,10 @@ func (c *rekeyCmd) Run(g *globals) error {
 // statement names a row by a text key and gives the AAD its key is bound to.
 type keyTable struct {
 	what string
+	// table and reads: the table, and every column the statements below read; the
+	// privilege check asks for SELECT on these and UPDATE on private_key_pem.
+	table string
+	reads []string
 	// page: ($1 the last key read, or NULL; $2 a limit) → key, aad, stored, in key
 	// order.
 	page string
@@ -72,6 +84,8 @@ type keyTable struct {
 // a handful, and need no index.
 var keyTables = []keyTable{{
 	what:   "certificate key",
+	table:  "proxy_certificates",
+	reads:  []string{"id", "domain", "private_key_pem"},
 	page:   `SELECT id::text, lower(domain), private_key_pem FROM proxy_certificates WHERE $1::uuid IS NULL OR id > $1::uuid ORDER BY id LIMIT $2`,
 	byKeys: `SELECT id::text, lower(domain), private_key_pem FROM proxy_certificates WHERE id = ANY($1::uuid[])`,
 	update: `UPDATE proxy_certificates c SET private_key_pem = u.new
@@ -79,12 +93,47 @@ FROM unnest($1::uuid[], $2::text[], $3::text[]) AS u(id, old, new)
 WHERE c.id = u.id AND c.private_key_pem = u.old RETURNING c.id::text`,
 }, {
 	what:   "ACME account key",
+	table:  "certworker_acme_accounts",
+	reads:  []string{"directory", "eab_kid", "private_key_pem"},
 	page:   `SELECT directory || E'\n' || eab_kid, directory, private_key_pem FROM certworker_acme_accounts WHERE $1::text IS NULL OR directory || E'\n' || eab_kid > $1 ORDER BY 1 LIMIT $2`,
 	byKeys: `SELECT directory || E'\n' || eab_kid, directory, private_key_pem FROM certworker_acme_accounts WHERE directory || E'\n' || eab_kid = ANY($1::text[])`,
 	update: `UPDATE certworker_acme_accounts a SET private_key_pem = u.new
 FROM unnest($1::text[], $2::text[], $3::text[]) AS u(k, old, new)
 WHERE a.directory || E'\n' || a.eab_kid = u.k AND a.private_key_pem = u.old RETURNING u.k`,
 }}
+
+// checkRekeyPrivileges makes sure, before anything changes, that the role may read
+// and re-seal every stored key, and refuses with a usage error (exit 2: the role in
+// --database-url is the configuration to change, as for run's checks of it) naming
+// each right it lacks. Without it a role that may re-seal one table but not the other
+// (the workers' role of deploy/grants.sql, which may not UPDATE the account) re-seals
+// the certificate keys and stops half way, on "permission denied".
+// has_column_privilege is true as well for a right held on the whole table.
+func checkRekeyPrivileges(ctx context.Context, pool *pgxpool.Pool) error {
+	var tables, columns, privileges []string
+	for _, t := range keyTables {
+		for _, c := range t.reads {
+			tables, columns, privileges = append(tables, t.table), append(columns, c), append(privileges, "SELECT")
+		}
+		tables, columns, privileges = append(tables, t.table), append(columns, "private_key_pem"), append(privileges, "UPDATE")
+	}
+	var role string
+	var missing []string
+	err := pool.QueryRow(ctx, `
+SELECT current_user, coalesce(array_agg(m.what ORDER BY m.first), '{}') FROM (
+    SELECT format('%s (%s) on %s', priv, string_agg(col, ', ' ORDER BY ord), tbl) AS what, min(ord) AS first
+    FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS n(tbl, col, priv, ord)
+    WHERE NOT has_column_privilege(tbl, col, priv)
+    GROUP BY tbl, priv) m`, tables, columns, privileges).Scan(&role, &missing)
+	if err != nil {
+		return fmt.Errorf("check the role's privileges: %w", err)
+	}
+	if len(missing) > 0 {
+		return usagef("--database-url: role %q may not %s, so nothing changed: run rekey as the owner of the tables (the role migrate runs as), or a role that may SELECT both tables and UPDATE their private_key_pem",
+			role, strings.Join(missing, ", nor "))
+	}
+	return nil
+}
 
 // storedKey is one row's key as read.
 type storedKey struct {

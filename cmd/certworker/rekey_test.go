@@ -117,6 +117,22 @@ func (b *rekeyBed) flag() string {
 	return base64.StdEncoding.EncodeToString(b.newKey) + "," + base64.StdEncoding.EncodeToString(b.oldKey)
 }
 
+// rekeyer is a rekeyer for the rotation's keys (new, old) on the bed's database.
+func (b *rekeyBed) rekeyer(t *testing.T, batch int) (*rekeyer, seal.Keyring) {
+	t.Helper()
+	keys, err := seal.ParseKeyring(b.flag())
+	require.NoError(t, err)
+	return newRekeyer(b.pool, keys, batch), keys
+}
+
+// aad is what a row's key is bound to: the domain in lower case, or the directory.
+func aad(name string) string {
+	if name == rekeyDirectory {
+		return name
+	}
+	return strings.ToLower(name)
+}
+
 // requireAllCurrent checks that every key is sealed v2 under the new key alone and
 // opens to the PEM it held.
 func (b *rekeyBed) requireAllCurrent(t *testing.T) {
@@ -124,11 +140,7 @@ func (b *rekeyBed) requireAllCurrent(t *testing.T) {
 	newOnly := seal.Keyring{b.newKey}
 	for name, stored := range b.stored(t) {
 		require.True(t, newOnly.Current(stored), "%s: %.40s", name, stored)
-		aad := strings.ToLower(name)
-		if name == rekeyDirectory {
-			aad = name
-		}
-		plain, err := newOnly.Open(stored, aad)
+		plain, err := newOnly.Open(stored, aad(name))
 		require.NoError(t, err, name)
 		require.Equal(t, b.plain[name], string(plain), name)
 	}
@@ -179,9 +191,7 @@ func TestRekey_RefusesAndChangesNothingWhenAKeyDoesNotOpen(t *testing.T) {
 func TestRekey_DoesNotOverwriteARowThatChangedMeanwhile(t *testing.T) {
 	t.Parallel()
 	b := setupRekey(t)
-	keys, err := seal.ParseKeyring(b.flag())
-	require.NoError(t, err)
-	r := newRekeyer(b.pool, keys, 100)
+	r, _ := b.rekeyer(t, 100)
 	renewedNew, renewedOld := keyPEM("renewed under the new key"), keyPEM("renewed under the old key")
 	var once sync.Once
 	r.beforeUpdate = func() {
@@ -219,4 +229,69 @@ func TestRekey_FlagErrorsExitTwo(t *testing.T) {
 	code, stdout, _ := invoke(t, "rekey", "--help")
 	require.Equal(t, exitOK, code)
 	require.Contains(t, stdout, "--batch-size")
+}
+
+// rekey run as the workers' role (deploy/grants.sql: no UPDATE on
+// certworker_acme_accounts) refuses before it writes anything, with exit 2, naming the
+// role and each right it lacks. Guards against the run the review saw: the
+// certificate keys re-sealed, then "permission denied for table
+// certworker_acme_accounts", and a rotation left half done by a role that could never
+// finish it.
+func TestRekey_RefusesUnderTheWorkersRoleBeforeChangingAnything(t *testing.T) {
+	t.Parallel()
+	b := setupRekey(t)
+	workersDSN := leastPrivilegeRole(t, b.dsn, false)
+	before := b.stored(t)
+
+	code, stdout, stderr := invoke(t, "rekey", "--database-url", workersDSN, "--key-encryption-key", b.flag())
+	require.Equal(t, exitUsage, code, "stdout %s\nstderr %s", stdout, stderr)
+	require.Empty(t, stdout)
+	require.Contains(t, stderr, "--database-url: role \"certworker_run_")
+	require.Contains(t, stderr, "UPDATE (private_key_pem) on certworker_acme_accounts")
+	require.Contains(t, stderr, "nothing changed")
+	require.NotContains(t, stderr, "run-secret", "the password never reaches a message")
+	require.NotContains(t, stderr, "permission denied")
+	require.Equal(t, before, b.stored(t), "nothing may change")
+}
+
+// A rekey that stops half way (killed, or an error after some batches) has re-sealed
+// the batches it wrote and left every other key as it was, each still opening to the
+// key it held; the next run re-seals the rest. Guards against a batch that is not one
+// transaction (a key half written) and against a run that cannot pick up after an
+// interrupted one, which would leave a rotation that can never drop its old key.
+func TestRekey_ARunStoppedHalfWayIsFinishedByTheNext(t *testing.T) {
+	t.Parallel()
+	b := setupRekey(t)
+	r, keys := b.rekeyer(t, 2)
+	ctx, stop := context.WithCancel(b.ctx)
+	defer stop()
+	batches := 0
+	r.beforeUpdate = func() {
+		// The third batch's write is stopped as a kill would stop it.
+		if batches++; batches == 3 {
+			stop()
+		}
+	}
+	_, err := r.run(ctx)
+	require.ErrorIs(t, err, context.Canceled)
+
+	current := 0
+	for name, stored := range b.stored(t) {
+		if (seal.Keyring{b.newKey}).Current(stored) {
+			current++
+		}
+		plain, err := keys.Open(stored, aad(name))
+		require.NoError(t, err, "%s was lost", name)
+		require.Equal(t, b.plain[name], string(plain), name)
+	}
+	// Two batches written (pages of two rows, less what was current already:
+	// v2-new.example), the third stopped: some keys, not all.
+	resealed := current - 1
+	require.GreaterOrEqual(t, resealed, 2, "the batches written before the stop")
+	require.LessOrEqual(t, resealed, 4, "the stopped batch wrote nothing")
+
+	code, stdout, stderr := invoke(t, "rekey", "--database-url", b.dsn, "--key-encryption-key", b.flag())
+	require.Equal(t, exitOK, code, stderr)
+	require.Contains(t, stdout, fmt.Sprintf("re-sealed %d keys", 8-resealed))
+	b.requireAllCurrent(t)
 }

@@ -33,6 +33,7 @@ const letsEncrypt = "https://acme-v02.api.letsencrypt.org/directory"
 
 type runCmd struct {
 	dbFlags
+	keyFlags
 	ACMEDirectory     string        `name:"acme-directory" env:"CERTWORKER_ACME_DIRECTORY" default:"${le}" placeholder:"URL" help:"ACME directory URL (default: Let's Encrypt production)."`
 	ACMEEmail         string        `name:"acme-email" env:"CERTWORKER_ACME_EMAIL" placeholder:"EMAIL" help:"ACME account contact."`
 	ACMECABundle      string        `name:"acme-ca-bundle" env:"CERTWORKER_ACME_CA_BUNDLE" placeholder:"FILE" help:"PEM file of roots trusted for the ACME server, beside the system's."`
@@ -47,7 +48,6 @@ type runCmd struct {
 	RetryBase         time.Duration `name:"retry-base" env:"CERTWORKER_RETRY_BASE" default:"1m" help:"First gap between attempts, doubled on each failure."`
 	RetryMax          time.Duration `name:"retry-max" env:"CERTWORKER_RETRY_MAX" default:"4h" help:"Longest gap between attempts."`
 	MaxAttempts       int           `name:"max-attempts" env:"CERTWORKER_MAX_ATTEMPTS" default:"10" help:"Consecutive failures after which a domain is marked failed."`
-	KeyEncryptionKey  string        `name:"key-encryption-key" env:"CERTWORKER_KEY_ENCRYPTION_KEY" placeholder:"BASE64[,BASE64...]" help:"Comma-separated base64 keys of 32 bytes; encrypt private keys at rest (AES-256-GCM): the first seals, any opens."`
 	LogFormat         string        `name:"log-format" env:"CERTWORKER_LOG_FORMAT" default:"json" enum:"json,console" help:"Log encoder: json or console."`
 	LogLevel          string        `name:"log-level" env:"CERTWORKER_LOG_LEVEL" default:"info" help:"Log level: debug, info, warn or error."`
 	ShutdownGrace     time.Duration `name:"shutdown-grace" env:"CERTWORKER_SHUTDOWN_GRACE" default:"30s" help:"Time given to in-flight orders on SIGTERM."`
@@ -124,9 +124,9 @@ func (c *runCmd) Run(g *globals) error {
 	if err := c.validate(); err != nil {
 		return err
 	}
-	keks, err := seal.ParseKeyring(c.KeyEncryptionKey)
+	keks, err := c.keyring()
 	if err != nil {
-		return usagef("%v", err)
+		return err
 	}
 	log, err := newLogger(c.LogFormat, c.LogLevel)
 	if err != nil {
@@ -163,8 +163,12 @@ func (c *runCmd) Run(g *globals) error {
 	if err != nil {
 		return err
 	}
+	logKeys(log, reg, keks)
 	issuer, err := c.issuer(ctx, pool, log, keks)
 	if err != nil {
+		return err
+	}
+	if err := checkAccountKey(ctx, issuer, c.DatabaseURL); err != nil {
 		return err
 	}
 
@@ -199,7 +203,7 @@ func (c *runCmd) Run(g *globals) error {
 	fl.Start(ctx)
 	defer fl.Stop()
 	if ln, ok := lns["admin"]; ok {
-		servers = append(servers, serve(log, "admin", ln, adminMux(pool, w, reg)))
+		servers = append(servers, serve(log, "admin", ln, adminMux(pool, w, issuer, reg)))
 	}
 	return w.Wait()
 }
@@ -346,9 +350,10 @@ func serve(log *zap.Logger, name string, ln net.Listener, h http.Handler) *http.
 	return s
 }
 
-// adminMux serves /healthz (the process is alive), /readyz (the database answers
-// and the worker's listener is connected) and /metrics.
-func adminMux(pool *pgxpool.Pool, wk *worker.Worker, reg *prometheus.Registry) *http.ServeMux {
+// adminMux serves /healthz (the process is alive), /readyz (the database answers,
+// the worker's listener is connected, and the configured keys open the stored ACME
+// account key) and /metrics.
+func adminMux(pool *pgxpool.Pool, wk *worker.Worker, issuer *acme.Issuer, reg *prometheus.Registry) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -358,19 +363,29 @@ func adminMux(pool *pgxpool.Pool, wk *worker.Worker, reg *prometheus.Registry) *
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		switch {
-		case pool.Ping(ctx) != nil:
+		if why := notReady(ctx, pool, wk, issuer); why != "" {
 			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintln(w, "database unreachable")
-		case !wk.Ready():
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintln(w, "listener not connected")
-		default:
-			fmt.Fprintln(w, "ready")
+			fmt.Fprintln(w, why)
+			return
 		}
+		fmt.Fprintln(w, "ready")
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	return mux
+}
+
+// notReady is why /readyz answers 503, or "" when it answers 200.
+func notReady(ctx context.Context, pool *pgxpool.Pool, wk *worker.Worker, issuer *acme.Issuer) string {
+	switch {
+	case pool.Ping(ctx) != nil:
+		return "database unreachable"
+	case !wk.Ready():
+		return "listener not connected"
+	}
+	if err := keysReady(ctx, wk, issuer); err != nil {
+		return err.Error()
+	}
+	return ""
 }
 
 // newServer is an HTTP server fit to face the internet, as the HTTP-01 responder does

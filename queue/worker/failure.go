@@ -25,6 +25,10 @@ func (w *Worker) failed(o *order, log *zap.Logger, name string, err error) (stri
 	var unavailable *queue.CAUnavailableError
 	var perm *queue.PermanentError
 	var preflight *queue.PreflightError
+	var keyErr *queue.KeyError
+	if errors.As(err, &keyErr) {
+		return w.keyMissing(o, log, keyErr), 0
+	}
 	if rl, ok := queue.IsRateLimit(err); ok {
 		w.caAnswered()
 		return w.rateLimited(o, log, name, rl)
@@ -99,6 +103,24 @@ func (w *Worker) caUnreachable(o *order, log *zap.Logger, cause error) (string, 
 		log.Debug("CA still unreachable", zap.Int("failures", u.Failures), zap.Duration("paused_for", u.For))
 	}
 	return w.handBack(o, log, false, "ca_unavailable"), u.For
+}
+
+// keyMissing hands the claim back uncharged, at once for any instance (the hand-back
+// wakes them), and stops this one claiming: a stored key it cannot open (another
+// instance sealed the account key under a key this one lacks, a rotation half rolled
+// out) fails every order alike, and is the operator's to fix, never the domain's
+// (CONTRACT.md §6). Orders already running go on with the account they hold. The
+// first such error is logged at error level with the key id, never a key.
+func (w *Worker) keyMissing(o *order, log *zap.Logger, ke *queue.KeyError) string {
+	if w.keyErr.CompareAndSwap(nil, ke) {
+		w.log.Error("a stored key does not open with this instance's --key-encryption-key: it claims nothing more and reports not ready until restarted with the key; nothing is charged",
+			zap.String("error", ke.Error()), zap.String("key_id", ke.KeyID))
+	}
+	outcome := w.handBack(o, log, false, "key_error")
+	if outcome == "key_error" {
+		log.Warn("order handed back: a stored key does not open; not charged", zap.String("key_id", ke.KeyID))
+	}
+	return outcome
 }
 
 // caAnswered records that the CA answered an order, which ends its unreachable state

@@ -59,9 +59,9 @@ func (w *Worker) settleLedger(o *order, r result) {
 		return // no ledger row, or nothing known
 	case "issued":
 		outcome = queue.LedgerIssued
-	case "preflight_failed", "rate_limited":
-		// Nothing the CA counts: the preflight sent nothing, and Let's Encrypt
-		// refunds a new order it refused.
+	case "preflight_failed", "rate_limited", "key_error":
+		// Nothing the CA counts: the preflight sent nothing, nor did an order
+		// without its account key, and Let's Encrypt refunds a new order it refused.
 		outcome = queue.LedgerNotSent
 	default:
 		outcome = queue.LedgerFailed

@@ -38,6 +38,10 @@ type Worker struct {
 	health  dbHealth
 	// caDown: this instance found the CA unreachable and has not seen it answer since.
 	caDown atomic.Bool
+	// keyErr is set by the first order that found a stored key this instance cannot
+	// open (queue.KeyError); from then on it claims nothing and is not ready, until it
+	// is restarted with the key.
+	keyErr atomic.Pointer[queue.KeyError]
 	// lastHousekeeping is when the maintenance last ran its housekeeping; only the
 	// maintenance goroutine touches it.
 	lastHousekeeping time.Time
@@ -140,6 +144,15 @@ func (w *Worker) Run(ctx context.Context) error {
 
 // Ready reports whether the wake source holds a live connection (/readyz).
 func (w *Worker) Ready() bool { return w.waker.Connected() }
+
+// Halted is the key error that stopped this instance claiming, or nil: /readyz
+// answers 503 with it (CONTRACT.md §4).
+func (w *Worker) Halted() error {
+	if ke := w.keyErr.Load(); ke != nil {
+		return ke
+	}
+	return nil
+}
 
 // Owner is the name this instance claims under (ssl_claimed_by).
 func (w *Worker) Owner() string { return w.owner }
