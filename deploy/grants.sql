@@ -4,45 +4,89 @@
 -- `run` needs no DDL and nothing on a table it does not touch (proxy_tenants, for
 -- one, it never reads).
 --
---   CREATE ROLE certworker_run LOGIN PASSWORD '...';        -- add REPLICATION for --wake logical
---   psql "$DATABASE_URL" -v role=certworker_run -f deploy/grants.sql   -- as the owner, after migrate
+--   CREATE ROLE certworker_run LOGIN PASSWORD '...';
+--   psql "$OWNER_URL" -v role=certworker_run -f deploy/grants.sql   -- as the owner, after migrate
 --
--- One place for every grant: README.md ("Least privilege") explains them, and
--- cmd/certworker/grants_test.go runs `run` under a role that has exactly these and
--- issues a certificate. A statement that starts touching another table adds its grant
--- here, and the test tells when one is missing.
+-- On the proxy's tables the rights are by column: the workers read only the columns
+-- certworker uses, and write only the ssl_* state and the certificates. They cannot
+-- move a domain to another tenant, rename it or verify it, and they cannot read a
+-- stored private key (certworker writes keys and never reads one back). Column rights
+-- follow PostgreSQL's rules: a column read anywhere in a statement (WHERE, RETURNING,
+-- the right of SET, an upsert's EXCLUDED) needs SELECT on it; SELECT ... FOR UPDATE
+-- needs UPDATE on some column; a column set needs UPDATE, one inserted needs INSERT.
+--
+-- One place for every grant: README.md ("Least privilege") lists them in a table that
+-- cmd/certworker/grants_test.go checks against this file, together with the columns
+-- the workers may not read; a column added by a migration must appear in one or the
+-- other, or that test fails naming it. The same file runs `run` under a role holding
+-- exactly these rights and issues a certificate; a statement that starts touching
+-- another column or table adds its grant here and in the README.
+--
+-- `--wake logical` also needs the REPLICATION attribute (README: "Least privilege"
+-- says what it allows, and why it belongs on a role of its own,
+-- --replication-database-url).
 --
 -- Written for psql (:"role" is the role's name, quoted). Every GRANT can run twice.
 
--- PUBLIC has these by default; an installation that revoked them gives them back to
--- this role alone. (On PostgreSQL 13 and 14 PUBLIC may also CREATE in schema public:
--- REVOKE CREATE ON SCHEMA public FROM PUBLIC keeps the role free of DDL there too.)
+-- PUBLIC has this by default; an installation that revoked it gives it back to this
+-- role alone. (On PostgreSQL 13 and 14 PUBLIC may also CREATE in schema public:
+-- REVOKE CREATE ON SCHEMA public FROM PUBLIC keeps this role, and every other, from
+-- creating objects there.)
 GRANT USAGE ON SCHEMA public TO :"role";
 
 -- The queue: claims, leases, results, renewals, hand-backs. No INSERT or DELETE: the
--- proxy owns the rows; certworker moves them between states (the ssl_* columns).
-GRANT SELECT, UPDATE ON proxy_domains TO :"role";
+-- proxy owns the rows. Not readable: verification_method, verification_token,
+-- created_at (the proxy's).
+GRANT SELECT (id, tenant_id, domain, verification_status, ssl_status, ssl_provider, ssl_attempts,
+              ssl_last_attempt_at, ssl_error, ssl_expires_at, updated_at, ssl_claim_token,
+              ssl_claimed_by, ssl_lease_expires_at, ssl_queued_at, ssl_claim_prev_attempt_at,
+              ssl_queue_seq, ssl_queue_tier, ssl_renew_by),
+      UPDATE (ssl_status, ssl_attempts, ssl_last_attempt_at, ssl_error, ssl_expires_at, updated_at,
+              ssl_claim_token, ssl_claimed_by, ssl_lease_expires_at, ssl_claim_prev_attempt_at,
+              ssl_queue_tier, ssl_renew_by)
+   ON proxy_domains TO :"role";
+
 -- Stored certificates: written and replaced on issuance (INSERT ... ON CONFLICT),
--- renewal times and renewal information filled in; the certificate and key of a
--- deleted domain pruned an hour after its row was last written.
-GRANT SELECT, INSERT, UPDATE, DELETE ON proxy_certificates TO :"role";
+-- renewal times and renewal information filled in, and the certificate and key of a
+-- deleted domain pruned an hour after its row was last written (by row version,
+-- ctid, so that a row written meanwhile is left alone). Not readable:
+-- private_key_pem, created_at, version. domain and auto_renew are the proxy's.
+GRANT SELECT (ctid, id, domain, certificate_pem, expires_at, auto_renew, updated_at, not_before,
+              issuer, serial, renew_at, ari_window_end, ari_next_at),
+      INSERT (domain, certificate_pem, private_key_pem, expires_at, not_before, issuer, serial,
+              renew_at, ari_window_end, ari_next_at),
+      UPDATE (certificate_pem, private_key_pem, expires_at, not_before, issuer, serial, renew_at,
+              ari_window_end, ari_next_at, updated_at),
+      DELETE
+   ON proxy_certificates TO :"role";
+
+-- certworker's own tables. Read whole; written only in the columns the workers set.
 
 -- The ACME account shared by every instance: registered once, replaced (deleted and
 -- registered again) when the CA no longer knows it.
-GRANT SELECT, INSERT, DELETE ON certworker_acme_accounts TO :"role";
--- HTTP-01 tokens of orders in flight, and the responder's reads.
-GRANT SELECT, INSERT, UPDATE, DELETE ON certworker_http01_tokens TO :"role";
--- The wake mode and the fleet's settings, recorded at start.
-GRANT SELECT, INSERT, UPDATE ON certworker_settings TO :"role";
+GRANT SELECT, INSERT (directory, eab_kid, email, private_key_pem, uri, registration), DELETE
+   ON certworker_acme_accounts TO :"role";
+-- HTTP-01 tokens of orders in flight and preflight probes, and the responder's reads.
+GRANT SELECT, INSERT (token, key_authorization, domain, expires_at),
+      UPDATE (key_authorization, domain, expires_at), DELETE
+   ON certworker_http01_tokens TO :"role";
+-- The wake mode and the fleet's settings, recorded at start (one row, inserted whole).
+GRANT SELECT, INSERT,
+      UPDATE (wake, updated_at, retry_base_seconds, retry_max_seconds, max_attempts, limits)
+   ON certworker_settings TO :"role";
 -- Pauses: a CA's rate limit, its outage or the ledger pauses ordering for every
 -- instance; an outage's ends when the CA answers, ended pauses are pruned.
-GRANT SELECT, INSERT, UPDATE, DELETE ON certworker_pauses TO :"role";
+GRANT SELECT, INSERT (scope, key, source, paused_until, reason, failures),
+      UPDATE (paused_until, reason, failures, updated_at), DELETE
+   ON certworker_pauses TO :"role";
 -- The limit ledger: an order recorded before it is sent, its outcome when it ends,
 -- rows older than the longest window pruned.
-GRANT SELECT, INSERT, UPDATE, DELETE ON certworker_ledger TO :"role";
+GRANT SELECT, INSERT (directory, domain_id, name, registered_domain, renewal, claim_token),
+      UPDATE (outcome), DELETE
+   ON certworker_ledger TO :"role";
 -- The order of service: the claim moves the queue's position (the tenants' counters
 -- are written by the wake trigger's SECURITY DEFINER function, and pruned).
-GRANT SELECT, UPDATE ON certworker_queue_clock TO :"role";
+GRANT SELECT, UPDATE (vtime) ON certworker_queue_clock TO :"role";
 GRANT SELECT, DELETE ON certworker_tenants TO :"role";
 -- `run` refuses to start on a schema that is behind or ahead of it.
 GRANT SELECT ON goose_db_version TO :"role";

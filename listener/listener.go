@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -68,6 +69,11 @@ type Options struct {
 	// from its upper half. 0 means DefaultBackoffMin and DefaultBackoffMax.
 	BackoffMin time.Duration
 	BackoffMax time.Duration
+	// Replication, used by a Logical waker only, configures its replication
+	// connection: a role of its own (the one holding REPLICATION, which the pool's
+	// then needs not) on the pool's database. nil connects with the pool's
+	// configuration. See Logical.
+	Replication *pgconn.Config
 	// Registerer, if not nil, receives the listener's metrics:
 	// certworker_listener_connected, certworker_listener_reconnects_total and
 	// certworker_listener_notifications_total.

@@ -100,8 +100,11 @@ const domainsTable = "proxy_domains"
 // Options.ConnectTimeout.
 //
 // What the server must allow: wal_level = logical (a restart), a role with the
-// REPLICATION attribute, a free replication slot and WAL sender per instance
-// (max_replication_slots and max_wal_senders, 10 each by default), and the
+// REPLICATION attribute (the pool's, or Options.Replication's: a role with it can
+// decode every table's changes in the database whatever its grants, so it is
+// better kept apart from the role that writes), a free replication slot and WAL
+// sender per instance (max_replication_slots and max_wal_senders, 10 each by
+// default), and the
 // publication of migration 00004. Start fails with a *SetupError, one line naming
 // the setting to change, when one is missing. Each instance's WAL sender decodes
 // the server's whole WAL (the publication filters after decoding), and wal_level =

@@ -18,8 +18,8 @@ import (
 // returns, every transaction that commits will be in the stream; anything committed
 // before is for the catch-up pass that up triggers.
 //
-// The connection is made with the pool's configuration and its BeforeConnect hook,
-// as the Listener's is; the AfterConnect hook is not run, because it takes a
+// The connection is made with Options.Replication, or else with the pool's
+// configuration and its BeforeConnect hook, as the Listener's is; the AfterConnect hook is not run, because it takes a
 // *pgx.Conn, which a replication connection cannot be (a WAL sender speaks only
 // the simple query protocol), and session setup does not concern a stream.
 func (lg *Logical) connect(ctx context.Context) (_ *stream, err error) {
@@ -48,16 +48,21 @@ func (lg *Logical) connect(ctx context.Context) (_ *stream, err error) {
 	return startStream(ctx, conn)
 }
 
-// replicationConfig is the pool's connection configuration for a logical WAL
-// sender on the same database.
+// replicationConfig is the connection configuration for a logical WAL sender on
+// the pool's database: Options.Replication's, or else the pool's.
 func (lg *Logical) replicationConfig(ctx context.Context) (*pgconn.Config, error) {
-	cfg := lg.pool.Config() // a deep copy: ours to modify
-	if cfg.BeforeConnect != nil {
-		if err := cfg.BeforeConnect(ctx, cfg.ConnConfig); err != nil {
-			return nil, fmt.Errorf("before connect: %w", err)
+	var pgcfg *pgconn.Config
+	if lg.opts.Replication != nil {
+		pgcfg = lg.opts.Replication.Copy()
+	} else {
+		cfg := lg.pool.Config() // a deep copy: ours to modify
+		if cfg.BeforeConnect != nil {
+			if err := cfg.BeforeConnect(ctx, cfg.ConnConfig); err != nil {
+				return nil, fmt.Errorf("before connect: %w", err)
+			}
 		}
+		pgcfg = cfg.ConnConfig.Config.Copy()
 	}
-	pgcfg := cfg.ConnConfig.Config.Copy()
 	if pgcfg.RuntimeParams == nil {
 		pgcfg.RuntimeParams = map[string]string{}
 	}

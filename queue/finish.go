@@ -37,6 +37,11 @@ func durationFromSeconds(s float64) time.Duration {
 // other. The certificate row is upserted by domain; auto_renew keeps whatever the
 // proxy set. It returns how long until the certificate is due for renewal.
 //
+// The upsert's update sets the parameters, not EXCLUDED's columns: reading
+// EXCLUDED.private_key_pem needs SELECT on private_key_pem, and the workers' role
+// has none (deploy/grants.sql): certworker writes private keys and never reads one
+// back, so a stolen worker password does not read them either.
+//
 // Nothing is written when the claim is no longer held (ErrClaimLost) or the domain is
 // no longer an ACME domain (ErrNotACME; Disown drops the claim).
 func (q *Queue) MarkActive(ctx context.Context, c Claim, cert *Certificate) (time.Duration, error) {
@@ -60,15 +65,8 @@ WITH d AS (
          ari_window_end, ari_next_at)
     SELECT d.domain, $4, $5, $3, $6, $7, $8, $9, $11, $12 FROM d
     ON CONFLICT (domain) DO UPDATE SET
-        certificate_pem = EXCLUDED.certificate_pem,
-        private_key_pem = EXCLUDED.private_key_pem,
-        expires_at = EXCLUDED.expires_at,
-        not_before = EXCLUDED.not_before,
-        issuer = EXCLUDED.issuer,
-        serial = EXCLUDED.serial,
-        renew_at = EXCLUDED.renew_at,
-        ari_window_end = EXCLUDED.ari_window_end,
-        ari_next_at = EXCLUDED.ari_next_at,
+        certificate_pem = $4, private_key_pem = $5, expires_at = $3, not_before = $6,
+        issuer = $7, serial = $8, renew_at = $9, ari_window_end = $11, ari_next_at = $12,
         updated_at = now()
     RETURNING renew_at
 )

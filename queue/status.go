@@ -77,6 +77,13 @@ func (q *Queue) curve(ctx context.Context) (Config, error) {
 	return c, nil
 }
 
+// troubleColumnsSQL are the columns of proxy_domains that Overview reads of a row it
+// lists, named rather than *: the workers' role may read only the columns certworker
+// uses (deploy/grants.sql), and `status` works under it. id makes UNION keep two rows
+// apart, as whole rows did.
+const troubleColumnsSQL = `id, domain, verification_status, ssl_provider, ssl_status, ssl_attempts, ssl_error,
+        ssl_last_attempt_at`
+
 // counts is the number of acme domains in each ssl_status.
 func (q *Queue) counts(ctx context.Context) (Counts, error) {
 	var c Counts
@@ -130,11 +137,11 @@ func (q *Queue) Overview(ctx context.Context) (*Overview, error) {
 SELECT d.id::text, d.domain, d.ssl_status, d.ssl_attempts, d.ssl_error, d.ssl_last_attempt_at,
     `+nextAttemptAtSQL("$1", "$2", "$3")+`, pz.paused_until, pz.reason
 FROM (
-    SELECT * FROM proxy_domains
+    SELECT `+troubleColumnsSQL+` FROM proxy_domains
     WHERE ssl_provider = 'acme'
       AND (ssl_status = 'failed' OR (ssl_status = 'pending' AND (ssl_attempts <> 0 OR ssl_error IS NOT NULL)))
     UNION
-    SELECT * FROM proxy_domains x
+    SELECT `+troubleColumnsSQL+` FROM proxy_domains x
     WHERE `+claimableSQL+`
       AND EXISTS (SELECT 1 FROM certworker_pauses WHERE scope <> 'ca' AND paused_until > now())
       AND EXISTS (SELECT 1 FROM certworker_pauses p

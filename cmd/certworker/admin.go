@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/certworker/certworker/migrations"
@@ -204,6 +205,15 @@ func (c *retryCmd) Run(g *globals) error {
 		var ambiguous *queue.AmbiguousError
 		if errors.As(err, &ambiguous) {
 			return &failedError{"refused: " + ambiguous.Error()}
+		}
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+			// The workers' role of deploy/grants.sql: certworker_queue_for_issuance
+			// returns whole proxy_domains rows, and that role may read only the
+			// columns `run` uses.
+			return &failedError{fmt.Sprintf("%v; retry runs the proxy's own operation "+
+				"(certworker_queue_for_issuance), which needs the proxy's rights on proxy_domains: "+
+				"give --database-url the proxy's role or the tables' owner", err)}
 		}
 		return &failedError{err.Error()}
 	}

@@ -75,10 +75,16 @@ func TestCLI_BadFlagsExitTwoNamingTheFlag(t *testing.T) {
 		{[]string{"run", "--key-encryption-key", "c2hvcnQ="}, "--key-encryption-key"},
 		{[]string{"run", "--log-level", "loud"}, "--log-level"},
 		{[]string{"frobnicate"}, "frobnicate"},
+		// Only --wake logical opens a replication connection; it must read the
+		// database the worker claims from; and its password stays out of the message.
+		{[]string{"run", "--replication-database-url", "postgres://wake:hunter2secret@127.0.0.1:1/none"}, "--replication-database-url: only --wake logical"},
+		{[]string{"run", "--wake", "logical", "--replication-database-url", "postgres://wake:hunter2secret@127.0.0.1:1/other"}, `names database "other" and --database-url "none"`},
+		{[]string{"run", "--wake", "logical", "--replication-database-url", "postgres://wake:hunter2secret@[::1/none"}, "--replication-database-url"},
 	} {
 		code, _, stderr := invoke(t, tc.args...)
 		require.Equal(t, exitUsage, code, "%v: %s", tc.args, stderr)
 		require.Contains(t, stderr, tc.want, "%v", tc.args)
+		require.NotContains(t, stderr, "hunter2secret", "%v", tc.args)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
@@ -60,6 +61,10 @@ type runCmd struct {
 	LimitRegistered   string        `name:"limit-certs-per-registered-domain" env:"CERTWORKER_LIMIT_CERTS_PER_REGISTERED_DOMAIN" default:"50/168h" placeholder:"COUNT/DURATION" help:"Ledger limit on new certificates per registered domain (public suffix list): COUNT/DURATION or off."`
 	LimitExactSet     string        `name:"limit-certs-per-exact-set" env:"CERTWORKER_LIMIT_CERTS_PER_EXACT_SET" default:"5/168h" placeholder:"COUNT/DURATION" help:"Ledger limit on certificates for one exact set of names (here: one name): COUNT/DURATION or off."`
 	LimitFailedAuthz  string        `name:"limit-failed-authz-per-name" env:"CERTWORKER_LIMIT_FAILED_AUTHZ_PER_NAME" default:"5/1h" placeholder:"COUNT/DURATION" help:"Ledger limit on failed authorizations per name: COUNT/DURATION or off."`
+	// ReplicationDatabaseURL is not in CONTRACT.md: it lets the REPLICATION attribute
+	// that --wake logical needs sit on a role of its own, holding no other right,
+	// instead of on the role that writes the certificates (README, "Least privilege").
+	ReplicationDatabaseURL string `name:"replication-database-url" env:"CERTWORKER_REPLICATION_DATABASE_URL" placeholder:"URL" help:"With --wake logical: connection string of the replication connection, for a role of its own that holds REPLICATION, on the same database (default: --database-url)."`
 	// Lease is not in CONTRACT.md: the claim's lease, for tests that stop the
 	// database for longer than it without waiting minutes.
 	Lease time.Duration `name:"lease" env:"CERTWORKER_LEASE" default:"60s" hidden:"" help:"Claim lease (tests only)."`
@@ -86,6 +91,9 @@ func (c *runCmd) validate() error {
 		return usagef("--lease: must be at least 3s, got %s", c.Lease)
 	}
 	if _, err := c.limits(); err != nil {
+		return err
+	}
+	if _, err := c.replication(); err != nil {
 		return err
 	}
 	if _, err := zapcore.ParseLevel(c.LogLevel); err != nil {
@@ -247,14 +255,40 @@ func (c *runCmd) issuer(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger
 	return issuer, nil
 }
 
+// replication is the configuration of --wake logical's replication connection from
+// --replication-database-url, or nil for --database-url's. It must name the database
+// the worker claims from: a slot on another would never wake it.
+func (c *runCmd) replication() (*pgconn.Config, error) {
+	if c.ReplicationDatabaseURL == "" {
+		return nil, nil
+	}
+	if c.Wake != queue.WakeLogical {
+		return nil, usagef("--replication-database-url: only --wake logical opens a replication connection (--wake is %s)", c.Wake)
+	}
+	cfg, err := pgconn.ParseConfig(c.ReplicationDatabaseURL)
+	if err != nil {
+		return nil, usagef("--replication-database-url: %s", redact(err.Error(), c.ReplicationDatabaseURL))
+	}
+	if main, err := pgconn.ParseConfig(c.DatabaseURL); err == nil && main.Database != cfg.Database {
+		return nil, usagef("--replication-database-url: names database %q and --database-url %q: the replication connection must read the database the worker claims from",
+			cfg.Database, main.Database)
+	}
+	return cfg, nil
+}
+
 // startWorker starts the worker: its listener connects, and it claims from then on.
 func (c *runCmd) startWorker(ctx context.Context, pool *pgxpool.Pool, issuer *acme.Issuer, log *zap.Logger, reg prometheus.Registerer, limits queue.Limits) (*worker.Worker, error) {
+	replication, err := c.replication()
+	if err != nil {
+		return nil, err
+	}
 	w, err := worker.New(worker.Config{
 		Pool:          pool,
 		Issuer:        issuer,
 		Log:           log,
 		Registerer:    reg,
 		Wake:          c.Wake,
+		WakeOptions:   listener.Options{Replication: replication},
 		Owner:         owner(),
 		Directory:     issuer.DirectoryURL(),
 		Queue:         queue.Config{RetryBase: c.RetryBase, RetryMax: c.RetryMax, MaxAttempts: c.MaxAttempts, Lease: c.Lease},
@@ -274,7 +308,12 @@ func (c *runCmd) startWorker(ctx context.Context, pool *pgxpool.Pool, issuer *ac
 			// redacting a short password could mangle the setting's name.
 			return nil, usagef("%s", se.Error())
 		}
-		return nil, usagef("--database-url: cannot start the worker: %s", redact(err.Error(), c.DatabaseURL))
+		flag := "--database-url"
+		if replication != nil {
+			flag = "--database-url or --replication-database-url"
+		}
+		return nil, usagef("%s: cannot start the worker: %s", flag,
+			redact(redact(err.Error(), c.DatabaseURL), c.ReplicationDatabaseURL))
 	}
 	return w, nil
 }
