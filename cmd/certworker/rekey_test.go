@@ -240,7 +240,7 @@ func TestRekey_FlagErrorsExitTwo(t *testing.T) {
 func TestRekey_RefusesUnderTheWorkersRoleBeforeChangingAnything(t *testing.T) {
 	t.Parallel()
 	b := setupRekey(t)
-	workersDSN := leastPrivilegeRole(t, b.dsn, false)
+	workersDSN := leastPrivilegeRole(t, b.dsn)
 	before := b.stored(t)
 
 	code, stdout, stderr := invoke(t, "rekey", "--database-url", workersDSN, "--key-encryption-key", b.flag())
