@@ -55,6 +55,7 @@ type runCmd struct {
 	Preflight         string        `name:"preflight" env:"CERTWORKER_PREFLIGHT" default:"http" enum:"http,off" help:"Before ordering, check that the name resolves and that http://NAME/.well-known/acme-challenge/PROBE reaches certworker, so that an order bound to fail is never sent (http), or not (off)."`
 	PreflightResolver string        `name:"preflight-resolver" env:"CERTWORKER_PREFLIGHT_RESOLVER" placeholder:"HOST:PORT" help:"DNS server the preflight asks (default: the system's resolver)."`
 	PreflightPort     int           `name:"preflight-port" env:"CERTWORKER_PREFLIGHT_PORT" default:"80" help:"Port the preflight probes (where the CA validates HTTP-01)."`
+	PreflightAllow    string        `name:"preflight-allow-cidr" env:"CERTWORKER_PREFLIGHT_ALLOW_CIDR" placeholder:"CIDR[,CIDR...]" help:"Comma-separated ranges the preflight may connect to although they are reserved (loopback, private, link-local, CGNAT, multicast, NAT64...), for tests and private CAs. By default it connects to none of them."`
 	OrderTimeout      time.Duration `name:"order-timeout" env:"CERTWORKER_ORDER_TIMEOUT" default:"10m" help:"An order running longer is cancelled and charged as a failure."`
 	LimitOrders       string        `name:"limit-orders-per-account" env:"CERTWORKER_LIMIT_ORDERS_PER_ACCOUNT" default:"300/3h" placeholder:"COUNT/DURATION" help:"Ledger limit on new orders from the ACME account, shared by every instance: COUNT/DURATION or off (default: Let's Encrypt's)."`
 	LimitRegistered   string        `name:"limit-certs-per-registered-domain" env:"CERTWORKER_LIMIT_CERTS_PER_REGISTERED_DOMAIN" default:"50/168h" placeholder:"COUNT/DURATION" help:"Ledger limit on new certificates per registered domain (public suffix list): COUNT/DURATION or off."`
@@ -87,6 +88,9 @@ func (c *runCmd) validate() error {
 	}
 	if _, err := c.limits(); err != nil {
 		return err
+	}
+	if _, err := acme.ParseAllowCIDR(c.PreflightAllow); err != nil {
+		return usagef("%v", err)
 	}
 	if _, err := zapcore.ParseLevel(c.LogLevel); err != nil {
 		return usagef("--log-level: %q is not one of debug, info, warn, error", c.LogLevel)
@@ -225,17 +229,18 @@ func (c *runCmd) open(ctx context.Context, log *zap.Logger) (*pgxpool.Pool, erro
 // issuer registers (or loads) the ACME account and returns the issuer.
 func (c *runCmd) issuer(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger, keks seal.Keyring) (*acme.Issuer, error) {
 	issuer, err := acme.New(ctx, pool, log, acme.Config{
-		DirectoryURL:      c.ACMEDirectory,
-		Email:             c.ACMEEmail,
-		CABundle:          c.ACMECABundle,
-		Profile:           c.ACMEProfile,
-		EABKeyID:          c.ACMEEABKid,
-		EABHMAC:           c.ACMEEABHMAC,
-		KeyType:           c.KeyType,
-		KeyEncryptionKeys: keks,
-		Preflight:         c.Preflight,
-		PreflightResolver: c.PreflightResolver,
-		PreflightPort:     c.PreflightPort,
+		DirectoryURL:       c.ACMEDirectory,
+		Email:              c.ACMEEmail,
+		CABundle:           c.ACMECABundle,
+		Profile:            c.ACMEProfile,
+		EABKeyID:           c.ACMEEABKid,
+		EABHMAC:            c.ACMEEABHMAC,
+		KeyType:            c.KeyType,
+		KeyEncryptionKeys:  keks,
+		Preflight:          c.Preflight,
+		PreflightResolver:  c.PreflightResolver,
+		PreflightPort:      c.PreflightPort,
+		PreflightAllowCIDR: c.PreflightAllow,
 	})
 	if err != nil {
 		return nil, usagef("%v", err)
