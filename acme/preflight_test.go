@@ -4,6 +4,8 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -248,13 +250,25 @@ func TestIssue_PreflightSendsNothingToTheCAForANameItWouldFail(t *testing.T) {
 				http.Redirect(w, r, "http://"+name+":8080"+r.URL.Path, http.StatusFound)
 			}))
 		}, want: "preflight: redirected to http://NAME:8080/.well-known/acme-challenge/"},
-		{name: "redirect the CA follows, to the responder", arrange: func(t *testing.T, b *bed, name string) {
+		{name: "redirect the CA follows, to the responder under the same name", arrange: func(t *testing.T, b *bed, name string) {
 			pointAt(t, name, "127.0.0.2")
-			healthy := randomName("h")
+			responder := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: b.ln.Addr().String()})
 			b.serveAt(t, "127.0.0.2", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				http.Redirect(w, r, "http://"+healthy+":"+strconv.Itoa(b.ca.HTTPPort)+r.URL.Path, http.StatusMovedPermanently)
+				if r.URL.RawQuery == "" {
+					http.Redirect(w, r, r.URL.Path+"?moved", http.StatusMovedPermanently)
+					return
+				}
+				responder.ServeHTTP(w, r) // the request's Host, the name, is kept
 			}))
 		}},
+		{name: "redirect to the responder under another name", arrange: func(t *testing.T, b *bed, name string) {
+			// The CA sends the other name as Host, and the responder answers a token
+			// only for its own name (lego's challenge server does the same).
+			pointAt(t, name, "127.0.0.2")
+			b.serveAt(t, "127.0.0.2", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				http.Redirect(w, r, "http://other-"+name+":"+strconv.Itoa(b.ca.HTTPPort)+r.URL.Path, http.StatusMovedPermanently)
+			}))
+		}, want: "preflight: answered by something else at 127.0.0.1:PORT (after redirects, http://other-NAME:PORT/.well-known/acme-challenge/"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
