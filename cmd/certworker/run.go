@@ -41,6 +41,7 @@ type runCmd struct {
 	ACMEEABHMAC       string        `name:"acme-eab-hmac" env:"CERTWORKER_ACME_EAB_HMAC" placeholder:"KEY" help:"External account binding HMAC key (base64url)."`
 	KeyType           string        `name:"key-type" env:"CERTWORKER_KEY_TYPE" default:"ec256" enum:"ec256,ec384,rsa2048,rsa4096" help:"Certificate key type: ec256, ec384, rsa2048 or rsa4096."`
 	HTTP01Listen      string        `name:"http01-listen" env:"CERTWORKER_HTTP01_LISTEN" default:":80" placeholder:"ADDR" help:"HTTP-01 responder address; empty turns it off."`
+	HTTP01MaxConns    int           `name:"http01-max-connections" env:"CERTWORKER_HTTP01_MAX_CONNECTIONS" default:"4096" help:"Connections the HTTP-01 responder holds open at most; at the cap a new one closes the one that has waited longest without a request being answered. At the default, a flood of 20,000 slow connections held the process at 132 MiB (README, Benchmarks)."`
 	AdminListen       string        `name:"admin-listen" env:"CERTWORKER_ADMIN_LISTEN" default:"127.0.0.1:9090" placeholder:"ADDR" help:"Address of /healthz, /readyz and /metrics; empty turns it off."`
 	Concurrency       int           `name:"concurrency" env:"CERTWORKER_CONCURRENCY" default:"4" help:"Orders in flight on this instance."`
 	PollInterval      time.Duration `name:"poll-interval" env:"CERTWORKER_POLL_INTERVAL" default:"30s" help:"Safety-net pass interval."`
@@ -83,6 +84,8 @@ func (c *runCmd) validate() error {
 		return usagef("--shutdown-grace: must not be negative, got %s", c.ShutdownGrace)
 	case c.OrderTimeout <= 0:
 		return usagef("--order-timeout: must be positive, got %s", c.OrderTimeout)
+	case c.HTTP01MaxConns < 1:
+		return usagef("--http01-max-connections: must be at least 1, got %d", c.HTTP01MaxConns)
 	case c.Lease < 3*time.Second:
 		return usagef("--lease: must be at least 3s, got %s", c.Lease)
 	}
@@ -190,7 +193,10 @@ func (c *runCmd) Run(g *globals) error {
 		}
 	}()
 	if responder != nil {
-		servers = append(servers, serve(log, "http01", lns["http01"], responder))
+		// The responder faces the internet: its connections are capped, so that a
+		// flood of held connections cannot take the process's memory.
+		limiter := acme.NewConnLimiter(lns["http01"], c.HTTP01MaxConns, reg)
+		servers = append(servers, serve(log, "http01", limiter, responder, limiter.Wrap))
 	}
 
 	w, err := c.startWorker(ctx, pool, issuer, log, reg, limits)
@@ -339,9 +345,13 @@ func (lns listeners) close() {
 	}
 }
 
-// serve answers on ln with h until the server is shut down.
-func serve(log *zap.Logger, name string, ln net.Listener, h http.Handler) *http.Server {
+// serve answers on ln with h until the server is shut down. configure, if any,
+// adjusts the server before it starts.
+func serve(log *zap.Logger, name string, ln net.Listener, h http.Handler, configure ...func(*http.Server)) *http.Server {
 	s := newServer(h)
+	for _, f := range configure {
+		f(s)
+	}
 	log.Info("listening", zap.String("server", name), zap.String("addr", ln.Addr().String()))
 	go func() {
 		if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

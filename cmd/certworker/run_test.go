@@ -1,10 +1,16 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"io"
 	"net"
+	"net/http"
 	"os/exec"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +18,7 @@ import (
 
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/internal/pgtest"
+	"github.com/certworker/certworker/internal/workertest"
 )
 
 // An --http01-listen address already taken stops run before it does anything else:
@@ -53,4 +60,90 @@ func TestRun_AnAddressAlreadyTakenStopsRunBeforeItOrders(t *testing.T) {
 	require.Equal(t, "pending", status)
 	require.Empty(t, claimedBy)
 	require.Zero(t, attempts)
+}
+
+// run caps the responder's connections (--http01-max-connections, here 8): 40 slow
+// clients that never end their headers leave at most 8 open, the rest closed to make
+// room, and the CA's prompt request for a pending token is still answered, under its
+// name. Guards against a responder whose every held connection costs the process
+// memory until the pod is killed with its orders in flight.
+func TestRun_TheResponderHoldsNoMoreConnectionsThanItsCap(t *testing.T) {
+	t.Parallel()
+	bin := buildCertworker(t)
+	pool, dsn := pgtest.NewPool(t)
+	ca := pebbletest.StartT(t, pebbletest.Options{})
+	http01, admin := workertest.FreeAddr(t), workertest.FreeAddr(t)
+	cmd := exec.Command(bin, "run",
+		"--database-url", dsn,
+		"--acme-directory", ca.DirectoryURL,
+		"--acme-ca-bundle", ca.RootsFile,
+		"--preflight", "off",
+		"--http01-listen", http01,
+		"--admin-listen", admin,
+		"--http01-max-connections", "8")
+	logs := &workertest.Buffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	require.NoError(t, cmd.Start())
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("certworker run's log:\n%s", logs)
+		}
+	})
+	metric := func(series string) float64 {
+		resp, err := http.Get("http://" + admin + "/metrics")
+		if err != nil {
+			return -1
+		}
+		defer resp.Body.Close()
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			if v, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
+				f, _ := strconv.ParseFloat(v, 64)
+				return f
+			}
+		}
+		return -1
+	}
+	require.Eventually(t, func() bool {
+		code, _, _ := invoke(t, "healthcheck", "--admin-listen", admin, "--timeout", "1s")
+		return code == exitOK
+	}, 30*time.Second, 100*time.Millisecond, "run did not become ready")
+
+	token := strings.Repeat("t", 43)
+	_, err := pool.Exec(context.Background(), `
+INSERT INTO certworker_http01_tokens (token, key_authorization, domain, expires_at)
+VALUES ($1, $1 || '.key', 'capped.example', now() + interval '1 hour')`, token)
+	require.NoError(t, err)
+
+	var closed atomic.Int32
+	for range 40 {
+		c, err := net.Dial("tcp", http01)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = c.Close() })
+		_, err = c.Write([]byte("GET /.well-known/acme-challenge/x HTTP/1.1\r\nHost: capped.example\r\n"))
+		require.NoError(t, err)
+		go func() {
+			if _, err := c.Read(make([]byte, 1)); err != nil {
+				closed.Add(1)
+			}
+		}()
+	}
+	require.Eventually(t, func() bool { return closed.Load() >= 32 }, 30*time.Second, 10*time.Millisecond,
+		"the server closed %d of 40 slow connections", closed.Load())
+	require.LessOrEqual(t, metric("certworker_http01_connections_open"), 8.0)
+	require.GreaterOrEqual(t, metric(`certworker_http01_connections_closed_total{reason="evicted"}`), 32.0)
+
+	req, err := http.NewRequest(http.MethodGet, "http://"+http01+"/.well-known/acme-challenge/"+token, nil)
+	require.NoError(t, err)
+	req.Host = "capped.example"
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, token+".key", string(b))
 }
