@@ -18,7 +18,7 @@ import (
 // 20,000 slow connections held against `certworker run` kept it at a peak of 132 MiB
 // resident at this cap, half the 256 MiB a worker is given in deploy/ (GOMEMLIMIT
 // 192MiB), and the order in flight was validated through the flood; with no cap the
-// same flood had it at 186 MiB with 12,000 connections open, and growing with every
+// same flood had it at 207 MiB with 12,000 connections open, and growing with every
 // connection the flood adds. The CA needs a handful: Let's Encrypt validates each
 // challenge from about five places, once.
 const DefaultMaxResponderConns = 4096

@@ -33,7 +33,7 @@ var (
 )
 
 // certworkerBinary builds cmd/certworker once for the package's tests.
-func certworkerBinary(t *testing.T) string {
+func certworkerBinary(t testing.TB) string {
 	t.Helper()
 	binaryOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "certworker-e2e-")
