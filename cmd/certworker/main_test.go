@@ -74,6 +74,7 @@ func TestCLI_BadFlagsExitTwoNamingTheFlag(t *testing.T) {
 		{[]string{"run", "--retry-base", "1h", "--retry-max", "1m"}, "--retry-max"},
 		{[]string{"run", "--key-encryption-key", "c2hvcnQ="}, "--key-encryption-key"},
 		{[]string{"run", "--log-level", "loud"}, "--log-level"},
+		{[]string{"run", "--http01-max-connections", "0"}, "--http01-max-connections"},
 		{[]string{"frobnicate"}, "frobnicate"},
 	} {
 		code, _, stderr := invoke(t, tc.args...)

@@ -193,10 +193,7 @@ func (c *runCmd) Run(g *globals) error {
 		}
 	}()
 	if responder != nil {
-		// The responder faces the internet: its connections are capped, so that a
-		// flood of held connections cannot take the process's memory.
-		limiter := acme.NewConnLimiter(lns["http01"], c.HTTP01MaxConns, reg)
-		servers = append(servers, serve(log, "http01", limiter, responder, limiter.Wrap))
+		servers = append(servers, serveResponder(log, lns["http01"], responder, c.HTTP01MaxConns, reg))
 	}
 
 	w, err := c.startWorker(ctx, pool, issuer, log, reg, limits)
@@ -343,6 +340,14 @@ func (lns listeners) close() {
 	for _, ln := range lns {
 		_ = ln.Close()
 	}
+}
+
+// serveResponder serves the HTTP-01 responder on ln. It faces the internet, so its
+// connections are capped (acme.ConnLimiter, --http01-max-connections): a flood of
+// held connections cannot take the process's memory.
+func serveResponder(log *zap.Logger, ln net.Listener, responder http.Handler, maxConns int, reg prometheus.Registerer) *http.Server {
+	limiter := acme.NewConnLimiter(ln, maxConns, reg)
+	return serve(log, "http01", limiter, responder, limiter.Wrap)
 }
 
 // serve answers on ln with h until the server is shut down. configure, if any,
