@@ -51,7 +51,7 @@ alerts-test:
 # of deploy/kubernetes where kubectl is installed.
 deploy-check:
 	@if command -v docker-compose >/dev/null 2>&1; then \
-	  POSTGRES_PASSWORD=check CERTWORKER_KEY_ENCRYPTION_KEY=check docker-compose -f deploy/compose.yaml config -q && echo "deploy/compose.yaml parses"; \
+	  docker-compose -f deploy/compose.yaml --env-file deploy/.env.example config -q && echo "deploy/compose.yaml parses with deploy/.env.example"; \
 	else echo "docker-compose is not installed: deploy/compose.yaml not checked"; fi
 	@if command -v kubectl >/dev/null 2>&1; then \
 	  kubectl kustomize deploy/kubernetes >/dev/null && echo "deploy/kubernetes renders"; \

@@ -56,6 +56,10 @@ type Config struct {
 	// PreflightPort is the port the preflight probes (--preflight-port); 0 is
 	// DefaultPreflightPort, where the CA validates.
 	PreflightPort int
+	// PreflightAllowCIDR is --preflight-allow-cidr: comma-separated ranges the
+	// preflight may connect to although they are reserved (loopback, private,
+	// link-local...; see ParseAllowCIDR), or "" for none.
+	PreflightAllowCIDR string
 }
 
 // DefaultHTTPTimeout is the per-request timeout towards the CA. Let's Encrypt answers
@@ -145,7 +149,8 @@ func (c *Config) validatePreflight() error {
 	if c.PreflightPort < 0 || c.PreflightPort > 65535 {
 		return fmt.Errorf("--preflight-port: %d is not a port", c.PreflightPort)
 	}
-	return nil
+	_, err := ParseAllowCIDR(c.PreflightAllowCIDR)
+	return err
 }
 
 // decodeEABHMAC accepts what lego accepts: base64url, padded or not.

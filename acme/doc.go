@@ -49,9 +49,17 @@
 // token stored like an HTTP-01 token (so any instance's responder answers it, and
 // deleted after), following redirects by the CA's rules. When it fails, nothing is
 // sent to the CA and Issue returns a *queue.PreflightError saying what was seen: no
-// such name, no answer at ADDRESS, or answered by something else, with its status.
-// A resolver that does not answer at all lets the order go: that is the worker's
-// trouble, not the name's.
+// such name, no answer at ADDRESS, or answered by something else, with its status
+// code (never the server's body, reason phrase or other words: the tenant reads
+// ssl_error). A resolver that does not answer at all lets the order go: that is the
+// worker's trouble, not the name's.
+//
+// The preflight never connects to a reserved address (reserved.go: loopback,
+// private, link-local, CGNAT, multicast, NAT64, ... from IANA's special-purpose
+// registries) unless Config.PreflightAllowCIDR allows it: a name with any such
+// address among its answers, or a redirect to one, fails with "NAME resolves to a
+// reserved address (A.B.C.D)", and the dialer's Control hook checks the address
+// every connection is about to use, after unmapping IPv4-in-IPv6.
 //
 // # HTTP-01
 //

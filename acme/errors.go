@@ -91,15 +91,17 @@ func (e *failure) Unwrap() error { return e.err }
 
 // pausedError is Let's Encrypt's pause of an account and name after many
 // consecutive failed validations. It is lifted only by a person following the
-// link the CA gave, so the message leads with the link.
+// link the CA gave. The link is bound to the account (it unpauses every name the
+// account has paused), so it is the operator's: Issue logs it (unpause_url), and
+// the message, which becomes the tenant's ssl_error, only says where it is.
 type pausedError struct {
 	link   string
 	detail string
 }
 
 func (e *pausedError) Error() string {
-	return truncate("acme: the CA has paused issuance for this name on the account after repeated failed validations; unpause it at " +
-		e.link + " (" + problemRateLimited + ": " + e.detail + ")")
+	return truncate("acme: the CA has paused issuance for this name on the account after repeated failed validations; " +
+		"an operator must unpause it with the link in certworker's log (unpause_url) (" + problemRateLimited + ": " + e.detail + ")")
 }
 
 // validationFailure marks an order's error as the CA's verdict on one of its
@@ -111,8 +113,8 @@ func (e *validationFailure) Unwrap() error { return e.err }
 
 // classify turns what an order ended with into what the worker acts on:
 //   - a *queue.KeyError as it is (the stored account key does not open);
-//   - a *queue.PermanentError for the CA's pause of the account and name (with the
-//     unpause link) and for the refusals in permanentProblems;
+//   - a *queue.PermanentError for the CA's pause of the account and name (its
+//     unpause link kept for the log) and for the refusals in permanentProblems;
 //   - a *queue.RateLimitError for a rate limit (rateLimited, or any HTTP 429),
 //     scoped by classifyRateLimit;
 //   - a *queue.CAUnavailableError when the CA answered 5xx, or could not be

@@ -91,8 +91,9 @@ func TestClassify_RateLimitScopeFromDetail(t *testing.T) {
 }
 
 // Let's Encrypt's pause of an account and name (a rateLimited problem, HTTP 429,
-// no Retry-After) is lifted only through its link: the domain fails at once with
-// the link in its error, instead of being paused and retried for ever. The detail
+// no Retry-After) is lifted only through its link: the domain fails at once, its
+// error keeping the link for the log (Issue logs it) but not in its message, which
+// is the tenant's ssl_error, instead of being paused and retried for ever. The detail
 // is Boulder's (wfe2/wfe.go, NewOrder). Guards against a paused name read as an
 // unrecognised rate limit, which would pause the whole CA again and again.
 func TestClassify_PausedIsPermanentWithUnpauseLink(t *testing.T) {
@@ -107,8 +108,12 @@ func TestClassify_PausedIsPermanentWithUnpauseLink(t *testing.T) {
 	require.ErrorAs(t, err, &pe)
 	_, isRL := queue.IsRateLimit(err)
 	require.False(t, isRL)
-	require.Contains(t, err.Error(), "unpause it at "+link+" (")
+	require.NotContains(t, err.Error(), "portal.letsencrypt.org")
+	require.Contains(t, err.Error(), "with the link in certworker's log (unpause_url) (")
 	require.Contains(t, err.Error(), "shop.example.com")
+	var paused *pausedError
+	require.ErrorAs(t, err, &paused)
+	require.Equal(t, link, paused.link)
 }
 
 // Refusals no retry can fix fail the domain at once, with the CA's problem in the

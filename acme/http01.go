@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -154,7 +155,8 @@ type ResponderOptions struct {
 
 // Responder answers the CA's HTTP-01 validation requests (CONTRACT.md §4): GET or
 // HEAD /.well-known/acme-challenge/TOKEN is 200, text/plain, the key authorization,
-// for an unexpired token stored by any instance; anything else is 404; 503 when the
+// for an unexpired token stored by any instance, when the request's Host is the name
+// the token was issued for (hostMatches); anything else is 404; 503 when the
 // database cannot be reached and the answer is not in memory. It faces the internet,
 // so most of what it hears is noise, and noise must not reach the proxy's database:
 //
@@ -197,6 +199,9 @@ type Responder struct {
 
 type heldToken struct {
 	keyAuth string
+	// domain is the name the token was issued for (certworker_http01_tokens.domain):
+	// the only Host it is answered for.
+	domain  string
 	expires time.Time
 }
 
@@ -281,16 +286,18 @@ func (r *Responder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		notFound(w)
 		return
 	}
-	if keyAuth, ok := r.held(token); ok {
-		r.m.result(resultMemory)
-		serveKeyAuth(w, req, keyAuth)
-		return
+	h, ok := r.held(token)
+	result := resultMemory
+	if !ok {
+		h, result = r.miss(req.Context(), token)
 	}
-	keyAuth, result := r.miss(req.Context(), token)
+	if (result == resultMemory || result == resultDatabase) && !hostMatches(req.Host, h.domain) {
+		result = resultWrongHost
+	}
 	r.m.result(result)
 	switch result {
 	case resultMemory, resultDatabase:
-		serveKeyAuth(w, req, keyAuth)
+		serveKeyAuth(w, req, h.keyAuth)
 	case resultUnavailable:
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Header().Set("Retry-After", "5")
@@ -309,20 +316,35 @@ const (
 	resultLimited     = "limited"     // a miss beyond the look-up budget: 404, no query
 	resultMalformed   = "malformed"   // not a challenge path, or not a token: 404, no query
 	resultUnavailable = "unavailable" // the database could not be asked: 503
+	resultWrongHost   = "wrong_host"  // a pending token asked for under another Host: 404
 )
 
-// held returns the key authorization of a token in memory that has not expired.
-func (r *Responder) held(token string) (string, bool) {
+// hostMatches reports whether a request's Host header names domain, as lego's own
+// challenge server checks it (challenge/http01, hostMatcher): the port is dropped,
+// case and a trailing dot are ignored. The CA asks for http://NAME/..., so its Host
+// is the name it validates; a token answered for any Host would let whoever reaches
+// the responder under another name (a DNS rebinding, a tenant's redirect from a name
+// they do not own) present another name's authorization.
+func hostMatches(host, domain string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host, domain = strings.TrimSuffix(host, "."), strings.TrimSuffix(domain, ".")
+	return host != "" && strings.EqualFold(host, domain)
+}
+
+// held returns a token in memory that has not expired.
+func (r *Responder) held(token string) (heldToken, bool) {
 	t, ok := (*r.tokens.Load())[token]
 	if !ok || !time.Now().Before(t.expires) {
-		return "", false
+		return heldToken{}, false
 	}
-	return t.keyAuth, true
+	return t, true
 }
 
 // miss answers a well-formed token the memory does not hold: a look-up when the
 // budget allows, otherwise a short wait for its notification.
-func (r *Responder) miss(ctx context.Context, token string) (string, string) {
+func (r *Responder) miss(ctx context.Context, token string) (heldToken, string) {
 	res := r.lookups.Reserve()
 	if delay := res.Delay(); delay > maxLookupWait {
 		res.Cancel()
@@ -333,38 +355,38 @@ func (r *Responder) miss(ctx context.Context, token string) (string, string) {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return "", resultLimited // the client has gone; nothing is written
+			return heldToken{}, resultLimited // the client has gone; nothing is written
 		}
 	}
 	qctx, cancel := context.WithTimeout(ctx, lookupTimeout)
 	defer cancel()
 	var h heldToken
 	err := r.pool.QueryRow(qctx, `
-SELECT key_authorization, expires_at FROM certworker_http01_tokens
-WHERE token = $1 AND expires_at > now()`, token).Scan(&h.keyAuth, &h.expires)
+SELECT key_authorization, domain, expires_at FROM certworker_http01_tokens
+WHERE token = $1 AND expires_at > now()`, token).Scan(&h.keyAuth, &h.domain, &h.expires)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return "", resultNotFound
+		return heldToken{}, resultNotFound
 	case err != nil:
 		if ctx.Err() == nil {
 			r.log.Warn("HTTP-01 token lookup failed", zap.Error(err))
 		}
-		return "", resultUnavailable
+		return heldToken{}, resultUnavailable
 	}
 	// Kept only while notifications keep it current; otherwise a token deleted or
 	// changed later would be served from a stale copy.
 	if r.listening.Load() {
 		r.update(func(m map[string]heldToken) { m[token] = h })
 	}
-	return h.keyAuth, resultDatabase
+	return h, resultDatabase
 }
 
 // await waits up to MissWait for token to arrive by notification. With the listener
 // down the memory may be incomplete, and the answer is 503 rather than a 404 the CA
 // would take as final.
-func (r *Responder) await(ctx context.Context, token string) (string, string) {
+func (r *Responder) await(ctx context.Context, token string) (heldToken, string) {
 	if !r.listening.Load() {
-		return "", resultUnavailable
+		return heldToken{}, resultUnavailable
 	}
 	timer := time.NewTimer(r.opts.MissWait)
 	defer timer.Stop()
@@ -372,15 +394,15 @@ func (r *Responder) await(ctx context.Context, token string) (string, string) {
 		r.mu.Lock()
 		changed := r.changed
 		r.mu.Unlock()
-		if keyAuth, ok := r.held(token); ok {
-			return keyAuth, resultMemory
+		if h, ok := r.held(token); ok {
+			return h, resultMemory
 		}
 		select {
 		case <-changed:
 		case <-timer.C:
-			return "", resultLimited
+			return heldToken{}, resultLimited
 		case <-ctx.Done():
-			return "", resultLimited
+			return heldToken{}, resultLimited
 		}
 	}
 }
@@ -420,7 +442,7 @@ func (r *Responder) connect(ctx context.Context) (*pgx.Conn, error) {
 		return nil, fmt.Errorf("listen on %s: %w", tokenChannel, err)
 	}
 	rows, err := conn.Query(ctx, `
-SELECT token, key_authorization, expires_at FROM certworker_http01_tokens
+SELECT token, key_authorization, domain, expires_at FROM certworker_http01_tokens
 WHERE expires_at > now() LIMIT $1`, maxTokensLoaded)
 	if err != nil {
 		_ = conn.Close(context.WithoutCancel(ctx))
@@ -429,7 +451,7 @@ WHERE expires_at > now() LIMIT $1`, maxTokensLoaded)
 	loaded := map[string]heldToken{}
 	var token string
 	var h heldToken
-	_, err = pgx.ForEachRow(rows, []any{&token, &h.keyAuth, &h.expires}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&token, &h.keyAuth, &h.domain, &h.expires}, func() error {
 		loaded[token] = h
 		return nil
 	})
@@ -529,8 +551,8 @@ func (r *Responder) reread(ctx context.Context, conn *pgx.Conn, token string) er
 	defer cancel()
 	var h heldToken
 	err := conn.QueryRow(qctx, `
-SELECT key_authorization, expires_at FROM certworker_http01_tokens
-WHERE token = $1 AND expires_at > now()`, token).Scan(&h.keyAuth, &h.expires)
+SELECT key_authorization, domain, expires_at FROM certworker_http01_tokens
+WHERE token = $1 AND expires_at > now()`, token).Scan(&h.keyAuth, &h.domain, &h.expires)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		r.update(func(m map[string]heldToken) { delete(m, token) })
@@ -596,7 +618,7 @@ func newResponderMetrics(reg prometheus.Registerer) responderMetrics {
 	m := responderMetrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "certworker_http01_requests_total",
-			Help: "HTTP-01 requests by result: memory, database (a miss found there), not_found (looked up, absent), limited (a miss beyond the look-up budget, not looked up), malformed (not a token), unavailable (503).",
+			Help: "HTTP-01 requests by result: memory, database (a miss found there), not_found (looked up, absent), limited (a miss beyond the look-up budget, not looked up), malformed (not a token), wrong_host (a pending token asked for under a Host that is not its name; 404), unavailable (503).",
 		}, []string{"result"}),
 		tokens: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "certworker_http01_tokens_held",
@@ -607,7 +629,7 @@ func newResponderMetrics(reg prometheus.Registerer) responderMetrics {
 			Help: "1 while the HTTP-01 token listener is connected (the memory is complete), else 0.",
 		}),
 	}
-	for _, r := range []string{resultMemory, resultDatabase, resultNotFound, resultLimited, resultMalformed, resultUnavailable} {
+	for _, r := range []string{resultMemory, resultDatabase, resultNotFound, resultLimited, resultMalformed, resultWrongHost, resultUnavailable} {
 		m.requests.WithLabelValues(r)
 	}
 	if reg != nil {

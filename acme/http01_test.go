@@ -17,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
@@ -35,10 +36,19 @@ VALUES ($1, $2, 'h.example', now() + $3 * interval '1 millisecond')`,
 	require.NoError(t, err)
 }
 
+// get asks h for path with the Host the CA sends for the name storeToken stores
+// tokens for.
 func get(t *testing.T, h http.Handler, method, path string) *http.Response {
 	t.Helper()
+	return getAs(t, h, "h.example", method, path)
+}
+
+func getAs(t *testing.T, h http.Handler, host, method, path string) *http.Response {
+	t.Helper()
 	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(method, path, nil))
+	req := httptest.NewRequest(method, path, nil)
+	req.Host = host
+	h.ServeHTTP(rec, req)
 	return rec.Result()
 }
 
@@ -227,6 +237,48 @@ func TestResponder_PendingTokenAnsweredFromMemory(t *testing.T) {
 	require.Equal(t, before, counter.count(), "a token in memory cost a query")
 }
 
+// A token is answered only when the request's Host is the name it was issued for
+// (certworker_http01_tokens.domain), whatever its case, port or trailing dot, both
+// from memory (a started responder) and from the database (one that is not); any
+// other Host is 404, counted as wrong_host. Guards against a responder that hands a
+// name's key authorization to whoever reaches it under another name (a DNS
+// rebinding, or a tenant's redirect from a name they do not own), which lego's own
+// challenge server refuses.
+func TestResponder_AnswersATokenOnlyForItsOwnName(t *testing.T) {
+	t.Parallel()
+	pool, _ := newTestPool(t)
+	token := randomToken()
+	_, err := pool.Exec(context.Background(), `
+INSERT INTO certworker_http01_tokens (token, key_authorization, domain, expires_at)
+VALUES ($1, $1 || '.shop', 'shop.example', now() + interval '1 hour')`, token)
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	started := startResponder(t, pool, acme.ResponderOptions{Registerer: reg})
+	for name, h := range map[string]http.Handler{"from memory": started, "from the database": acme.HTTP01Handler(pool, zap.NewNop())} {
+		for _, host := range []string{"shop.example", "SHOP.Example", "shop.example.", "shop.example:80", "shop.example.:5002"} {
+			resp := getAs(t, h, host, http.MethodGet, challenge+token)
+			require.Equal(t, http.StatusOK, resp.StatusCode, "%s, Host %q", name, host)
+			require.Equal(t, token+".shop", body(t, resp))
+		}
+		for _, host := range []string{"other.example", "", "shop.example.evil", "evil.shop.example", "127.0.0.1", "127.0.0.1:80", "shop", "[::1]:80"} {
+			resp := getAs(t, h, host, http.MethodGet, challenge+token)
+			require.Equal(t, http.StatusNotFound, resp.StatusCode, "%s, Host %q", name, host)
+			require.NotContains(t, body(t, resp), token+".shop")
+		}
+	}
+	var wrongHost float64
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range families {
+		for _, m := range mf.GetMetric() {
+			if mf.GetName() == "certworker_http01_requests_total" && m.GetLabel()[0].GetValue() == "wrong_host" {
+				wrongHost = m.GetCounter().GetValue()
+			}
+		}
+	}
+	require.Equal(t, 8.0, wrongHost, "the started responder's refusals")
+}
+
 // A plain INSERT (the preflight's probe, another instance's order) reaches every
 // responder by notification, and a DELETE removes it, without a single look-up.
 // Guards against a responder that only knows its own instance's tokens.
@@ -282,7 +334,7 @@ func TestResponder_MissIsLookedUp(t *testing.T) {
 	require.NoError(t, err)
 	_, err = conn.Exec(context.Background(), `
 INSERT INTO certworker_http01_tokens (token, key_authorization, domain, expires_at)
-VALUES ($1, $1 || '.quiet', 'q.example', now() + interval '1 hour')`, token)
+VALUES ($1, $1 || '.quiet', 'h.example', now() + interval '1 hour')`, token)
 	require.NoError(t, err)
 
 	resp := get(t, r, http.MethodGet, challenge+token)

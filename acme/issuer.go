@@ -87,7 +87,8 @@ func (i *Issuer) DirectoryURL() string { return i.cfg.DirectoryURL }
 // token is deleted and its pending authorizations are deactivated.
 //
 // Errors are typed as queue.Issuer asks (see classify); none holds key material,
-// and nothing panics: a panic inside lego is turned into an error.
+// nor the database's errors, key ids or the CA's unpause link, which go to the log
+// (forTenant); and nothing panics: a panic inside lego is turned into an error.
 func (i *Issuer) Issue(ctx context.Context, req queue.Request) (*queue.Certificate, error) {
 	if req.Domain == "" {
 		return nil, errors.New("acme: empty domain")
@@ -113,12 +114,12 @@ func (i *Issuer) Issue(ctx context.Context, req queue.Request) (*queue.Certifica
 	}()
 	select {
 	case r := <-done:
-		return r.cert, r.err
+		return r.cert, i.forTenant(r.err, req)
 	case <-ctx.Done():
 		// An order that finished as the context ended is not thrown away.
 		select {
 		case r := <-done:
-			return r.cert, r.err
+			return r.cert, i.forTenant(r.err, req)
 		default:
 		}
 		return nil, fmt.Errorf("acme: order for %s abandoned: %w", req.Domain, context.Cause(ctx))

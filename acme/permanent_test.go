@@ -16,10 +16,10 @@ import (
 // A refusal no retry can fix is *queue.PermanentError with the CA's problem in the
 // message, so that the worker fails the domain at once: Pebble refusing a blocked
 // name (rejectedIdentifier, its own text), Let's Encrypt's texts for a name refused
-// by policy and for the pause of an account and name (with the unpause link), and a
-// CAA refusal at validation. Guards against ten orders spent on a name the CA will
-// never issue for, against a paused name retried (or paused) for ever, and against
-// an operator left without the link that lifts the pause.
+// by policy and for the pause of an account and name (its unpause link in the log,
+// TestIssue_UnpauseLinkGoesToTheLogNotTheError), and a CAA refusal at validation.
+// Guards against ten orders spent on a name the CA will never issue for, and against
+// a paused name retried (or paused) for ever.
 func TestIssue_RefusalsNoRetryCanFixArePermanent(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pebbletest.Options{}, true)
@@ -36,7 +36,7 @@ func TestIssue_RefusalsNoRetryCanFixArePermanent(t *testing.T) {
 		}, []string{"acme: urn:ietf:params:acme:error:rejectedIdentifier: Error creating new order :: Cannot issue for "}},
 		{"account and name paused by Let's Encrypt", func(t *testing.T, front *pebbletest.Front, name string) {
 			front.Add(pebbletest.Rule{Step: pebbletest.StepNewOrder, Names: []string{name}, Answer: pebbletest.Paused(name)})
-		}, []string{"unpause it at " + pebbletest.UnpauseLinkPrefix, "temporarily prevented from requesting certificates for "}},
+		}, []string{"an operator must unpause it with the link in certworker's log", "temporarily prevented from requesting certificates for "}},
 		{"CAA forbids the CA", func(t *testing.T, front *pebbletest.Front, name string) {
 			front.Add(pebbletest.Rule{Step: pebbletest.StepChallenge, Answer: pebbletest.Answer{Status: http.StatusForbidden,
 				Problem: &pebbletest.Problem{Type: "urn:ietf:params:acme:error:caa", Detail: "CAA record for " + name + " prevents issuance"}}})

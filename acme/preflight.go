@@ -73,6 +73,8 @@ type preflight struct {
 	log      *zap.Logger
 	resolver *net.Resolver
 	port     int
+	// allow are the reserved ranges --preflight-allow-cidr lets it connect to.
+	allow []netip.Prefix
 	// dnsTimeout is dnsTimeout; a field for tests.
 	dnsTimeout time.Duration
 }
@@ -82,9 +84,11 @@ func newPreflight(pool *pgxpool.Pool, log *zap.Logger, cfg Config) *preflight {
 	if cfg.Preflight != PreflightHTTP {
 		return nil
 	}
+	// Config.validate has parsed it already.
+	allow, _ := ParseAllowCIDR(cfg.PreflightAllowCIDR)
 	p := &preflight{
 		pool: pool, log: log.Named("preflight"), resolver: net.DefaultResolver,
-		port: cfg.PreflightPort, dnsTimeout: dnsTimeout,
+		port: cfg.PreflightPort, allow: allow, dnsTimeout: dnsTimeout,
 	}
 	if p.port == 0 {
 		p.port = DefaultPreflightPort
@@ -178,7 +182,9 @@ type probeRun struct {
 	last  string
 }
 
-// resolve looks host up with the preflight's resolver, once per run.
+// resolve looks host up with the preflight's resolver, once per run. A host with a
+// reserved address among its answers is refused, whatever the others are: the CA
+// might pick that one, and the preflight must not connect to it (reserved.go).
 func (r *probeRun) resolve(ctx context.Context, host string) ([]netip.Addr, error) {
 	r.mu.Lock()
 	cached, ok := r.addrs[host]
@@ -187,6 +193,9 @@ func (r *probeRun) resolve(ctx context.Context, host string) ([]netip.Addr, erro
 		return cached, nil
 	}
 	if ip, err := netip.ParseAddr(host); err == nil {
+		if isReserved(ip, r.p.allow) {
+			return nil, &queue.PreflightError{Msg: fmt.Sprintf("%s is a reserved address", ip.Unmap())}
+		}
 		return []netip.Addr{ip}, nil
 	}
 	lctx, cancel := context.WithTimeout(ctx, r.p.dnsTimeout)
@@ -205,6 +214,11 @@ func (r *probeRun) resolve(ctx context.Context, host string) ([]netip.Addr, erro
 		return nil, &queue.PreflightError{Msg: fmt.Sprintf("DNS lookup of %s failed: %s", host, dnsErr.Err)}
 	case err != nil:
 		return nil, fmt.Errorf("acme: preflight: look up %s: %w", host, err)
+	}
+	for _, a := range addrs {
+		if isReserved(a, r.p.allow) {
+			return nil, reservedAnswer(host, a)
+		}
 	}
 	r.mu.Lock()
 	r.addrs[host] = addrs
@@ -242,7 +256,7 @@ func (r *probeRun) dial(ctx context.Context, network, addr string) (net.Conn, er
 	if len(v4) > 0 {
 		tries = append(tries, v4[0])
 	}
-	d := &net.Dialer{}
+	d := &net.Dialer{Control: r.p.control}
 	for _, ip := range tries {
 		target := net.JoinHostPort(ip.String(), port)
 		r.mu.Lock()
@@ -252,8 +266,41 @@ func (r *probeRun) dial(ctx context.Context, network, addr string) (net.Conn, er
 		if conn, err = d.DialContext(ctx, network, target); err == nil {
 			return conn, nil
 		}
+		var re *reservedDialError
+		if errors.As(err, &re) {
+			return nil, reservedAnswer(host, re.addr)
+		}
 	}
 	return nil, err
+}
+
+// control is the probe's dialer's last look at the address it is about to connect
+// to, the one the socket is given, after every resolution and redirect: a reserved
+// one is refused before any packet leaves. resolve has refused such answers already;
+// this catches what a change to the dialing path, or a name whose answers changed
+// between the check and the dial, would let through.
+func (p *preflight) control(_, address string, _ syscall.RawConn) error {
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		// The dialer always passes IP:port; anything else is not dialed.
+		return fmt.Errorf("acme: preflight: refusing to dial %q: not an address", address)
+	}
+	if isReserved(ap.Addr(), p.allow) {
+		return &reservedDialError{addr: ap.Addr().Unmap()}
+	}
+	return nil
+}
+
+// reservedDialError is control's refusal.
+type reservedDialError struct{ addr netip.Addr }
+
+func (e *reservedDialError) Error() string {
+	return fmt.Sprintf("refusing to connect to the reserved address %s", e.addr)
+}
+
+// reservedAnswer is the preflight's verdict on a host with a reserved address.
+func reservedAnswer(host string, addr netip.Addr) error {
+	return &queue.PreflightError{Msg: fmt.Sprintf("%s resolves to a reserved address (%s)", host, addr.Unmap().WithZone(""))}
 }
 
 // lastAddr is the address the probe last connected to, or tried.
@@ -294,15 +341,44 @@ func (r *probeRun) probe(ctx context.Context, domain, token string) error {
 	}
 	where := r.lastAddr()
 	if resp.Request != nil && resp.Request.URL.String() != target {
-		where += " (after redirects, " + resp.Request.URL.Redacted() + ")"
+		where += " (after redirects, " + shownURL(resp.Request.URL) + ")"
 	}
+	// The status by its code alone: the reason phrase, like the body and the
+	// headers, is whatever the server sent, and ssl_error is the tenant's to read.
 	if resp.StatusCode != http.StatusOK {
-		return &queue.PreflightError{Msg: fmt.Sprintf("answered by something else at %s: HTTP %s", where, resp.Status)}
+		return &queue.PreflightError{Msg: fmt.Sprintf("answered by something else at %s: HTTP %s", where, statusText(resp.StatusCode))}
 	}
 	if len(body) >= maxProbeBody || string(bytes.TrimRight(body, " \t\r\n")) != token {
-		return &queue.PreflightError{Msg: fmt.Sprintf("answered by something else at %s: HTTP %s with a body that is not the probe token", where, resp.Status)}
+		return &queue.PreflightError{Msg: fmt.Sprintf("answered by something else at %s: HTTP %s with a body that is not the probe token", where, statusText(resp.StatusCode))}
 	}
 	return nil
+}
+
+// statusText is "404 Not Found": the code and Go's text for it, never the
+// server's own reason phrase.
+func statusText(code int) string {
+	if text := http.StatusText(code); text != "" {
+		return fmt.Sprintf("%d %s", code, text)
+	}
+	return strconv.Itoa(code)
+}
+
+// maxShownURL bounds a redirect's URL in a message: a Location header can be
+// kilobytes long, and ssl_error is read in `certworker status` and by the tenant.
+const maxShownURL = 200
+
+// shownURL is a redirect's URL as a message shows it: scheme, host and path, without
+// credentials, query or fragment, cut to maxShownURL bytes.
+func shownURL(u *url.URL) string {
+	s := (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path, RawPath: u.RawPath}).String()
+	if len(s) > maxShownURL {
+		cut := maxShownURL
+		for cut > 0 && s[cut]&0xC0 == 0x80 {
+			cut--
+		}
+		s = s[:cut] + "..."
+	}
+	return s
 }
 
 // unanswered is the error of a probe that got no answer.
@@ -338,20 +414,29 @@ func netReason(ctx context.Context, err error) string {
 	}
 	var se *os.SyscallError
 	if errors.As(err, &se) {
+		// The system's own words for an errno ("no route to host").
 		return se.Err.Error()
 	}
-	var ue *url.Error
-	if errors.As(err, &ue) {
-		return ue.Err.Error()
+	// What is left quotes what the server sent (net/http's "malformed HTTP
+	// response \"SSH-2.0-...\"", a TLS alert), which ssl_error must not: the
+	// tenant reads it. Said in the preflight's own words instead.
+	var rhe tls.RecordHeaderError
+	switch {
+	case errors.As(err, &rhe):
+		return "not TLS at an https address"
+	case strings.Contains(err.Error(), "tls:"):
+		return "the TLS handshake failed"
+	case strings.Contains(err.Error(), "malformed HTTP"), strings.Contains(err.Error(), "HTTP response to HTTPS client"):
+		return "an answer that is not HTTP"
 	}
-	return err.Error()
+	return "the connection failed without an HTTP answer"
 }
 
 // checkRedirect follows a redirect as the CA's validation does, or says why the
 // CA would not.
 func (r *probeRun) checkRedirect(req *http.Request, via []*http.Request) error {
 	refuse := func(why string) error {
-		return &queue.PreflightError{Msg: fmt.Sprintf("redirected to %s, which the CA does not follow: %s", req.URL.Redacted(), why)}
+		return &queue.PreflightError{Msg: fmt.Sprintf("redirected to %s, which the CA does not follow: %s", shownURL(req.URL), why)}
 	}
 	if len(via) > maxProbeRedirects {
 		return refuse(fmt.Sprintf("more than %d redirects", maxProbeRedirects))

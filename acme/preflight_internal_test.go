@@ -5,8 +5,11 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -89,4 +92,104 @@ func mustURL(t *testing.T, s string) *url.URL {
 	u, err := url.Parse(s)
 	require.NoError(t, err)
 	return u
+}
+
+// Which addresses the preflight refuses: every reserved block of IANA's special-
+// purpose registries (loopback, private, link-local and cloud metadata, CGNAT,
+// multicast, documentation, benchmarking, class E, NAT64, ULA, 6to4...), IPv4-mapped
+// forms judged as the IPv4 address they are, and nothing that is globally routable;
+// an allowed range lets its addresses through and no others. Guards against a block
+// left out, and against refusing a tenant's real public address.
+func TestIsReserved(t *testing.T) {
+	t.Parallel()
+	reserved := []string{
+		"0.0.0.0", "0.1.2.3", "10.0.0.1", "100.64.0.1", "100.127.255.254", "127.0.0.1", "127.255.255.255",
+		"169.254.169.254", "172.16.0.1", "172.31.255.255", "192.0.0.8", "192.0.2.1", "192.88.99.1",
+		"192.168.1.1", "198.18.0.1", "198.19.255.255", "198.51.100.7", "203.0.113.9", "224.0.0.1",
+		"239.255.255.250", "240.0.0.1", "255.255.255.255",
+		"::", "::1", "::ffff:127.0.0.1", "::ffff:10.1.2.3", "::ffff:169.254.169.254", "::127.0.0.1",
+		"64:ff9b::808:808", "64:ff9b::a00:1", "64:ff9b:1::1", "100::1", "2001::1", "2001:db8::1",
+		"2002:a00:1::1", "3fff::1", "5f00::1", "fc00::1", "fd12:3456::1", "fe80::1", "fe80::1%eth0",
+		"fec0::1", "ff02::1", "ff0e::1",
+	}
+	public := []string{
+		"1.1.1.1", "8.8.8.8", "100.63.255.255", "100.128.0.0", "172.15.255.255", "172.32.0.0",
+		"192.0.1.1", "192.169.0.1", "198.17.255.255", "198.20.0.0", "223.255.255.255",
+		"::ffff:8.8.8.8", "2001:4860:4860::8888", "2606:4700:4700::1111", "2a00:1450::1",
+	}
+	for _, s := range reserved {
+		require.True(t, isReserved(netip.MustParseAddr(s), nil), s)
+	}
+	for _, s := range public {
+		require.False(t, isReserved(netip.MustParseAddr(s), nil), s)
+	}
+
+	allow, err := ParseAllowCIDR(" 127.0.0.0/8, fd00::/8,::ffff:10.0.0.0/104 ")
+	require.NoError(t, err)
+	for _, s := range []string{"127.0.0.2", "::ffff:127.0.0.2", "fd00::1", "10.9.9.9"} {
+		require.False(t, isReserved(netip.MustParseAddr(s), allow), s)
+	}
+	for _, s := range []string{"::1", "192.168.0.1", "fc00::1", "169.254.169.254"} {
+		require.True(t, isReserved(netip.MustParseAddr(s), allow), s)
+	}
+}
+
+// --preflight-allow-cidr takes comma-separated ranges, empty parts ignored, and names
+// itself and the part it cannot read.
+func TestParseAllowCIDR(t *testing.T) {
+	t.Parallel()
+	got, err := ParseAllowCIDR("")
+	require.NoError(t, err)
+	require.Empty(t, got)
+	got, err = ParseAllowCIDR("10.1.2.3/8,,fd00::1/8")
+	require.NoError(t, err)
+	require.Equal(t, []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8")}, got)
+	for _, bad := range []string{"10.0.0.1", "10.0.0.0/33", "localhost/8", "fe80::%eth0/64"} {
+		_, err := ParseAllowCIDR("127.0.0.0/8," + bad)
+		require.Error(t, err, bad)
+		require.True(t, strings.HasPrefix(err.Error(), "--preflight-allow-cidr: "), err.Error())
+		require.Contains(t, err.Error(), bad)
+	}
+}
+
+// The probe's dialer checks the address it is about to connect to, whatever handed
+// it that address: a name whose answer was public when it was checked and is
+// loopback when dialed (here, the run's cache says so, as a DNS answer that changed
+// would), and an IPv4-mapped IPv6 form of loopback, are refused before any packet
+// leaves, with the name and the unmapped address. Guards against a check of the
+// names that the connection itself does not honour.
+func TestPreflight_DialerRefusesAReservedAddressItIsHanded(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	var accepted atomic.Int32
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			_ = conn.Close()
+		}
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	for _, addr := range []string{"127.0.0.1", "::ffff:127.0.0.1"} {
+		r := &probeRun{p: &preflight{port: port}, addrs: map[string][]netip.Addr{
+			"changed.example": {netip.MustParseAddr(addr)},
+		}}
+		_, err := r.dial(context.Background(), "tcp", net.JoinHostPort("changed.example", strconv.Itoa(port)))
+		var pe *queue.PreflightError
+		require.ErrorAs(t, err, &pe, "%s: %v", addr, err)
+		require.Equal(t, "preflight: changed.example resolves to a reserved address (127.0.0.1)", pe.Error())
+	}
+	require.Zero(t, accepted.Load(), "the dialer connected")
+
+	// Allowed, the same address is dialed.
+	r := &probeRun{p: &preflight{port: port, allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}},
+		addrs: map[string][]netip.Addr{"changed.example": {netip.MustParseAddr("127.0.0.1")}}}
+	conn, err := r.dial(context.Background(), "tcp", net.JoinHostPort("changed.example", strconv.Itoa(port)))
+	require.NoError(t, err)
+	_ = conn.Close()
 }

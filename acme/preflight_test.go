@@ -4,8 +4,11 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,12 +20,14 @@ import (
 )
 
 // preflightConfig is the bed's configuration with --preflight http, asking the DNS
-// the CA validates with, and probing the port it validates on.
+// the CA validates with, and probing the port it validates on. Everything here
+// listens on loopback, which the preflight refuses unless allowed.
 func preflightConfig(b *bed) acme.Config {
 	cfg := b.config()
 	cfg.Preflight = acme.PreflightHTTP
 	cfg.PreflightResolver = b.ca.DNSServer
 	cfg.PreflightPort = b.ca.HTTPPort
+	cfg.PreflightAllowCIDR = "127.0.0.0/8"
 	return cfg
 }
 
@@ -37,11 +42,165 @@ func (b *bed) serveAt(t *testing.T, ip string, h http.Handler) {
 	t.Cleanup(func() { _ = srv.Close() })
 }
 
-// pointAt makes name resolve to ip for the test.
-func pointAt(t *testing.T, name, ip string) {
+// pointAt makes name resolve to the ips for the test.
+func pointAt(t *testing.T, name string, ips ...string) {
 	t.Helper()
-	require.NoError(t, pebbletest.SetA(name, ip))
+	require.NoError(t, pebbletest.SetA(name, ips...))
 	t.Cleanup(func() { pebbletest.ClearDNS(name) })
+}
+
+// countConns listens on ip at the bed's HTTP-01 port, answers with h, and counts the
+// connections it accepts.
+func (b *bed) countConns(t *testing.T, ip string, h http.Handler) *atomic.Int32 {
+	t.Helper()
+	ln, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(b.ca.HTTPPort)))
+	require.NoError(t, err)
+	n := &atomic.Int32{}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ConnState: func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			n.Add(1)
+		}
+	}}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return n
+}
+
+// The preflight never connects to a reserved address (loopback, private, link-local,
+// ...) that --preflight-allow-cidr does not allow: not when the name resolves there,
+// not when one of its answers does, not when a redirect leads to a name or an address
+// there; ssl_error says which name and address. Nothing reaches the CA. Guards
+// against tenants using the worker to probe the operator's network: its own admin
+// port, the cloud's metadata service, the database.
+func TestIssue_PreflightNeverConnectsToAReservedAddress(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		allow string
+		// arrange points the name, and a redirect's target, and returns the
+		// listeners that must see no connection.
+		arrange func(t *testing.T, b *bed, name, other string) []*atomic.Int32
+		// want is the whole error, with NAME and OTHER replaced.
+		want string
+	}{
+		{name: "the name resolves to loopback", arrange: func(t *testing.T, b *bed, name, _ string) []*atomic.Int32 {
+			pointAt(t, name, "127.0.0.2")
+			return []*atomic.Int32{b.countConns(t, "127.0.0.2", http.NotFoundHandler())}
+		}, want: "preflight: NAME resolves to a reserved address (127.0.0.2)"},
+		{name: "one answer of two is reserved", allow: "127.0.0.2/32", arrange: func(t *testing.T, b *bed, name, _ string) []*atomic.Int32 {
+			pointAt(t, name, "127.0.0.2", "127.0.0.3")
+			return []*atomic.Int32{b.countConns(t, "127.0.0.2", http.NotFoundHandler()), b.countConns(t, "127.0.0.3", http.NotFoundHandler())}
+		}, want: "preflight: NAME resolves to a reserved address (127.0.0.3)"},
+		{name: "a redirect to a name that resolves to loopback", allow: "127.0.0.2/32", arrange: func(t *testing.T, b *bed, name, other string) []*atomic.Int32 {
+			pointAt(t, name, "127.0.0.2")
+			pointAt(t, other, "127.0.0.3")
+			b.serveAt(t, "127.0.0.2", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				http.Redirect(w, r, "http://"+other+":"+strconv.Itoa(b.ca.HTTPPort)+r.URL.Path, http.StatusFound)
+			}))
+			return []*atomic.Int32{b.countConns(t, "127.0.0.3", http.NotFoundHandler())}
+		}, want: "preflight: OTHER resolves to a reserved address (127.0.0.3)"},
+		{name: "a redirect to a loopback address", allow: "127.0.0.2/32", arrange: func(t *testing.T, b *bed, name, _ string) []*atomic.Int32 {
+			pointAt(t, name, "127.0.0.2")
+			b.serveAt(t, "127.0.0.2", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				http.Redirect(w, r, "http://127.0.0.3:"+strconv.Itoa(b.ca.HTTPPort)+r.URL.Path, http.StatusFound)
+			}))
+			return []*atomic.Int32{b.countConns(t, "127.0.0.3", http.NotFoundHandler())}
+		}, want: "preflight: 127.0.0.3 is a reserved address"},
+		{name: "a redirect to the cloud's metadata service", allow: "127.0.0.2/32", arrange: func(t *testing.T, b *bed, name, _ string) []*atomic.Int32 {
+			pointAt(t, name, "127.0.0.2")
+			b.serveAt(t, "127.0.0.2", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				http.Redirect(w, r, "http://169.254.169.254/latest/meta-data/", http.StatusFound)
+			}))
+			return nil
+		}, want: "preflight: 169.254.169.254 is a reserved address"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, pebbletest.Options{}, true)
+			name, other := randomName("r"), randomName("o")
+			untouched := tc.arrange(t, b, name, other)
+			cfg := preflightConfig(b)
+			cfg.PreflightAllowCIDR = tc.allow
+			_, err := newIssuer(t, b.pool, nil, cfg).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: name})
+			var pe *queue.PreflightError
+			require.ErrorAs(t, err, &pe, "%T: %v", err, err)
+			require.Equal(t, strings.NewReplacer("NAME", name, "OTHER", other).Replace(tc.want), err.Error())
+			for i, n := range untouched {
+				require.Zero(t, n.Load(), "listener %d was connected to", i)
+			}
+			require.Empty(t, b.ca.Requests(), "nothing is sent to the CA")
+			require.Zero(t, countRows(t, b.pool, "certworker_http01_tokens"), "the probe token is deleted")
+		})
+	}
+}
+
+// What a preflight says never quotes what the probed server sent: not its body, not
+// its status line's reason phrase, not the bytes of an answer that is not HTTP (an
+// SSH banner), not a redirect's query. The status code, the address and the
+// redirect's host and path are enough to act on. Guards against ssl_error, which the
+// tenant reads, carrying what a server the preflight reached told it.
+func TestIssue_PreflightErrorNeverQuotesTheProbedServer(t *testing.T) {
+	t.Parallel()
+	const secret = "s3cr3t-from-the-server"
+	for _, tc := range []struct {
+		name  string
+		serve func(t *testing.T, b *bed, name string)
+		want  string
+	}{
+		{name: "a 200 whose body is not the token", serve: func(t *testing.T, b *bed, _ string) {
+			b.serveAt(t, "127.0.0.2", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				_, _ = w.Write([]byte(secret))
+			}))
+		}, want: "preflight: answered by something else at 127.0.0.2:PORT: HTTP 200 OK with a body that is not the probe token"},
+		{name: "a reason phrase of its own", serve: func(t *testing.T, b *bed, _ string) {
+			rawServer(t, "127.0.0.2", b.ca.HTTPPort, "HTTP/1.1 403 "+secret+"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+		}, want: "preflight: answered by something else at 127.0.0.2:PORT: HTTP 403 Forbidden"},
+		{name: "an answer that is not HTTP", serve: func(t *testing.T, b *bed, _ string) {
+			rawServer(t, "127.0.0.2", b.ca.HTTPPort, "SSH-2.0-OpenSSH_9.6 "+secret+"\r\n")
+		}, want: "preflight: no answer at 127.0.0.2:PORT: an answer that is not HTTP"},
+		{name: "a redirect with credentials and a query", serve: func(t *testing.T, b *bed, name string) {
+			b.serveAt(t, "127.0.0.2", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				http.Redirect(w, r, "ftp://user:"+secret+"@"+name+"/x?k="+secret, http.StatusFound)
+			}))
+		}, want: "preflight: redirected to ftp://NAME/x, which the CA does not follow: only http and https are followed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, pebbletest.Options{}, true)
+			name := randomName("q")
+			pointAt(t, name, "127.0.0.2")
+			tc.serve(t, b, name)
+			_, err := newIssuer(t, b.pool, nil, preflightConfig(b)).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: name})
+			var pe *queue.PreflightError
+			require.ErrorAs(t, err, &pe, "%T: %v", err, err)
+			require.NotContains(t, err.Error(), secret)
+			require.Equal(t, strings.NewReplacer("NAME", name, "PORT", strconv.Itoa(b.ca.HTTPPort)).Replace(tc.want), err.Error())
+		})
+	}
+}
+
+// rawServer answers every connection to ip:port with answer, whatever it was asked,
+// and closes it.
+func rawServer(t *testing.T, ip string, port int, answer string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(port)))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+				buf := make([]byte, 4096)
+				_, _ = conn.Read(buf)
+				_, _ = conn.Write([]byte(answer))
+			}()
+		}
+	}()
 }
 
 // The preflight sees what the CA's validation will see, and when that would fail,
@@ -91,13 +250,25 @@ func TestIssue_PreflightSendsNothingToTheCAForANameItWouldFail(t *testing.T) {
 				http.Redirect(w, r, "http://"+name+":8080"+r.URL.Path, http.StatusFound)
 			}))
 		}, want: "preflight: redirected to http://NAME:8080/.well-known/acme-challenge/"},
-		{name: "redirect the CA follows, to the responder", arrange: func(t *testing.T, b *bed, name string) {
+		{name: "redirect the CA follows, to the responder under the same name", arrange: func(t *testing.T, b *bed, name string) {
 			pointAt(t, name, "127.0.0.2")
-			healthy := randomName("h")
+			responder := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: b.ln.Addr().String()})
 			b.serveAt(t, "127.0.0.2", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				http.Redirect(w, r, "http://"+healthy+":"+strconv.Itoa(b.ca.HTTPPort)+r.URL.Path, http.StatusMovedPermanently)
+				if r.URL.RawQuery == "" {
+					http.Redirect(w, r, r.URL.Path+"?moved", http.StatusMovedPermanently)
+					return
+				}
+				responder.ServeHTTP(w, r) // the request's Host, the name, is kept
 			}))
 		}},
+		{name: "redirect to the responder under another name", arrange: func(t *testing.T, b *bed, name string) {
+			// The CA sends the other name as Host, and the responder answers a token
+			// only for its own name (lego's challenge server does the same).
+			pointAt(t, name, "127.0.0.2")
+			b.serveAt(t, "127.0.0.2", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				http.Redirect(w, r, "http://other-"+name+":"+strconv.Itoa(b.ca.HTTPPort)+r.URL.Path, http.StatusMovedPermanently)
+			}))
+		}, want: "preflight: answered by something else at 127.0.0.1:PORT (after redirects, http://other-NAME:PORT/.well-known/acme-challenge/"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -74,6 +74,7 @@ func TestCLI_BadFlagsExitTwoNamingTheFlag(t *testing.T) {
 		{[]string{"run", "--retry-base", "1h", "--retry-max", "1m"}, "--retry-max"},
 		{[]string{"run", "--key-encryption-key", "c2hvcnQ="}, "--key-encryption-key"},
 		{[]string{"run", "--log-level", "loud"}, "--log-level"},
+		{[]string{"run", "--http01-max-connections", "0"}, "--http01-max-connections"},
 		{[]string{"frobnicate"}, "frobnicate"},
 		// Only --wake logical opens a replication connection; it must read the
 		// database the worker claims from; and its password stays out of the message.
@@ -86,6 +87,23 @@ func TestCLI_BadFlagsExitTwoNamingTheFlag(t *testing.T) {
 		require.Contains(t, stderr, tc.want, "%v", tc.args)
 		require.NotContains(t, stderr, "hunter2secret", "%v", tc.args)
 	}
+}
+
+// A range --preflight-allow-cidr cannot read, from the flag or its variable, stops run
+// before it connects anywhere, naming the flag and the value. Guards against a typo
+// that silently leaves the preflight refusing the addresses the operator meant to
+// allow, or allowing more than meant.
+func TestCLI_BadPreflightAllowCIDRExitsTwoNamingTheFlag(t *testing.T) {
+	t.Setenv("CERTWORKER_DATABASE_URL", "postgres://x:y@127.0.0.1:1/none")
+	code, _, stderr := invoke(t, "run", "--preflight-allow-cidr", "127.0.0.0/8,10.0.0.0/33")
+	require.Equal(t, exitUsage, code, stderr)
+	require.Contains(t, stderr, `--preflight-allow-cidr: "10.0.0.0/33" is not a CIDR range`)
+
+	t.Setenv("CERTWORKER_PREFLIGHT_ALLOW_CIDR", "10.0.0.1")
+	code, _, stderr = invoke(t, "run")
+	require.Equal(t, exitUsage, code, stderr)
+	require.Contains(t, stderr, `--preflight-allow-cidr: "10.0.0.1" is not a CIDR range`)
+	require.NotContains(t, stderr, "--database-url", "checked before connecting")
 }
 
 func TestCLI_HelpWorksOnEveryCommand(t *testing.T) {

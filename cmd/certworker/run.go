@@ -43,6 +43,7 @@ type runCmd struct {
 	ACMEEABHMAC       string        `name:"acme-eab-hmac" env:"CERTWORKER_ACME_EAB_HMAC" placeholder:"KEY" help:"External account binding HMAC key (base64url)."`
 	KeyType           string        `name:"key-type" env:"CERTWORKER_KEY_TYPE" default:"ec256" enum:"ec256,ec384,rsa2048,rsa4096" help:"Certificate key type: ec256, ec384, rsa2048 or rsa4096."`
 	HTTP01Listen      string        `name:"http01-listen" env:"CERTWORKER_HTTP01_LISTEN" default:":80" placeholder:"ADDR" help:"HTTP-01 responder address; empty turns it off."`
+	HTTP01MaxConns    int           `name:"http01-max-connections" env:"CERTWORKER_HTTP01_MAX_CONNECTIONS" default:"4096" help:"Connections the HTTP-01 responder holds open at most; at the cap a new one closes the one that has waited longest without a request being answered. At the default, a flood of 20,000 slow connections held the process at 132 MiB (README, Benchmarks)."`
 	AdminListen       string        `name:"admin-listen" env:"CERTWORKER_ADMIN_LISTEN" default:"127.0.0.1:9090" placeholder:"ADDR" help:"Address of /healthz, /readyz and /metrics; empty turns it off."`
 	Concurrency       int           `name:"concurrency" env:"CERTWORKER_CONCURRENCY" default:"4" help:"Orders in flight on this instance."`
 	PollInterval      time.Duration `name:"poll-interval" env:"CERTWORKER_POLL_INTERVAL" default:"30s" help:"Safety-net pass interval."`
@@ -56,6 +57,7 @@ type runCmd struct {
 	Preflight         string        `name:"preflight" env:"CERTWORKER_PREFLIGHT" default:"http" enum:"http,off" help:"Before ordering, check that the name resolves and that http://NAME/.well-known/acme-challenge/PROBE reaches certworker, so that an order bound to fail is never sent (http), or not (off)."`
 	PreflightResolver string        `name:"preflight-resolver" env:"CERTWORKER_PREFLIGHT_RESOLVER" placeholder:"HOST:PORT" help:"DNS server the preflight asks (default: the system's resolver)."`
 	PreflightPort     int           `name:"preflight-port" env:"CERTWORKER_PREFLIGHT_PORT" default:"80" help:"Port the preflight probes (where the CA validates HTTP-01)."`
+	PreflightAllow    string        `name:"preflight-allow-cidr" env:"CERTWORKER_PREFLIGHT_ALLOW_CIDR" placeholder:"CIDR[,CIDR...]" help:"Comma-separated ranges the preflight may connect to although they are reserved (loopback, private, link-local, CGNAT, multicast, NAT64...), for tests and private CAs. By default it connects to none of them."`
 	OrderTimeout      time.Duration `name:"order-timeout" env:"CERTWORKER_ORDER_TIMEOUT" default:"10m" help:"An order running longer is cancelled and charged as a failure."`
 	LimitOrders       string        `name:"limit-orders-per-account" env:"CERTWORKER_LIMIT_ORDERS_PER_ACCOUNT" default:"300/3h" placeholder:"COUNT/DURATION" help:"Ledger limit on new orders from the ACME account, shared by every instance: COUNT/DURATION or off (default: Let's Encrypt's)."`
 	LimitRegistered   string        `name:"limit-certs-per-registered-domain" env:"CERTWORKER_LIMIT_CERTS_PER_REGISTERED_DOMAIN" default:"50/168h" placeholder:"COUNT/DURATION" help:"Ledger limit on new certificates per registered domain (public suffix list): COUNT/DURATION or off."`
@@ -87,6 +89,8 @@ func (c *runCmd) validate() error {
 		return usagef("--shutdown-grace: must not be negative, got %s", c.ShutdownGrace)
 	case c.OrderTimeout <= 0:
 		return usagef("--order-timeout: must be positive, got %s", c.OrderTimeout)
+	case c.HTTP01MaxConns < 1:
+		return usagef("--http01-max-connections: must be at least 1, got %d", c.HTTP01MaxConns)
 	case c.Lease < 3*time.Second:
 		return usagef("--lease: must be at least 3s, got %s", c.Lease)
 	}
@@ -95,6 +99,9 @@ func (c *runCmd) validate() error {
 	}
 	if _, err := c.replication(); err != nil {
 		return err
+	}
+	if _, err := acme.ParseAllowCIDR(c.PreflightAllow); err != nil {
+		return usagef("%v", err)
 	}
 	if _, err := zapcore.ParseLevel(c.LogLevel); err != nil {
 		return usagef("--log-level: %q is not one of debug, info, warn, error", c.LogLevel)
@@ -198,7 +205,7 @@ func (c *runCmd) Run(g *globals) error {
 		}
 	}()
 	if responder != nil {
-		servers = append(servers, serve(log, "http01", lns["http01"], responder))
+		servers = append(servers, serveResponder(log, lns["http01"], responder, c.HTTP01MaxConns, reg))
 	}
 
 	w, err := c.startWorker(ctx, pool, issuer, log, reg, limits)
@@ -237,17 +244,18 @@ func (c *runCmd) open(ctx context.Context, log *zap.Logger) (*pgxpool.Pool, erro
 // issuer registers (or loads) the ACME account and returns the issuer.
 func (c *runCmd) issuer(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger, keks seal.Keyring) (*acme.Issuer, error) {
 	issuer, err := acme.New(ctx, pool, log, acme.Config{
-		DirectoryURL:      c.ACMEDirectory,
-		Email:             c.ACMEEmail,
-		CABundle:          c.ACMECABundle,
-		Profile:           c.ACMEProfile,
-		EABKeyID:          c.ACMEEABKid,
-		EABHMAC:           c.ACMEEABHMAC,
-		KeyType:           c.KeyType,
-		KeyEncryptionKeys: keks,
-		Preflight:         c.Preflight,
-		PreflightResolver: c.PreflightResolver,
-		PreflightPort:     c.PreflightPort,
+		DirectoryURL:       c.ACMEDirectory,
+		Email:              c.ACMEEmail,
+		CABundle:           c.ACMECABundle,
+		Profile:            c.ACMEProfile,
+		EABKeyID:           c.ACMEEABKid,
+		EABHMAC:            c.ACMEEABHMAC,
+		KeyType:            c.KeyType,
+		KeyEncryptionKeys:  keks,
+		Preflight:          c.Preflight,
+		PreflightResolver:  c.PreflightResolver,
+		PreflightPort:      c.PreflightPort,
+		PreflightAllowCIDR: c.PreflightAllow,
 	})
 	if err != nil {
 		return nil, usagef("%v", err)
@@ -377,9 +385,21 @@ func (lns listeners) close() {
 	}
 }
 
-// serve answers on ln with h until the server is shut down.
-func serve(log *zap.Logger, name string, ln net.Listener, h http.Handler) *http.Server {
+// serveResponder serves the HTTP-01 responder on ln. It faces the internet, so its
+// connections are capped (acme.ConnLimiter, --http01-max-connections): a flood of
+// held connections cannot take the process's memory.
+func serveResponder(log *zap.Logger, ln net.Listener, responder http.Handler, maxConns int, reg prometheus.Registerer) *http.Server {
+	limiter := acme.NewConnLimiter(ln, maxConns, reg)
+	return serve(log, "http01", limiter, responder, limiter.Wrap)
+}
+
+// serve answers on ln with h until the server is shut down. configure, if any,
+// adjusts the server before it starts.
+func serve(log *zap.Logger, name string, ln net.Listener, h http.Handler, configure ...func(*http.Server)) *http.Server {
 	s := newServer(h)
+	for _, f := range configure {
+		f(s)
+	}
 	log.Info("listening", zap.String("server", name), zap.String("addr", ln.Addr().String()))
 	go func() {
 		if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

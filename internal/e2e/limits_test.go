@@ -138,9 +138,9 @@ func TestE2E_AnAccountWideLimitPausesTheCA(t *testing.T) {
 }
 
 // A refusal no retry can fix (here rejectedIdentifier, and Let's Encrypt's pause of an
-// account and name, whose unpause link the operator needs) marks the domain failed at
-// once, with the CA's problem in ssl_error, after one order instead of ten; `certworker
-// retry` brings it back once the tenant has fixed it.
+// account and name, whose unpause link goes to the operator's log, not to the tenant's
+// ssl_error) marks the domain failed at once, with the CA's problem in ssl_error, after
+// one order instead of ten; `certworker retry` brings it back once the cause is fixed.
 func TestE2E_APermanentRefusalFailsAtOnceUntilRetried(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -149,7 +149,7 @@ func TestE2E_APermanentRefusalFailsAtOnceUntilRetried(t *testing.T) {
 		errorRe string
 	}{
 		{"rejectedIdentifier", pebbletest.RejectedIdentifier, `rejectedIdentifier`},
-		{"paused account and name", pebbletest.Paused, `https://portal\.letsencrypt\.org/sfe/v1/unpause\?jwt=`},
+		{"paused account and name", pebbletest.Paused, `paused issuance .* the link in certworker's log \(unpause_url\)`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -165,6 +165,7 @@ func TestE2E_APermanentRefusalFailsAtOnceUntilRetried(t *testing.T) {
 			d := w.domain(t, id)
 			require.Equal(t, 1, d.Attempts, "one order, not ten")
 			require.Regexp(t, tc.errorRe, *d.Error)
+			require.NotContains(t, *d.Error, pebbletest.UnpauseLinkPrefix)
 			require.Equal(t, 1, front.Answered()[pebbletest.StepNewOrder])
 
 			require.NoError(t, queue.New(w.pool, queue.DefaultConfig()).Retry(w.ctx, name))

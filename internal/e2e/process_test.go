@@ -33,7 +33,7 @@ var (
 )
 
 // certworkerBinary builds cmd/certworker once for the package's tests.
-func certworkerBinary(t *testing.T) string {
+func certworkerBinary(t testing.TB) string {
 	t.Helper()
 	binaryOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "certworker-e2e-")
@@ -200,19 +200,22 @@ func TestProcess_AnOutageLongerThanTheLeaseOrdersNothingTwice(t *testing.T) {
 		require.NoError(t, w.pool.QueryRow(w.ctx, `SELECT count(*) FROM certworker_http01_tokens`).Scan(&tokens))
 		return tokens == len(ids) && w.statuses(t)["provisioning"] == len(ids)
 	})
-	// The responder the CA validates through (a's) answers every token: a token it
-	// has answered is held in its memory, which is what answers while the database
-	// is away.
-	var tokens []string
-	rows, err := w.pool.Query(w.ctx, `SELECT token FROM certworker_http01_tokens`)
+	// The responder the CA validates through (a's) answers every token, asked for
+	// under its name as the CA does: a token it has answered is held in its memory,
+	// which is what answers while the database is away.
+	type pending struct{ Token, Domain string }
+	rows, err := w.pool.Query(w.ctx, `SELECT token, domain FROM certworker_http01_tokens`)
 	require.NoError(t, err)
-	tokens, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	tokens, err := pgx.CollectRows(rows, pgx.RowToStructByPos[pending])
 	require.NoError(t, err)
 	for _, tok := range tokens {
-		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/.well-known/acme-challenge/%s", w.ca.HTTPPort, tok))
+		req, err := http.NewRequest(http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/.well-known/acme-challenge/%s", w.ca.HTTPPort, tok.Token), nil)
+		require.NoError(t, err)
+		req.Host = tok.Domain
+		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)
 		resp.Body.Close()
-		require.Equal(t, http.StatusOK, resp.StatusCode, "token %s", tok)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "token %s", tok.Token)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

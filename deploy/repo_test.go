@@ -1,0 +1,92 @@
+package deploy_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// repoRoot is the repository's top directory, or the test skips when the tests do not
+// run from a git checkout (a source tarball).
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
+	if err != nil {
+		t.Skip("not a git checkout")
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// git runs git in dir and returns its combined output.
+func git(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com",
+		"GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "git %s: %s", strings.Join(args, " "), out)
+	return string(out)
+}
+
+// .ci/check-large-files, which .ci/run runs before anything else, fails naming a file
+// over 1 MB in HEAD's tree (a file with a space in its name too), and passes a tree of
+// small ones. Guards against a build output committed again, as the 28 MB binary at
+// the root was.
+func TestCI_FailsWhenHEADHoldsAFileOverOneMB(t *testing.T) {
+	t.Parallel()
+	script := filepath.Join(repoRoot(t), ".ci", "check-large-files")
+	dir := t.TempDir()
+	git(t, dir, "init", "-q")
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "small.txt"), make([]byte, 1000), 0o600))
+	git(t, dir, "add", ".")
+	git(t, dir, "commit", "-q", "-m", "small")
+	check := exec.Command(script)
+	check.Dir = dir
+	out, err := check.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "a binary"), make([]byte, 1_000_001), 0o600))
+	git(t, dir, "add", ".")
+	git(t, dir, "commit", "-q", "-m", "big")
+	check = exec.Command(script)
+	check.Dir = dir
+	out, err = check.CombinedOutput()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "%s", out)
+	require.Equal(t, 1, exit.ExitCode())
+	require.Contains(t, string(out), "a binary (1000001 bytes)")
+	require.NotContains(t, string(out), "small.txt")
+
+	run, err := os.ReadFile(filepath.Join(repoRoot(t), ".ci", "run"))
+	require.NoError(t, err)
+	require.Contains(t, string(run), "\n.ci/check-large-files\n")
+	require.Contains(t, string(run), "\nmake test\n", ".ci/run still runs the tests")
+}
+
+// The repository's own HEAD passes that check, and build outputs, test artefacts and
+// compose's .env (passwords) are ignored while the sources are not. Guards against the
+// committed binary coming back.
+func TestRepository_HoldsNoBuildOutput(t *testing.T) {
+	t.Parallel()
+	root := repoRoot(t)
+	check := exec.Command(filepath.Join(root, ".ci", "check-large-files"))
+	check.Dir = root
+	out, err := check.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+
+	for _, path := range []string{"certworker", "bin/certworker", "bin/image/certworker", "acme/acme.test", "cover.out", "cpu.prof", "deploy/.env"} {
+		cmd := exec.Command("git", "check-ignore", "-q", "--no-index", path)
+		cmd.Dir = root
+		require.NoError(t, cmd.Run(), "%s is not ignored", path)
+	}
+	for _, path := range []string{"cmd/certworker/main.go", "deploy/.env.example", "deploy/compose.yaml"} {
+		cmd := exec.Command("git", "check-ignore", "-q", "--no-index", path)
+		cmd.Dir = root
+		require.Error(t, cmd.Run(), "%s is ignored", path)
+	}
+}
