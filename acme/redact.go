@@ -18,7 +18,8 @@ import (
 //   - the database's errors: pgx's connection errors name the database's user,
 //     host and port ("failed to connect to `user=certworker database=proxy`:
 //     10.0.3.7:5432 ..."), its I/O errors the server's address;
-//   - key errors: a sealed key names the id of the key encryption key it needs;
+//   - key errors: a sealed key names the id of the key encryption key it needs (a
+//     *queue.KeyError is left as it is: the worker never records it as ssl_error);
 //   - Let's Encrypt's unpause link, which acts for the whole account.
 //
 // forTenant logs each, in full, with the domain, and returns an error that says
@@ -37,6 +38,12 @@ func (i *Issuer) forTenant(err error, req queue.Request) error {
 	if db := databaseError(err); db != nil {
 		log.Warn("order failed on a database error", zap.Error(err))
 		return &redacted{msg: prefixOf(err, db) + "a database error (the details are in certworker's log)", err: err}
+	}
+	var ke *queue.KeyError
+	if errors.As(err, &ke) {
+		// Never written to ssl_error: the worker hands the claim back uncharged and
+		// logs it, key id included, for the operator (queue.KeyError).
+		return err
 	}
 	if keyError(err) {
 		log.Error("order failed: the stored key cannot be opened with the configured --key-encryption-key", zap.Error(err))
