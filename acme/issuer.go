@@ -204,7 +204,7 @@ func (i *Issuer) certificate(domain string, chainPEM []byte, key crypto.PrivateK
 	case errors.Is(err, queue.ErrNoRenewalInfo):
 		// The CA offers no renewal information: the lifetime rule applies.
 	default:
-		log.Warn("could not get the CA's renewal information; renewing when a third of the lifetime remains",
+		log.Warn("could not get the CA's renewal information; renewing by the certificate's lifetime",
 			zap.String("error", truncate(err.Error())))
 		infoAt = now.Add(queue.RenewalInfoAfterError)
 	}

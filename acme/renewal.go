@@ -18,8 +18,9 @@ import (
 )
 
 // RenewAtFromValidity is the renewal time of a certificate whose CA offers no ACME
-// Renewal Information: when a third of its lifetime remains (a 90-day certificate
-// renews after 60 days, a 6-day one after 4). It is queue.RenewAtFromValidity: the
+// Renewal Information: when a third of its lifetime remains for 10 days or more (a
+// 90-day certificate renews after 60 days), half below (a 6-day one after 3). It is
+// queue.RenewAtFromValidity: the
 // queue applies the same rule to certificates uploaded by hand, and the two have to
 // agree. (The queue cannot import this package, which imports it.)
 func RenewAtFromValidity(notBefore, notAfter time.Time) time.Time {
@@ -27,7 +28,7 @@ func RenewAtFromValidity(notBefore, notAfter time.Time) time.Time {
 }
 
 // renewAt is the renewal time of a certificate just issued: from the ARI window when
-// the CA gave a usable one, else the third-of-lifetime rule. fromWindow says which.
+// the CA gave a usable one, else the lifetime rule. fromWindow says which.
 func renewAt(leaf *x509.Certificate, w *queue.RenewalWindow, now time.Time) (at time.Time, fromWindow bool) {
 	if w != nil {
 		if t, ok := queue.RenewAtFromWindow(w.Start, w.End, leaf.NotBefore, leaf.NotAfter, now); ok {

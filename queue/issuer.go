@@ -52,8 +52,8 @@ type Certificate struct {
 	NotAfter   time.Time
 	Issuer     string
 	Serial     string
-	// RenewAt is when this certificate should be renewed (ARI, or a third of its
-	// lifetime before NotAfter).
+	// RenewAt is when this certificate should be renewed (ARI, or RenewAtFromValidity:
+	// a third of its lifetime before NotAfter, half below 10 days).
 	RenewAt time.Time
 	// WindowEnd is the end of the CA's suggested renewal window (ARI), or zero when
 	// the CA offers none. Past it, a renewal is urgent (CONTRACT.md §5).
