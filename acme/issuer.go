@@ -196,7 +196,7 @@ func (i *Issuer) certificate(domain string, chainPEM []byte, key crypto.PrivateK
 		return nil, err
 	}
 	now := time.Now()
-	window, err := i.renewalInfo(i.httpClient(tr), leaf)
+	window, err := i.renewalInfo(tr, leaf)
 	var infoAt time.Time
 	switch {
 	case err == nil:

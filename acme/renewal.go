@@ -56,8 +56,7 @@ func (i *Issuer) RenewalInfo(ctx context.Context, chainPEM string) (*queue.Renew
 		return nil, fmt.Errorf("renewal information: %w", err)
 	}
 	tr := i.orderTransport(ctx)
-	hc := &http.Client{Transport: tr, Timeout: i.cfg.httpTimeout()}
-	w, err := i.renewalInfo(hc, chain[0])
+	w, err := i.renewalInfo(tr, chain[0])
 	if err != nil && !errors.Is(err, queue.ErrNoRenewalInfo) {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("renewal information: %w", context.Cause(ctx))
@@ -69,8 +68,8 @@ func (i *Issuer) RenewalInfo(ctx context.Context, chainPEM string) (*queue.Renew
 	return w, err
 }
 
-// renewalInfo fetches leaf's renewal information through hc.
-func (i *Issuer) renewalInfo(hc *http.Client, leaf *x509.Certificate) (*queue.RenewalWindow, error) {
+// renewalInfo fetches leaf's renewal information through tr.
+func (i *Issuer) renewalInfo(tr *orderTransport, leaf *x509.Certificate) (*queue.RenewalWindow, error) {
 	if len(leaf.AuthorityKeyId) == 0 {
 		return nil, fmt.Errorf("renewal information: the certificate has no authority key identifier to name it by: %w", queue.ErrNoRenewalInfo)
 	}
@@ -78,14 +77,15 @@ func (i *Issuer) renewalInfo(hc *http.Client, leaf *x509.Certificate) (*queue.Re
 	if err != nil {
 		return nil, fmt.Errorf("renewal information: %w", err)
 	}
-	dir, err := i.directory(hc)
+	hc := i.httpClient(tr)
+	base, err := i.renewalInfoURL(tr.ctx, hc)
 	if err != nil {
 		return nil, err
 	}
-	if dir.RenewalInfo == "" {
+	if base == "" {
 		return nil, queue.ErrNoRenewalInfo
 	}
-	resp, err := hc.Get(strings.TrimSuffix(dir.RenewalInfo, "/") + "/" + id)
+	resp, err := hc.Get(strings.TrimSuffix(base, "/") + "/" + id)
 	if err != nil {
 		return nil, fmt.Errorf("acme: renewal information: %w", err)
 	}
@@ -108,6 +108,31 @@ func (i *Issuer) renewalInfo(hc *http.Client, leaf *x509.Certificate) (*queue.Re
 		return nil, fmt.Errorf("acme: renewal information: the CA's window [%s, %s) is empty", w.Start, w.End)
 	}
 	return &queue.RenewalWindow{Start: w.Start, End: w.End, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"))}, nil
+}
+
+// renewalInfoURL is the directory's renewalInfo URL, "" when the CA offers none. It
+// comes from the session while the directory is fresh; otherwise one caller fetches
+// the directory, through hc (whose transport keeps it in the session), while the
+// others wait for it, so that the worker's concurrent reads after start (or after
+// the hour a directory is kept) send the CA one directory request, not one each.
+func (i *Issuer) renewalInfoURL(ctx context.Context, hc *http.Client) (string, error) {
+	if u, ok := i.session.cachedRenewalInfo(time.Now()); ok {
+		return u, nil
+	}
+	select {
+	case i.session.fetching <- struct{}{}:
+		defer func() { <-i.session.fetching }()
+	case <-ctx.Done():
+		return "", fmt.Errorf("acme: get directory: %w", context.Cause(ctx))
+	}
+	if u, ok := i.session.cachedRenewalInfo(time.Now()); ok {
+		return u, nil
+	}
+	dir, err := i.directory(hc)
+	if err != nil {
+		return "", err
+	}
+	return dir.RenewalInfo, nil
 }
 
 // directory is the CA's directory (hc's transport answers from the session while

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -50,6 +51,44 @@ func TestRenewalInfo_FollowsTheCAsWindow(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, w.Start.Equal(start), "start %s, want %s", w.Start, start)
 	require.True(t, w.End.Equal(end), "end %s, want %s", w.End, end)
+}
+
+// The worker reads renewal information for many certificates at once. The CA's
+// directory is fetched once for all of them, including the first reads of a fresh
+// issuer, which run together: each fetched it before, 8 directory requests for 8
+// reads. Guards against a fleet's renewal-information reads doubling the requests
+// the CA sees.
+func TestRenewalInfo_ConcurrentReadsFetchTheDirectoryOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pebbletest.Options{}, true)
+	ctx := testCtx(t, 30*time.Second)
+	cert, err := newIssuer(t, b.pool, nil, b.config()).Issue(ctx, queue.Request{Domain: randomName("i")})
+	require.NoError(t, err)
+
+	iss := newIssuer(t, b.pool, nil, b.config())
+	before := b.ca.Requests()
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Go(func() {
+			_, err := iss.RenewalInfo(ctx, cert.ChainPEM)
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	after := b.ca.Requests()
+	require.Equal(t, 1, after[pebbletest.StepDirectory]-before[pebbletest.StepDirectory], "directory requests")
+	require.Equal(t, 8, after[pebbletest.StepRenewalInfo]-before[pebbletest.StepRenewalInfo], "renewal-information requests")
+
+	for range 3 {
+		_, err := iss.RenewalInfo(ctx, cert.ChainPEM)
+		require.NoError(t, err)
+	}
+	require.Equal(t, 1, b.ca.Requests()[pebbletest.StepDirectory]-before[pebbletest.StepDirectory], "the directory was fetched again")
 }
 
 // RenewalInfo says ErrNoRenewalInfo for a CA that offers none (the worker stops
