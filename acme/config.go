@@ -56,6 +56,10 @@ type Config struct {
 	// PreflightPort is the port the preflight probes (--preflight-port); 0 is
 	// DefaultPreflightPort, where the CA validates.
 	PreflightPort int
+	// RenewalInfoPerSecond is the fleet's budget of renewal-information requests
+	// (--ari-requests-per-second), which the read right after an issuance takes a
+	// token of too; 0 reads without one (a test, the demo).
+	RenewalInfoPerSecond float64
 }
 
 // DefaultHTTPTimeout is the per-request timeout towards the CA. Let's Encrypt answers

@@ -13,6 +13,7 @@ import (
 
 	legoacme "github.com/go-acme/lego/v4/acme"
 	"github.com/go-acme/lego/v4/certificate"
+	"go.uber.org/zap"
 
 	"github.com/certworker/certworker/queue"
 )
@@ -25,6 +26,51 @@ import (
 // agree. (The queue cannot import this package, which imports it.)
 func RenewAtFromValidity(notBefore, notAfter time.Time) time.Time {
 	return queue.RenewAtFromValidity(notBefore, notAfter)
+}
+
+// renewalSchedule is when to renew leaf, just issued, and when to ask the CA about
+// it again: from the CA's renewal information when it offers it (RFC 9773 asks for
+// a read right after issuance), else by the lifetime (RenewAtFromValidity). The read
+// takes a token of the fleet's budget (--ari-requests-per-second) like every other;
+// when the budget is spent it is not made here but left to the worker's reads, due
+// at once, which make it as soon as the budget allows.
+func (i *Issuer) renewalSchedule(tr *orderTransport, leaf *x509.Certificate, log *zap.Logger) (at, windowEnd time.Time, infoIn time.Duration, fromWindow bool) {
+	if !i.renewalInfoToken(tr.ctx, log) {
+		log.Debug("the fleet's renewal-information budget is spent; the worker reads the new certificate's soon")
+		return RenewAtFromValidity(leaf.NotBefore, leaf.NotAfter), time.Time{}, queue.RenewalInfoSoon, false
+	}
+	window, err := i.renewalInfo(tr, leaf)
+	switch {
+	case err == nil:
+		infoIn = queue.RenewalInfoIn(window.RetryAfter)
+	case errors.Is(err, queue.ErrNoRenewalInfo):
+		// The CA offers no renewal information: the lifetime rule applies.
+	default:
+		log.Warn("could not get the CA's renewal information; renewing by the certificate's lifetime",
+			zap.String("error", truncate(err.Error())))
+		infoIn = queue.RenewalInfoRetryIn()
+	}
+	at, fromWindow = renewAt(leaf, window, time.Now())
+	if fromWindow {
+		windowEnd = window.End
+	}
+	return at, windowEnd, infoIn, fromWindow
+}
+
+// renewalInfoToken takes a token of the fleet's renewal-information budget, and
+// reports whether the read may go. Without a budget (RenewalInfoPerSecond 0) it
+// always may; when the budget cannot be read (the database is down) too: one read
+// per issuance is no load a CA notices.
+func (i *Issuer) renewalInfoToken(ctx context.Context, log *zap.Logger) bool {
+	if i.cfg.RenewalInfoPerSecond <= 0 {
+		return true
+	}
+	got, _, err := queue.New(i.pool, queue.Config{}).TakeRenewalInfoTokens(ctx, i.cfg.DirectoryURL, 1, i.cfg.RenewalInfoPerSecond)
+	if err != nil {
+		log.Warn("could not take a token of the fleet's renewal-information budget; reading without one", zap.Error(err))
+		return true
+	}
+	return got == 1
 }
 
 // renewAt is the renewal time of a certificate just issued: from the ARI window when

@@ -74,12 +74,21 @@ func TestCLI_BadFlagsExitTwoNamingTheFlag(t *testing.T) {
 		{[]string{"run", "--retry-base", "1h", "--retry-max", "1m"}, "--retry-max"},
 		{[]string{"run", "--key-encryption-key", "c2hvcnQ="}, "--key-encryption-key"},
 		{[]string{"run", "--log-level", "loud"}, "--log-level"},
+		{[]string{"run", "--ari-requests-per-second", "0"}, "--ari-requests-per-second"},
+		{[]string{"run", "--ari-requests-per-second", "-5"}, "--ari-requests-per-second"},
+		{[]string{"run", "--ari-requests-per-second", "NaN"}, "--ari-requests-per-second"},
+		{[]string{"run", "--ari-requests-per-second", "+Inf"}, "--ari-requests-per-second"},
+		{[]string{"run", "--ari-requests-per-second", "lots"}, "--ari-requests-per-second"},
 		{[]string{"frobnicate"}, "frobnicate"},
 	} {
 		code, _, stderr := invoke(t, tc.args...)
 		require.Equal(t, exitUsage, code, "%v: %s", tc.args, stderr)
 		require.Contains(t, stderr, tc.want, "%v", tc.args)
 	}
+	t.Setenv("CERTWORKER_ARI_REQUESTS_PER_SECOND", "0")
+	code, _, stderr := invoke(t, "run")
+	require.Equal(t, exitUsage, code, stderr)
+	require.Contains(t, stderr, "--ari-requests-per-second", "the variable is read and checked")
 }
 
 func TestCLI_HelpWorksOnEveryCommand(t *testing.T) {

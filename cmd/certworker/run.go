@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -56,6 +57,7 @@ type runCmd struct {
 	PreflightResolver string        `name:"preflight-resolver" env:"CERTWORKER_PREFLIGHT_RESOLVER" placeholder:"HOST:PORT" help:"DNS server the preflight asks (default: the system's resolver)."`
 	PreflightPort     int           `name:"preflight-port" env:"CERTWORKER_PREFLIGHT_PORT" default:"80" help:"Port the preflight probes (where the CA validates HTTP-01)."`
 	OrderTimeout      time.Duration `name:"order-timeout" env:"CERTWORKER_ORDER_TIMEOUT" default:"10m" help:"An order running longer is cancelled and charged as a failure."`
+	ARIPerSecond      float64       `name:"ari-requests-per-second" env:"CERTWORKER_ARI_REQUESTS_PER_SECOND" default:"50" help:"Renewal-information (ARI) requests to the CA per second, for the whole fleet: the instances share one budget in the database. A million certificates at the CA's usual six hours between questions are 46 a second."`
 	LimitOrders       string        `name:"limit-orders-per-account" env:"CERTWORKER_LIMIT_ORDERS_PER_ACCOUNT" default:"300/3h" placeholder:"COUNT/DURATION" help:"Ledger limit on new orders from the ACME account, shared by every instance: COUNT/DURATION or off (default: Let's Encrypt's)."`
 	LimitRegistered   string        `name:"limit-certs-per-registered-domain" env:"CERTWORKER_LIMIT_CERTS_PER_REGISTERED_DOMAIN" default:"50/168h" placeholder:"COUNT/DURATION" help:"Ledger limit on new certificates per registered domain (public suffix list): COUNT/DURATION or off."`
 	LimitExactSet     string        `name:"limit-certs-per-exact-set" env:"CERTWORKER_LIMIT_CERTS_PER_EXACT_SET" default:"5/168h" placeholder:"COUNT/DURATION" help:"Ledger limit on certificates for one exact set of names (here: one name): COUNT/DURATION or off."`
@@ -82,6 +84,8 @@ func (c *runCmd) validate() error {
 		return usagef("--shutdown-grace: must not be negative, got %s", c.ShutdownGrace)
 	case c.OrderTimeout <= 0:
 		return usagef("--order-timeout: must be positive, got %s", c.OrderTimeout)
+	case !(c.ARIPerSecond > 0) || math.IsInf(c.ARIPerSecond, 0):
+		return usagef("--ari-requests-per-second: must be a positive number, got %v", c.ARIPerSecond)
 	case c.Lease < 3*time.Second:
 		return usagef("--lease: must be at least 3s, got %s", c.Lease)
 	}
@@ -236,6 +240,8 @@ func (c *runCmd) issuer(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger
 		Preflight:         c.Preflight,
 		PreflightResolver: c.PreflightResolver,
 		PreflightPort:     c.PreflightPort,
+
+		RenewalInfoPerSecond: c.ARIPerSecond,
 	})
 	if err != nil {
 		return nil, usagef("%v", err)
@@ -259,6 +265,8 @@ func (c *runCmd) startWorker(ctx context.Context, pool *pgxpool.Pool, issuer *ac
 		PollInterval:  c.PollInterval,
 		ShutdownGrace: max(c.ShutdownGrace, time.Nanosecond), // 0 would mean the default
 		OrderTimeout:  c.OrderTimeout,
+
+		RenewalInfoPerSecond: c.ARIPerSecond,
 	})
 	if err != nil {
 		return nil, usagef("%v", err)
