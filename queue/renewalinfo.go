@@ -37,11 +37,12 @@ const (
 // RenewalInfoCandidate is a stored certificate whose renewal information an instance
 // has claimed the read of.
 type RenewalInfoCandidate struct {
-	ID, Domain string
-	ChainPEM   string
-	NotBefore  time.Time
-	NotAfter   time.Time
-	RenewAt    time.Time
+	// ID is the certificate row's id, DomainID its domain's.
+	ID, DomainID, Domain string
+	ChainPEM             string
+	NotBefore            time.Time
+	NotAfter             time.Time
+	RenewAt              time.Time
 	// Now is the database's time at the claim: the worker judges the CA's window by
 	// it, not by its own clock.
 	Now time.Time
@@ -71,7 +72,7 @@ func (q *Queue) ClaimRenewalInfo(ctx context.Context, n int) ([]RenewalInfoCandi
 	}
 	rows, err := q.db.Query(ctx, `
 WITH scanned AS (
-    SELECT c.id, c.ari_next_at,
+    SELECT c.id, c.ari_next_at, d.id AS domain_id,
            COALESCE(c.expires_at > now() AND c.renew_at IS NOT NULL AND c.auto_renew
                     AND d.ssl_status = 'active' AND d.ssl_provider = 'acme'
                     AND d.verification_status = 'verified', false) AS eligible,
@@ -82,7 +83,7 @@ WITH scanned AS (
     LIMIT $2
     FOR UPDATE OF c SKIP LOCKED
 ), ranked AS (
-    SELECT id, eligible, finished, row_number() OVER (PARTITION BY eligible ORDER BY ari_next_at) AS rank
+    SELECT id, domain_id, eligible, finished, row_number() OVER (PARTITION BY eligible ORDER BY ari_next_at) AS rank
     FROM scanned
 )
 UPDATE proxy_certificates c SET ari_next_at = CASE
@@ -91,7 +92,7 @@ UPDATE proxy_certificates c SET ari_next_at = CASE
         ELSE now() + make_interval(secs => $4) END
 FROM ranked r
 WHERE c.id = r.id AND (NOT r.eligible OR r.rank <= $1)
-RETURNING r.eligible, c.id::text, c.domain, CASE WHEN r.eligible THEN c.certificate_pem END,
+RETURNING r.eligible, c.id::text, r.domain_id::text, c.domain, CASE WHEN r.eligible THEN c.certificate_pem END,
           COALESCE(c.not_before, c.expires_at), c.expires_at, c.renew_at, now(), c.serial, c.version`,
 		n, n+renewalInfoSweep, seconds(RenewalInfoHold), seconds(renewalInfoIneligibleIn))
 	if err != nil {
@@ -104,10 +105,10 @@ RETURNING r.eligible, c.id::text, c.domain, CASE WHEN r.eligible THEN c.certific
 		var (
 			eligible                   bool
 			c                          RenewalInfoCandidate
-			chain                      *string
+			domainID, chain            *string
 			notBefore, notAfter, renew *time.Time
 		)
-		if err := rows.Scan(&eligible, &c.ID, &c.Domain, &chain, &notBefore, &notAfter, &renew, &c.Now,
+		if err := rows.Scan(&eligible, &c.ID, &domainID, &c.Domain, &chain, &notBefore, &notAfter, &renew, &c.Now,
 			&c.serial, &c.version); err != nil {
 			return nil, 0, fmt.Errorf("claim renewal-information reads: %w", err)
 		}
@@ -115,9 +116,9 @@ RETURNING r.eligible, c.id::text, c.domain, CASE WHEN r.eligible THEN c.certific
 			swept++
 			continue
 		}
-		// An eligible row has all three (its expiry is in the future, it has a
-		// renewal time), and the chain.
-		c.ChainPEM, c.NotBefore, c.NotAfter, c.RenewAt = *chain, *notBefore, *notAfter, *renew
+		// An eligible row has all of them: a domain, an expiry in the future, a
+		// renewal time, and the chain.
+		c.DomainID, c.ChainPEM, c.NotBefore, c.NotAfter, c.RenewAt = *domainID, *chain, *notBefore, *notAfter, *renew
 		out = append(out, c)
 	}
 	if err := rows.Err(); err != nil {

@@ -119,7 +119,7 @@ func TestClaimRenewalInfo_MovesReadsNotToBeMadeOutOfTheWay(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	tn := b.tenant(t)
-	_, asked := b.ariCert(t, tn, "active", 60)
+	askedID, asked := b.ariCert(t, tn, "active", 60)
 	_, expired := b.ariCert(t, tn, "active", 60)
 	b.exec(t, `UPDATE proxy_certificates SET expires_at = now() - interval '1 minute' WHERE domain = $1`, expired)
 	_, manualRenew := b.ariCert(t, tn, "active", 60)
@@ -134,6 +134,7 @@ func TestClaimRenewalInfo_MovesReadsNotToBeMadeOutOfTheWay(t *testing.T) {
 	batch, swept, err := b.q.ClaimRenewalInfo(b.ctx, 16)
 	require.NoError(t, err)
 	require.Equal(t, []string{asked}, claimedDomains(batch))
+	require.Equal(t, askedID, batch[0].DomainID)
 	require.Equal(t, 6, swept)
 	for _, name := range []string{expired, manualRenew, gone} {
 		require.Nil(t, b.ariRow(t, name).NextAt, "%s is still asked about", name)

@@ -138,14 +138,14 @@ func (w *Worker) askRenewalInfoBatch(ctx context.Context, ri queue.RenewalInform
 	for _, c := range batch {
 		wg.Go(func() {
 			info, outcome := w.askRenewalInfo(ctx, ri, c)
+			if ctx.Err() != nil {
+				return // shutting down: the claim runs out, and someone asks again
+			}
 			w.m.renewalInfo(outcome)
 			if outcome == readUnavailable {
 				mu.Lock()
 				unavailable++
 				mu.Unlock()
-			}
-			if ctx.Err() != nil {
-				return // shutting down: the claim runs out, and someone asks again
 			}
 			w.recordRenewalInfo(ctx, c, info)
 		})
@@ -175,10 +175,8 @@ func (w *Worker) askRenewalInfo(ctx context.Context, ri queue.RenewalInformer, c
 		return queue.RenewalInfo{}, readNone // nothing to ask any more
 	case err != nil:
 		retry := queue.RenewalInfoRetryIn()
-		if ctx.Err() == nil {
-			w.log.Debug("could not get renewal information; asking again later", zap.String("domain", c.Domain),
-				zap.Error(err), zap.Duration("retry_in", retry))
-		}
+		w.log.Debug("could not get renewal information; asking again later", zap.String("domain", c.Domain), zap.String("domain_id", c.DomainID),
+			zap.Error(err), zap.Duration("retry_in", retry))
 		if timedOut || errors.As(err, &ue) {
 			return queue.RenewalInfo{NextIn: retry}, readUnavailable
 		}
@@ -210,7 +208,7 @@ func (w *Worker) recordRenewalInfo(ctx context.Context, c queue.RenewalInfoCandi
 	switch {
 	case errors.Is(err, queue.ErrCertificateReplaced):
 		w.log.Debug("certificate replaced while its renewal information was read; the answer is dropped",
-			zap.String("domain", c.Domain))
+			zap.String("domain", c.Domain), zap.String("domain_id", c.DomainID))
 		return
 	case err != nil:
 		w.logDBError("record renewal information", err)
@@ -220,7 +218,7 @@ func (w *Worker) recordRenewalInfo(ctx context.Context, c queue.RenewalInfoCandi
 		return
 	}
 	w.log.Warn("the CA moved the certificate's renewal window earlier; renewing sooner",
-		zap.String("domain", c.Domain), zap.Duration("renew_in", renewIn), zap.Time("was", c.RenewAt),
+		zap.String("domain", c.Domain), zap.String("domain_id", c.DomainID), zap.Duration("renew_in", renewIn), zap.Time("was", c.RenewAt),
 		zap.Time("window_end", info.WindowEnd))
 	w.wantMaintenanceIn(renewIn)
 }
