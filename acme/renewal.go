@@ -21,9 +21,9 @@ import (
 // RenewAtFromValidity is the renewal time of a certificate whose CA offers no ACME
 // Renewal Information: when a third of its lifetime remains for 10 days or more (a
 // 90-day certificate renews after 60 days), half below (a 6-day one after 3). It is
-// queue.RenewAtFromValidity: the
-// queue applies the same rule to certificates uploaded by hand, and the two have to
-// agree. (The queue cannot import this package, which imports it.)
+// queue.RenewAtFromValidity: the queue applies the same rule to certificates
+// uploaded by hand, and the two have to agree. (The queue cannot import this
+// package, which imports it.)
 func RenewAtFromValidity(notBefore, notAfter time.Time) time.Time {
 	return queue.RenewAtFromValidity(notBefore, notAfter)
 }

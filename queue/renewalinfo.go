@@ -30,8 +30,10 @@ const (
 	// renewalInfoSweep is how many due rows that are not to be asked about one claim
 	// moves out of the way besides the reads it claims. Without it they would stay due
 	// and keep the earliest ari_next_at in the past, and an instance would wake for
-	// them at once, again and again.
-	renewalInfoSweep = 200
+	// them at once, again and again. The claim locks that many rows more than it
+	// takes (each lock a write of the row's header), so it is small: a backlog of
+	// them (a mass failure) is cleared by claims that follow each other at once.
+	renewalInfoSweep = 32
 )
 
 // RenewalInfoCandidate is a stored certificate whose renewal information an instance
