@@ -60,6 +60,10 @@ type Config struct {
 	// preflight may connect to although they are reserved (loopback, private,
 	// link-local...; see ParseAllowCIDR), or "" for none.
 	PreflightAllowCIDR string
+	// RenewalInfoPerSecond is the fleet's budget of renewal-information requests
+	// (--ari-requests-per-second), which the read right after an issuance takes a
+	// token of too; 0 reads without one (a test, the demo).
+	RenewalInfoPerSecond float64
 }
 
 // DefaultHTTPTimeout is the per-request timeout towards the CA. Let's Encrypt answers

@@ -11,7 +11,7 @@
 // comes from the CA's ACME Renewal Information when it offers it (a uniformly random
 // point of its suggested window, never in the certificate's last tenth:
 // queue.RenewAtFromWindow), otherwise from RenewAtFromValidity (a third of the lifetime
-// before expiry). Issuer.RenewalInfo asks the CA again for a stored certificate
+// before expiry, half of it below 10 days). Issuer.RenewalInfo asks the CA again for a stored certificate
 // (queue.RenewalInformer), so that a window the CA moves earlier is acted on.
 //
 // An order is driven step by step on lego's protocol layer (api.Core: JWS,

@@ -196,24 +196,7 @@ func (i *Issuer) certificate(domain string, chainPEM []byte, key crypto.PrivateK
 	if err := checkLeaf(leaf, domain, key); err != nil {
 		return nil, err
 	}
-	now := time.Now()
-	window, err := i.renewalInfo(i.httpClient(tr), leaf)
-	var infoAt time.Time
-	switch {
-	case err == nil:
-		infoAt = queue.RenewalInfoAt(window.RetryAfter, now)
-	case errors.Is(err, queue.ErrNoRenewalInfo):
-		// The CA offers no renewal information: the lifetime rule applies.
-	default:
-		log.Warn("could not get the CA's renewal information; renewing when a third of the lifetime remains",
-			zap.String("error", truncate(err.Error())))
-		infoAt = now.Add(queue.RenewalInfoAfterError)
-	}
-	at, fromWindow := renewAt(leaf, window, now)
-	var windowEnd time.Time
-	if fromWindow {
-		windowEnd = window.End
-	}
+	at, windowEnd, infoIn, fromWindow := i.renewalSchedule(tr, leaf, log)
 
 	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
@@ -236,7 +219,7 @@ func (i *Issuer) certificate(domain string, chainPEM []byte, key crypto.PrivateK
 		Serial:        leaf.SerialNumber.Text(16),
 		RenewAt:       at,
 		WindowEnd:     windowEnd,
-		RenewalInfoAt: infoAt,
+		RenewalInfoIn: infoIn,
 	}
 	log.Debug("certificate obtained",
 		zap.String("serial", cert.Serial), zap.Time("not_after", cert.NotAfter),

@@ -322,13 +322,15 @@ func TestIssue_ExternalAccountBinding(t *testing.T) {
 	require.Equal(t, kid, storedKid)
 }
 
-// The third-of-lifetime rule, exported for hand-uploaded certificates. Guards
-// against a rule that drifts from the queue's (they must agree) or from the contract.
-func TestRenewAtFromValidity_ThirdOfLifetimeRemains(t *testing.T) {
+// The lifetime rule (a third left from 10 days up, half below: CONTRACT.md §5),
+// exported for hand-uploaded certificates. Guards against a rule that drifts from the
+// queue's (they must agree) or from the contract.
+func TestRenewAtFromValidity_AThirdLeftOrHalfBelowTenDays(t *testing.T) {
 	t.Parallel()
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	day := 24 * time.Hour
 	require.Equal(t, start.Add(60*day), acme.RenewAtFromValidity(start, start.Add(90*day)))
-	require.Equal(t, start.Add(4*day), acme.RenewAtFromValidity(start, start.Add(6*day)))
+	require.Equal(t, start.Add(3*day), acme.RenewAtFromValidity(start, start.Add(6*day)))
+	require.Equal(t, start.Add(80*time.Hour), acme.RenewAtFromValidity(start, start.Add(160*time.Hour)))
 	require.Equal(t, queue.RenewAtFromValidity(start, start.Add(47*day)), acme.RenewAtFromValidity(start, start.Add(47*day)))
 }

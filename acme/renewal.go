@@ -13,21 +13,68 @@ import (
 
 	legoacme "github.com/go-acme/lego/v4/acme"
 	"github.com/go-acme/lego/v4/certificate"
+	"go.uber.org/zap"
 
 	"github.com/certworker/certworker/queue"
 )
 
 // RenewAtFromValidity is the renewal time of a certificate whose CA offers no ACME
-// Renewal Information: when a third of its lifetime remains (a 90-day certificate
-// renews after 60 days, a 6-day one after 4). It is queue.RenewAtFromValidity: the
-// queue applies the same rule to certificates uploaded by hand, and the two have to
-// agree. (The queue cannot import this package, which imports it.)
+// Renewal Information: when a third of its lifetime remains for 10 days or more (a
+// 90-day certificate renews after 60 days), half below (a 6-day one after 3). It is
+// queue.RenewAtFromValidity: the queue applies the same rule to certificates
+// uploaded by hand, and the two have to agree. (The queue cannot import this
+// package, which imports it.)
 func RenewAtFromValidity(notBefore, notAfter time.Time) time.Time {
 	return queue.RenewAtFromValidity(notBefore, notAfter)
 }
 
+// renewalSchedule is when to renew leaf, just issued, and when to ask the CA about
+// it again: from the CA's renewal information when it offers it (RFC 9773 asks for
+// a read right after issuance), else by the lifetime (RenewAtFromValidity). The read
+// takes a token of the fleet's budget (--ari-requests-per-second) like every other;
+// when the budget is spent it is not made here but left to the worker's reads, due
+// at once, which make it as soon as the budget allows.
+func (i *Issuer) renewalSchedule(tr *orderTransport, leaf *x509.Certificate, log *zap.Logger) (at, windowEnd time.Time, infoIn time.Duration, fromWindow bool) {
+	if !i.renewalInfoToken(tr.ctx, log) {
+		log.Debug("the fleet's renewal-information budget is spent; the worker reads the new certificate's soon")
+		return RenewAtFromValidity(leaf.NotBefore, leaf.NotAfter), time.Time{}, queue.RenewalInfoSoon, false
+	}
+	window, err := i.renewalInfo(tr, leaf)
+	switch {
+	case err == nil:
+		infoIn = queue.RenewalInfoIn(window.RetryAfter)
+	case errors.Is(err, queue.ErrNoRenewalInfo):
+		// The CA offers no renewal information: the lifetime rule applies.
+	default:
+		log.Warn("could not get the CA's renewal information; renewing by the certificate's lifetime",
+			zap.String("error", truncate(err.Error())))
+		infoIn = queue.RenewalInfoRetryIn()
+	}
+	at, fromWindow = renewAt(leaf, window, time.Now())
+	if fromWindow {
+		windowEnd = window.End
+	}
+	return at, windowEnd, infoIn, fromWindow
+}
+
+// renewalInfoToken takes a token of the fleet's renewal-information budget, and
+// reports whether the read may go. Without a budget (RenewalInfoPerSecond 0) it
+// always may; when the budget cannot be read (the database is down) too: one read
+// per issuance is no load a CA notices.
+func (i *Issuer) renewalInfoToken(ctx context.Context, log *zap.Logger) bool {
+	if i.cfg.RenewalInfoPerSecond <= 0 {
+		return true
+	}
+	got, _, err := queue.New(i.pool, queue.Config{}).TakeRenewalInfoTokens(ctx, i.cfg.DirectoryURL, 1, i.cfg.RenewalInfoPerSecond)
+	if err != nil {
+		log.Warn("could not take a token of the fleet's renewal-information budget; reading without one", zap.Error(err))
+		return true
+	}
+	return got == 1
+}
+
 // renewAt is the renewal time of a certificate just issued: from the ARI window when
-// the CA gave a usable one, else the third-of-lifetime rule. fromWindow says which.
+// the CA gave a usable one, else the lifetime rule. fromWindow says which.
 func renewAt(leaf *x509.Certificate, w *queue.RenewalWindow, now time.Time) (at time.Time, fromWindow bool) {
 	if w != nil {
 		if t, ok := queue.RenewAtFromWindow(w.Start, w.End, leaf.NotBefore, leaf.NotAfter, now); ok {
@@ -55,8 +102,7 @@ func (i *Issuer) RenewalInfo(ctx context.Context, chainPEM string) (*queue.Renew
 		return nil, fmt.Errorf("renewal information: %w", err)
 	}
 	tr := i.orderTransport(ctx)
-	hc := &http.Client{Transport: tr, Timeout: i.cfg.httpTimeout()}
-	w, err := i.renewalInfo(hc, chain[0])
+	w, err := i.renewalInfo(tr, chain[0])
 	if err != nil && !errors.Is(err, queue.ErrNoRenewalInfo) {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("renewal information: %w", context.Cause(ctx))
@@ -68,8 +114,8 @@ func (i *Issuer) RenewalInfo(ctx context.Context, chainPEM string) (*queue.Renew
 	return w, err
 }
 
-// renewalInfo fetches leaf's renewal information through hc.
-func (i *Issuer) renewalInfo(hc *http.Client, leaf *x509.Certificate) (*queue.RenewalWindow, error) {
+// renewalInfo fetches leaf's renewal information through tr.
+func (i *Issuer) renewalInfo(tr *orderTransport, leaf *x509.Certificate) (*queue.RenewalWindow, error) {
 	if len(leaf.AuthorityKeyId) == 0 {
 		return nil, fmt.Errorf("renewal information: the certificate has no authority key identifier to name it by: %w", queue.ErrNoRenewalInfo)
 	}
@@ -77,14 +123,15 @@ func (i *Issuer) renewalInfo(hc *http.Client, leaf *x509.Certificate) (*queue.Re
 	if err != nil {
 		return nil, fmt.Errorf("renewal information: %w", err)
 	}
-	dir, err := i.directory(hc)
+	hc := i.httpClient(tr)
+	base, err := i.renewalInfoURL(tr.ctx, hc)
 	if err != nil {
 		return nil, err
 	}
-	if dir.RenewalInfo == "" {
+	if base == "" {
 		return nil, queue.ErrNoRenewalInfo
 	}
-	resp, err := hc.Get(strings.TrimSuffix(dir.RenewalInfo, "/") + "/" + id)
+	resp, err := hc.Get(strings.TrimSuffix(base, "/") + "/" + id)
 	if err != nil {
 		return nil, fmt.Errorf("acme: renewal information: %w", err)
 	}
@@ -107,6 +154,31 @@ func (i *Issuer) renewalInfo(hc *http.Client, leaf *x509.Certificate) (*queue.Re
 		return nil, fmt.Errorf("acme: renewal information: the CA's window [%s, %s) is empty", w.Start, w.End)
 	}
 	return &queue.RenewalWindow{Start: w.Start, End: w.End, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"))}, nil
+}
+
+// renewalInfoURL is the directory's renewalInfo URL, "" when the CA offers none. It
+// comes from the session while the directory is fresh; otherwise one caller fetches
+// the directory, through hc (whose transport keeps it in the session), while the
+// others wait for it, so that the worker's concurrent reads after start (or after
+// the hour a directory is kept) send the CA one directory request, not one each.
+func (i *Issuer) renewalInfoURL(ctx context.Context, hc *http.Client) (string, error) {
+	if u, ok := i.session.cachedRenewalInfo(time.Now()); ok {
+		return u, nil
+	}
+	select {
+	case i.session.fetching <- struct{}{}:
+		defer func() { <-i.session.fetching }()
+	case <-ctx.Done():
+		return "", fmt.Errorf("acme: get directory: %w", context.Cause(ctx))
+	}
+	if u, ok := i.session.cachedRenewalInfo(time.Now()); ok {
+		return u, nil
+	}
+	dir, err := i.directory(hc)
+	if err != nil {
+		return "", err
+	}
+	return dir.RenewalInfo, nil
 }
 
 // directory is the CA's directory (hc's transport answers from the session while

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,7 +28,6 @@ func TestRenewalInfo_FollowsTheCAsWindow(t *testing.T) {
 	ctx := testCtx(t, 30*time.Second)
 	cert, err := iss.Issue(ctx, queue.Request{Domain: randomName("i")})
 	require.NoError(t, err)
-	issuedAt := time.Now()
 
 	// Pebble's window: two days around the point a third of the lifetime before
 	// expiry.
@@ -36,7 +36,7 @@ func TestRenewalInfo_FollowsTheCAsWindow(t *testing.T) {
 	require.WithinDuration(t, ideal.Add(24*time.Hour), cert.WindowEnd, time.Minute)
 	require.False(t, cert.RenewAt.Before(ideal.Add(-24*time.Hour).Add(-time.Minute)), "RenewAt %s", cert.RenewAt)
 	require.True(t, cert.RenewAt.Before(cert.WindowEnd), "RenewAt %s", cert.RenewAt)
-	require.WithinDuration(t, issuedAt.Add(6*time.Hour), cert.RenewalInfoAt, time.Minute, "Pebble's Retry-After")
+	requireJittered(t, 6*time.Hour, cert.RenewalInfoIn, "Pebble's Retry-After")
 
 	w, err := iss.RenewalInfo(ctx, cert.ChainPEM)
 	require.NoError(t, err)
@@ -50,6 +50,72 @@ func TestRenewalInfo_FollowsTheCAsWindow(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, w.Start.Equal(start), "start %s, want %s", w.Start, start)
 	require.True(t, w.End.Equal(end), "end %s, want %s", w.End, end)
+}
+
+// The worker reads renewal information for many certificates at once. The CA's
+// directory is fetched once for all of them, including the first reads of a fresh
+// issuer, which run together: each fetched it before, 8 directory requests for 8
+// reads. Guards against a fleet's renewal-information reads doubling the requests
+// the CA sees.
+func TestRenewalInfo_ConcurrentReadsFetchTheDirectoryOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pebbletest.Options{}, true)
+	ctx := testCtx(t, 30*time.Second)
+	cert, err := newIssuer(t, b.pool, nil, b.config()).Issue(ctx, queue.Request{Domain: randomName("i")})
+	require.NoError(t, err)
+
+	iss := newIssuer(t, b.pool, nil, b.config())
+	before := b.ca.Requests()
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Go(func() {
+			_, err := iss.RenewalInfo(ctx, cert.ChainPEM)
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	after := b.ca.Requests()
+	require.Equal(t, 1, after[pebbletest.StepDirectory]-before[pebbletest.StepDirectory], "directory requests")
+	require.Equal(t, 8, after[pebbletest.StepRenewalInfo]-before[pebbletest.StepRenewalInfo], "renewal-information requests")
+
+	for range 3 {
+		_, err := iss.RenewalInfo(ctx, cert.ChainPEM)
+		require.NoError(t, err)
+	}
+	require.Equal(t, 1, b.ca.Requests()[pebbletest.StepDirectory]-before[pebbletest.StepDirectory], "the directory was fetched again")
+}
+
+// The read of renewal information right after an issuance takes a token of the
+// fleet's budget (--ari-requests-per-second) like the worker's reads: at 0.01 a
+// second the first issuance reads, the second finds the budget spent, sends the CA
+// no question, renews by the lifetime for now, and leaves the read to the worker,
+// due at once. Guards against issuances going around the budget the fleet shares.
+func TestIssue_TheReadAfterIssuanceTakesATokenOfTheFleetsBudget(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pebbletest.Options{}, true)
+	cfg := b.config()
+	cfg.RenewalInfoPerSecond = 0.01
+	iss := newIssuer(t, b.pool, nil, cfg)
+	ctx := testCtx(t, 30*time.Second)
+	asked := func() int { return b.ca.Requests()[pebbletest.StepRenewalInfo] }
+
+	first, err := iss.Issue(ctx, queue.Request{Domain: randomName("budget")})
+	require.NoError(t, err)
+	require.Equal(t, 1, asked())
+	require.False(t, first.WindowEnd.IsZero(), "the first issuance read the CA's window")
+	requireJittered(t, 6*time.Hour, first.RenewalInfoIn, "Pebble's Retry-After")
+
+	second, err := iss.Issue(ctx, queue.Request{Domain: randomName("budget")})
+	require.NoError(t, err)
+	require.Equal(t, 1, asked(), "a read without a token")
+	require.True(t, second.WindowEnd.IsZero())
+	require.Equal(t, queue.RenewalInfoSoon, second.RenewalInfoIn, "the worker reads it as soon as the budget allows")
+	require.Equal(t, queue.RenewAtFromValidity(second.NotBefore, second.NotAfter), second.RenewAt)
 }
 
 // RenewalInfo says ErrNoRenewalInfo for a CA that offers none (the worker stops
@@ -72,7 +138,7 @@ func TestRenewalInfo_CAWithoutARIOrUnreachable(t *testing.T) {
 	plain, err := noARI.Issue(ctx, queue.Request{Domain: randomName("i")})
 	require.NoError(t, err)
 	require.True(t, plain.WindowEnd.IsZero(), "no window from a CA without ARI")
-	require.True(t, plain.RenewalInfoAt.IsZero(), "nothing to ask a CA without ARI")
+	require.Zero(t, plain.RenewalInfoIn, "nothing to ask a CA without ARI")
 	require.Equal(t, queue.RenewAtFromValidity(plain.NotBefore, plain.NotAfter), plain.RenewAt)
 
 	down := pebbletest.NewFront(t, b.ca)
@@ -133,5 +199,13 @@ func TestIssue_RenewalWindowInTheLastTenthRenewsAtItsStart(t *testing.T) {
 	require.InDelta(t, (90 * day).Hours(), cert.NotAfter.Sub(cert.NotBefore).Hours(), 1)
 	require.True(t, cert.RenewAt.Equal(start), "RenewAt %s, want the window's start %s", cert.RenewAt, start)
 	require.True(t, cert.WindowEnd.Equal(end), "WindowEnd %s, want %s", cert.WindowEnd, end)
-	require.WithinDuration(t, time.Now().Add(time.Hour), cert.RenewalInfoAt, time.Minute, "the CA's Retry-After")
+	requireJittered(t, time.Hour, cert.RenewalInfoIn, "the CA's Retry-After")
+}
+
+// requireJittered checks that the time to ask the CA again is its Retry-After, spread
+// over a tenth of it (queue.RenewalInfoIn).
+func requireJittered(t *testing.T, retryAfter, got time.Duration, what string) {
+	t.Helper()
+	require.GreaterOrEqual(t, got, retryAfter, what)
+	require.LessOrEqual(t, got, retryAfter+retryAfter/10, what)
 }

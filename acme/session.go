@@ -39,12 +39,18 @@ type session struct {
 	directoryURL string
 	origin       *url.URL // the directory's scheme and host
 
-	mu        sync.Mutex // guards the fields below
-	directory []byte     // the directory's JSON, or nil
-	fetched   time.Time
-	newNonce  string // the directory's newNonce URL
-	newOrder  string // the directory's newOrder URL
-	nonces    []pooledNonce
+	// fetching is held by the one caller that fetches the directory for the
+	// renewal-information reads while the session has none fresh: the worker asks
+	// about many certificates at once, and each would otherwise fetch it too.
+	fetching chan struct{}
+
+	mu          sync.Mutex // guards the fields below
+	directory   []byte     // the directory's JSON, or nil
+	fetched     time.Time
+	newNonce    string // the directory's newNonce URL
+	newOrder    string // the directory's newOrder URL
+	renewalInfo string // the directory's renewalInfo URL, "" when the CA offers none
+	nonces      []pooledNonce
 }
 
 type pooledNonce struct {
@@ -58,7 +64,7 @@ func newSession(directoryURL string) *session {
 		// Config.validate has parsed it already.
 		origin = &url.URL{}
 	}
-	return &session{directoryURL: directoryURL, origin: origin}
+	return &session{directoryURL: directoryURL, origin: origin, fetching: make(chan struct{}, 1)}
 }
 
 // isDirectory reports whether req fetches the directory.
@@ -96,6 +102,17 @@ func (s *session) cachedDirectory(now time.Time) ([]byte, bool) {
 	return s.directory, true
 }
 
+// cachedRenewalInfo is the directory's renewalInfo URL ("" when the CA offers none)
+// while the directory is fresh; ok is false when there is none fresh.
+func (s *session) cachedRenewalInfo(now time.Time) (url string, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.directory == nil || now.Sub(s.fetched) > directoryTTL {
+		return "", false
+	}
+	return s.renewalInfo, true
+}
+
 // keepDirectory stores a directory the CA served, if it is one.
 func (s *session) keepDirectory(body []byte, now time.Time) {
 	var dir legoacme.Directory
@@ -105,7 +122,7 @@ func (s *session) keepDirectory(body []byte, now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.directory, s.fetched = body, now
-	s.newNonce, s.newOrder = dir.NewNonceURL, dir.NewOrderURL
+	s.newNonce, s.newOrder, s.renewalInfo = dir.NewNonceURL, dir.NewOrderURL, dir.RenewalInfo
 }
 
 // pushNonce keeps a nonce the CA handed out.

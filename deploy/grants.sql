@@ -88,5 +88,8 @@ GRANT SELECT, INSERT (directory, domain_id, name, registered_domain, renewal, cl
 -- are written by the wake trigger's SECURITY DEFINER function, and pruned).
 GRANT SELECT, UPDATE (vtime) ON certworker_queue_clock TO :"role";
 GRANT SELECT, DELETE ON certworker_tenants TO :"role";
+-- The fleet's budget of renewal-information requests, one row per CA (created by the
+-- first taker).
+GRANT SELECT, INSERT, UPDATE ON certworker_ari_buckets TO :"role";
 -- `run` refuses to start on a schema that is behind or ahead of it.
 GRANT SELECT ON goose_db_version TO :"role";

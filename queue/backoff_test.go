@@ -66,16 +66,23 @@ func TestBackoff_TenAttemptsSpanAboutADay(t *testing.T) {
 
 // The reference's fixed 30 days renewed any certificate shorter than that on every
 // poll, and left a 90-day one a month to notice a problem. A third of the lifetime
-// keeps the month for 90 days and scales down for short-lived certificates.
+// keeps the month for 90 days and scales down; below 10 days half the lifetime is
+// left (CONTRACT.md §5), as Let's Encrypt advises for its 6-day certificates (renew
+// every 2 to 3 days): a third would leave 2 days to notice a failing renewal.
 func TestRenewAtFromValidity_LeavesRoomToNotice(t *testing.T) {
 	t.Parallel()
+	day := 24 * time.Hour
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	for _, tc := range []struct {
 		lifetime, renewAfter time.Duration
 	}{
-		{90 * 24 * time.Hour, 60 * 24 * time.Hour},
-		{6 * 24 * time.Hour, 4 * 24 * time.Hour},
-		{6 * time.Minute, 4 * time.Minute},
+		{90 * day, 60 * day},
+		{45 * day, 30 * day},
+		{10 * day, 10 * day * 2 / 3},                       // the boundary: a third left
+		{10*day - time.Second, (10*day - time.Second) / 2}, // just under it: half left
+		{160 * time.Hour, 80 * time.Hour},                  // Let's Encrypt's shortlived
+		{6 * day, 3 * day},
+		{6 * time.Minute, 3 * time.Minute},
 	} {
 		got := queue.RenewAtFromValidity(start, start.Add(tc.lifetime))
 		require.Equal(t, start.Add(tc.renewAfter), got, "lifetime %s", tc.lifetime)

@@ -63,7 +63,7 @@ WITH d AS (
     INSERT INTO proxy_certificates
         (domain, certificate_pem, private_key_pem, expires_at, not_before, issuer, serial, renew_at,
          ari_window_end, ari_next_at)
-    SELECT d.domain, $4, $5, $3, $6, $7, $8, $9, $11, $12 FROM d
+    SELECT d.domain, $4, $5, $3, $6, $7, $8, $9, $11, now() + make_interval(secs => $12) FROM d
     ON CONFLICT (domain) DO UPDATE SET
         certificate_pem = $4, private_key_pem = $5, expires_at = $3, not_before = $6,
         issuer = $7, serial = $8, renew_at = $9, ari_window_end = $11, ari_next_at = $12,
@@ -73,7 +73,7 @@ WITH d AS (
 SELECT `+secondsUntilSQL("renew_at")+` FROM c`,
 		c.ID, c.Token, cert.NotAfter, cert.ChainPEM, cert.PrivateKey, cert.NotBefore,
 		cert.Issuer, cert.Serial, renewAt, RenewBy(cert.NotBefore, cert.NotAfter, cert.WindowEnd),
-		nullTime(cert.WindowEnd), nullTime(cert.RenewalInfoAt)).Scan(&renewIn)
+		nullTime(cert.WindowEnd), nullSeconds(cert.RenewalInfoIn)).Scan(&renewIn)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, q.whyNotHeld(ctx, c)
 	}
@@ -92,6 +92,15 @@ func RenewBy(notBefore, notAfter, windowEnd time.Time) time.Time {
 		return windowEnd
 	}
 	return by
+}
+
+// nullSeconds is d in seconds, or NULL for 0.
+func nullSeconds(d time.Duration) *float64 {
+	if d <= 0 {
+		return nil
+	}
+	s := seconds(d)
+	return &s
 }
 
 func nullTime(t time.Time) *time.Time {

@@ -98,7 +98,7 @@ func mintPEM(t *testing.T, name string, notBefore, notAfter time.Time) (string, 
 }
 
 // mintCertificate is what an issuer without ARI hands back for name: a certificate
-// valid from notBefore to notAfter, renewed when a third of its lifetime remains.
+// valid from notBefore to notAfter, renewed by RenewAtFromValidity.
 func mintCertificate(t *testing.T, name string, notBefore, notAfter time.Time) *queue.Certificate {
 	t.Helper()
 	chain, leaf := mintPEM(t, name, notBefore, notAfter)

@@ -55,15 +55,16 @@ type Certificate struct {
 	NotAfter   time.Time
 	Issuer     string
 	Serial     string
-	// RenewAt is when this certificate should be renewed (ARI, or a third of its
-	// lifetime before NotAfter).
+	// RenewAt is when this certificate should be renewed (ARI, or RenewAtFromValidity:
+	// a third of its lifetime before NotAfter, half below 10 days).
 	RenewAt time.Time
 	// WindowEnd is the end of the CA's suggested renewal window (ARI), or zero when
 	// the CA offers none. Past it, a renewal is urgent (CONTRACT.md §5).
 	WindowEnd time.Time
-	// RenewalInfoAt is when the CA's renewal information should be fetched again
-	// (its Retry-After), or zero when the CA offers none.
-	RenewalInfoAt time.Time
+	// RenewalInfoIn is how long until the CA's renewal information is fetched again
+	// (its Retry-After, clamped and jittered: RenewalInfoIn), or zero when the CA
+	// offers none. A delay: the queue adds it to the database's clock.
+	RenewalInfoIn time.Duration
 }
 
 // RenewalWindow is a CA's suggested renewal window for a stored certificate (RFC 9773),

@@ -174,7 +174,12 @@ func BenchmarkPlansAtAMillion(b *testing.B) {
 		{"reclaim abandoned claims (maintenance)", func() error { _, err := q.ReclaimAbandoned(ctx); return err }},
 		{"mark renewals (maintenance)", func() error { _, err := q.MarkRenewals(ctx); return err }},
 		{"promote urgent renewals (maintenance)", func() error { _, err := q.PromoteUrgentRenewals(ctx); return err }},
-		{"renewal information due (maintenance)", func() error { _, err := q.RenewalInfoDue(ctx, 100); return err }},
+		{"next renewal-information read (ARI loop)", func() error { _, _, err := q.NextRenewalInfo(ctx); return err }},
+		{"take 16 renewal-information tokens (ARI loop)", func() error {
+			_, _, err := q.TakeRenewalInfoTokens(ctx, dir, 16, queue.DefaultRenewalInfoPerSecond)
+			return err
+		}},
+		{"claim 16 renewal-information reads (ARI loop)", func() error { _, _, err := q.ClaimRenewalInfo(ctx, 16); return err }},
 		{"renew 16 leases (heartbeat)", func() error { _, err := q.Heartbeat(ctx, tokens); return err }},
 		{"hand back untracked claims", func() error { _, err := q.ReleaseUntracked(ctx, "bench", tokens); return err }},
 		{"status overview (certworker status)", func() error { _, err := q.Overview(ctx); return err }},

@@ -10,12 +10,26 @@ import (
 	"time"
 )
 
+// shortLived is the lifetime below which a certificate renews at half its lifetime
+// instead of at two thirds (CONTRACT.md §5). Let's Encrypt advises renewing its 6-day
+// (160 h) certificates every 2 to 3 days: at two thirds a 6-day certificate would
+// have 2 days left for a failed renewal to be noticed and fixed, at half it has 3.
+// Its 45-day and 90-day profiles stay at two thirds (15 and 30 days left). Ten days
+// sits between the two kinds, far from either.
+const shortLived = 10 * 24 * time.Hour
+
 // RenewAtFromValidity is the renewal time of a certificate whose CA gives no ACME
-// Renewal Information: when a third of its lifetime remains. A 90-day certificate
-// renews after 60 days, a 6-day one after 4. The reference's fixed "30 days before
-// expiry" renewed any certificate shorter than 30 days on every poll.
+// Renewal Information: when a third of its lifetime remains for a lifetime of 10 days
+// or more (a 90-day certificate renews after 60 days), when half remains for a
+// shorter one (a 6-day certificate after 3). The reference's fixed "30 days before
+// expiry" renewed any certificate shorter than 30 days on every poll. requeueDue
+// inverts this rule in SQL, and the two have to agree.
 func RenewAtFromValidity(notBefore, notAfter time.Time) time.Time {
-	return notAfter.Add(-notAfter.Sub(notBefore) / 3)
+	lifetime := notAfter.Sub(notBefore)
+	if lifetime < shortLived {
+		return notAfter.Add(-lifetime / 2)
+	}
+	return notAfter.Add(-lifetime / 3)
 }
 
 // BadRow is a row the worker cannot use as it is. The pass that first meets it deals
@@ -84,10 +98,12 @@ func (q *Queue) MarkRenewals(ctx context.Context) (RenewalPass, error) {
 // of the CA's renewal window if that is earlier.
 //
 // The lifetime comes from not_before and expires_at. A row whose expires_at is NULL
-// (the reference's) had its renew_at worked out from its PEM at two thirds of the
-// lifetime, so the fifth before expiry is as far again past renew_at as a fifth of
-// (renew_at - not_before): 2L/3 + (2L/3)/5 = 4L/5. Without a lifetime at all,
-// renew_at itself (urgent: the expiry is unknown).
+// (the reference's) had its renew_at worked out from its PEM by RenewAtFromValidity,
+// so the lifetime L follows from D = renew_at - not_before: D = 2L/3 for a lifetime
+// of 10 days or more (D of 6.67 days or more), D = L/2 below (D under 5 days), and no
+// D falls between. The fifth before expiry, 4L/5, is then renew_at + D/5 or
+// renew_at + 3D/5. Without a lifetime at all, renew_at itself (urgent: the expiry is
+// unknown).
 func (q *Queue) requeueDue(ctx context.Context) (int64, error) {
 	var total int64
 	for {
@@ -96,7 +112,8 @@ WITH due AS (
     SELECT d.id, LEAST(
         CASE WHEN c.not_before IS NULL THEN c.renew_at
              WHEN c.expires_at IS NOT NULL THEN c.expires_at - (c.expires_at - c.not_before) / 5
-             ELSE c.renew_at + (c.renew_at - c.not_before) / 5 END,
+             WHEN c.renew_at - c.not_before >= make_interval(secs => $2) THEN c.renew_at + (c.renew_at - c.not_before) / 5
+             ELSE c.renew_at + (c.renew_at - c.not_before) * 3 / 5 END,
         c.ari_window_end) AS renew_by
     FROM proxy_domains d JOIN proxy_certificates c ON c.domain = d.domain
     WHERE c.auto_renew AND c.renew_at <= now()
@@ -108,7 +125,7 @@ WITH due AS (
 UPDATE proxy_domains d SET
     ssl_status = 'pending', ssl_attempts = 0, updated_at = now(), ssl_renew_by = due.renew_by
 FROM due
-WHERE d.id = due.id`, fillBatch)
+WHERE d.id = due.id`, fillBatch, seconds(2*shortLived/3))
 		if err != nil {
 			return total, fmt.Errorf("mark renewals: %w", err)
 		}

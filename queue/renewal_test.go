@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/queue"
@@ -125,9 +126,10 @@ func TestMarkRenewals_LeavesAloneWhatIsNotDue(t *testing.T) {
 	}
 }
 
-// A certificate uploaded by hand has no renew_at. It is judged by the same
-// third-of-lifetime rule from its own validity: a 6-day certificate renews after 4
-// days. Leaving renew_at NULL would never renew it (and the proxy serves an expired
+// A certificate uploaded by hand has no renew_at. It is judged by the same rule from
+// its own validity as one the worker stores: a third of the lifetime left from 10
+// days up, half below (a 6-day certificate renews after 3 days, CONTRACT.md §5).
+// Leaving renew_at NULL would never renew it (and the proxy serves an expired
 // certificate); the reference's 30-days-before-expiry rule would renew it at once.
 func TestMarkRenewals_AHandUploadedCertificateIsJudgedByItsOwnValidity(t *testing.T) {
 	t.Parallel()
@@ -136,12 +138,16 @@ func TestMarkRenewals_AHandUploadedCertificateIsJudgedByItsOwnValidity(t *testin
 		name      string
 		notBefore time.Time
 		lifetime  time.Duration
+		renewAt   time.Duration // after notBefore
 		renewed   bool
 	}{
-		{"6 days, 5 in: past the 4-day mark", now.Add(-5 * day), 6 * day, true},
-		{"6 days, 1 in: before the 4-day mark", now.Add(-day), 6 * day, false},
-		{"90 days, 61 in: past the 60-day mark", now.Add(-61 * day), 90 * day, true},
-		{"90 days, 59 in: before the 60-day mark", now.Add(-59 * day), 90 * day, false},
+		{"6 days, 3.5 in: past the 3-day mark", now.Add(-day * 7 / 2), 6 * day, 3 * day, true},
+		{"6 days, 2.5 in: before the 3-day mark", now.Add(-day * 5 / 2), 6 * day, 3 * day, false},
+		{"10 days less a second, 5 in: past its half", now.Add(-5 * day), 10*day - time.Second, 5*day - time.Second/2, true},
+		{"10 days, 6 in: before its two thirds", now.Add(-6 * day), 10 * day, 10 * day * 2 / 3, false},
+		{"10 days, 7 in: past its two thirds", now.Add(-7 * day), 10 * day, 10 * day * 2 / 3, true},
+		{"90 days, 61 in: past the 60-day mark", now.Add(-61 * day), 90 * day, 60 * day, true},
+		{"90 days, 59 in: before the 60-day mark", now.Add(-59 * day), 90 * day, 60 * day, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -157,8 +163,7 @@ func TestMarkRenewals_AHandUploadedCertificateIsJudgedByItsOwnValidity(t *testin
 
 			at := b.storedRenewAt(t, name)
 			require.NotNil(t, at, "no renewal time was recorded for an uploaded certificate")
-			want := tc.notBefore.Add(tc.lifetime * 2 / 3)
-			require.WithinDuration(t, want, *at, 0, "renew_at %s, want two thirds into the lifetime", at)
+			require.WithinDuration(t, tc.notBefore.Add(tc.renewAt), *at, time.Second, "renew_at %s", at)
 			if tc.renewed {
 				require.EqualValues(t, 1, n)
 				require.Equal(t, "pending", b.status(t, id))
@@ -168,6 +173,33 @@ func TestMarkRenewals_AHandUploadedCertificateIsJudgedByItsOwnValidity(t *testin
 			}
 		})
 	}
+}
+
+// A short-lived certificate with a NULL expires_at (the reference's) renews at half
+// its lifetime, and its renewal becomes urgent a fifth of the lifetime before expiry,
+// as any other's: the renewal pass works the lifetime out from renew_at and
+// not_before by the rule that set them. Worked out as for a 90-day certificate, a
+// 6-day one was urgent only 3.6 days in, so its renewal waited behind every first
+// issuance for a day longer than it should.
+func TestMarkRenewals_AShortLivedCertificateWithoutExpiryIsUrgentAtItsLastFifth(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tn := b.tenant(t)
+	now := nowSecond()
+	domain := "short-" + uuid.NewString()[:8] + ".example"
+	id := b.namedIn(t, tn, domain, "active", 0)
+	notBefore := now.Add(-day * 7 / 2)
+	chain, _ := mintPEM(t, domain, notBefore, notBefore.Add(6*day))
+	b.putCert(t, domain, chain, nil)
+
+	pass, err := b.q.MarkRenewals(b.ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, pass.Marked, "3.5 days into 6: past half the lifetime")
+	got := b.queueRow(t, id)
+	require.NotNil(t, got.RenewBy)
+	require.WithinDuration(t, notBefore.Add(6*day*4/5), *got.RenewBy, time.Millisecond)
+	require.NotNil(t, got.Tier)
+	require.EqualValues(t, 3, *got.Tier, "not urgent yet: 1.3 days before its last fifth")
 }
 
 // The chain is leaf first, and only the leaf's validity counts: an intermediate
@@ -185,7 +217,7 @@ func TestMarkRenewals_AnUploadedChainIsJudgedByItsLeaf(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, pass.Marked, "renewed by the intermediate's validity")
 	require.Equal(t, "active", b.status(t, id))
-	require.WithinDuration(t, now.Add(3*day), *b.storedRenewAt(t, name), 0)
+	require.WithinDuration(t, now.Add(2*day), *b.storedRenewAt(t, name), 0, "half of the leaf's 6 days")
 }
 
 // The reference renewed when expires_at - 30 days had passed, which for a 6-day
@@ -208,7 +240,7 @@ func TestMarkRenewals_AJustIssuedShortLivedCertificateIsNotRenewedAgain(t *testi
 	}
 	require.Equal(t, "active", b.status(t, id))
 
-	// Four days later the renewal is due: as if the clock had moved on.
+	// Three days later the renewal is due: as if the clock had moved on.
 	_, err := b.pool.Exec(b.ctx, `UPDATE proxy_certificates SET renew_at = now() - interval '1 second' WHERE domain = $1`, name)
 	require.NoError(t, err)
 	_, err = b.pool.Exec(b.ctx, `UPDATE proxy_domains SET ssl_last_attempt_at = now() - interval '4 days' WHERE id = $1`, id)

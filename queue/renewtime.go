@@ -18,10 +18,20 @@ const (
 	// §4.3 advises: no more often than a minute, no less often than a day.
 	renewalInfoMin = time.Minute
 	renewalInfoMax = 24 * time.Hour
+	// RenewalInfoSoon is when a certificate whose renewal information was not read
+	// at issuance (the fleet's budget was spent) is read: as soon as the budget
+	// allows.
+	RenewalInfoSoon = time.Second
 	// RenewalInfoAfterError is when renewal information is asked again after the
 	// question failed (the CA down, a malformed answer): soon enough to catch a
 	// revocation the same day, rarely enough not to add to a CA's trouble.
 	RenewalInfoAfterError = time.Hour
+	// renewalInfoJitter: the time to ask again is spread over a tenth of itself. A
+	// fleet's certificates issued in one burst (a migration, a mass revocation
+	// replaced) would otherwise be asked about in the same second every six hours
+	// for as long as they live; a tenth of six hours spreads them over 36 minutes at
+	// the first question, and the spreads add up at every one after.
+	renewalInfoJitter = 10
 )
 
 // RenewAtFromWindow picks the renewal time of a certificate valid from notBefore to
@@ -59,11 +69,30 @@ func RenewAtFromWindow(start, end, notBefore, notAfter, now time.Time) (time.Tim
 	return from.Add(time.Duration(rand.Int64N(int64(to.Sub(from))))), true
 }
 
-// RenewalInfoAt is when renewal information is to be asked again, from the CA's
-// Retry-After (0 when it gave none).
-func RenewalInfoAt(retryAfter time.Duration, now time.Time) time.Time {
+// RenewalInfoIn is how long until renewal information is asked again, from the CA's
+// Retry-After (0 when it gave none): clamped to between a minute and a day (RFC 9773
+// §4.3), then jittered. A delay, not a time: the queue adds it to the database's
+// clock, the one the time is later compared with.
+func RenewalInfoIn(retryAfter time.Duration) time.Duration {
 	if retryAfter <= 0 {
 		retryAfter = RenewalInfoDefault
 	}
-	return now.Add(min(max(retryAfter, renewalInfoMin), renewalInfoMax))
+	return jitter(min(max(retryAfter, renewalInfoMin), renewalInfoMax))
+}
+
+// RenewalInfoRetryIn is how long until renewal information is asked again after the
+// question failed, jittered.
+func RenewalInfoRetryIn() time.Duration { return jitter(RenewalInfoAfterError) }
+
+// jitter spreads d over a tenth of itself. Upward: the CA's Retry-After is the
+// earliest it wants to be asked again (RFC 9773 §4.3); but never past a day, the
+// clamp's ceiling. A d of a day (the CA asked for a day or more) spreads downward
+// instead: the clamp already asks such a CA sooner than it said.
+func jitter(d time.Duration) time.Duration {
+	spread := d / renewalInfoJitter
+	if d >= renewalInfoMax {
+		return renewalInfoMax - time.Duration(rand.Int64N(int64(spread)+1))
+	}
+	spread = min(spread, renewalInfoMax-d)
+	return d + time.Duration(rand.Int64N(int64(spread)+1))
 }

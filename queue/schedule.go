@@ -71,8 +71,9 @@ func (c Config) firstCapped() int {
 // Maintenance is when the maintenance steps next have work, as delays from now on
 // the database's clock; a nil field means nothing is scheduled for that step.
 type Maintenance struct {
-	// Renewals: a certificate due for renewal, renewal information due to be fetched
-	// again, or a renewal with time to spare becoming urgent.
+	// Renewals: a certificate due for renewal, or a renewal with time to spare
+	// becoming urgent. (The renewal-information reads keep their own time:
+	// NextRenewalInfo.)
 	Renewals *time.Duration
 	// Reclaim: a lease (or, for a row claimed without one, the unleased grace)
 	// running out.
@@ -91,7 +92,6 @@ SELECT `+secondsUntilSQL(`LEAST(
       WHERE c.auto_renew AND c.renew_at IS NOT NULL
         AND d.ssl_status = 'active' AND d.ssl_provider = 'acme' AND d.verification_status = 'verified'
       ORDER BY c.renew_at LIMIT 1),
-    (SELECT min(ari_next_at) FROM proxy_certificates WHERE ari_next_at IS NOT NULL),
     (SELECT min(ssl_renew_by) FROM proxy_domains WHERE ssl_queue_tier = 3 AND `+claimableSQL+`))`)+`,
     `+secondsUntilSQL(`
     (SELECT min(COALESCE(ssl_lease_expires_at,

@@ -75,6 +75,11 @@ func TestCLI_BadFlagsExitTwoNamingTheFlag(t *testing.T) {
 		{[]string{"run", "--key-encryption-key", "c2hvcnQ="}, "--key-encryption-key"},
 		{[]string{"run", "--log-level", "loud"}, "--log-level"},
 		{[]string{"run", "--http01-max-connections", "0"}, "--http01-max-connections"},
+		{[]string{"run", "--ari-requests-per-second", "0"}, "--ari-requests-per-second"},
+		{[]string{"run", "--ari-requests-per-second", "-5"}, "--ari-requests-per-second"},
+		{[]string{"run", "--ari-requests-per-second", "NaN"}, "--ari-requests-per-second"},
+		{[]string{"run", "--ari-requests-per-second", "+Inf"}, "--ari-requests-per-second"},
+		{[]string{"run", "--ari-requests-per-second", "lots"}, "--ari-requests-per-second"},
 		{[]string{"frobnicate"}, "frobnicate"},
 		// Only --wake logical opens a replication connection; it must read the
 		// database the worker claims from; and its password stays out of the message.
@@ -87,6 +92,10 @@ func TestCLI_BadFlagsExitTwoNamingTheFlag(t *testing.T) {
 		require.Contains(t, stderr, tc.want, "%v", tc.args)
 		require.NotContains(t, stderr, "hunter2secret", "%v", tc.args)
 	}
+	t.Setenv("CERTWORKER_ARI_REQUESTS_PER_SECOND", "0")
+	code, _, stderr := invoke(t, "run")
+	require.Equal(t, exitUsage, code, stderr)
+	require.Contains(t, stderr, "--ari-requests-per-second", "the variable is read and checked")
 }
 
 // A range --preflight-allow-cidr cannot read, from the flag or its variable, stops run

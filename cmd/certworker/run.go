@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -59,6 +60,7 @@ type runCmd struct {
 	PreflightPort     int           `name:"preflight-port" env:"CERTWORKER_PREFLIGHT_PORT" default:"80" help:"Port the preflight probes (where the CA validates HTTP-01)."`
 	PreflightAllow    string        `name:"preflight-allow-cidr" env:"CERTWORKER_PREFLIGHT_ALLOW_CIDR" placeholder:"CIDR[,CIDR...]" help:"Comma-separated ranges the preflight may connect to although they are reserved (loopback, private, link-local, CGNAT, multicast, NAT64...), for tests and private CAs. By default it connects to none of them."`
 	OrderTimeout      time.Duration `name:"order-timeout" env:"CERTWORKER_ORDER_TIMEOUT" default:"10m" help:"An order running longer is cancelled and charged as a failure."`
+	ARIPerSecond      float64       `name:"ari-requests-per-second" env:"CERTWORKER_ARI_REQUESTS_PER_SECOND" default:"50" help:"Renewal-information (ARI) requests to the CA per second, for the whole fleet: the instances share one budget in the database. A million certificates at the CA's usual six hours between questions are 46 a second."`
 	LimitOrders       string        `name:"limit-orders-per-account" env:"CERTWORKER_LIMIT_ORDERS_PER_ACCOUNT" default:"300/3h" placeholder:"COUNT/DURATION" help:"Ledger limit on new orders from the ACME account, shared by every instance: COUNT/DURATION or off (default: Let's Encrypt's)."`
 	LimitRegistered   string        `name:"limit-certs-per-registered-domain" env:"CERTWORKER_LIMIT_CERTS_PER_REGISTERED_DOMAIN" default:"50/168h" placeholder:"COUNT/DURATION" help:"Ledger limit on new certificates per registered domain (public suffix list): COUNT/DURATION or off."`
 	LimitExactSet     string        `name:"limit-certs-per-exact-set" env:"CERTWORKER_LIMIT_CERTS_PER_EXACT_SET" default:"5/168h" placeholder:"COUNT/DURATION" help:"Ledger limit on certificates for one exact set of names (here: one name): COUNT/DURATION or off."`
@@ -91,6 +93,8 @@ func (c *runCmd) validate() error {
 		return usagef("--order-timeout: must be positive, got %s", c.OrderTimeout)
 	case c.HTTP01MaxConns < 1:
 		return usagef("--http01-max-connections: must be at least 1, got %d", c.HTTP01MaxConns)
+	case !(c.ARIPerSecond > 0) || math.IsInf(c.ARIPerSecond, 0):
+		return usagef("--ari-requests-per-second: must be a positive number, got %v", c.ARIPerSecond)
 	case c.Lease < 3*time.Second:
 		return usagef("--lease: must be at least 3s, got %s", c.Lease)
 	}
@@ -244,18 +248,19 @@ func (c *runCmd) open(ctx context.Context, log *zap.Logger) (*pgxpool.Pool, erro
 // issuer registers (or loads) the ACME account and returns the issuer.
 func (c *runCmd) issuer(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger, keks seal.Keyring) (*acme.Issuer, error) {
 	issuer, err := acme.New(ctx, pool, log, acme.Config{
-		DirectoryURL:       c.ACMEDirectory,
-		Email:              c.ACMEEmail,
-		CABundle:           c.ACMECABundle,
-		Profile:            c.ACMEProfile,
-		EABKeyID:           c.ACMEEABKid,
-		EABHMAC:            c.ACMEEABHMAC,
-		KeyType:            c.KeyType,
-		KeyEncryptionKeys:  keks,
-		Preflight:          c.Preflight,
-		PreflightResolver:  c.PreflightResolver,
-		PreflightPort:      c.PreflightPort,
-		PreflightAllowCIDR: c.PreflightAllow,
+		DirectoryURL:         c.ACMEDirectory,
+		Email:                c.ACMEEmail,
+		CABundle:             c.ACMECABundle,
+		Profile:              c.ACMEProfile,
+		EABKeyID:             c.ACMEEABKid,
+		EABHMAC:              c.ACMEEABHMAC,
+		KeyType:              c.KeyType,
+		KeyEncryptionKeys:    keks,
+		Preflight:            c.Preflight,
+		PreflightResolver:    c.PreflightResolver,
+		PreflightPort:        c.PreflightPort,
+		PreflightAllowCIDR:   c.PreflightAllow,
+		RenewalInfoPerSecond: c.ARIPerSecond,
 	})
 	if err != nil {
 		return nil, usagef("%v", err)
@@ -305,6 +310,8 @@ func (c *runCmd) startWorker(ctx context.Context, pool *pgxpool.Pool, issuer *ac
 		PollInterval:  c.PollInterval,
 		ShutdownGrace: max(c.ShutdownGrace, time.Nanosecond), // 0 would mean the default
 		OrderTimeout:  c.OrderTimeout,
+
+		RenewalInfoPerSecond: c.ARIPerSecond,
 	})
 	if err != nil {
 		return nil, usagef("%v", err)

@@ -22,7 +22,7 @@ const claimMarker = "ssl_claim_prev_attempt_at = d.ssl_last_attempt_at"
 var passStatements = []string{
 	claimMarker,
 	"per_count",                       // NextDue
-	"ari_next_at) FROM",               // NextMaintenance
+	"min(ssl_renew_by)",               // NextMaintenance
 	"COALESCE(ssl_lease_expires_at",   // ReclaimAbandoned
 	"ssl_attempts = 0, updated_at",    // MarkRenewals
 	"renew_at IS NULL AND auto_renew", // filling in renewal times

@@ -3,6 +3,7 @@ package worker
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"time"
 
@@ -72,6 +73,10 @@ type Config struct {
 	ShutdownGrace time.Duration
 	// OrderTimeout bounds one order; one that runs past it is cancelled and charged.
 	OrderTimeout time.Duration
+	// RenewalInfoPerSecond is the renewal-information requests the whole fleet sends
+	// the CA at Directory in a second (--ari-requests-per-second; default
+	// queue.DefaultRenewalInfoPerSecond). Every instance should run with the same.
+	RenewalInfoPerSecond float64
 }
 
 // withDefaults checks c and fills in what is unset.
@@ -85,6 +90,11 @@ func (c Config) withDefaults() (Config, error) {
 		return c, errors.New("worker: no ACME directory (the key of the CA's pauses)")
 	case c.Concurrency < 0, c.PollInterval < 0, c.ShutdownGrace < 0, c.OrderTimeout < 0:
 		return c, errors.New("worker: negative concurrency or duration")
+	case c.RenewalInfoPerSecond < 0, math.IsNaN(c.RenewalInfoPerSecond), math.IsInf(c.RenewalInfoPerSecond, 0):
+		return c, fmt.Errorf("worker: renewal-information rate %v: %w", c.RenewalInfoPerSecond, queue.ErrBadRate)
+	}
+	if c.RenewalInfoPerSecond == 0 {
+		c.RenewalInfoPerSecond = queue.DefaultRenewalInfoPerSecond
 	}
 	if c.Log == nil {
 		c.Log = zap.NewNop()

@@ -26,6 +26,8 @@ type faultDB struct {
 	// hang: statements containing any of these texts wait until their context ends
 	// (a database that stopped answering them), and fail without running.
 	hang []string
+	// counts: how many statements containing each watched text were sent.
+	counts map[string]int
 }
 
 var _ queue.DB = (*faultDB)(nil)
@@ -45,10 +47,32 @@ func (f *faultDB) hangOn(texts ...string) {
 	f.hang = texts
 }
 
+// watch starts counting the statements that contain text.
+func (f *faultDB) watch(text string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.counts == nil {
+		f.counts = map[string]int{}
+	}
+	f.counts[text] = 0
+}
+
+// count is how many statements containing a watched text were sent.
+func (f *faultDB) count(text string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.counts[text]
+}
+
 // fault decides what happens to sql: lost (run, then fail) or hung (wait, then fail).
 func (f *faultDB) fault(sql string) (lost, hung bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	for text := range f.counts {
+		if strings.Contains(sql, text) {
+			f.counts[text]++
+		}
+	}
 	if f.loseTimes > 0 && strings.Contains(sql, f.lose) {
 		f.loseTimes--
 		return true, false

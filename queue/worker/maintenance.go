@@ -13,7 +13,8 @@ import (
 // maintenanceLoop runs the steps that find work the wake-ups do not announce
 // (abandoned claims, renewals falling due) on a timer of its own, set for the next
 // time one of them has work and capped by the poll interval. It runs beside the loop,
-// so that a notification never waits behind them.
+// so that a notification never waits behind them. Nothing in it waits on the CA: the
+// renewal-information reads have a goroutine of their own (renewalInfoLoop).
 func (w *Worker) maintenanceLoop(ctx context.Context) {
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -85,7 +86,6 @@ func (w *Worker) nextMaintenance(ctx context.Context) time.Duration {
 // covers a wake source that is down).
 func (w *Worker) maintain(ctx context.Context) {
 	w.housekeeping(ctx)
-	w.refreshRenewalInfo(ctx)
 	queued := w.reclaim(ctx)
 	queued += w.markRenewals(ctx)
 	if queued > 0 {

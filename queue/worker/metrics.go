@@ -21,6 +21,7 @@ type metrics struct {
 	caUnreachable prometheus.Gauge
 	heartbeats    prometheus.Counter
 	badRows       prometheus.Counter
+	renewalReads  *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -63,10 +64,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "certworker_bad_rows_total",
 			Help: "Rows a step could not use and skipped (an unusable certificate row, two domains differing only in case), each counted once.",
 		}),
+		renewalReads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "certworker_renewal_info_reads_total",
+			Help: "Renewal-information (ARI) reads this instance sent the CA, by outcome: window, none (the CA offers none), refused, unavailable.",
+		}, []string{"outcome"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.wakeups, m.claims, m.outcomes, m.durations, m.wakeLatency, m.inflight,
-			m.caUnreachable, m.heartbeats, m.badRows)
+			m.caUnreachable, m.heartbeats, m.badRows, m.renewalReads)
 	}
 	return m
 }
@@ -98,5 +103,7 @@ func (m *metrics) setCAUnreachable(down bool) {
 }
 
 func (m *metrics) heartbeatFailed() { m.heartbeats.Inc() }
+
+func (m *metrics) renewalInfo(outcome string) { m.renewalReads.WithLabelValues(outcome).Inc() }
 
 func (m *metrics) badRow() { m.badRows.Inc() }

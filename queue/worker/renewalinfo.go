@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -11,80 +12,213 @@ import (
 )
 
 const (
-	// renewalInfoBatch is how many certificates one maintenance run asks the CA
-	// about; the next run, due at once, takes the rest.
-	renewalInfoBatch = 100
-	// renewalInfoTimeout bounds one question to the CA.
-	renewalInfoTimeout = 30 * time.Second
+	// renewalInfoConcurrency bounds the renewal-information reads one instance has
+	// in flight. One instance must be able to keep up with the default budget of 50
+	// a second (a million certificates at a six-hour Retry-After) alone: at the
+	// 100 to 300 ms an answer takes, 16 in flight make 50 to 160 a second.
+	renewalInfoConcurrency = 16
+	// renewalInfoTimeout bounds one read. An answer is a few hundred bytes that the
+	// CA serves from a cache; a CA that takes longer is in trouble, and the
+	// certificate is asked about again an hour later.
+	renewalInfoTimeout = 10 * time.Second
+	// renewalInfoBusy is how soon the reads look again when the certificates due
+	// were all claimed by other instances (or locked by the proxy's writes).
+	renewalInfoBusy = time.Second
+	// renewalInfoOutage is how long the reads rest after a whole batch failed (the
+	// CA down, or not answering in time): the failed certificates are asked about
+	// again in an hour, and the next batch would only fail the same way.
+	renewalInfoOutage = time.Minute
 )
 
-// refreshRenewalInfo asks the CA again, at the Retry-After it gave, for the renewal
+// renewalInfoLoop asks the CA again, at the Retry-After it gave, for the renewal
 // window of every stored certificate while it is valid (RFC 9773): a window the CA
 // moved earlier, as it does for a certificate it means to revoke, moves the renewal
-// earlier. It returns how many renewals moved.
-func (w *Worker) refreshRenewalInfo(ctx context.Context) int {
+// earlier. It runs in a goroutine of its own, so that a CA that answers slowly or
+// not at all delays nothing else (the maintenance's reclaim waited behind a hundred
+// of these reads, 30 s each, before). The instances share the reads: each one's read
+// is claimed before the CA is asked (queue.ClaimRenewalInfo), and every read takes a
+// token of the fleet's budget first (--ari-requests-per-second).
+func (w *Worker) renewalInfoLoop(ctx context.Context) {
 	ri, ok := w.cfg.Issuer.(queue.RenewalInformer)
 	if !ok {
-		return 0
+		return
 	}
-	sctx, cancel := w.step(ctx, false)
-	due, err := w.q.RenewalInfoDue(sctx, renewalInfoBatch)
-	cancel()
-	if err != nil {
-		w.health.failed()
-		w.logDBError("read certificates due for renewal information", err)
-		return 0
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		t.Reset(w.readRenewalInfo(ctx, ri))
 	}
-	moved := 0
-	for _, c := range due {
-		if ctx.Err() != nil {
-			return moved
-		}
-		info := w.askRenewalInfo(ctx, ri, c)
-		sctx, cancel := w.step(ctx, false)
-		err := w.q.RecordRenewalInfo(sctx, c.ID, info)
-		cancel()
-		if err != nil {
-			w.logDBError("record renewal information", err)
-			continue
-		}
-		if !info.RenewAt.IsZero() {
-			moved++
-			w.log.Warn("the CA moved the certificate's renewal window earlier; renewing sooner",
-				zap.String("domain", c.Domain), zap.Time("renew_at", info.RenewAt), zap.Time("was", c.RenewAt),
-				zap.Time("window_end", info.WindowEnd))
-		}
-	}
-	return moved
 }
 
-// askRenewalInfo asks the CA for c's window and works out what it changes.
-func (w *Worker) askRenewalInfo(ctx context.Context, ri queue.RenewalInformer, c queue.RenewalInfoCandidate) queue.RenewalInfo {
-	now := time.Now()
+// readRenewalInfo reads what is due, a batch at a time, and returns how long until
+// it should look again: when the next read falls due, when the budget has a batch
+// for it, or at the poll interval.
+func (w *Worker) readRenewalInfo(ctx context.Context, ri queue.RenewalInformer) time.Duration {
+	for ctx.Err() == nil {
+		sctx, cancel := w.step(ctx, false)
+		due, ok, err := w.q.NextRenewalInfo(sctx)
+		cancel()
+		switch {
+		case err != nil:
+			w.logDBError("next renewal-information read", err)
+			return w.cfg.PollInterval
+		case !ok:
+			return w.cfg.PollInterval
+		case due > 0:
+			return min(due+timerSlack, w.cfg.PollInterval)
+		}
+		wait, done := w.readRenewalInfoBatch(ctx, ri)
+		if done {
+			return wait
+		}
+	}
+	return 0
+}
+
+// readRenewalInfoBatch takes tokens, claims as many reads, asks the CA, and records
+// the answers. done says to stop for wait; otherwise the next batch may follow.
+func (w *Worker) readRenewalInfoBatch(ctx context.Context, ri queue.RenewalInformer) (wait time.Duration, done bool) {
+	rate := w.cfg.RenewalInfoPerSecond
+	sctx, cancel := w.step(ctx, false)
+	got, wait, err := w.q.TakeRenewalInfoTokens(sctx, w.cfg.Directory, renewalInfoConcurrency, rate)
+	cancel()
+	if err != nil {
+		w.logDBError("take renewal-information tokens", err)
+		return w.cfg.PollInterval, true
+	}
+	if got == 0 {
+		return max(wait, timerSlack), true
+	}
+	sctx, cancel = w.step(ctx, false)
+	batch, swept, err := w.q.ClaimRenewalInfo(sctx, got)
+	cancel()
+	if err != nil {
+		w.logDBError("claim renewal-information reads", err)
+		batch, swept = nil, 0
+	}
+	if unused := got - len(batch); unused > 0 {
+		// Fewer due than tokens: what was not spent goes back for the fleet.
+		sctx, cancel := w.step(ctx, false)
+		if err := w.q.ReturnRenewalInfoTokens(sctx, w.cfg.Directory, unused, rate); err != nil {
+			w.logDBError("return renewal-information tokens", err)
+		}
+		cancel()
+	}
+	switch {
+	case err != nil:
+		return w.cfg.PollInterval, true
+	case len(batch) == 0 && swept == 0:
+		return renewalInfoBusy, true
+	case len(batch) == 0:
+		return 0, false // rows moved out of the way; look again
+	}
+	if unavailable := w.askRenewalInfoBatch(ctx, ri, batch); unavailable == len(batch) {
+		w.log.Warn("the CA answered none of a batch of renewal-information reads; resting before the next",
+			zap.Int("reads", len(batch)), zap.Duration("retry_in", renewalInfoOutage))
+		return renewalInfoOutage, true
+	}
+	return 0, false
+}
+
+// askRenewalInfoBatch asks the CA about every certificate of batch at once (the
+// batch is no larger than renewalInfoConcurrency) and records each answer. It
+// returns how many questions the CA did not answer (unreachable, 5xx, no answer in
+// time).
+func (w *Worker) askRenewalInfoBatch(ctx context.Context, ri queue.RenewalInformer, batch []queue.RenewalInfoCandidate) int {
+	var (
+		wg          sync.WaitGroup
+		mu          sync.Mutex
+		unavailable int
+	)
+	for _, c := range batch {
+		wg.Go(func() {
+			info, outcome := w.askRenewalInfo(ctx, ri, c)
+			if ctx.Err() != nil {
+				return // shutting down: the claim runs out, and someone asks again
+			}
+			w.m.renewalInfo(outcome)
+			if outcome == readUnavailable {
+				mu.Lock()
+				unavailable++
+				mu.Unlock()
+			}
+			w.recordRenewalInfo(ctx, c, info)
+		})
+	}
+	wg.Wait()
+	return unavailable
+}
+
+// The outcomes of a renewal-information read (certworker_renewal_info_reads_total).
+const (
+	readWindow      = "window"      // the CA's window
+	readNone        = "none"        // the CA offers none, or the certificate cannot be named to it
+	readRefused     = "refused"     // the CA refused the question, or its answer was not a window
+	readUnavailable = "unavailable" // no answer: unreachable, 5xx, or not in time
+)
+
+// askRenewalInfo asks the CA for c's window and works out what it changes, judged by
+// the database's time at the claim (c.Now), and says how the read went.
+func (w *Worker) askRenewalInfo(ctx context.Context, ri queue.RenewalInformer, c queue.RenewalInfoCandidate) (queue.RenewalInfo, string) {
 	qctx, cancel := context.WithTimeout(ctx, renewalInfoTimeout)
 	win, err := ri.RenewalInfo(qctx, c.ChainPEM)
+	timedOut := qctx.Err() != nil && ctx.Err() == nil
 	cancel()
+	var ue *queue.CAUnavailableError
 	switch {
 	case errors.Is(err, queue.ErrNoRenewalInfo):
-		return queue.RenewalInfo{} // nothing to ask any more
+		return queue.RenewalInfo{}, readNone // nothing to ask any more
 	case err != nil:
-		w.log.Debug("could not get renewal information; asking again later", zap.String("domain", c.Domain),
-			zap.Error(err), zap.Duration("retry_in", queue.RenewalInfoAfterError))
-		return queue.RenewalInfo{Next: now.Add(queue.RenewalInfoAfterError)}
+		retry := queue.RenewalInfoRetryIn()
+		w.log.Debug("could not get renewal information; asking again later", zap.String("domain", c.Domain), zap.String("domain_id", c.DomainID),
+			zap.Error(err), zap.Duration("retry_in", retry))
+		if timedOut || errors.As(err, &ue) {
+			return queue.RenewalInfo{NextIn: retry}, readUnavailable
+		}
+		return queue.RenewalInfo{NextIn: retry}, readRefused
 	}
-	info := queue.RenewalInfo{WindowEnd: win.End, Next: queue.RenewalInfoAt(win.RetryAfter, now)}
+	info := queue.RenewalInfo{WindowEnd: win.End, NextIn: queue.RenewalInfoIn(win.RetryAfter)}
 	// Only a window that moved earlier than the renewal time changes it: a renewal
 	// time inside the window is the one drawn when the certificate was stored, and
 	// drawing again at every question would only ever pull it earlier.
 	if c.RenewAt.Before(win.End) {
-		return info
+		return info, readWindow
 	}
-	at, ok := queue.RenewAtFromWindow(win.Start, win.End, c.NotBefore, c.NotAfter, now)
-	if !ok && !win.End.After(now) {
-		at, ok = now, true // the window is over: renew now
-	}
-	if ok && at.Before(c.RenewAt) {
+	at, ok := queue.RenewAtFromWindow(win.Start, win.End, c.NotBefore, c.NotAfter, c.Now)
+	switch {
+	case !ok && !win.End.After(c.Now):
+		info.RenewNow = true // the window is over: renew now
+	case ok && at.Before(c.RenewAt):
 		info.RenewAt = at
 	}
-	return info
+	return info, readWindow
+}
+
+// recordRenewalInfo writes what the CA said of c, and when it moved the renewal
+// earlier, says so and has the maintenance look at the new renewal time.
+func (w *Worker) recordRenewalInfo(ctx context.Context, c queue.RenewalInfoCandidate, info queue.RenewalInfo) {
+	sctx, cancel := w.step(ctx, false)
+	renewIn, err := w.q.RecordRenewalInfo(sctx, c, info)
+	cancel()
+	switch {
+	case errors.Is(err, queue.ErrCertificateReplaced):
+		w.log.Debug("certificate replaced while its renewal information was read; the answer is dropped",
+			zap.String("domain", c.Domain), zap.String("domain_id", c.DomainID))
+		return
+	case err != nil:
+		w.logDBError("record renewal information", err)
+		return
+	}
+	if info.RenewAt.IsZero() && !info.RenewNow {
+		return
+	}
+	w.log.Warn("the CA moved the certificate's renewal window earlier; renewing sooner",
+		zap.String("domain", c.Domain), zap.String("domain_id", c.DomainID), zap.Duration("renew_in", renewIn), zap.Time("was", c.RenewAt),
+		zap.Time("window_end", info.WindowEnd))
+	w.wantMaintenanceIn(renewIn)
 }

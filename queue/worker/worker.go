@@ -162,11 +162,12 @@ func (w *Worker) run(ctx context.Context) {
 	defer close(w.done)
 	defer w.waker.Stop()
 	// The heartbeat outlives the loop: orders finishing inside the shutdown grace
-	// keep their leases. Maintenance stops with the loop.
+	// keep their leases. Maintenance and the renewal-information reads stop with the loop.
 	hbCtx, stopHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
 	var helpers sync.WaitGroup
 	helpers.Go(func() { w.heartbeatLoop(hbCtx) })
 	helpers.Go(func() { w.maintenanceLoop(ctx) })
+	helpers.Go(func() { w.renewalInfoLoop(ctx) })
 
 	w.loop(ctx)
 	w.shutdown()

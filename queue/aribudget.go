@@ -1,0 +1,79 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// DefaultRenewalInfoPerSecond is --ari-requests-per-second: the renewal-information
+// requests the whole fleet sends one CA in a second. Asking about a million
+// certificates at Let's Encrypt's Retry-After of six hours is 1,000,000 / 21,600 s =
+// 46 a second; 50 keeps up with that, with room for the questions after an error
+// (asked again an hour later) and for the jitter.
+const DefaultRenewalInfoPerSecond = 50.0
+
+// ErrBadRate: a renewal-information rate that is not a positive number.
+var ErrBadRate = errors.New("the renewal-information rate must be a positive number of requests a second")
+
+// renewalInfoBurst is what the bucket holds at most: a second's worth, and at least
+// one token. A fleet that was idle may then spend one second's requests at once and no
+// more, so in any span of t seconds the CA sees at most rate * (t + 1) requests.
+func renewalInfoBurst(perSecond float64) float64 { return max(perSecond, 1) }
+
+// TakeRenewalInfoTokens takes up to want tokens from the fleet's bucket of
+// renewal-information requests to the CA at directory, refilled at perSecond. Every
+// request the fleet sends takes one first. It returns how many it took, and when it
+// took fewer than want, how long until want (or the bucket's fill, if smaller) will be
+// there, so that the caller comes back for a batch, not a token at a time.
+//
+// One statement, and so one short lock of the bucket's row: never held across a
+// request to the CA. The clock is the database's, read once the row is locked, so that
+// instances whose clocks differ share one bucket.
+func (q *Queue) TakeRenewalInfoTokens(ctx context.Context, directory string, want int, perSecond float64) (got int, wait time.Duration, err error) {
+	if !(perSecond > 0) || math.IsInf(perSecond, 0) {
+		return 0, 0, ErrBadRate
+	}
+	if want <= 0 {
+		return 0, 0, nil
+	}
+	burst := renewalInfoBurst(perSecond)
+	var left float64
+	err = q.db.QueryRow(ctx, `
+INSERT INTO certworker_ari_buckets AS b (directory, tokens, refilled_at, granted)
+VALUES ($1, $4::float8 - LEAST($2::int, floor($4::float8)), clock_timestamp(), LEAST($2::int, floor($4::float8)))
+ON CONFLICT (directory) DO UPDATE SET (granted, tokens, refilled_at) = (
+    SELECT g, avail - g, at FROM (
+        SELECT LEAST($2::int, floor(avail))::int AS g, avail, at FROM (
+            SELECT LEAST($4::float8, b.tokens + $3::float8 * GREATEST(0, EXTRACT(epoch FROM t.at - b.refilled_at)::float8)) AS avail,
+                   GREATEST(b.refilled_at, t.at) AS at
+            FROM (SELECT clock_timestamp() AS at) t) a) g)
+RETURNING b.granted, b.tokens`, directory, want, perSecond, burst).Scan(&got, &left)
+	if err != nil {
+		return 0, 0, fmt.Errorf("take renewal-information tokens: %w", err)
+	}
+	if got < want {
+		need := min(float64(want), burst) - left
+		wait = time.Duration(max(need, 0) / perSecond * float64(time.Second))
+	}
+	return got, wait, nil
+}
+
+// ReturnRenewalInfoTokens puts back n tokens taken and not spent (fewer
+// certificates were due than tokens taken).
+func (q *Queue) ReturnRenewalInfoTokens(ctx context.Context, directory string, n int, perSecond float64) error {
+	if n <= 0 {
+		return nil
+	}
+	if !(perSecond > 0) || math.IsInf(perSecond, 0) {
+		return ErrBadRate
+	}
+	if _, err := q.db.Exec(ctx, `
+UPDATE certworker_ari_buckets SET tokens = LEAST($3, tokens + $2) WHERE directory = $1`,
+		directory, n, renewalInfoBurst(perSecond)); err != nil {
+		return fmt.Errorf("return renewal-information tokens: %w", err)
+	}
+	return nil
+}
