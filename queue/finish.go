@@ -66,7 +66,7 @@ WITH d AS (
     SELECT d.domain, $4, $5, $3, $6, $7, $8, $9, $11, now() + make_interval(secs => $12) FROM d
     ON CONFLICT (domain) DO UPDATE SET
         certificate_pem = $4, private_key_pem = $5, expires_at = $3, not_before = $6,
-        issuer = $7, serial = $8, renew_at = $9, ari_window_end = $11, ari_next_at = $12,
+        issuer = $7, serial = $8, renew_at = $9, ari_window_end = $11, ari_next_at = now() + make_interval(secs => $12),
         updated_at = now()
     RETURNING renew_at
 )
