@@ -49,10 +49,11 @@ GRANT SELECT (id, tenant_id, domain, verification_status, ssl_status, ssl_provid
 -- Stored certificates: written and replaced on issuance (INSERT ... ON CONFLICT),
 -- renewal times and renewal information filled in, and the certificate and key of a
 -- deleted domain pruned an hour after its row was last written (by row version,
--- ctid, so that a row written meanwhile is left alone). Not readable:
--- private_key_pem, created_at, version. domain and auto_renew are the proxy's.
+-- ctid, so that a row written meanwhile is left alone); version, so that renewal
+-- information is recorded only for the certificate it was read for. Not readable:
+-- private_key_pem, created_at. domain and auto_renew are the proxy's.
 GRANT SELECT (ctid, id, domain, certificate_pem, expires_at, auto_renew, updated_at, not_before,
-              issuer, serial, renew_at, ari_window_end, ari_next_at),
+              issuer, serial, renew_at, ari_window_end, ari_next_at, version),
       INSERT (domain, certificate_pem, private_key_pem, expires_at, not_before, issuer, serial,
               renew_at, ari_window_end, ari_next_at),
       UPDATE (certificate_pem, private_key_pem, expires_at, not_before, issuer, serial, renew_at,

@@ -21,6 +21,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -189,6 +190,35 @@ SELECT id, 'failed.example', 'verified', 'tok', 'failed', 10, 'acme: boom' FROM 
 	require.NotContains(t, stderr, "run-secret")
 	code, _, stderr = invoke(t, "retry", "failed.example", "--database-url", adminDSN)
 	require.Equal(t, exitOK, code, stderr)
+}
+
+// The renewal-information reads work under the workers' role: claiming a due read
+// and recording what the CA said, which checks the certificate's serial and version.
+// Guards against a grant the issuance test cannot reach (the reads fall due hours
+// after a certificate is stored): the version column was "not readable", and every
+// read failed with 42501 in production.
+func TestGrants_RenewalInformationWorksUnderTheWorkersRole(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	adminDSN := pgtest.NewDB(t)
+	execSQL(t, adminDSN, `
+WITH t AS (INSERT INTO proxy_tenants (name, slug, email) VALUES ('shop', 'shop', 'shop@example.com') RETURNING id)
+INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_status)
+SELECT id, 'ari.example', 'verified', 'tok', 'active' FROM t;
+INSERT INTO proxy_certificates (domain, certificate_pem, private_key_pem, expires_at, not_before, serial,
+    renew_at, ari_next_at)
+VALUES ('ari.example', 'pem', 'key', now() + interval '60 days', now() - interval '30 days', '0a',
+    now() + interval '30 days', now() - interval '1 minute')`)
+	pool, err := pgxpool.New(ctx, leastPrivilegeRole(t, adminDSN))
+	require.NoError(t, err)
+	defer pool.Close()
+	q := queue.New(pool, queue.DefaultConfig())
+
+	reads, _, err := q.ClaimRenewalInfo(ctx, 4)
+	require.NoError(t, err)
+	require.Len(t, reads, 1)
+	_, err = q.RecordRenewalInfo(ctx, reads[0], queue.RenewalInfo{NextIn: time.Hour})
+	require.NoError(t, err)
 }
 
 // grant is one privilege on an object (a table, or "schema NAME"), on one column or,
