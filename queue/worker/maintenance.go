@@ -85,6 +85,7 @@ func (w *Worker) nextMaintenance(ctx context.Context) time.Duration {
 // covers a wake source that is down).
 func (w *Worker) maintain(ctx context.Context) {
 	w.housekeeping(ctx)
+	w.settleStaleLedger(ctx)
 	w.refreshRenewalInfo(ctx)
 	queued := w.reclaim(ctx)
 	queued += w.markRenewals(ctx)
@@ -164,6 +165,31 @@ func (w *Worker) badRows(msg string, bad []queue.BadRow) {
 	}
 }
 
+// staleLedgerMargin is what an order may take beyond --order-timeout before the
+// ledger stops waiting for its end: the order is cancelled at its timeout, and its
+// result and its settle are a few steps, each a quarter lease, retried.
+func (w *Worker) staleLedgerMargin() time.Duration { return w.cfg.Queue.Lease }
+
+// settleStaleLedger records as unknown the ledger's orders still pending after the
+// longest an order can live (--order-timeout and a margin), which their instance will
+// never settle (queue.SettleStaleLedger).
+func (w *Worker) settleStaleLedger(ctx context.Context) {
+	if !w.cfg.Limits.Any() {
+		return
+	}
+	sctx, cancel := w.step(ctx, false)
+	defer cancel()
+	n, err := w.q.SettleStaleLedger(sctx, w.cfg.Directory, w.cfg.OrderTimeout+w.staleLedgerMargin())
+	if err != nil {
+		w.logDBError("settle stale ledger rows", err)
+		return
+	}
+	if n > 0 {
+		w.log.Warn("ledger rows of orders that ended unrecorded; counted as the CA may have counted them",
+			zap.Int64("orders", n), zap.Duration("older_than", w.cfg.OrderTimeout+w.staleLedgerMargin()))
+	}
+}
+
 // housekeepingEvery is how often the steps that read whole tables run (a second or
 // two at a million domains): finding domains that differ only in case, and pruning
 // what the worker keeps. Neither is urgent: the claim never takes a case twin, and
@@ -192,6 +218,7 @@ func (w *Worker) housekeeping(ctx context.Context) {
 	if pruned != (queue.PruneResult{}) {
 		w.log.Info("pruned", zap.Int64("http01_tokens", pruned.Tokens), zap.Int64("pauses", pruned.Pauses),
 			zap.Int64("ledger_rows", pruned.Ledger), zap.Int64("tenant_counters", pruned.Tenants),
-			zap.Int64("certificates_of_deleted_domains", pruned.Certificates))
+			zap.Int64("certificates_of_deleted_domains", pruned.Certificates),
+			zap.Int64("issued_names_of_deleted_domains", pruned.IssuedNames))
 	}
 }
