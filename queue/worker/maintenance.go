@@ -191,13 +191,13 @@ func (w *Worker) settleStaleLedger(ctx context.Context) {
 }
 
 // housekeepingEvery is how often the steps that read whole tables run (a second or
-// two at a million domains): finding domains that differ only in case, and pruning
-// what the worker keeps. Neither is urgent: the claim never takes a case twin, and
-// what is pruned only takes space.
+// two at a million domains): finding domains that differ only in case or stuck at the
+// attempt limit, and pruning what the worker keeps. None is urgent: the claim never
+// takes a case twin or a row at the limit, and what is pruned only takes space.
 const housekeepingEvery = 10 * time.Minute
 
-// housekeeping marks case twins failed and prunes what the worker keeps, once every
-// housekeepingEvery.
+// housekeeping marks case twins failed, fails domains stuck at or above the attempt
+// limit, and prunes what the worker keeps, once every housekeepingEvery.
 func (w *Worker) housekeeping(ctx context.Context) {
 	if time.Since(w.lastHousekeeping) < housekeepingEvery {
 		return
@@ -210,6 +210,11 @@ func (w *Worker) housekeeping(ctx context.Context) {
 		w.logDBError("mark domains that differ only in case", err)
 	}
 	w.badRows("two domains differ only in case; neither is ordered, both marked failed", twins)
+	exhausted, err := w.q.FailExhausted(hctx)
+	if err != nil {
+		w.logDBError("fail domains at the attempt limit", err)
+	}
+	w.badRows("domain at or above --max-attempts, which no claim takes; marked failed", exhausted)
 	pruned, err := w.q.Prune(hctx)
 	if err != nil {
 		w.logDBError("prune", err)
