@@ -27,9 +27,10 @@ GRANT SELECT, UPDATE ON proxy_domains TO :"role";
 -- deleted domain pruned an hour after its row was last written.
 GRANT SELECT, INSERT, UPDATE, DELETE ON proxy_certificates TO :"role";
 
--- The ACME account shared by every instance: registered once, replaced (deleted and
--- registered again) when the CA no longer knows it.
-GRANT SELECT, INSERT, DELETE ON certworker_acme_accounts TO :"role";
+-- The ACME account shared by every instance: its key stored, then its URL recorded
+-- once the CA has registered it; replaced (deleted and registered again) when the CA
+-- no longer knows it.
+GRANT SELECT, INSERT, UPDATE, DELETE ON certworker_acme_accounts TO :"role";
 -- HTTP-01 tokens of orders in flight, and the responder's reads.
 GRANT SELECT, INSERT, UPDATE, DELETE ON certworker_http01_tokens TO :"role";
 -- The wake mode and the fleet's settings, recorded at start.
@@ -40,6 +41,9 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON certworker_pauses TO :"role";
 -- The limit ledger: an order recorded before it is sent, its outcome when it ends,
 -- rows older than the longest window pruned.
 GRANT SELECT, INSERT, UPDATE, DELETE ON certworker_ledger TO :"role";
+-- The names each CA has issued for (which makes their orders renewals), recorded with
+-- an issued order, pruned with their domain.
+GRANT SELECT, INSERT, UPDATE, DELETE ON certworker_issued_names TO :"role";
 -- The order of service: the claim moves the queue's position (the tenants' counters
 -- are written by the wake trigger's SECURITY DEFINER function, and pruned).
 GRANT SELECT, UPDATE ON certworker_queue_clock TO :"role";

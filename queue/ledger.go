@@ -29,9 +29,14 @@ import (
 //   - failed authorizations per name: every order whose authorization failed,
 //     renewals included.
 //
-// A renewal is an order for a domain that holds a certificate: it names the
-// certificate it replaces (ARI) and asks for the same single name, which Let's
-// Encrypt recognises as a renewal either way.
+// A renewal is an order for a domain that holds a certificate the CA issued: it names
+// the certificate it replaces (ARI) and asks for the same single name, which Let's
+// Encrypt recognises as a renewal either way. "The CA issued" is the ledger's own
+// record of the names it saw the CA issue for (certworker_issued_names): a certificate
+// someone else stored proves nothing to the CA.
+//
+// "In flight" is 'pending', and 'unknown' for an order whose end never reached the
+// ledger (SettleStaleLedger): both count as the CA may count them.
 
 // The outcomes of a ledger row (certworker_ledger.outcome).
 const (
