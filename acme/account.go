@@ -11,7 +11,9 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"net/http"
 
+	legoacme "github.com/go-acme/lego/v4/acme"
 	"github.com/go-acme/lego/v4/certcrypto"
 	"github.com/go-acme/lego/v4/registration"
 	"github.com/jackc/pgx/v5"
@@ -167,6 +169,7 @@ func (i *Issuer) registerAccount(ctx context.Context, tr *orderTransport, acct *
 		reg, err = registrar.Register(registration.RegisterOptions{TermsOfServiceAgreed: true})
 	}
 	if err != nil {
+		i.dropRefusedKey(ctx, err)
 		return nil, err
 	}
 	if reg == nil || reg.URI == "" {
@@ -191,6 +194,25 @@ WHERE directory = $1 AND eab_kid = $2 AND uri = ''`,
 			zap.String("directory", i.cfg.DirectoryURL), zap.String("account_uri", reg.URI))
 	}
 	return acct, nil
+}
+
+// dropRefusedKey deletes the stored, unregistered key when the CA refused its
+// registration outright (a problem document with a 4xx status, but a rate limit): the
+// CA created no account for it, and a key kept would outlive the configuration that
+// was refused (an EAB key id added since, say) as a row nothing registers. A
+// registration that failed any other way (no answer, 5xx) may have created the
+// account: the key stays, and the next registration finds the account again.
+func (i *Issuer) dropRefusedKey(ctx context.Context, err error) {
+	var pd *legoacme.ProblemDetails
+	if !errors.As(err, &pd) || pd == nil || pd.HTTPStatus < 400 || pd.HTTPStatus >= 500 ||
+		pd.HTTPStatus == http.StatusTooManyRequests || pd.Type == problemRateLimited {
+		return
+	}
+	if _, derr := i.pool.Exec(ctx, `
+DELETE FROM certworker_acme_accounts WHERE directory = $1 AND eab_kid = $2 AND uri = ''`,
+		i.cfg.DirectoryURL, i.cfg.EABKeyID); derr != nil {
+		i.log.Debug("could not delete the ACME account key the CA refused to register", zap.Error(derr))
+	}
 }
 
 // forgetAccount drops an account the CA no longer knows (accountDoesNotExist: the CA
