@@ -11,8 +11,10 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 
+	legoacme "github.com/go-acme/lego/v4/acme"
 	"github.com/go-acme/lego/v4/certcrypto"
 	"github.com/go-acme/lego/v4/registration"
 	"github.com/jackc/pgx/v5"
@@ -37,6 +39,9 @@ func (a *account) GetPrivateKey() crypto.PrivateKey        { return a.key }
 // memory, else from PostgreSQL, else registered now. Called with every order, so
 // that a CA that is down when the worker starts only fails the orders, and the first
 // order after it comes back registers.
+//
+// A stored row with an empty uri holds a key reserved for the account but not yet
+// registered with the CA (registerAccount): the account is registered with that key.
 func (i *Issuer) accountFor(ctx context.Context, tr *orderTransport) (*account, error) {
 	i.accountMu.Lock()
 	defer i.accountMu.Unlock()
@@ -48,7 +53,12 @@ func (i *Issuer) accountFor(ctx context.Context, tr *orderTransport) (*account, 
 		return nil, err
 	}
 	if acct == nil {
-		if acct, err = i.registerAccount(ctx, tr); err != nil {
+		if acct, err = i.reserveAccountKey(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if acct.reg == nil || acct.reg.URI == "" {
+		if acct, err = i.registerAccount(ctx, tr, acct); err != nil {
 			return nil, err
 		}
 	}
@@ -130,36 +140,55 @@ func (i *Issuer) keyError(stored string, err error) *queue.KeyError {
 	return &queue.KeyError{Key: what, KeyID: id, Err: err}
 }
 
-// registerAccount registers a new account with the CA and stores it, unless another
-// instance has just done so. Instances serialise on a transaction-scoped advisory
-// lock on (directory, eab_kid), held across the registration: a second instance
-// starting at the same moment waits, then finds the first one's row. Without it both
-// would register, and one account would be orphaned at the CA.
-func (i *Issuer) registerAccount(ctx context.Context, tr *orderTransport) (*account, error) {
-	tx, err := i.pool.Begin(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("register ACME account: %w", err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit, a no-op
-
-	// Two int4 keys: a class for this table, and the account's identity. hashtext
-	// collisions only make two accounts' first registrations wait for each other.
-	if _, err := tx.Exec(ctx,
-		`SELECT pg_advisory_xact_lock(hashtext('certworker_acme_accounts'), hashtext($1::text || E'\n' || $2::text))`,
-		i.cfg.DirectoryURL, i.cfg.EABKeyID); err != nil {
-		return nil, fmt.Errorf("register ACME account: lock: %w", err)
-	}
-	if acct, err := i.loadAccount(ctx, tx); err != nil || acct != nil {
-		return acct, err
-	}
-
+// reserveAccountKey makes the account's key and stores it, unregistered (an empty uri),
+// unless another instance has stored one first; it returns the stored one, whichever
+// it is. One statement, no lock: the primary key decides, and every instance then
+// registers with the same key (registerAccount).
+func (i *Issuer) reserveAccountKey(ctx context.Context) (*account, error) {
 	// The account key is always P-256 (ES256), which every ACME CA accepts; the
 	// certificates' key type is --key-type.
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("register ACME account: generate key: %w", err)
 	}
-	acct := &account{email: i.cfg.Email, key: key}
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("register ACME account: encode key: %w", err)
+	}
+	stored, err := i.cfg.KeyEncryptionKeys.Seal(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), i.cfg.DirectoryURL)
+	if err != nil {
+		return nil, fmt.Errorf("register ACME account: seal key: %w", err)
+	}
+	if _, err := i.pool.Exec(ctx, `
+INSERT INTO certworker_acme_accounts (directory, eab_kid, email, private_key_pem, uri)
+VALUES ($1, $2, $3, $4, '')
+ON CONFLICT (directory, eab_kid) DO NOTHING`,
+		i.cfg.DirectoryURL, i.cfg.EABKeyID, i.cfg.Email, stored); err != nil {
+		return nil, fmt.Errorf("store ACME account key: %w", err)
+	}
+	acct, err := i.loadAccount(ctx, i.pool)
+	if err == nil && acct == nil {
+		// Deleted between the two statements (forgetAccount of a CA reset): the
+		// next order starts over.
+		err = errors.New("register ACME account: the stored account disappeared; the next order registers again")
+	}
+	return acct, err
+}
+
+// registerAccount registers acct's key with the CA and records the account URL the
+// CA returns. No transaction and no lock is held across the call to the CA: an
+// instance cut off from the database mid-call would otherwise keep every other
+// instance waiting for as long as the server kept its session.
+//
+// One account per directory and EAB key id, still: every instance registers with
+// the one key stored for it (reserveAccountKey), and a CA answers a registration of
+// a key it already knows with that key's account (RFC 8555 §7.3.1), so two instances
+// starting together find the same account, and a registration whose answer was lost
+// is found again by the next one instead of leaving an orphan. What remains: a CA
+// that breaks that rule, and an account forgotten (forgetAccount) while another
+// instance registers the old key, which leaves that instance ordering with the old
+// account until its next restart.
+func (i *Issuer) registerAccount(ctx context.Context, tr *orderTransport, acct *account) (*account, error) {
 	core, err := i.newCore(acct, tr)
 	if err != nil {
 		return nil, err
@@ -176,37 +205,50 @@ func (i *Issuer) registerAccount(ctx context.Context, tr *orderTransport) (*acco
 		reg, err = registrar.Register(registration.RegisterOptions{TermsOfServiceAgreed: true})
 	}
 	if err != nil {
+		i.dropRefusedKey(ctx, err)
 		return nil, err
 	}
 	if reg == nil || reg.URI == "" {
 		return nil, errors.New("acme: the CA registered the account but returned no account URL")
 	}
-	acct.reg = reg
-
-	der, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		return nil, fmt.Errorf("register ACME account: encode key: %w", err)
-	}
-	stored, err := i.cfg.KeyEncryptionKeys.Seal(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), i.cfg.DirectoryURL)
-	if err != nil {
-		return nil, fmt.Errorf("register ACME account: seal key: %w", err)
-	}
 	regJSON, err := json.Marshal(reg)
 	if err != nil {
 		return nil, fmt.Errorf("register ACME account: %w", err)
 	}
-	if _, err := tx.Exec(ctx, `
-INSERT INTO certworker_acme_accounts (directory, eab_kid, email, private_key_pem, uri, registration)
-VALUES ($1, $2, $3, $4, $5, $6)`,
-		i.cfg.DirectoryURL, i.cfg.EABKeyID, i.cfg.Email, stored, reg.URI, regJSON); err != nil {
+	// Only a row still unregistered: another instance that registered the same key
+	// first stored the same URL.
+	tag, err := i.pool.Exec(ctx, `
+UPDATE certworker_acme_accounts SET uri = $3, registration = $4
+WHERE directory = $1 AND eab_kid = $2 AND uri = ''`,
+		i.cfg.DirectoryURL, i.cfg.EABKeyID, reg.URI, regJSON)
+	if err != nil {
 		return nil, fmt.Errorf("store ACME account: %w", err)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("store ACME account: %w", err)
+	acct.reg = reg
+	if tag.RowsAffected() > 0 {
+		i.log.Info("ACME account registered",
+			zap.String("directory", i.cfg.DirectoryURL), zap.String("account_uri", reg.URI))
 	}
-	i.log.Info("ACME account registered",
-		zap.String("directory", i.cfg.DirectoryURL), zap.String("account_uri", reg.URI))
 	return acct, nil
+}
+
+// dropRefusedKey deletes the stored, unregistered key when the CA refused its
+// registration outright (a problem document with a 4xx status, but a rate limit): the
+// CA created no account for it, and a key kept would outlive the configuration that
+// was refused (an EAB key id added since, say) as a row nothing registers. A
+// registration that failed any other way (no answer, 5xx) may have created the
+// account: the key stays, and the next registration finds the account again.
+func (i *Issuer) dropRefusedKey(ctx context.Context, err error) {
+	var pd *legoacme.ProblemDetails
+	if !errors.As(err, &pd) || pd == nil || pd.HTTPStatus < 400 || pd.HTTPStatus >= 500 ||
+		pd.HTTPStatus == http.StatusTooManyRequests || pd.Type == problemRateLimited {
+		return
+	}
+	if _, derr := i.pool.Exec(ctx, `
+DELETE FROM certworker_acme_accounts WHERE directory = $1 AND eab_kid = $2 AND uri = ''`,
+		i.cfg.DirectoryURL, i.cfg.EABKeyID); derr != nil {
+		i.log.Debug("could not delete the ACME account key the CA refused to register", zap.Error(derr))
+	}
 }
 
 // forgetAccount drops an account the CA no longer knows (accountDoesNotExist: the CA

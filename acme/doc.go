@@ -34,9 +34,12 @@
 // One ACME account per directory URL and external account binding key id, stored in
 // certworker_acme_accounts and shared by every instance and every restart. It is
 // registered by the first order that needs it, not at start, so a CA that is down at
-// start fails orders (retried, uncharged) rather than the worker. Instances that
-// start together serialise the registration on a transaction-scoped advisory lock
-// and end up with one account. The terms of service are agreed to on registration.
+// start fails orders (retried, uncharged) rather than the worker. The account's key is
+// stored first (INSERT ... ON CONFLICT DO NOTHING, with an empty account URL), then
+// registered with the CA outside any transaction and the URL recorded: instances that
+// start together register the one stored key, which a CA answers with the same
+// account (RFC 8555 §7.3.1), and end up with one account, with no lock held while the
+// CA answers. The terms of service are agreed to on registration.
 // An account the CA no longer knows (accountDoesNotExist) is deleted, and the next
 // order registers a new one.
 //

@@ -63,9 +63,11 @@ GRANT SELECT (ctid, id, domain, certificate_pem, expires_at, auto_renew, updated
 
 -- certworker's own tables. Read whole; written only in the columns the workers set.
 
--- The ACME account shared by every instance: registered once, replaced (deleted and
--- registered again) when the CA no longer knows it.
-GRANT SELECT, INSERT (directory, eab_kid, email, private_key_pem, uri, registration), DELETE
+-- The ACME account shared by every instance: its key stored, then its URL recorded
+-- once the CA has registered it (no transaction is held across the registration);
+-- replaced (deleted and registered again) when the CA no longer knows it.
+GRANT SELECT, INSERT (directory, eab_kid, email, private_key_pem, uri, registration),
+      UPDATE (uri, registration), DELETE
    ON certworker_acme_accounts TO :"role";
 -- HTTP-01 tokens of orders in flight and preflight probes, and the responder's reads.
 GRANT SELECT, INSERT (token, key_authorization, domain, expires_at),
@@ -85,6 +87,10 @@ GRANT SELECT, INSERT (scope, key, source, paused_until, reason, failures),
 GRANT SELECT, INSERT (directory, domain_id, name, registered_domain, renewal, claim_token),
       UPDATE (outcome), DELETE
    ON certworker_ledger TO :"role";
+-- The names each CA has issued for (which makes their orders renewals), recorded with
+-- an issued order, pruned with their domain.
+GRANT SELECT, INSERT (directory, name, issued_at), UPDATE (issued_at), DELETE
+   ON certworker_issued_names TO :"role";
 -- The order of service: the claim moves the queue's position (the tenants' counters
 -- are written by the wake trigger's SECURITY DEFINER function, and pruned).
 GRANT SELECT, UPDATE (vtime) ON certworker_queue_clock TO :"role";

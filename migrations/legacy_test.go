@@ -160,11 +160,10 @@ func TestUp_ASecondRunChangesNothing(t *testing.T) {
 // would skip it for ever, leaving an index maintained on every write and never used.
 func TestUp_AnInterruptedRunIsFinishedByTheNext(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	url := legacy(t)
 	snapshot := holdSnapshot(t, url)
 
-	_, err := migrations.Up(ctx, openDB(t, url), migrations.Options{LockTimeout: 200 * time.Millisecond, Attempts: 1})
+	_, err := upWatched(t, url, migrations.Options{LockTimeout: 200 * time.Millisecond, Attempts: 1})
 	var pgErr *pgconn.PgError
 	require.ErrorAs(t, err, &pgErr)
 	require.Equal(t, "55P03", pgErr.Code, "the build should have given up waiting: %v", err)
@@ -172,7 +171,7 @@ func TestUp_AnInterruptedRunIsFinishedByTheNext(t *testing.T) {
 	require.NotEmpty(t, invalid, "the interrupted build left no INVALID index: the test proves nothing")
 
 	snapshot.release()
-	_, err = migrations.Up(ctx, openDB(t, url), migrations.Options{})
+	_, err = upWatched(t, url, migrations.Options{})
 	require.NoError(t, err)
 	require.Empty(t, lines(t, url, `SELECT indexrelid::regclass::text FROM pg_index WHERE NOT indisvalid`))
 	require.Equal(t, schema(t, pgtest.NewDB(t)), schema(t, url))
@@ -185,7 +184,6 @@ func TestUp_AnInterruptedRunIsFinishedByTheNext(t *testing.T) {
 // again and again while the transaction lasts.
 func TestUp_RetriesOnceTheOldTransactionHasEnded(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	url := legacy(t)
 	snapshot := holdSnapshot(t, url)
 	var mu sync.Mutex
@@ -197,7 +195,7 @@ func TestUp_RetriesOnceTheOldTransactionHasEnded(t *testing.T) {
 		time.AfterFunc(time.Second, snapshot.release)
 	}
 
-	_, err := migrations.Up(ctx, openDB(t, url), migrations.Options{LockTimeout: 100 * time.Millisecond, OnRetry: onRetry})
+	_, err := upWatched(t, url, migrations.Options{LockTimeout: 100 * time.Millisecond, OnRetry: onRetry})
 	require.NoError(t, err)
 	mu.Lock()
 	defer mu.Unlock()

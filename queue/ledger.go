@@ -2,10 +2,15 @@ package queue
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // The limit ledger (CONTRACT.md §5, issue #8): the worker's own record of its orders,
@@ -24,9 +29,14 @@ import (
 //   - failed authorizations per name: every order whose authorization failed,
 //     renewals included.
 //
-// A renewal is an order for a domain that holds a certificate: it names the
-// certificate it replaces (ARI) and asks for the same single name, which Let's
-// Encrypt recognises as a renewal either way.
+// A renewal is an order for a domain that holds a certificate the CA issued: it names
+// the certificate it replaces (ARI) and asks for the same single name, which Let's
+// Encrypt recognises as a renewal either way. "The CA issued" is the ledger's own
+// record of the names it saw the CA issue for (certworker_issued_names): a certificate
+// someone else stored proves nothing to the CA.
+//
+// "In flight" is 'pending', and 'unknown' for an order whose end never reached the
+// ledger (SettleStaleLedger): both count as the CA may count them.
 
 // The outcomes of a ledger row (certworker_ledger.outcome).
 const (
@@ -41,6 +51,10 @@ const (
 	// LedgerNotSent: nothing reached the CA that it counts (a preflight that
 	// failed, a new order it refused).
 	LedgerNotSent = "not_sent"
+	// LedgerUnknown: the order outlived any order without its end being recorded
+	// (its instance died, or could not write it). It counts as the CA may have
+	// counted it: as an order and a certificate (SettleStaleLedger).
+	LedgerUnknown = "unknown"
 )
 
 // Admission is a claim the ledger is asked about before its order.
@@ -49,7 +63,8 @@ type Admission struct {
 	// Name is the name to order (CheckName's), RegisteredDomain its registered
 	// domain (RegisteredDomain).
 	Name, RegisteredDomain string
-	// Renewal: the domain holds a certificate this order replaces.
+	// Renewal: the domain holds a certificate this order replaces. Admit counts it
+	// as a renewal only when the CA has issued for the name before.
 	Renewal bool
 }
 
@@ -70,17 +85,29 @@ type ledgerCount struct {
 type ledgerKey struct{ kind, key string }
 
 // Admit checks claims (in the order given) against limits and records the ones that
-// may go, in one transaction under a lock every instance takes, so that two instances
-// never exceed a limit together. A claim the CA would refuse is handed back uncharged
-// and quietly (no wake-up: the pause holds it), and what it hit is paused, source
-// 'ledger', until the window frees a slot, with the reason for `status`. A key that
-// reaches its limit with this batch is paused at once, so that the next claim does
-// not take it in the first place.
+// may go, in one transaction under the ledger's lock (inLedger), so that two
+// instances never exceed a limit together. A claim the CA would refuse is handed back
+// uncharged and quietly (no wake-up: the pause holds it), and what it hit is paused,
+// source 'ledger', until the window frees a slot, with the reason for `status`. A key
+// that reaches its limit with this batch is paused at once, so that the next claim
+// does not take it in the first place.
+//
+// An admission that says it is a renewal counts as one only when the CA has issued a
+// certificate for the name before (certworker_issued_names, written by SettleLedger):
+// a certificate someone else stored does not exempt the order from the limits the CA
+// applies to new ones.
+//
+// When it returns an error, nothing was recorded, unless the error wraps
+// ErrCommitUnknown: then the claims' rows may be there, and the caller, which places
+// none of their orders, settles them as not sent (LedgerNotSent) once it can; a
+// token without a row is matched by nothing.
 func (q *Queue) Admit(ctx context.Context, directory string, limits Limits, as []Admission) (admitted []Claim, refused []Refusal, err error) {
-	err = pgx.BeginFunc(ctx, q.db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('certworker_ledger'), hashtext($1))`, directory); err != nil {
-			return fmt.Errorf("ledger lock: %w", err)
-		}
+	as, err = q.knownRenewals(ctx, directory, as)
+	if err != nil {
+		return nil, nil, fmt.Errorf("ledger: %w", err)
+	}
+	err = q.inLedger(ctx, directory, func(tx pgx.Tx) error {
+		admitted, refused = nil, nil
 		counts, err := ledgerCounts(ctx, tx, directory, limits, as)
 		if err != nil {
 			return err
@@ -102,6 +129,126 @@ func (q *Queue) Admit(ctx context.Context, directory string, limits Limits, as [
 	return admitted, refused, nil
 }
 
+// knownRenewals returns as with Renewal cleared where the CA at directory has not
+// issued a certificate for the name before. Read outside the ledger's lock: a name
+// recorded meanwhile only makes a renewal count as a new order, the safe side.
+func (q *Queue) knownRenewals(ctx context.Context, directory string, as []Admission) ([]Admission, error) {
+	var names []string
+	for _, a := range as {
+		if a.Renewal {
+			names = append(names, a.Name)
+		}
+	}
+	if len(names) == 0 {
+		return as, nil
+	}
+	rows, err := q.db.Query(ctx, `
+SELECT name FROM certworker_issued_names WHERE directory = $1 AND name = ANY($2)`, directory, names)
+	if err != nil {
+		return nil, fmt.Errorf("read names issued before: %w", err)
+	}
+	known, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("read names issued before: %w", err)
+	}
+	out := slices.Clone(as)
+	for i := range out {
+		if out[i].Renewal && !slices.Contains(known, out[i].Name) {
+			out[i].Renewal = false
+		}
+	}
+	return out, nil
+}
+
+// The ledger's lock: how long one try waits for it, and the pause between tries.
+const (
+	// ledgerLockWait: the lock is held for a few milliseconds (a count and an insert)
+	// by a live instance. Waiting longer means its holder is stuck or cut off (the
+	// server ends that transaction after the worker session's
+	// idle_in_transaction_session_timeout); a try that gives up is retried, so that
+	// the wait ends with the caller's context and is never one the server keeps
+	// queued for a client that has gone.
+	ledgerLockWait = time.Second
+	// ledgerRetryPause is the pause between tries, with as much again of jitter, so
+	// that instances retrying together do not arrive together.
+	ledgerRetryPause = 50 * time.Millisecond
+)
+
+var (
+	// ErrLedgerBusy: the ledger's lock could not be taken before the context ended.
+	ErrLedgerBusy = errors.New("the ledger's lock is held by another session")
+	// ErrCommitUnknown: the COMMIT of a ledger transaction failed, which may mean its
+	// answer was lost after it went through: what it recorded may or may not be there.
+	ErrCommitUnknown = errors.New("commit of the ledger's transaction may or may not have gone through")
+)
+
+// inLedger runs fn in a transaction that holds the ledger's lock of directory, a
+// transaction-scoped advisory lock every instance takes to read and write the ledger
+// and its pauses. The lock is waited for ledgerLockWait at a time (lock_timeout for
+// this transaction only) and tried again until ctx ends, then ErrLedgerBusy. The
+// transaction's statements are bounded by what is left of ctx (statement_timeout),
+// so the server gives up on them when the caller does.
+func (q *Queue) inLedger(ctx context.Context, directory string, fn func(pgx.Tx) error) error {
+	for try := 1; ; try++ {
+		locked, err := q.ledgerTx(ctx, directory, fn)
+		if locked || err == nil || !isLockTimeout(err) && ctx.Err() == nil {
+			return err
+		}
+		t := time.NewTimer(ledgerRetryPause + rand.N(ledgerRetryPause))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w (%d tries of %s): %w", ErrLedgerBusy, try, ledgerLockWait, err)
+		case <-t.C:
+		}
+	}
+}
+
+// ledgerTx is one try of inLedger; locked reports that it got as far as holding the
+// lock. An error of its COMMIT wraps ErrCommitUnknown.
+func (q *Queue) ledgerTx(ctx context.Context, directory string, fn func(pgx.Tx) error) (locked bool, err error) {
+	tx, err := q.db.Begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	err = func() error {
+		b := &pgx.Batch{}
+		b.Queue(`SELECT set_config('lock_timeout', $1, true)`, milliseconds(ledgerLockWait))
+		if deadline, ok := ctx.Deadline(); ok {
+			b.Queue(`SELECT set_config('statement_timeout', $1, true)`, milliseconds(time.Until(deadline)))
+		}
+		b.Queue(`SELECT pg_advisory_xact_lock(hashtext('certworker_ledger'), hashtext($1))`, directory)
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return fmt.Errorf("ledger lock: %w", err)
+		}
+		locked = true
+		return fn(tx)
+	}()
+	if err != nil {
+		// After a failed statement, or with ctx over, the rollback may fail too: the
+		// connection is then closed, which ends the transaction just as well.
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return locked, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return true, fmt.Errorf("%w: %w", ErrCommitUnknown, err)
+	}
+	return true, nil
+}
+
+// isLockTimeout reports whether err is a lock wait that gave up (SQLSTATE 55P03,
+// lock_not_available).
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
+// milliseconds is d as a setting's value in milliseconds, at least 1 (0 turns a
+// timeout off).
+func milliseconds(d time.Duration) string {
+	return strconv.FormatInt(max(d.Milliseconds(), 1), 10)
+}
+
 // ledgerCounts reads, for every limit that is on, what counts for the keys of as.
 func ledgerCounts(ctx context.Context, tx pgx.Tx, directory string, l Limits, as []Admission) (map[ledgerKey]ledgerCount, error) {
 	var rds, names []string
@@ -114,12 +261,12 @@ SELECT 'account', $1::text, count(*), min(at) + make_interval(secs => $2) FROM c
 UNION ALL
 SELECT 'registered_domain', registered_domain, count(*), min(at) + make_interval(secs => $3) FROM certworker_ledger
  WHERE $3 > 0 AND directory = $1 AND registered_domain = ANY($4) AND at > now() - make_interval(secs => $3)
-   AND outcome IN ('pending', 'issued') AND NOT renewal
+   AND outcome IN ('pending', 'issued', 'unknown') AND NOT renewal
  GROUP BY registered_domain
 UNION ALL
 SELECT 'exact_set', name, count(*), min(at) + make_interval(secs => $5) FROM certworker_ledger
  WHERE $5 > 0 AND directory = $1 AND name = ANY($6) AND at > now() - make_interval(secs => $5)
-   AND outcome IN ('pending', 'issued')
+   AND outcome IN ('pending', 'issued', 'unknown')
  GROUP BY name
 UNION ALL
 SELECT 'failed_authz', name, count(*), min(at) + make_interval(secs => $7) FROM certworker_ledger
@@ -269,17 +416,29 @@ ON CONFLICT (scope, key, source) DO UPDATE SET
 	return tx.SendBatch(ctx, b).Close()
 }
 
-// SettleLedger records how the order of claim token ended. An outcome that does not
-// count as a certificate (a failure, nothing sent) lifts the ledger's pauses of the
-// order's name and registered domain, and of the account when nothing was sent: the
-// next claim counts again and pauses them anew if they are still full. A failed
-// authorization that brings its name to the limit pauses the name (and leaves a
-// pause the name already had: one statement may not delete and insert one row).
+// SettleLedger records how the order of claim token ended, under the ledger's lock:
+// the pauses it lifts or writes are the ledger's, which Admit writes under the same
+// lock, and a lift that raced an Admit could leave a pause the counts no longer
+// justify, for as long as a window (a week).
+//
+// An outcome that does not count as a certificate (a failure, nothing sent) lifts the
+// ledger's pauses of the order's name and registered domain, and of the account when
+// nothing was sent: the next claim counts again and pauses them anew if they are still
+// full. A failed authorization that brings its name to the limit pauses the name (and
+// leaves a pause the name already had: one statement may not delete and insert one
+// row). An issued certificate records that the CA has issued for the name
+// (certworker_issued_names), which makes its later orders renewals. A row recorded
+// as unknown (SettleStaleLedger) takes the outcome that arrives late.
 func (q *Queue) SettleLedger(ctx context.Context, directory, token, outcome string, limits Limits) error {
-	_, err := q.db.Exec(ctx, `
+	err := q.inLedger(ctx, directory, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `
 WITH l AS (
-    UPDATE certworker_ledger SET outcome = $2 WHERE claim_token = $1 AND outcome = 'pending'
+    UPDATE certworker_ledger SET outcome = $2 WHERE claim_token = $1 AND outcome IN ('pending', 'unknown')
     RETURNING name, registered_domain
+), issued AS (
+    INSERT INTO certworker_issued_names AS n (directory, name)
+    SELECT $3, name FROM l WHERE $2 = 'issued'
+    ON CONFLICT (directory, name) DO UPDATE SET issued_at = now()
 ), lifted AS (
     DELETE FROM certworker_pauses p USING l
     WHERE p.source = 'ledger' AND $2 NOT IN ('pending', 'issued')
@@ -299,10 +458,31 @@ SELECT 'domain', name, 'ledger', frees,
 FROM authz WHERE n >= $4
 ON CONFLICT (scope, key, source) DO UPDATE SET
     paused_until = EXCLUDED.paused_until, reason = EXCLUDED.reason, updated_at = now()`,
-		token, outcome, directory, limits.FailedAuthzPerName.Count, seconds(limits.FailedAuthzPerName.window()),
-		limits.FailedAuthzPerName.Window.String(), limits.FailedAuthzPerName.String())
+			token, outcome, directory, limits.FailedAuthzPerName.Count, seconds(limits.FailedAuthzPerName.window()),
+			limits.FailedAuthzPerName.Window.String(), limits.FailedAuthzPerName.String())
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("settle ledger: %w", err)
 	}
 	return nil
+}
+
+// SettleStaleLedger records as unknown (LedgerUnknown) the orders of the CA at
+// directory still pending after olderThan, which the caller makes longer than any
+// order can live: their instance died, or lost the answer of the COMMIT that recorded
+// them and could not settle them. A pending row would count for as long as a window
+// (a week) as an order in flight, and never take its real outcome; unknown counts
+// the same, as the CA may have counted the order, and is replaced by the real outcome
+// if that arrives late. No pause changes (the counts do not), so the ledger's lock is
+// not taken. It returns how many rows it settled.
+func (q *Queue) SettleStaleLedger(ctx context.Context, directory string, olderThan time.Duration) (int64, error) {
+	tag, err := q.db.Exec(ctx, `
+UPDATE certworker_ledger SET outcome = 'unknown'
+WHERE directory = $1 AND outcome = 'pending' AND at < now() - make_interval(secs => $2)`,
+		directory, seconds(olderThan))
+	if err != nil {
+		return 0, fmt.Errorf("settle stale ledger rows: %w", err)
+	}
+	return tag.RowsAffected(), nil
 }

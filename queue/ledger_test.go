@@ -88,8 +88,8 @@ SELECT reason FROM certworker_pauses WHERE scope = $1 AND key = $2 AND source = 
 }
 
 // The exact-set and failed-authorization limits are per name: they count renewals
-// too (Let's Encrypt does), while renewals are exempt from the account and
-// registered-domain limits.
+// too (Let's Encrypt does), while renewals (of names the CA issued for before) are
+// exempt from the account and registered-domain limits.
 func TestAdmit_RenewalsAreExemptOnlyWhereTheCAExemptsThem(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -97,6 +97,10 @@ func TestAdmit_RenewalsAreExemptOnlyWhereTheCAExemptsThem(t *testing.T) {
 	for i := range 4 {
 		b.named(t, tn, fmt.Sprintf("r%d.shop.example", i))
 	}
+	// Names the CA issued for before (SettleLedger records them): their orders are
+	// renewals there.
+	b.exec(t, `INSERT INTO certworker_issued_names (directory, name)
+SELECT $1, 'r' || g || '.shop.example' FROM generate_series(0, 3) g`, testDirectory)
 	limits := queue.Limits{
 		OrdersPerAccount:         queue.Limit{Count: 1, Window: time.Hour},
 		CertsPerRegisteredDomain: queue.Limit{Count: 1, Window: time.Hour},

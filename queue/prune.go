@@ -19,6 +19,9 @@ type PruneResult struct {
 	Tenants int64
 	// Certificates: certificate rows, with their private keys, of deleted domains.
 	Certificates int64
+	// IssuedNames: the ledger's record that a CA issued for a name, for names no
+	// domain has any more.
+	IssuedNames int64
 }
 
 const (
@@ -76,6 +79,11 @@ WHERE NOT EXISTS (SELECT 1 FROM proxy_domains d WHERE d.tenant_id = t.tenant_id)
 SELECT c.ctid FROM proxy_certificates c
 WHERE c.updated_at < now() - make_interval(secs => $1)
   AND NOT EXISTS (SELECT 1 FROM proxy_domains d WHERE lower(d.domain) = lower(c.domain))`,
+			[]any{seconds(orphanGrace)}},
+		{"names issued for deleted domains", &r.IssuedNames, "certworker_issued_names", `
+SELECT n.ctid FROM certworker_issued_names n
+WHERE n.issued_at < now() - make_interval(secs => $1)
+  AND NOT EXISTS (SELECT 1 FROM proxy_domains d WHERE lower(d.domain) = n.name)`,
 			[]any{seconds(orphanGrace)}},
 	} {
 		n, err := q.deleteInBatches(ctx, step.table, step.sql, step.args)

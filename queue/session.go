@@ -3,40 +3,124 @@ package queue
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// ConfigurePool sets up the sessions of a pool that the queue's statements run in,
-// keeping the pool's own AfterConnect hook: JIT compilation off. The queue's
-// statements are short and run often, but their estimated cost at a million rows
-// (the claim's correlated look-ups, counted once for every row the planner thinks
-// it may read) crosses jit_above_cost, and compiling the claim took 36 ms of its 38
-// (bench/plans.txt). A SET after connecting rather than a startup parameter, which a
-// pooler such as PgBouncer refuses ("unsupported startup parameter"); the proxy's
-// sessions keep their own setting.
-func ConfigurePool(cfg *pgxpool.Config) {
+// Session is what ConfigureSession sets on every session of a pool: bounds on how
+// long the server keeps working, or waiting, for a client that may be gone. A zero
+// field leaves the server's setting (by default: no bound).
+type Session struct {
+	// StatementTimeout bounds each statement. A client that gave up on a statement
+	// (its context ended: the worker's step deadline) only closes its end; across a
+	// partition the server never hears of it, and without this bound would run the
+	// statement to its end.
+	StatementTimeout time.Duration
+	// LockTimeout bounds each wait for a lock. A statement of ours that queues for a
+	// lock makes everything that wants the lock after it queue behind it, the proxy's
+	// writes included; giving up and trying again bounds that.
+	LockTimeout time.Duration
+	// IdleInTransactionTimeout ends a session whose transaction waits for its client
+	// (idle_in_transaction_session_timeout): a client cut off between a lock and its
+	// COMMIT would otherwise hold the lock for as long as the server keeps the
+	// connection, hours with the default TCP keepalives.
+	IdleInTransactionTimeout time.Duration
+}
+
+// The worker's session bounds (WorkerSession).
+const (
+	// workerLockTimeout: the proxy's own statements hold their row locks for
+	// milliseconds; a lock held for two seconds belongs to a transaction that is open
+	// for longer (a tenant's form, a stuck session), and a statement of ours gives up
+	// and is retried rather than queue behind it, with the proxy's writes queued
+	// behind ours. The same value as migrate's --lock-timeout, for the same reason.
+	workerLockTimeout = 2 * time.Second
+	// workerIdleInTransaction: no transaction of the worker's waits for anything
+	// between its statements (nothing on the network outside the database, no
+	// user), so a transaction idle for this long has lost its client. Ten seconds
+	// frees the ledger's lock, held by an instance cut off mid-transaction, inside
+	// the step (a quarter lease, 15 s by default) of the instances waiting for it.
+	workerIdleInTransaction = 10 * time.Second
+)
+
+// WorkerSession is the worker's: each statement bounded by the worker's step deadline
+// (a quarter of the lease, worker.Worker's stepTimeout), so that the server stops
+// what the worker stopped waiting for; lock waits of two seconds; and a transaction
+// whose client went quiet for ten seconds ended by the server. Steps that run a
+// transaction set tighter bounds of their own inside it (Admit, SettleLedger).
+func WorkerSession(lease time.Duration) Session {
+	if lease <= 0 {
+		lease = DefaultLease
+	}
+	return Session{
+		StatementTimeout:         lease / 4,
+		LockTimeout:              workerLockTimeout,
+		IdleInTransactionTimeout: workerIdleInTransaction,
+	}
+}
+
+// ConfigurePool sets up the sessions of a pool that the queue's statements run in
+// with the worker's bounds at the default lease (WorkerSession): ConfigureSession.
+func ConfigurePool(cfg *pgxpool.Config) { ConfigureSession(cfg, WorkerSession(DefaultLease)) }
+
+// ConfigureSession sets up the sessions of a pool, keeping the pool's own
+// AfterConnect hook: JIT compilation off, and s's bounds.
+//
+// JIT: the queue's statements are short and run often, but their estimated cost at a
+// million rows (the claim's correlated look-ups, counted once for every row the
+// planner thinks it may read) crosses jit_above_cost, and compiling the claim took
+// 36 ms of its 38 (bench/plans.txt).
+//
+// A SET after connecting rather than a startup parameter, which a pooler such as
+// PgBouncer refuses ("unsupported startup parameter"); the proxy's sessions keep
+// their own settings. One round trip: the settings go in one simple-protocol string.
+func ConfigureSession(cfg *pgxpool.Config, s Session) {
 	prev := cfg.AfterConnect
+	set := s.sql()
 	cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
 		if prev != nil {
 			if err := prev(ctx, conn); err != nil {
 				return err
 			}
 		}
-		if _, err := conn.Exec(ctx, "SET jit = off"); err != nil {
+		if _, err := conn.Exec(ctx, set, pgx.QueryExecModeSimpleProtocol); err != nil {
 			return fmt.Errorf("set up the session: %w", err)
 		}
 		return nil
 	}
 }
 
+// sql is the SET statements for s.
+func (s Session) sql() string {
+	set := "SET jit = off"
+	for _, p := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"statement_timeout", s.StatementTimeout},
+		{"lock_timeout", s.LockTimeout},
+		{"idle_in_transaction_session_timeout", s.IdleInTransactionTimeout},
+	} {
+		if p.d > 0 {
+			set += fmt.Sprintf("; SET %s = %d", p.name, max(p.d.Milliseconds(), 1))
+		}
+	}
+	return set
+}
+
 // NewPool is pgxpool.New with ConfigurePool's sessions.
 func NewPool(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
+	return NewPoolWith(ctx, dsn, WorkerSession(DefaultLease))
+}
+
+// NewPoolWith is pgxpool.New with ConfigureSession's sessions.
+func NewPoolWith(ctx context.Context, dsn string, s Session) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, err
 	}
-	ConfigurePool(cfg)
+	ConfigureSession(cfg, s)
 	return pgxpool.NewWithConfig(ctx, cfg)
 }

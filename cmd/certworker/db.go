@@ -14,9 +14,17 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// connect opens a pool on the flag's URL and checks that the server answers. Every
-// error is a configuration error (exit 2), in one line, without the password.
+// connect opens a pool on the flag's URL with the worker's sessions at the default
+// lease (queue.ConfigurePool): the commands' statements are bounded as the worker's
+// are. See connectWith.
 func (f dbFlags) connect(ctx context.Context) (*pgxpool.Pool, error) {
+	return f.connectWith(ctx, queue.WorkerSession(queue.DefaultLease))
+}
+
+// connectWith opens a pool on the flag's URL, with sessions set up as s says, and
+// checks that the server answers. Every error is a configuration error (exit 2), in
+// one line, without the password.
+func (f dbFlags) connectWith(ctx context.Context, s queue.Session) (*pgxpool.Pool, error) {
 	if f.DatabaseURL == "" {
 		return nil, usagef("--database-url is required (or CERTWORKER_DATABASE_URL, or DATABASE_URL)")
 	}
@@ -24,7 +32,7 @@ func (f dbFlags) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, usagef("--database-url: %s", redact(err.Error(), f.DatabaseURL))
 	}
-	queue.ConfigurePool(cfg)
+	queue.ConfigureSession(cfg, s)
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
 	}

@@ -227,10 +227,11 @@ func (c *runCmd) Run(g *globals) error {
 	return w.Wait()
 }
 
-// open connects to the database and checks what run needs of it: a connection
-// LISTEN works on (not a transaction pooler) and a schema migrated to this version.
+// open connects to the database, with the worker's session bounds for --lease, and
+// checks what run needs of it: a connection LISTEN works on (not a transaction
+// pooler) and a schema migrated to this version.
 func (c *runCmd) open(ctx context.Context, log *zap.Logger) (*pgxpool.Pool, error) {
-	pool, err := c.connect(ctx)
+	pool, err := c.connectWith(ctx, queue.WorkerSession(c.Lease))
 	if err != nil {
 		return nil, err
 	}

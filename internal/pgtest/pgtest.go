@@ -328,12 +328,15 @@ func NewPool(t testing.TB) (*pgxpool.Pool, string) {
 	return Shared(t).NewPool(t)
 }
 
-// NewPool is a pool on a fresh migrated database of s, with the sessions the worker
-// opens (queue.ConfigurePool), closed when the test ends.
+// NewPool is a pool on a fresh migrated database of s, closed when the test ends. Its
+// sessions are set up as the worker's (queue.ConfigureSession: JIT off, so that plans
+// are the worker's) but without the worker's time bounds: the test's own pool stands
+// for the proxy and for the test's hand, which fill a million rows in one statement
+// or hold a transaction open on purpose. Workers get theirs (workertest.Start).
 func (s *Server) NewPool(t testing.TB) (*pgxpool.Pool, string) {
 	t.Helper()
 	dsn := s.NewDatabase(t)
-	pool, err := queue.NewPool(context.Background(), dsn)
+	pool, err := queue.NewPoolWith(context.Background(), dsn, queue.Session{})
 	if err != nil {
 		t.Fatalf("pool: %v", err)
 	}

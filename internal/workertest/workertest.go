@@ -38,15 +38,16 @@ type Instance struct {
 	err      error
 }
 
-// Start builds a worker from cfg on a pool of its own on dsn and starts it. What cfg
-// leaves unset is filled for a test: the pool, a logger that keeps every line in Logs
-// (a benchmark sets its own, to measure what production logging costs), a
-// registry, Owner (name), Directory, and a wake source that reconnects within a
-// second. The worker is stopped when the test ends; a failed test prints the end of
-// its log.
+// Start builds a worker from cfg on a pool of its own on dsn, with the worker's
+// session bounds (queue.WorkerSession for cfg's lease, as `certworker run` sets them),
+// and starts it. What cfg leaves unset is filled for a test: the pool, a logger that
+// keeps every line in Logs (a benchmark sets its own, to measure what production
+// logging costs), a registry, Owner (name), Directory, and a wake source that
+// reconnects within a second. The worker is stopped when the test ends; a failed
+// test prints the end of its log.
 func Start(t testing.TB, dsn, name string, cfg worker.Config) *Instance {
 	t.Helper()
-	pool, err := queue.NewPool(context.Background(), dsn)
+	pool, err := queue.NewPoolWith(context.Background(), dsn, queue.WorkerSession(cfg.Queue.WithDefaults().Lease))
 	if err != nil {
 		t.Fatalf("worker %s: pool: %v", name, err)
 	}

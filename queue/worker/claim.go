@@ -130,7 +130,8 @@ func (w *Worker) fill(ctx context.Context, source string) (claimed int, full boo
 // dropped, so the shutdown that SIGTERM starts waits for it, and then runs or hands
 // back what it took. When it fails all the same (its timeout, a lost connection), the
 // rows it may have claimed are handed back by the next pass. full reports that the
-// claim took all n (more may be due), whatever the ledger let go.
+// claim took all n (more may be due), whatever the ledger let go, and that the ledger
+// answered: a ledger that did not ends the fill.
 func (w *Worker) claim(ctx context.Context, n int) (claims []queue.Claim, full bool) {
 	cctx, cancel := w.step(ctx, true)
 	defer cancel()
@@ -142,7 +143,8 @@ func (w *Worker) claim(ctx context.Context, n int) (claims []queue.Claim, full b
 		return nil, false
 	}
 	w.health.ok()
-	return w.admit(ctx, claims), len(claims) == n
+	admitted, ok := w.admit(ctx, claims)
+	return admitted, ok && len(claims) == n
 }
 
 // releaseUntracked hands back, uncharged, the rows this instance holds but does not
@@ -158,6 +160,7 @@ func (w *Worker) releaseUntracked(ctx context.Context) {
 	}
 	w.health.ok()
 	w.untracked = false
+	w.settleNotSent()
 	for _, u := range released {
 		w.m.outcome("released_untracked", 0)
 		w.log.Warn("claim handed back: its statement committed but its answer was lost; not charged",

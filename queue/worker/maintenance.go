@@ -86,6 +86,7 @@ func (w *Worker) nextMaintenance(ctx context.Context) time.Duration {
 // covers a wake source that is down).
 func (w *Worker) maintain(ctx context.Context) {
 	w.housekeeping(ctx)
+	w.settleStaleLedger(ctx)
 	queued := w.reclaim(ctx)
 	queued += w.markRenewals(ctx)
 	if queued > 0 {
@@ -164,14 +165,39 @@ func (w *Worker) badRows(msg string, bad []queue.BadRow) {
 	}
 }
 
+// staleLedgerMargin is what an order may take beyond --order-timeout before the
+// ledger stops waiting for its end: the order is cancelled at its timeout, and its
+// result and its settle are a few steps, each a quarter lease, retried.
+func (w *Worker) staleLedgerMargin() time.Duration { return w.cfg.Queue.Lease }
+
+// settleStaleLedger records as unknown the ledger's orders still pending after the
+// longest an order can live (--order-timeout and a margin), which their instance will
+// never settle (queue.SettleStaleLedger).
+func (w *Worker) settleStaleLedger(ctx context.Context) {
+	if !w.cfg.Limits.Any() {
+		return
+	}
+	sctx, cancel := w.step(ctx, false)
+	defer cancel()
+	n, err := w.q.SettleStaleLedger(sctx, w.cfg.Directory, w.cfg.OrderTimeout+w.staleLedgerMargin())
+	if err != nil {
+		w.logDBError("settle stale ledger rows", err)
+		return
+	}
+	if n > 0 {
+		w.log.Warn("ledger rows of orders that ended unrecorded; counted as the CA may have counted them",
+			zap.Int64("orders", n), zap.Duration("older_than", w.cfg.OrderTimeout+w.staleLedgerMargin()))
+	}
+}
+
 // housekeepingEvery is how often the steps that read whole tables run (a second or
-// two at a million domains): finding domains that differ only in case, and pruning
-// what the worker keeps. Neither is urgent: the claim never takes a case twin, and
-// what is pruned only takes space.
+// two at a million domains): finding domains that differ only in case or stuck at the
+// attempt limit, and pruning what the worker keeps. None is urgent: the claim never
+// takes a case twin or a row at the limit, and what is pruned only takes space.
 const housekeepingEvery = 10 * time.Minute
 
-// housekeeping marks case twins failed and prunes what the worker keeps, once every
-// housekeepingEvery.
+// housekeeping marks case twins failed, fails domains stuck at or above the attempt
+// limit, and prunes what the worker keeps, once every housekeepingEvery.
 func (w *Worker) housekeeping(ctx context.Context) {
 	if time.Since(w.lastHousekeeping) < housekeepingEvery {
 		return
@@ -184,6 +210,11 @@ func (w *Worker) housekeeping(ctx context.Context) {
 		w.logDBError("mark domains that differ only in case", err)
 	}
 	w.badRows("two domains differ only in case; neither is ordered, both marked failed", twins)
+	exhausted, err := w.q.FailExhausted(hctx)
+	if err != nil {
+		w.logDBError("fail domains at the attempt limit", err)
+	}
+	w.badRows("domain at or above --max-attempts, which no claim takes; marked failed", exhausted)
 	pruned, err := w.q.Prune(hctx)
 	if err != nil {
 		w.logDBError("prune", err)
@@ -192,6 +223,7 @@ func (w *Worker) housekeeping(ctx context.Context) {
 	if pruned != (queue.PruneResult{}) {
 		w.log.Info("pruned", zap.Int64("http01_tokens", pruned.Tokens), zap.Int64("pauses", pruned.Pauses),
 			zap.Int64("ledger_rows", pruned.Ledger), zap.Int64("tenant_counters", pruned.Tenants),
-			zap.Int64("certificates_of_deleted_domains", pruned.Certificates))
+			zap.Int64("certificates_of_deleted_domains", pruned.Certificates),
+			zap.Int64("issued_names_of_deleted_domains", pruned.IssuedNames))
 	}
 }

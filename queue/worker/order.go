@@ -40,6 +40,9 @@ type result struct {
 	retryIn time.Duration
 	// authzFailed: the order failed because its authorization did (for the ledger).
 	authzFailed bool
+	// issued: the CA issued a certificate, whether or not it could be stored (for
+	// the ledger, which counts what the CA counts).
+	issued bool
 }
 
 // orderSet is the orders in flight, by claim token. The loop adds and removes; the
@@ -139,6 +142,7 @@ func (w *Worker) runOrder(ctx context.Context, o *order) result {
 	defer cancel()
 	cert, err := w.issue(octx, c, name)
 	if err == nil {
+		res.issued = true
 		res.outcome = w.store(o, log, cert)
 		return res
 	}

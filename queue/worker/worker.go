@@ -48,6 +48,9 @@ type Worker struct {
 	// hard is closed when the shutdown stops waiting for results: a write that
 	// finishes an order gives up retrying then.
 	hard chan struct{}
+	// notSent are the claim tokens whose ledger rows an Admit may have committed
+	// without its answer arriving; only the loop touches it (settleNotSent).
+	notSent []string
 
 	loopState
 
