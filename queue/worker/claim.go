@@ -110,9 +110,9 @@ func (w *Worker) fill(ctx context.Context, source string) (claimed int, full boo
 		if ctx.Err() != nil {
 			return claimed, false
 		}
-		claims, full := w.claim(ctx, free)
+		claims, sent, full := w.claim(ctx, free)
 		for _, c := range claims {
-			w.start(ctx, c, source)
+			w.start(ctx, c, source, sent)
 		}
 		claimed += len(claims)
 		if !full {
@@ -127,19 +127,21 @@ func (w *Worker) fill(ctx context.Context, source string) (claimed int, full boo
 // dropped, so the shutdown that SIGTERM starts waits for it, and then runs or hands
 // back what it took. When it fails all the same (its timeout, a lost connection), the
 // rows it may have claimed are handed back by the next pass. full reports that the
-// claim took all n (more may be due), whatever the ledger let go.
-func (w *Worker) claim(ctx context.Context, n int) (claims []queue.Claim, full bool) {
+// claim took all n (more may be due), whatever the ledger let go; sent is when the
+// statement was sent, where the claims' lease deadlines start.
+func (w *Worker) claim(ctx context.Context, n int) (claims []queue.Claim, sent time.Time, full bool) {
 	cctx, cancel := w.step(ctx, true)
 	defer cancel()
+	sent = time.Now()
 	claims, err := w.q.Claim(cctx, w.owner, w.cfg.Directory, n)
 	if err != nil {
 		w.health.failed()
 		w.untracked = true
 		w.logDBError("claim", err)
-		return nil, false
+		return nil, sent, false
 	}
 	w.health.ok()
-	return w.admit(ctx, claims), len(claims) == n
+	return w.admit(ctx, claims), sent, len(claims) == n
 }
 
 // releaseUntracked hands back, uncharged, the rows this instance holds but does not
