@@ -159,10 +159,10 @@ func TestProcess_AnInstancePausedPastItsDeadlineSendsTheCANothingMoreForItsOrder
 
 	waitFor(t, time.Minute, "the domain to be issued", func() bool { return w.domain(t, id).Status == "active" })
 	orders := ordersFor(w.ca, name)
-	require.GreaterOrEqual(t, len(orders), 2, "the domain was not ordered afresh")
 	first := orders[0]
 	require.Empty(t, sentFor(front, first, resumed), "the paused instance went on with its old order")
 	require.False(t, first.Finalized, "the old order was finalized")
+	require.GreaterOrEqual(t, len(orders), 2, "the domain was not ordered afresh")
 	require.Equal(t, 1, finalized(w.ca, name), "finalized orders at the CA")
 	require.Zero(t, w.domain(t, id).Attempts, "the hand-back was charged")
 	require.Contains(t, p.logs.String(), orderStoppedAtDeadline)
