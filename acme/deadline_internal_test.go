@@ -69,6 +69,21 @@ func TestOrderTransport_SendsNothingPastTheLeaseDeadline(t *testing.T) {
 	require.Equal(t, int32(1), received.Load())
 }
 
+// An order does not finalize once renewals of its lease are failing (less than a
+// third of the lease left): a finalize makes the CA issue, and an order stopped
+// between the finalize and the download leaves an issued certificate nobody stores,
+// while the domain is ordered again.
+func TestFinalizeAllowed_NotWithLessThanAThirdOfTheLeaseLeft(t *testing.T) {
+	t.Parallel()
+	const lease = 3 * time.Second
+	require.NoError(t, finalizeAllowed(nil))
+	require.NoError(t, finalizeAllowed(queue.NewDeadline(time.Now(), lease)), "a freshly renewed lease")
+	// The last renewal two thirds of a lease ago: one renewal missed.
+	late := queue.NewDeadline(time.Now().Add(-2*lease/3), lease)
+	require.ErrorIs(t, finalizeAllowed(late), queue.ErrLeaseDeadline)
+	require.ErrorIs(t, finalizeAllowed(queue.NewDeadline(time.Now().Add(-lease), lease)), queue.ErrLeaseDeadline)
+}
+
 // HTTP-01 token writes are fenced by the claim (issue #17). A CA reuses a pending
 // authorization for the same account and name, so the order of an instance that was
 // cut off past its lease, and the order of the instance that reclaimed the domain,

@@ -38,7 +38,8 @@ func LeaseMargin(lease time.Duration) time.Duration { return lease / 20 }
 // only forward. A nil *Deadline is no deadline (an issuer called outside the
 // worker). Safe for concurrent use.
 type Deadline struct {
-	life time.Duration // lease minus margin
+	lease time.Duration
+	life  time.Duration // lease minus margin
 
 	mu sync.Mutex
 	at time.Time // carries a monotonic reading: only time.Now() and Add make it
@@ -47,7 +48,7 @@ type Deadline struct {
 // NewDeadline is the deadline of a claim whose statement was sent at sent (a
 // time.Now() of this process, taken before the statement went out), under lease.
 func NewDeadline(sent time.Time, lease time.Duration) *Deadline {
-	d := &Deadline{life: lease - LeaseMargin(lease)}
+	d := &Deadline{lease: lease, life: lease - LeaseMargin(lease)}
 	d.at = sent.Add(d.life)
 	return d
 }
@@ -63,6 +64,9 @@ func (d *Deadline) Renewed(sent time.Time) {
 		d.at = at
 	}
 }
+
+// Lease is the lease the deadline runs on.
+func (d *Deadline) Lease() time.Duration { return d.lease }
 
 // At is the deadline now.
 func (d *Deadline) At() time.Time {

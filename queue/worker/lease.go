@@ -19,14 +19,27 @@ type dbHealth struct {
 	mu      sync.Mutex
 	down    bool
 	upSince time.Time
+	lastOK  time.Time
+	// silence is the longest gap between two successes that still counts as
+	// reaching the database all along: half a lease, where the heartbeat succeeds
+	// every third of one. A longer gap is an outage nobody saw fail: the process was
+	// paused (SIGSTOP, a VM frozen, a long GC pause) and made no statement to fail.
+	silence time.Duration
+}
+
+func newDBHealth(lease time.Duration) dbHealth {
+	now := time.Now()
+	return dbHealth{upSince: now, lastOK: now, silence: lease / 2}
 }
 
 func (h *dbHealth) ok() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.down {
-		h.down, h.upSince = false, time.Now()
+	now := time.Now()
+	if h.down || now.Sub(h.lastOK) > h.silence {
+		h.down, h.upSince = false, now
 	}
+	h.lastOK = now
 }
 
 func (h *dbHealth) failed() {
@@ -35,12 +48,12 @@ func (h *dbHealth) failed() {
 	h.down = true
 }
 
-// upFor is how long statements have succeeded without a failure between them (0
-// while the last one failed).
+// upFor is how long statements have succeeded without a failure or a silence
+// between them (0 while the last one failed, or when none has succeeded lately).
 func (h *dbHealth) upFor() time.Duration {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.down {
+	if h.down || time.Since(h.lastOK) > h.silence {
 		return 0
 	}
 	return time.Since(h.upSince)
@@ -73,12 +86,10 @@ func (w *Worker) heartbeatLoop(ctx context.Context) {
 // reclaim's rule.
 func (w *Worker) renewLeases(ctx context.Context) {
 	tokens := w.orders.tokens()
-	hctx, cancel := context.WithTimeout(ctx, w.cfg.Queue.Lease/3)
-	defer cancel()
 	// Taken before the connection and the statement: the database stamps the lease
 	// with its clock at the statement's start, which is later.
 	sent := time.Now()
-	leases, err := w.hb.renew(hctx, w.cfg.Queue, tokens)
+	leases, err := w.hb.renew(ctx, w.cfg.Queue, tokens)
 	if err != nil {
 		w.health.failed()
 		w.m.heartbeatFailed()
@@ -124,24 +135,31 @@ func (w *Worker) renewLeases(ctx context.Context) {
 // orders' writes and the responder's look-ups share the pool, and when they fill it
 // (or a leak drains it) a renewal waiting for a connection would come too late, and
 // every order on the instance would stop at its deadline. Connected when first
-// needed and again once pgx has closed it. Each use is bounded by its context
-// (connecting included), and the server ends a statement the client gave up on after
-// the same time (statement_timeout). Only the heartbeat goroutine uses it.
+// needed and again once pgx has closed it. Every wait is bounded (renew), and the
+// server ends a statement the client gave up on after the same time
+// (statement_timeout). Only the heartbeat goroutine uses it.
 type heartbeatConn struct {
 	cfg  *pgxpool.Config
 	conn *pgx.Conn
 }
 
-// renew runs queue.Heartbeat for tokens on the session.
+// renew runs queue.Heartbeat for tokens on the session: the statement within a third
+// of the lease, a connection first if need be within a lease. Connecting takes the
+// server an authentication, slow on a loaded server; started over at every renewal,
+// it might never finish, and renewals cannot happen without it anyway.
 func (h *heartbeatConn) renew(ctx context.Context, qcfg queue.Config, tokens []string) (queue.Leases, error) {
 	if h.conn == nil || h.conn.IsClosed() {
-		conn, err := h.connect(ctx, qcfg.Lease/3)
+		cctx, cancel := context.WithTimeout(ctx, qcfg.Lease)
+		conn, err := h.connect(cctx, qcfg.Lease/3)
+		cancel()
 		if err != nil {
 			return queue.Leases{}, err
 		}
 		h.conn = conn
 	}
-	leases, err := queue.New(h.conn, qcfg).Heartbeat(ctx, tokens)
+	sctx, cancel := context.WithTimeout(ctx, qcfg.Lease/3)
+	defer cancel()
+	leases, err := queue.New(h.conn, qcfg).Heartbeat(sctx, tokens)
 	if h.conn.IsClosed() {
 		// pgx closes a session whose state it cannot be sure of (a statement cut
 		// off by its context, a broken socket); one that answered with an error is

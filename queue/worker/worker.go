@@ -80,7 +80,7 @@ func New(cfg Config) (*Worker, error) {
 		hard:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
-	w.health.upSince = time.Now()
+	w.health = newDBHealth(cfg.Queue.Lease)
 	opts := cfg.WakeOptions
 	opts.Registerer = cfg.Registerer
 	if cfg.Wake == queue.WakeLogical {
