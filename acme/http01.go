@@ -19,6 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"golang.org/x/time/rate"
+
+	"github.com/certworker/certworker/queue"
 )
 
 const (
@@ -37,34 +39,76 @@ const (
 // tokenStore is the lego HTTP-01 provider of one order: Present stores the token in
 // PostgreSQL, where the responder of every instance (Responder) finds it, and
 // CleanUp deletes it. The table's trigger (migration 00008) tells every responder.
+//
+// Writes are fenced by the order's claim (migration 00011): a token row records the
+// claim that wrote it, Present writes only while that claim is held (its token on a
+// 'provisioning' row with an unexpired lease), and CleanUp deletes only its own
+// claim's row. Two orders for one name can share a token: a CA reuses a pending
+// authorization for the same account and name (Let's Encrypt does), so the order of
+// an instance that was cut off and the order of the instance that reclaimed the
+// domain answer the same challenge. Unfenced, the stale order's clean-up deleted the
+// token the live order's validation needed, and its late Present overwrote it.
 type tokenStore struct {
 	pool *pgxpool.Pool
 	log  *zap.Logger
 	// ctx is the order's: an order cancelled before its token is stored stores
 	// nothing. CleanUp runs even so.
 	ctx context.Context
+	// claim is the order's claim token (queue.Request.ClaimToken), or "" for an
+	// order outside the worker, whose writes are not fenced.
+	claim string
 	// presented is set once a token has been stored: lego got as far as the
 	// challenge.
 	presented atomic.Bool
 }
 
-// Present stores the token, and returns once the row is committed: lego tells the
-// CA to validate only after Present returns, and the CA may reach any instance.
-// Expired tokens (of orders whose instance died) are deleted by the same statement.
-func (s *tokenStore) Present(domain, token, keyAuth string) error {
-	ctx, cancel := context.WithTimeout(s.ctx, tokenWriteTimeout)
-	defer cancel()
-	_, err := s.pool.Exec(ctx, `
-WITH expired AS (
+// presentSQL stores a token ($1, $2 key authorization, $3 domain, $4 seconds to
+// live) for claim $5, and deletes expired tokens (of orders whose instance died) in
+// the same statement. With a claim it returns a row only while the claim is held:
+// FOR SHARE reads the domain's row as it stands, not as the statement's snapshot had
+// it (a reclaim that committed meanwhile is seen), and holds off a reclaim until the
+// token is written; it conflicts with the proxy's writes to that one row for the
+// length of this statement only. The upsert may take over a row another claim
+// wrote: while this claim holds the domain, no other claim on it is live.
+func presentSQL(fenced bool) string {
+	held := `SELECT NULL::uuid AS claim`
+	if fenced {
+		held = `SELECT ssl_claim_token AS claim FROM proxy_domains
+    WHERE ssl_claim_token = $5::uuid AND ssl_status = 'provisioning' AND ssl_lease_expires_at > now()
+    FOR SHARE`
+	}
+	return `
+WITH held AS (
+    ` + held + `
+), expired AS (
     DELETE FROM certworker_http01_tokens WHERE expires_at < now()
 )
-INSERT INTO certworker_http01_tokens (token, key_authorization, domain, expires_at)
-VALUES ($1, $2, $3, now() + $4 * interval '1 second')
+INSERT INTO certworker_http01_tokens (token, key_authorization, domain, expires_at, claim_token)
+SELECT $1, $2, $3, now() + $4 * interval '1 second', held.claim FROM held
 ON CONFLICT (token) DO UPDATE
     SET key_authorization = EXCLUDED.key_authorization,
         domain = EXCLUDED.domain,
-        expires_at = EXCLUDED.expires_at`,
-		token, keyAuth, domain, int64(tokenTTL/time.Second))
+        expires_at = EXCLUDED.expires_at,
+        claim_token = EXCLUDED.claim_token
+RETURNING 1`
+}
+
+// Present stores the token, and returns once the row is committed: lego tells the
+// CA to validate only after Present returns, and the CA may reach any instance. It
+// stores nothing, and returns an error wrapping queue.ErrLeaseDeadline, when the
+// order's claim is no longer held.
+func (s *tokenStore) Present(domain, token, keyAuth string) error {
+	ctx, cancel := context.WithTimeout(s.ctx, tokenWriteTimeout)
+	defer cancel()
+	args := []any{token, keyAuth, domain, int64(tokenTTL / time.Second)}
+	if s.claim != "" {
+		args = append(args, s.claim)
+	}
+	var one int
+	err := s.pool.QueryRow(ctx, presentSQL(s.claim != ""), args...).Scan(&one)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("store HTTP-01 token: the order's claim is no longer held: %w", queue.ErrLeaseDeadline)
+	}
 	if err != nil {
 		return fmt.Errorf("store HTTP-01 token: %w", err)
 	}
@@ -72,12 +116,18 @@ ON CONFLICT (token) DO UPDATE
 	return nil
 }
 
-// CleanUp deletes the token. It runs after the order's context may have been
-// cancelled (the worker gave the order up), so it uses its own deadline.
+// CleanUp deletes the token, if this order's claim wrote it: a row another claim has
+// taken over since belongs to a live order. It runs after the order's context may
+// have been cancelled (the worker gave the order up), so it uses its own deadline.
 func (s *tokenStore) CleanUp(domain, token, _ string) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), tokenWriteTimeout)
 	defer cancel()
-	if _, err := s.pool.Exec(ctx, `DELETE FROM certworker_http01_tokens WHERE token = $1`, token); err != nil {
+	var claim *string
+	if s.claim != "" {
+		claim = &s.claim
+	}
+	if _, err := s.pool.Exec(ctx, `
+DELETE FROM certworker_http01_tokens WHERE token = $1 AND claim_token IS NOT DISTINCT FROM $2::uuid`, token, claim); err != nil {
 		// The row expires by itself; say so rather than fail the order.
 		s.log.Warn("could not delete HTTP-01 token; it expires by itself",
 			zap.String("domain", domain), zap.Duration("expires_in", tokenTTL), zap.Error(err))

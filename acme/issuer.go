@@ -86,6 +86,11 @@ func (i *Issuer) DirectoryURL() string { return i.cfg.DirectoryURL }
 // request to the CA, which fails at once (every request carries ctx); its HTTP-01
 // token is deleted and its pending authorizations are deactivated.
 //
+// req.Deadline is enforced by the order's transport: nothing is sent to the CA once
+// it has passed (no finalize, and no deactivation either), and each request ends at
+// it; such an order returns an error wrapping queue.ErrLeaseDeadline. Its HTTP-01
+// token is written under req.ClaimToken (tokenStore).
+//
 // Errors are typed as queue.Issuer asks (see classify); none holds key material,
 // nor the database's errors, key ids or the CA's unpause link, which go to the log
 // (forTenant); and nothing panics: a panic inside lego is turned into an error.
@@ -135,6 +140,7 @@ func (i *Issuer) issue(ctx context.Context, req queue.Request) (*queue.Certifica
 		}
 	}
 	tr := i.orderTransport(ctx)
+	tr.deadline = req.Deadline
 	acct, err := i.accountFor(ctx, tr)
 	if err != nil {
 		return nil, i.fail(ctx, err, tr)
@@ -150,7 +156,7 @@ func (i *Issuer) issue(ctx context.Context, req queue.Request) (*queue.Certifica
 	replaces := replacesCertID(req.CurrentPEM, log)
 	o := &order{
 		core: core, tr: tr, ctx: ctx, log: log, domain: req.Domain,
-		tokens:          &tokenStore{pool: i.pool, log: log, ctx: ctx},
+		tokens:          &tokenStore{pool: i.pool, log: log, ctx: ctx, claim: req.ClaimToken},
 		finalizeTimeout: max(30*time.Second, i.cfg.httpTimeout()),
 		authz:           map[string]string{},
 	}
@@ -167,14 +173,23 @@ func (i *Issuer) issue(ctx context.Context, req queue.Request) (*queue.Certifica
 }
 
 // release deactivates what a failed order may have left pending at the CA, on a
-// context of its own: the order's may have ended (the worker gave it up).
+// context of its own: the order's may have ended (the worker gave it up). Not past
+// the lease deadline: another instance may have reclaimed the domain and be ordering
+// it, and an authorization the CA reuses for its order (Let's Encrypt reuses pending
+// ones) would be deactivated under it.
 func (i *Issuer) release(ctx context.Context, acct *account, o *order) {
 	if len(o.placed.Authorizations) == 0 {
 		return
 	}
+	if o.tr.deadline.Check() != nil {
+		o.log.Debug("not deactivating the stopped order's authorizations: its lease deadline has passed; they expire by themselves")
+		return
+	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	core, err := i.newCore(acct, i.orderTransport(cctx))
+	rtr := i.orderTransport(cctx)
+	rtr.deadline = o.tr.deadline
+	core, err := i.newCore(acct, rtr)
 	if err != nil {
 		o.log.Info("could not deactivate the failed order's authorizations; they expire by themselves",
 			zap.String("error", truncate(err.Error())))
@@ -252,11 +267,14 @@ func (i *Issuer) newCore(acct *account, tr *orderTransport) (*api.Core, error) {
 	return core, nil
 }
 
-// fail classifies an order's error; a cancelled order says so, whatever lego made of
-// its failing requests.
+// fail classifies an order's error; a cancelled order, or one stopped by its lease
+// deadline, says so, whatever lego made of its failing requests.
 func (i *Issuer) fail(ctx context.Context, err error, tr *orderTransport) error {
 	if ctx.Err() != nil {
 		return fmt.Errorf("acme: order abandoned: %w", context.Cause(ctx))
+	}
+	if derr := tr.deadline.Check(); derr != nil {
+		return fmt.Errorf("acme: order stopped: %w", derr)
 	}
 	return classify(err, tr)
 }

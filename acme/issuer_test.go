@@ -334,3 +334,22 @@ func TestRenewAtFromValidity_AThirdLeftOrHalfBelowTenDays(t *testing.T) {
 	require.Equal(t, start.Add(80*time.Hour), acme.RenewAtFromValidity(start, start.Add(160*time.Hour)))
 	require.Equal(t, queue.RenewAtFromValidity(start, start.Add(47*day)), acme.RenewAtFromValidity(start, start.Add(47*day)))
 }
+
+// An order whose lease renewals are failing (less than a third of the lease left
+// before its deadline) goes as far as its validation but does not finalize (issue
+// #17): a finalize makes the CA issue, and an order stopped by its deadline between
+// the finalize and the download would leave a certificate issued that nobody stores,
+// while the domain is ordered again.
+func TestIssue_DoesNotFinalizeOnceItsLeaseRenewalsFail(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pebbletest.Options{}, true)
+	// The last renewal was sent 40 s into a 60 s lease: 17 s left, one renewal missed.
+	d := queue.NewDeadline(time.Now().Add(-40*time.Second), time.Minute)
+	name := randomName("f")
+	_, err := newIssuer(t, b.pool, nil, b.config()).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: name, Deadline: d})
+	require.ErrorIs(t, err, queue.ErrLeaseDeadline)
+	require.Contains(t, err.Error(), "not finalizing")
+	require.Len(t, b.ca.Orders(), 1, "the order was not placed")
+	require.False(t, b.ca.Orders()[0].Finalized)
+	require.Zero(t, b.ca.Requests()[pebbletest.StepFinalize], "a finalize reached the CA")
+}

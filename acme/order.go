@@ -13,6 +13,8 @@ import (
 	"github.com/go-acme/lego/v4/certcrypto"
 	"github.com/go-acme/lego/v4/challenge"
 	"go.uber.org/zap"
+
+	"github.com/certworker/certworker/queue"
 )
 
 const (
@@ -233,6 +235,9 @@ func (o *order) finalize(key crypto.PrivateKey) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("acme: create CSR: %w", err)
 	}
+	if err := finalizeAllowed(o.tr.deadline); err != nil {
+		return nil, err
+	}
 	state, err := o.core.Orders.UpdateForCSR(o.placed.Finalize, csr)
 	if err != nil {
 		return nil, err
@@ -259,6 +264,26 @@ func (o *order) finalize(key crypto.PrivateKey) ([]byte, error) {
 	}
 	chain, _, err := o.core.Certificates.Get(state.Certificate, true)
 	return chain, err
+}
+
+// finalizeAllowed refuses a finalize with less than a third of the lease left before
+// the claim's deadline. A finalize makes the CA issue the certificate; an order
+// stopped by its deadline between the finalize and the download leaves a certificate
+// issued that nobody stores, and the domain is ordered again: two certificates
+// against the CA's limits (Let's Encrypt allows 5 a week for the same names). A
+// healthy heartbeat keeps more than 60% of the lease ahead of an order (it renews
+// every third, and the deadline keeps back a twentieth), so less than a third left
+// means renewals are failing, and the order stops here instead, handed back
+// uncharged, with a third of the lease (20 s of the default 60) unused.
+func finalizeAllowed(d *queue.Deadline) error {
+	if d == nil {
+		return nil
+	}
+	if left := d.Left(); left < d.Lease()/3 {
+		return fmt.Errorf("acme: not finalizing with %s left before the lease deadline (renewals are failing): %w",
+			max(left, 0).Round(time.Millisecond), queue.ErrLeaseDeadline)
+	}
+	return nil
 }
 
 // release deactivates the authorizations of a failed order that may still be

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/certworker/certworker/queue"
 )
 
 // maxResponseBody caps what is read from the CA in one response. A certificate chain
@@ -26,6 +28,10 @@ const maxResponseBody = 4 << 20
 // that a nonce serves whichever order signs next (lego's own pool then stays
 // empty, and asks here for each request).
 //
+// An order's transport also enforces the claim's lease deadline (queue.Issuer): no
+// request goes out once it has passed, not even one the session could answer, and
+// each request that goes out ends at the deadline at the latest.
+//
 // It also remembers what the order's failure needs to be classified: the last HTTP
 // 429 and its Retry-After (a rate limit whose body is not a problem document), and
 // the first sign that the CA could not be reached (no connection, a reset, a
@@ -34,6 +40,8 @@ type orderTransport struct {
 	base    http.RoundTripper
 	ctx     context.Context
 	session *session
+	// deadline is the claim's lease deadline, or nil (renewal information, tests).
+	deadline *queue.Deadline
 
 	mu          sync.Mutex // guards the fields below
 	saw429      bool
@@ -44,6 +52,9 @@ type orderTransport struct {
 }
 
 func (t *orderTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if err := t.deadline.Check(); err != nil {
+		return nil, fmt.Errorf("%s %s not sent: %w", req.Method, req.URL.Redacted(), err)
+	}
 	now := time.Now()
 	if resp, ok := t.fromSession(req, now); ok {
 		return resp, nil
@@ -56,10 +67,12 @@ func (t *orderTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 
 	// The request's context carries http.Client.Timeout; the order's, its
-	// cancellation. Either ends the request, and its body.
-	ctx, cancel := context.WithCancelCause(t.ctx)
+	// cancellation; the lease deadline caps both. Any of them ends the request, and
+	// its body.
+	bounded, unbound := t.deadline.Bound(t.ctx)
+	ctx, cancel := context.WithCancelCause(bounded)
 	stop := context.AfterFunc(req.Context(), func() { cancel(context.Cause(req.Context())) })
-	release := func() { stop(); cancel(nil) }
+	release := func() { stop(); cancel(nil); unbound() }
 	resp, err := t.base.RoundTrip(req.WithContext(ctx))
 	if err != nil {
 		release()
@@ -136,14 +149,15 @@ func localResponse(req *http.Request, body []byte, header http.Header) *http.Res
 }
 
 // noteUnreachable records a request that got no answer, unless the order was
-// cancelled (then the order says so, not the CA). A request whose own deadline
+// cancelled or its lease deadline cut the request off (then the order says so, not
+// the CA). A request whose own deadline
 // (http.Client.Timeout) has passed got no answer in time, whichever error net/http
 // returns for it: http.Client ends such a request both by its context's deadline
 // and by closing Request.Cancel on a timer of its own, so the transport may
 // return context.DeadlineExceeded or "net/http: request canceled", and the
 // context may not even say it is done yet.
 func (t *orderTransport) noteUnreachable(req *http.Request, err error) {
-	if t.ctx.Err() != nil {
+	if t.ctx.Err() != nil || t.deadline.Check() != nil {
 		return
 	}
 	deadline, hasDeadline := req.Context().Deadline()

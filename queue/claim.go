@@ -152,42 +152,6 @@ func (q *Queue) Claim(ctx context.Context, owner, directory string, limit int) (
 	return claims, nil
 }
 
-// Heartbeat renews the leases of the given claims and returns the tokens that are no
-// longer held (requeued by another instance after this one missed its renewals, or
-// taken back by hand): the caller must stop those orders. With no tokens it still
-// makes the round trip, which tells the caller whether the database answers.
-//
-// A lease that has run out is renewed too, as long as nobody took the row: after an
-// outage longer than the lease, this is how an instance re-asserts the orders it kept
-// running while nobody could reach the database.
-func (q *Queue) Heartbeat(ctx context.Context, tokens []string) (lost []string, err error) {
-	rows, err := q.db.Query(ctx, `
-UPDATE proxy_domains SET ssl_lease_expires_at = now() + make_interval(secs => $2)
-WHERE ssl_status = 'provisioning' AND ssl_claim_token = ANY($1::uuid[])
-RETURNING ssl_claim_token::text`, tokens, seconds(q.cfg.Lease))
-	if err != nil {
-		return nil, fmt.Errorf("renew leases: %w", err)
-	}
-	defer rows.Close()
-	held := make(map[string]bool, len(tokens))
-	for rows.Next() {
-		var t string
-		if err := rows.Scan(&t); err != nil {
-			return nil, fmt.Errorf("renew leases: %w", err)
-		}
-		held[t] = true
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("renew leases: %w", err)
-	}
-	for _, t := range tokens {
-		if !held[t] {
-			lost = append(lost, t)
-		}
-	}
-	return lost, nil
-}
-
 // Untracked is a claim handed back by ReleaseUntracked.
 type Untracked struct {
 	ID     string

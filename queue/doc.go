@@ -17,10 +17,15 @@
 // # Leases
 //
 // A claim is a lease: the claiming instance stamps a claim token and renews
-// ssl_lease_expires_at while the order runs. Every write that finishes an order checks
-// the token, so an instance that lost its claim cannot overwrite the instance that
-// took it over. A row whose lease ran out belongs to an instance that died; the next
-// pass on any instance requeues it, with the attempt counted.
+// ssl_lease_expires_at while the order runs (Heartbeat), never once it has run out.
+// Every write that finishes an order checks the token, so an instance that lost its
+// claim cannot overwrite the instance that took it over. The instance also keeps a
+// local Deadline for each claim, a lease less LeaseMargin from the send of its last
+// renewal, past which the order sends the CA nothing more (Issuer): by the time the
+// database lets another instance reclaim the row, its holder has stopped. A row whose
+// lease ran out is requeued by the reclaim, with the attempt counted, since a crash
+// and a stopped order look alike; the stopped order's instance hands it back
+// uncharged if it reaches the database first.
 //
 // # Failure handling
 //

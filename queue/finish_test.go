@@ -489,9 +489,12 @@ func TestHeartbeat_ExtendsTheLeaseAndReportsLostClaims(t *testing.T) {
 	require.NoError(t, err)
 
 	unknown := uuid.NewString()
-	lost, err := b.q.Heartbeat(b.ctx, []string{held.Token, unknown, released.Token})
+	leases, err := b.q.Heartbeat(b.ctx, []string{held.Token, unknown, released.Token})
 	require.NoError(t, err)
-	require.ElementsMatch(t, []string{unknown, released.Token}, lost)
+	require.Equal(t, []string{held.Token}, leases.Renewed)
+	require.ElementsMatch(t, []string{unknown, released.Token}, leases.Lost)
+	require.Empty(t, leases.Expired)
+	require.Empty(t, leases.Busy)
 
 	var remaining time.Duration
 	require.NoError(t, b.pool.QueryRow(b.ctx,
@@ -499,7 +502,7 @@ func TestHeartbeat_ExtendsTheLeaseAndReportsLostClaims(t *testing.T) {
 	require.Greater(t, remaining, b.q.Config().Lease-5*time.Second, "the lease was not extended")
 	require.LessOrEqual(t, remaining, b.q.Config().Lease)
 
-	lost, err = b.q.Heartbeat(b.ctx, nil)
+	leases, err = b.q.Heartbeat(b.ctx, nil)
 	require.NoError(t, err)
-	require.Empty(t, lost)
+	require.Equal(t, queue.Leases{}, leases)
 }

@@ -13,7 +13,18 @@ import (
 // Implementations MUST be safe for concurrent use (the worker runs up to
 // --concurrency orders at once) and MUST return promptly once ctx is cancelled: the
 // worker cancels an order whose claim it has lost, whose --order-timeout has passed,
-// and at the end of the shutdown grace.
+// whose lease deadline has passed, and at the end of the shutdown grace.
+//
+// Implementations MUST honour req.Deadline, the claim's local lease deadline: call
+// req.Deadline.Check before every request to the CA and send nothing when it fails,
+// and bound each request by req.Deadline.Bound, so that a request in flight ends at
+// the deadline. Cancelling ctx at the deadline is not enough on its own: the
+// cancellation and the next request race, and after a pause of the process (SIGSTOP,
+// a long GC) the request can win. Past the deadline another instance may have
+// reclaimed the domain and be ordering it; this order must not finalize, nor clean
+// up at the CA (a deactivation could hit an authorization the other order shares).
+// An order stopped by the deadline returns an error wrapping ErrLeaseDeadline (or
+// ctx's cause, which then wraps it); the worker hands its claim back uncharged.
 //
 // How a failure is treated depends on its type, so an implementation MUST return:
 //   - *RateLimitError for a CA's rate limit (not charged; paused by scope);
@@ -41,6 +52,13 @@ type Request struct {
 	// CurrentPEM is the stored certificate chain this order renews, or "" for a first
 	// issuance. An ACME issuer names it in the order (RFC 9773 "replaces").
 	CurrentPEM string
+	// Deadline is the claim's local lease deadline (see Issuer), or nil for none.
+	Deadline *Deadline
+	// ClaimToken is the claim's token (Claim.Token), or "" outside the worker. Writes
+	// the order makes for every instance to read, such as its HTTP-01 token, are made
+	// under it and only while the claim is held, so that an order that lost its claim
+	// cannot overwrite or delete what the order now holding the domain needs.
+	ClaimToken string
 }
 
 // Certificate is what an Issuer hands back for storage.

@@ -78,7 +78,13 @@ func (w *world) acmeConfig() acme.Config {
 // prints the end of its log.
 func (w *world) startWorker(t testing.TB, name string, acfg acme.Config, cfg worker.Config) *workertest.Instance {
 	t.Helper()
-	pool, err := queue.NewPool(w.ctx, w.dsn)
+	return w.startWorkerOn(t, name, w.dsn, acfg, cfg)
+}
+
+// startWorkerOn is startWorker on dsn (the world's database, through a relay).
+func (w *world) startWorkerOn(t testing.TB, name, dsn string, acfg acme.Config, cfg worker.Config) *workertest.Instance {
+	t.Helper()
+	pool, err := queue.NewPool(w.ctx, dsn)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	issuer, err := acme.New(w.ctx, pool, zap.NewNop(), acfg)
@@ -88,7 +94,7 @@ func (w *world) startWorker(t testing.TB, name string, acfg acme.Config, cfg wor
 	if cfg.ShutdownGrace == 0 {
 		cfg.ShutdownGrace = 30 * time.Second
 	}
-	return workertest.Start(t, w.dsn, name, cfg)
+	return workertest.Start(t, dsn, name, cfg)
 }
 
 // ordersStarted is how many "order started" lines the instance logged for domain.

@@ -51,7 +51,7 @@ func TestProcess_AnInstanceWithoutTheNewKeyStopsAndChargesNothing(t *testing.T) 
 	http01 := fmt.Sprintf("127.0.0.1:%d", w.ca.HTTPPort)
 	common := []string{"--http01-listen", http01, "--poll-interval", "1s", "--retry-base", "1s"}
 
-	a := startProc(t, "old key", w.dsn, w.ca, w.rootsFile, append(common, "--key-encryption-key-file", oldOnly)...)
+	a := startProc(t, "old key", w.dsn, w.ca.DirectoryURL, w.rootsFile, append(common, "--key-encryption-key-file", oldOnly)...)
 	waitFor(t, 30*time.Second, "/readyz to answer 200", func() bool { code, _ := a.get("/readyz"); return code == http.StatusOK })
 	code, metrics := a.get("/metrics")
 	require.Equal(t, http.StatusOK, code)
@@ -98,7 +98,7 @@ func TestProcess_AnInstanceWithoutTheNewKeyStopsAndChargesNothing(t *testing.T) 
 	}
 	require.Equal(t, 0, a.stop(t, 30*time.Second))
 
-	stale := startProc(t, "old key again", w.dsn, w.ca, w.rootsFile, append(common, "--key-encryption-key-file", oldOnly)...)
+	stale := startProc(t, "old key again", w.dsn, w.ca.DirectoryURL, w.rootsFile, append(common, "--key-encryption-key-file", oldOnly)...)
 	select {
 	case <-stale.done:
 	case <-time.After(30 * time.Second):
@@ -108,7 +108,7 @@ func TestProcess_AnInstanceWithoutTheNewKeyStopsAndChargesNothing(t *testing.T) 
 	require.Contains(t, stale.logs.String(), "--key-encryption-key (key id "+newID+")")
 	require.Equal(t, 0, w.domain(t, id).Attempts)
 
-	startProc(t, "both keys", w.dsn, w.ca, w.rootsFile, append(common, "--key-encryption-key-file", both)...)
+	startProc(t, "both keys", w.dsn, w.ca.DirectoryURL, w.rootsFile, append(common, "--key-encryption-key-file", both)...)
 	waitFor(t, 60*time.Second, "the domain to be issued", func() bool { return w.domain(t, id).Status == "active" })
 	require.Equal(t, 1, w.ca.NewAccounts(), "a second account was registered")
 }

@@ -61,15 +61,15 @@ type proc struct {
 	err   error
 }
 
-// startProc runs `certworker run` against dsn and the CA, with its admin endpoints on a
-// port of its own and the given extra flags. It is killed when the test ends, and its
-// log printed if the test failed.
-func startProc(t *testing.T, name, dsn string, ca *pebbletest.CA, roots string, extra ...string) *proc {
+// startProc runs `certworker run` against dsn and the CA's directory, with its admin
+// endpoints on a port of its own and the given extra flags. It is killed when the
+// test ends, and its log printed if the test failed.
+func startProc(t *testing.T, name, dsn, directory, roots string, extra ...string) *proc {
 	t.Helper()
 	p := &proc{name: name, admin: workertest.FreeAddr(t), logs: &workertest.Buffer{}, done: make(chan struct{})}
 	args := append([]string{"run",
 		"--database-url", dsn,
-		"--acme-directory", ca.DirectoryURL,
+		"--acme-directory", directory,
 		"--acme-ca-bundle", roots,
 		"--acme-email", "ops@e2e.example",
 		"--admin-listen", p.admin,
@@ -127,11 +127,12 @@ type processWorld struct {
 	srv *pgtest.Server
 }
 
+// The CA validates against opts.HTTPPort, or a free port (w.ca.HTTPPort) a process
+// then listens on.
 func newProcessWorld(t *testing.T, opts pebbletest.Options) *processWorld {
 	t.Helper()
 	srv := pgtest.StartServer(t)
 	w := &world{ctx: context.Background()}
-	opts.HTTPPort = 0
 	w.ca = pebbletest.StartT(t, opts)
 	w.rootsFile = filepath.Join(t.TempDir(), "roots.pem")
 	require.NoError(t, os.WriteFile(w.rootsFile, w.ca.RootsPEM(), 0o600))
@@ -146,7 +147,7 @@ func newProcessWorld(t *testing.T, opts pebbletest.Options) *processWorld {
 func TestProcess_RunServesItsEndpointsAndHandsBackAtSIGTERM(t *testing.T) {
 	t.Parallel()
 	w := newProcessWorld(t, pebbletest.Options{ValidationSleep: true, SleepSeconds: 20})
-	p := startProc(t, "run", w.dsn, w.ca, w.rootsFile,
+	p := startProc(t, "run", w.dsn, w.ca.DirectoryURL, w.rootsFile,
 		"--http01-listen", fmt.Sprintf("127.0.0.1:%d", w.ca.HTTPPort), "--shutdown-grace", "1s")
 	waitFor(t, 20*time.Second, "/readyz to answer 200", func() bool { code, _ := p.get("/readyz"); return code == 200 })
 	code, body := p.get("/healthz")
@@ -171,19 +172,22 @@ func TestProcess_RunServesItsEndpointsAndHandsBackAtSIGTERM(t *testing.T) {
 }
 
 // After a database outage longer than the lease, with every instance alive, no
-// domain is ordered twice (issue #9): two processes have orders in flight when
-// PostgreSQL stops for three leases; nobody can take a claim while nobody can reach
-// the database, so the orders go on (the CA's validations are answered from the
-// responder's memory), their results are written once it is back, each instance
-// re-asserts its leases first, and nobody reclaims another's until a full lease after
-// its own reconnection. Every domain ends active with exactly one order at Pebble.
+// domain is issued twice and nothing is charged (issues #9 and #17): two processes
+// have orders in flight when PostgreSQL stops for three leases. Neither can renew its
+// leases, so each stops its orders at their deadlines, before the leases run out, and
+// sends the CA nothing more for them (an order that got its certificate before its
+// deadline keeps it, written once the database is back). Once the database is back
+// each hands its stopped claims back, uncharged, before the other may reclaim them
+// (nobody reclaims until a full lease after its own reconnection), and the domains are
+// ordered again. Every domain ends active with exactly one finalized order at Pebble
+// and no attempt charged.
 func TestProcess_AnOutageLongerThanTheLeaseOrdersNothingTwice(t *testing.T) {
 	t.Parallel()
 	const lease = 3 * time.Second
 	w := newProcessWorld(t, pebbletest.Options{ValidationSleep: true, SleepSeconds: 4})
 	common := []string{"--lease", lease.String(), "--concurrency", "4", "--poll-interval", "1s", "--retry-base", "1s"}
-	a := startProc(t, "a", w.dsn, w.ca, w.rootsFile, append(common, "--http01-listen", fmt.Sprintf("127.0.0.1:%d", w.ca.HTTPPort))...)
-	b := startProc(t, "b", w.dsn, w.ca, w.rootsFile, append(common, "--http01-listen", "")...)
+	a := startProc(t, "a", w.dsn, w.ca.DirectoryURL, w.rootsFile, append(common, "--http01-listen", fmt.Sprintf("127.0.0.1:%d", w.ca.HTTPPort))...)
+	b := startProc(t, "b", w.dsn, w.ca.DirectoryURL, w.rootsFile, append(common, "--http01-listen", "")...)
 	// b orders too, and the CA validates its orders through a's responder: a must
 	// be up before there is anything to order.
 	for _, p := range []*proc{a, b} {
@@ -226,9 +230,9 @@ func TestProcess_AnOutageLongerThanTheLeaseOrdersNothingTwice(t *testing.T) {
 	t.Logf("database down %s (lease %s)", time.Since(down).Round(time.Millisecond), lease)
 	waitFor(t, time.Minute, "every domain to be active", func() bool { return w.statuses(t)["active"] == len(ids) })
 	for _, n := range names {
-		require.Len(t, ordersFor(w.ca, n), 1, "%s was ordered more than once", n)
+		require.Equal(t, 1, finalized(w.ca, n), "finalized orders for %s", n)
 	}
-	t.Logf("every domain active %s after the database came back, one order each", time.Since(down.Add(3*lease)).Round(time.Millisecond))
+	t.Logf("every domain active %s after the database came back, one finalized order each", time.Since(down.Add(3*lease)).Round(time.Millisecond))
 	for _, id := range ids {
 		require.Zero(t, w.domain(t, id).Attempts)
 	}

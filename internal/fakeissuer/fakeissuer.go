@@ -1,6 +1,11 @@
 // Package fakeissuer is a queue.Issuer for tests about the queue and the worker, not
 // about ACME: it returns a self-signed certificate after an optional delay, fails or
 // panics on request, and records every call.
+//
+// It honours the lease deadline as queue.Issuer asks, as a CA order of two requests:
+// the call itself is the new order (not made once req.Deadline has passed), the
+// delay is the wait on the CA (cut off at the deadline), and the certificate is the
+// finalize (not made once the deadline has passed; Finalized counts those made).
 package fakeissuer
 
 import (
@@ -34,6 +39,7 @@ type Issuer struct {
 
 	calls     map[string]int
 	cancelled map[string]int
+	finalized map[string]int
 	events    chan Call
 	key       *ecdsa.PrivateKey
 }
@@ -52,7 +58,8 @@ func New(buffer int) *Issuer {
 	if err != nil {
 		panic(err)
 	}
-	return &Issuer{calls: map[string]int{}, cancelled: map[string]int{}, events: make(chan Call, buffer), key: key}
+	return &Issuer{calls: map[string]int{}, cancelled: map[string]int{}, finalized: map[string]int{},
+		events: make(chan Call, buffer), key: key}
 }
 
 // Calls delivers every call as it starts.
@@ -86,6 +93,14 @@ func (f *Issuer) Next(t testing.TB, timeout time.Duration) Call {
 	}
 }
 
+// Finalized is how many of domain's calls got as far as the certificate (the
+// finalize of a real order), whether they then returned it or a requested failure.
+func (f *Issuer) Finalized(domain string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.finalized[domain]
+}
+
 // Counts is a copy of every domain's call count.
 func (f *Issuer) Counts() map[string]int {
 	f.mu.Lock()
@@ -109,6 +124,9 @@ var ErrPanic = errors.New("fakeissuer: panic requested")
 
 // Issue implements queue.Issuer.
 func (f *Issuer) Issue(ctx context.Context, req queue.Request) (*queue.Certificate, error) {
+	if err := req.Deadline.Check(); err != nil {
+		return nil, fmt.Errorf("fakeissuer: order not placed: %w", err)
+	}
 	f.mu.Lock()
 	f.calls[req.Domain]++
 	n := f.calls[req.Domain]
@@ -119,17 +137,15 @@ func (f *Issuer) Issue(ctx context.Context, req queue.Request) (*queue.Certifica
 	default:
 	}
 	if delay > 0 {
-		t := time.NewTimer(delay)
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-			f.mu.Lock()
-			f.cancelled[req.Domain]++
-			f.mu.Unlock()
-			return nil, ctx.Err()
-		case <-t.C:
+		if err := f.wait(ctx, req, delay); err != nil {
+			return nil, err
 		}
 	}
+	if err := req.Deadline.Check(); err != nil {
+		f.count(f.cancelled, req.Domain)
+		return nil, fmt.Errorf("fakeissuer: not finalized: %w", err)
+	}
+	f.count(f.finalized, req.Domain)
 	if fail != nil {
 		if err := fail(req.Domain, n); err != nil {
 			if errors.Is(err, ErrPanic) {
@@ -142,6 +158,31 @@ func (f *Issuer) Issue(ctx context.Context, req queue.Request) (*queue.Certifica
 		lifetime = 90 * 24 * time.Hour
 	}
 	return f.certificate(req.Domain, lifetime)
+}
+
+// wait is the order's wait on the CA: delay, cut off by ctx or by the lease deadline
+// as renewals move it (each counted as cancelled).
+func (f *Issuer) wait(ctx context.Context, req queue.Request, delay time.Duration) error {
+	bounded, cancel := req.Deadline.Bound(ctx)
+	defer cancel()
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	select {
+	case <-bounded.Done():
+		f.count(f.cancelled, req.Domain)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("fakeissuer: %w", context.Cause(bounded))
+	case <-t.C:
+		return nil
+	}
+}
+
+func (f *Issuer) count(m map[string]int, domain string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m[domain]++
 }
 
 func (f *Issuer) certificate(domain string, lifetime time.Duration) (*queue.Certificate, error) {

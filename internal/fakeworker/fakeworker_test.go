@@ -518,18 +518,21 @@ func TestProcess_SurvivesADatabaseRestart(t *testing.T) {
 	require.EqualValues(t, 2, logs[started]["attempt"])
 }
 
-// An order still running when the database comes back from an outage longer than the
-// lease: the instance could not renew the lease while the database was away, but the
-// order is alive and must stay its own. Guards against the instance's first pass
-// after the reconnection requeuing its own live claim as abandoned (charging it an
-// attempt) and ordering the same domain a second time while the first order still
-// runs: the pass reclaimed expired leases before the heartbeat had renewed them.
-func TestProcess_ALiveOrderKeepsItsClaimThroughAnOutageLongerThanTheLease(t *testing.T) {
+// An order still running when the database goes away for longer than the lease
+// (issue #17, which reversed issue #9's rule): the instance cannot renew the lease,
+// and cannot tell an outage every instance shares from a partition of its own, in
+// which another instance may reclaim the row once the lease has run out. So it stops
+// the order at its deadline, before the lease runs out, and once the database is back
+// hands the claim back uncharged (nobody else runs here, so nobody reclaimed it) and
+// orders the domain afresh. Guards against the heartbeat renewing the expired lease
+// and the order running on, and against the instance requeuing its own claim as
+// abandoned, which would charge it an attempt.
+func TestProcess_AnOrderOutlivedByItsLeaseStopsAndIsHandedBackUncharged(t *testing.T) {
 	t.Parallel()
 	srv := pgtest.StartServer(t)
 	b := setupOn(t, srv)
-	const lease = 8 * time.Second
-	w := startProc(t, b.dsn, "W-"+uuid.NewString()[:8], "--lease", lease.String(), "--delay", "25s",
+	const lease = 4 * time.Second
+	w := startProc(t, b.dsn, "W-"+uuid.NewString()[:8], "--lease", lease.String(), "--delay", "6s",
 		"--poll-interval", "1h", "--reconnect-max", "1s")
 	d := b.domain(t, 0, nil)
 	id, name := d.id, d.name
@@ -539,8 +542,6 @@ func TestProcess_ALiveOrderKeepsItsClaimThroughAnOutageLongerThanTheLease(t *tes
 	defer cancel()
 	require.NoError(t, srv.Stop(ctx))
 	down := time.Now()
-	// Down for longer than the lease, so that it has run out by the time the
-	// database is back.
 	for time.Since(down) < lease+2*time.Second {
 		require.True(t, w.running(), "the worker exited while the database was down: %v", w.waitErr)
 		time.Sleep(100 * time.Millisecond)
@@ -548,9 +549,7 @@ func TestProcess_ALiveOrderKeepsItsClaimThroughAnOutageLongerThanTheLease(t *tes
 	require.NoError(t, srv.Start(ctx))
 	t.Logf("database down for %s", time.Since(down))
 
-	r := b.waitRow(t, 40*time.Second, id, "the order to finish", func(r row) bool { return r.Status != "provisioning" })
-	require.Equal(t, "active", r.Status)
-	require.Nil(t, r.Error)
+	r := b.waitRow(t, 40*time.Second, id, "the domain to be issued", func(r row) bool { return r.Status == "active" })
 	fields := entry{"domain": name}
 	var started int
 	for _, e := range entries(w.logs) {
@@ -558,11 +557,12 @@ func TestProcess_ALiveOrderKeepsItsClaimThroughAnOutageLongerThanTheLease(t *tes
 			started++
 		}
 	}
-	require.Equal(t, 1, started, "the domain was ordered again while its order was running")
+	require.Equal(t, 2, started, "the order outlived by its lease ran on, or the domain was ordered more than twice")
+	require.Zero(t, r.Attempts, "the stopped order was charged")
+	require.NotNil(t, w.find(func(e entry) bool {
+		return e.is("order stopped at its lease deadline: the lease could not be renewed in time; nothing more is sent to the CA, and the claim is handed back uncharged once the database answers", fields)
+	}))
 	require.Nil(t, w.find(func(e entry) bool {
 		return e.is("domain was left mid-issuance by an instance that stopped; requeued", fields)
-	}), "the instance requeued its own live order")
-	require.Nil(t, w.find(func(e entry) bool {
-		return e.is("claim lost: another instance requeued this domain; stopping the order", fields)
-	}))
+	}), "the instance requeued its own claim as abandoned")
 }

@@ -44,6 +44,11 @@ import (
 //	front.SetDown(true)
 //	front.SetDown(false)
 //
+// A rule can also hold the CA's answer (Answer.Hold), as a CA that takes its time:
+// the request reaches the CA, and its answer reaches the client only when the test
+// says so. Every request the front receives is logged (Front.Seen), so that a test
+// tells what one client sent, and when.
+//
 // The answers with Let's Encrypt's texts are in problems.go: RateLimitedOrdersPerAccount
 // (reach: the CA), RateLimitedRegisteredDomain (the registered domain),
 // RateLimitedExactSet and RateLimitedFailedAuthorizations (the domain), Paused and
@@ -62,6 +67,17 @@ type Front struct {
 	rules    []*Rule
 	down     bool
 	answered map[Step]int
+	seen     []Seen
+	holding  int
+}
+
+// Seen is a request the front received.
+type Seen struct {
+	// At is when it arrived (time.Now in this process: monotonic).
+	At   time.Time
+	Step Step
+	// Path is the request's path: which order, authorization or challenge.
+	Path string
 }
 
 // Rule says which requests a Front answers itself, and how.
@@ -102,6 +118,10 @@ type Answer struct {
 	// Stall holds the request that long, or until the client gives up, then
 	// resets the connection: a request that times out.
 	Stall time.Duration
+	// Hold passes the request on to the CA and holds the CA's answer until Hold is
+	// closed; a client that gives up meanwhile gets nothing (Front.Holding counts
+	// the answers held now).
+	Hold <-chan struct{}
 	// Decided, for a challenge, passes the request on to the CA and answers only
 	// once the CA has decided the challenge, with the challenge as it then stands
 	// (status "valid" or "invalid", and its error): a CA whose validation ended
@@ -160,6 +180,20 @@ func (f *Front) SetDown(down bool) {
 	f.down = down
 }
 
+// Seen is every request the front received, in the order they arrived.
+func (f *Front) Seen() []Seen {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.seen)
+}
+
+// Holding is how many answers Answer.Hold holds back now.
+func (f *Front) Holding() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.holding
+}
+
 // Answered is how many requests of each step the front answered itself.
 func (f *Front) Answered() map[Step]int {
 	f.mu.Lock()
@@ -173,6 +207,9 @@ func (f *Front) Answered() map[Step]int {
 
 func (f *Front) serve(w http.ResponseWriter, r *http.Request) {
 	step := StepOf(r)
+	f.mu.Lock()
+	f.seen = append(f.seen, Seen{At: time.Now(), Step: step, Path: r.URL.Path})
+	f.mu.Unlock()
 	var names []string
 	if step == StepNewOrder {
 		body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
@@ -194,6 +231,8 @@ func (f *Front) serve(w http.ResponseWriter, r *http.Request) {
 	case answer.Decided:
 		// Only a challenge has a verdict to wait for.
 		f.proxy.ServeHTTP(w, r)
+	case answer.Hold != nil:
+		f.answerHeld(w, r, answer.Hold)
 	default:
 		answer.write(w, r)
 	}
@@ -234,6 +273,26 @@ func (f *Front) answerDecided(w http.ResponseWriter, r *http.Request) {
 	}
 	out, _ := json.Marshal(body)
 	copyAnswer(w, rec, out)
+}
+
+// answerHeld passes a request on to the CA and writes the CA's answer once hold is
+// closed, unless the client has gone away by then.
+func (f *Front) answerHeld(w http.ResponseWriter, r *http.Request, hold <-chan struct{}) {
+	rec := httptest.NewRecorder()
+	f.proxy.ServeHTTP(rec, r)
+	f.mu.Lock()
+	f.holding++
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		f.holding--
+		f.mu.Unlock()
+	}()
+	select {
+	case <-hold:
+		copyAnswer(w, rec, rec.Body.Bytes())
+	case <-r.Context().Done():
+	}
 }
 
 // copyAnswer writes the recorded answer rec with body in place of its own.

@@ -47,6 +47,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path"
 	"path/filepath"
@@ -134,6 +135,12 @@ type Order struct {
 	// Authorizations are the URLs of the order's authorizations, as the CA
 	// answered them (CA.AuthorizationStatus tells their state).
 	Authorizations []string
+	// URL is the order's own URL (the Location the CA answered), and Finalize its
+	// finalize URL.
+	URL, Finalize string
+	// Finalized: the CA accepted a finalize request for the order (it issued, or
+	// is issuing, its certificate).
+	Finalized bool
 }
 
 // CA is a running Pebble.
@@ -159,9 +166,10 @@ type CA struct {
 	orderRequests atomic.Int64
 	newAccounts   atomic.Int64
 
-	mu       sync.Mutex // guards the fields below
-	orders   []Order
-	requests map[Step]int
+	mu        sync.Mutex // guards the fields below
+	orders    []Order
+	requests  map[Step]int
+	finalized map[string]bool // paths of accepted finalize requests
 
 	closeOnce sync.Once
 }
@@ -202,7 +210,7 @@ func Start(opts Options) (c *CA, err error) {
 	}
 	c = &CA{
 		HTTPPort: opts.HTTPPort, DNSServer: dnsServer, minica: mc, dir: dir,
-		RootsFile: filepath.Join(dir, "roots.pem"), requests: map[Step]int{},
+		RootsFile: filepath.Join(dir, "roots.pem"), requests: map[Step]int{}, finalized: map[string]bool{},
 	}
 	defer func() {
 		if err != nil {
@@ -340,7 +348,21 @@ func (c *CA) NewAccounts() int { return int(c.newAccounts.Load()) }
 func (c *CA) Orders() []Order {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return append([]Order(nil), c.orders...)
+	out := append([]Order(nil), c.orders...)
+	for i := range out {
+		out[i].Finalized = c.finalized[urlPath(out[i].Finalize)]
+	}
+	return out
+}
+
+// urlPath is the path of u, or "" when it does not parse: the CA's URLs name the
+// host the client used (a Front's, or the CA's own), the path is the resource.
+func urlPath(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return ""
+	}
+	return p.Path
 }
 
 // Close stops the CA's listener and removes RootsFile. It is safe to call twice.
@@ -374,6 +396,14 @@ func (c *CA) record(next http.Handler) http.Handler {
 			next.ServeHTTP(sw, r)
 			if sw.status == http.StatusCreated {
 				c.newAccounts.Add(1)
+			}
+		case r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, "/finalize-order/"):
+			sw := &statusWriter{ResponseWriter: w}
+			next.ServeHTTP(sw, r)
+			if sw.status == http.StatusOK {
+				c.mu.Lock()
+				c.finalized[r.URL.Path] = true
+				c.mu.Unlock()
 			}
 		case r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, certificatePath):
 			serial, _, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, certificatePath), "/")
@@ -409,10 +439,12 @@ func (c *CA) recordOrder(next http.Handler, w http.ResponseWriter, r *http.Reque
 	}
 	var answer struct {
 		Authorizations []string `json:"authorizations"`
+		Finalize       string   `json:"finalize"`
 	}
 	if json.Unmarshal(sw.body.Bytes(), &answer) == nil {
-		o.Authorizations = answer.Authorizations
+		o.Authorizations, o.Finalize = answer.Authorizations, answer.Finalize
 	}
+	o.URL = sw.Header().Get("Location")
 	c.mu.Lock()
 	c.orders = append(c.orders, o)
 	c.mu.Unlock()

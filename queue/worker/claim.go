@@ -113,9 +113,9 @@ func (w *Worker) fill(ctx context.Context, source string) (claimed int, full boo
 		if ctx.Err() != nil || w.keyErr.Load() != nil {
 			return claimed, false
 		}
-		claims, full := w.claim(ctx, free)
+		claims, sent, full := w.claim(ctx, free)
 		for _, c := range claims {
-			w.start(ctx, c, source)
+			w.start(ctx, c, source, sent)
 		}
 		claimed += len(claims)
 		if !full {
@@ -131,20 +131,22 @@ func (w *Worker) fill(ctx context.Context, source string) (claimed int, full boo
 // back what it took. When it fails all the same (its timeout, a lost connection), the
 // rows it may have claimed are handed back by the next pass. full reports that the
 // claim took all n (more may be due), whatever the ledger let go, and that the ledger
-// answered: a ledger that did not ends the fill.
-func (w *Worker) claim(ctx context.Context, n int) (claims []queue.Claim, full bool) {
+// answered (a ledger that did not ends the fill); sent is when the statement was
+// sent, where the claims' lease deadlines start.
+func (w *Worker) claim(ctx context.Context, n int) (claims []queue.Claim, sent time.Time, full bool) {
 	cctx, cancel := w.step(ctx, true)
 	defer cancel()
+	sent = time.Now()
 	claims, err := w.q.Claim(cctx, w.owner, w.cfg.Directory, n)
 	if err != nil {
 		w.health.failed()
 		w.untracked = true
 		w.logDBError("claim", err)
-		return nil, false
+		return nil, sent, false
 	}
 	w.health.ok()
 	admitted, ok := w.admit(ctx, claims)
-	return admitted, ok && len(claims) == n
+	return admitted, sent, ok && len(claims) == n
 }
 
 // releaseUntracked hands back, uncharged, the rows this instance holds but does not

@@ -2,10 +2,15 @@ package worker
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
+
+	"github.com/certworker/certworker/queue"
 )
 
 // dbHealth is what the worker has seen of the database lately: whether its last
@@ -14,14 +19,27 @@ type dbHealth struct {
 	mu      sync.Mutex
 	down    bool
 	upSince time.Time
+	lastOK  time.Time
+	// silence is the longest gap between two successes that still counts as
+	// reaching the database all along: half a lease, where the heartbeat succeeds
+	// every third of one. A longer gap is an outage nobody saw fail: the process was
+	// paused (SIGSTOP, a VM frozen, a long GC pause) and made no statement to fail.
+	silence time.Duration
+}
+
+func newDBHealth(lease time.Duration) dbHealth {
+	now := time.Now()
+	return dbHealth{upSince: now, lastOK: now, silence: lease / 2}
 }
 
 func (h *dbHealth) ok() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.down {
-		h.down, h.upSince = false, time.Now()
+	now := time.Now()
+	if h.down || now.Sub(h.lastOK) > h.silence {
+		h.down, h.upSince = false, now
 	}
+	h.lastOK = now
 }
 
 func (h *dbHealth) failed() {
@@ -30,24 +48,27 @@ func (h *dbHealth) failed() {
 	h.down = true
 }
 
-// upFor is how long statements have succeeded without a failure between them (0
-// while the last one failed).
+// upFor is how long statements have succeeded without a failure or a silence
+// between them (0 while the last one failed, or when none has succeeded lately).
 func (h *dbHealth) upFor() time.Duration {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.down {
+	if h.down || time.Since(h.lastOK) > h.silence {
 		return 0
 	}
 	return time.Since(h.upSince)
 }
 
 // heartbeatLoop renews this instance's leases every third of a lease, on a timer of
-// its own: a pass, however long its statements take, never delays a renewal, and an
-// order survives two missed renewals. It runs until ctx ends, which is after the
-// shutdown has handed back what was left.
+// its own and a database session of its own (heartbeatConn): a pass, however long
+// its statements take, and a pool however busy, never delay a renewal. An order
+// survives two missed renewals: its deadline is a lease, less the margin, from the
+// last renewal that succeeded. It runs until ctx ends, which is after the shutdown
+// has handed back what was left.
 func (w *Worker) heartbeatLoop(ctx context.Context) {
 	t := time.NewTicker(w.cfg.Queue.Lease / 3)
 	defer t.Stop()
+	defer w.hb.close()
 	for {
 		select {
 		case <-ctx.Done():
@@ -58,26 +79,47 @@ func (w *Worker) heartbeatLoop(ctx context.Context) {
 	}
 }
 
-// renewLeases renews the leases of the orders in flight and stops those whose claim
-// is gone (fencing: another instance took the row, or an operator did). With no order
-// in flight it still makes the round trip, which keeps dbHealth current for the
+// renewLeases renews the leases of the orders in flight, moves their deadlines, and
+// stops those whose claim is gone (fencing: another instance took the row, or an
+// operator did) or whose lease ran out before it could be renewed. With no order in
+// flight it still makes the round trip, which keeps dbHealth current for the
 // reclaim's rule.
 func (w *Worker) renewLeases(ctx context.Context) {
 	tokens := w.orders.tokens()
-	hctx, cancel := context.WithTimeout(ctx, w.cfg.Queue.Lease/3)
-	defer cancel()
-	lost, err := w.q.Heartbeat(hctx, tokens)
+	// Taken before the connection and the statement: the database stamps the lease
+	// with its clock at the statement's start, which is later.
+	sent := time.Now()
+	leases, err := w.hb.renew(ctx, w.cfg.Queue, tokens)
 	if err != nil {
 		w.health.failed()
 		w.m.heartbeatFailed()
-		// Orders keep running: while this instance cannot reach the database, no
-		// other can reclaim their rows either (see maintain), and their results are
-		// written once it is back.
+		// Orders keep running until their deadline, which this renewal did not
+		// move: a database that answers again in time costs them nothing, and one
+		// that does not stops them before any other instance can reclaim their rows.
 		w.logDBError("renew leases", err)
 		return
 	}
 	w.health.ok()
-	for _, t := range lost {
+	for _, t := range leases.Renewed {
+		if o := w.orders.get(t); o != nil {
+			o.deadline.Renewed(sent)
+		}
+	}
+	for _, t := range leases.Expired {
+		if o := w.orders.get(t); o != nil {
+			o.cancel(errLeaseDeadline)
+			w.log.Warn("lease ran out before it could be renewed; stopping the order and handing the claim back",
+				zap.String("domain", o.claim.Domain), zap.String("domain_id", o.claim.ID))
+		}
+	}
+	for _, t := range leases.Busy {
+		if o := w.orders.get(t); o != nil {
+			w.log.Debug("lease not renewed: another transaction holds the domain's row; trying again at the next heartbeat",
+				zap.String("domain", o.claim.Domain), zap.String("domain_id", o.claim.ID),
+				zap.Duration("deadline_in", o.deadline.Left()))
+		}
+	}
+	for _, t := range leases.Lost {
 		o := w.orders.get(t)
 		if o == nil {
 			continue // finished meanwhile
@@ -87,4 +129,79 @@ func (w *Worker) renewLeases(ctx context.Context) {
 		w.log.Warn("claim lost: another instance or an operator took this domain; stopping the order",
 			zap.String("domain", o.claim.Domain), zap.String("domain_id", o.claim.ID))
 	}
+}
+
+// heartbeatConn is the heartbeat's own database session, outside the pool: passes,
+// orders' writes and the responder's look-ups share the pool, and when they fill it
+// (or a leak drains it) a renewal waiting for a connection would come too late, and
+// every order on the instance would stop at its deadline. Connected when first
+// needed and again once pgx has closed it. Every wait is bounded (renew), and the
+// server ends a statement the client gave up on after the same time
+// (statement_timeout). Only the heartbeat goroutine uses it.
+type heartbeatConn struct {
+	cfg  *pgxpool.Config
+	conn *pgx.Conn
+}
+
+// renew runs queue.Heartbeat for tokens on the session: the statement within a third
+// of the lease, a connection first if need be within a lease. Connecting takes the
+// server an authentication, slow on a loaded server; started over at every renewal,
+// it might never finish, and renewals cannot happen without it anyway.
+func (h *heartbeatConn) renew(ctx context.Context, qcfg queue.Config, tokens []string) (queue.Leases, error) {
+	if h.conn == nil || h.conn.IsClosed() {
+		cctx, cancel := context.WithTimeout(ctx, qcfg.Lease)
+		conn, err := h.connect(cctx, qcfg.Lease/3)
+		cancel()
+		if err != nil {
+			return queue.Leases{}, err
+		}
+		h.conn = conn
+	}
+	sctx, cancel := context.WithTimeout(ctx, qcfg.Lease/3)
+	defer cancel()
+	leases, err := queue.New(h.conn, qcfg).Heartbeat(sctx, tokens)
+	if h.conn.IsClosed() {
+		// pgx closes a session whose state it cannot be sure of (a statement cut
+		// off by its context, a broken socket); one that answered with an error is
+		// kept: connecting again costs the server an authentication.
+		h.conn = nil
+	}
+	return leases, err
+}
+
+// connect opens the session with the pool's configuration and session set-up.
+func (h *heartbeatConn) connect(ctx context.Context, timeout time.Duration) (*pgx.Conn, error) {
+	conn, err := pgx.ConnectConfig(ctx, h.cfg.ConnConfig)
+	if err != nil {
+		return nil, fmt.Errorf("connect the heartbeat's session: %w", err)
+	}
+	setup := func() error {
+		if h.cfg.AfterConnect != nil {
+			if err := h.cfg.AfterConnect(ctx, conn); err != nil {
+				return err
+			}
+		}
+		_, err := conn.Exec(ctx, fmt.Sprintf("SET statement_timeout = %d", max(timeout.Milliseconds(), 1)))
+		return err
+	}
+	if err := setup(); err != nil {
+		closeQuickly(conn)
+		return nil, fmt.Errorf("set up the heartbeat's session: %w", err)
+	}
+	return conn, nil
+}
+
+func (h *heartbeatConn) close() {
+	if h.conn != nil {
+		closeQuickly(h.conn)
+		h.conn = nil
+	}
+}
+
+// closeQuickly closes conn without waiting on a server that may not answer: the
+// goodbye gets a second, then the socket is closed anyway.
+func closeQuickly(conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = conn.Close(ctx)
 }

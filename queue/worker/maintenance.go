@@ -101,11 +101,15 @@ func (w *Worker) maintain(ctx context.Context) {
 // the attempt counted.
 //
 // Not before this instance has reached the database without a failure for a full
-// lease: after an outage longer than the lease, every instance's leases have run out,
-// yet the instances are alive, kept their orders going (nobody could take a claim
-// while nobody could reach the database), and re-assert their leases at their next
-// heartbeat once it is back. Waiting a lease gives each of them that heartbeat before
-// anyone reclaims, so no domain is ordered twice.
+// lease. Safety no longer rests on this wait: an instance that cannot renew a lease
+// stops its order at its own deadline, before the lease runs out, so a reclaim never
+// races a live order. The wait keeps an outage that every instance shares from being
+// charged: after one longer than the lease, every lease has run out, yet the
+// instances are alive and hand their stopped orders back, uncharged, as soon as they
+// reach the database; a reclaim cannot tell such an order from a crash and would
+// count an attempt. Waiting a lease gives them that time (their hand-backs retry
+// every 2 s at most). An instance cut off alone gets no such grace: the others have
+// been up all along and reclaim once its leases run out.
 func (w *Worker) reclaim(ctx context.Context) int {
 	if up := w.health.upFor(); up < w.cfg.Queue.Lease {
 		w.log.Debug("reclaim waits for the database to have been up a full lease", zap.Duration("up_for", up))

@@ -16,9 +16,10 @@ import (
 
 // Why an order's context was cancelled (context.Cause).
 var (
-	errShutdown     = errors.New("shutting down")
-	errLost         = errors.New("claim lost")
-	errOrderTimeout = errors.New("order timed out")
+	errShutdown      = errors.New("shutting down")
+	errLost          = errors.New("claim lost")
+	errOrderTimeout  = errors.New("order timed out")
+	errLeaseDeadline = fmt.Errorf("lease not renewed in time: %w", queue.ErrLeaseDeadline)
 )
 
 // order is one claim being worked on.
@@ -27,6 +28,9 @@ type order struct {
 	source  string
 	started time.Time
 	cancel  context.CancelCauseFunc
+	// deadline is the claim's local lease deadline: the heartbeat moves it, the
+	// issuer sends the CA nothing after it, and the order's context ends then.
+	deadline *queue.Deadline
 	// lost is set by the heartbeat when the claim is no longer held; a write that
 	// finishes the order stops retrying then.
 	lost atomic.Bool
@@ -98,9 +102,10 @@ func (s *orderSet) all() []*order {
 	return out
 }
 
-// start runs the order for a claim in a goroutine of its own.
-func (w *Worker) start(ctx context.Context, c queue.Claim, source string) {
-	o := &order{claim: c, source: source, started: time.Now()}
+// start runs the order for a claim in a goroutine of its own. sent is when the claim
+// statement was sent: the claim's lease deadline runs from it.
+func (w *Worker) start(ctx context.Context, c queue.Claim, source string, sent time.Time) {
+	o := &order{claim: c, source: source, started: time.Now(), deadline: queue.NewDeadline(sent, w.cfg.Queue.Lease)}
 	// Orders are not cancelled by the shutdown signal itself: they get the grace.
 	octx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	o.cancel = cancel
@@ -119,7 +124,12 @@ func (w *Worker) start(ctx context.Context, c queue.Claim, source string) {
 	}
 	w.log.Info("order started", fields...)
 	go func() {
-		r := w.runOrder(octx, o)
+		// The order also ends at its lease deadline. The issuer checks the deadline
+		// before every request as well (queue.Issuer): this is what ends the waits
+		// between requests.
+		dctx, stopDeadline := o.deadline.Bound(octx)
+		r := w.runOrder(dctx, o)
+		stopDeadline()
 		cancel(nil)
 		w.settleLedger(o, r)
 		w.m.outcome(r.outcome, time.Since(o.started))
@@ -140,7 +150,7 @@ func (w *Worker) runOrder(ctx context.Context, o *order) result {
 	}
 	octx, cancel := context.WithTimeoutCause(ctx, w.cfg.OrderTimeout, errOrderTimeout)
 	defer cancel()
-	cert, err := w.issue(octx, c, name)
+	cert, err := w.issue(octx, o, name)
 	if err == nil {
 		res.issued = true
 		res.outcome = w.store(o, log, cert)
@@ -151,6 +161,14 @@ func (w *Worker) runOrder(ctx context.Context, o *order) result {
 		log.Warn("order abandoned: the claim was lost to another instance", zap.Error(err),
 			zap.Int("attempt", max(c.Attempts, 0)+1))
 		res.outcome = "lost"
+	case errors.Is(cause, queue.ErrLeaseDeadline), errors.Is(err, queue.ErrLeaseDeadline):
+		// Another instance may have reclaimed the row by now: this one cannot tell
+		// (its database is away, or it was paused), and sends the CA nothing more.
+		// The claim goes back uncharged if it is still ours once the database
+		// answers; if it was reclaimed meanwhile, the reclaim counted the attempt.
+		log.Warn("order stopped at its lease deadline: the lease could not be renewed in time; nothing more is sent to the CA, and the claim is handed back uncharged once the database answers",
+			zap.Error(err), zap.Int("attempt", max(c.Attempts, 0)+1))
+		res.outcome = w.handBack(o, log, false, "lease_deadline")
 	case errors.Is(cause, errShutdown):
 		res.outcome = w.handBack(o, log, false, "released")
 		log.Info("order handed back at shutdown", zap.Int("attempt", max(c.Attempts, 0)+1))
@@ -166,7 +184,8 @@ func (w *Worker) runOrder(ctx context.Context, o *order) result {
 
 // issue calls the issuer, turning a panic into an error: nothing about the CA, however
 // it misbehaves, may crash the worker or leave a domain in provisioning.
-func (w *Worker) issue(ctx context.Context, c queue.Claim, name string) (cert *queue.Certificate, err error) {
+func (w *Worker) issue(ctx context.Context, o *order, name string) (cert *queue.Certificate, err error) {
+	c := o.claim
 	defer func() {
 		if p := recover(); p != nil {
 			w.log.Error("issuer panicked", zap.String("domain", c.Domain), zap.String("domain_id", c.ID),
@@ -174,7 +193,8 @@ func (w *Worker) issue(ctx context.Context, c queue.Claim, name string) (cert *q
 			err = fmt.Errorf("internal error: issuer panicked: %v", p)
 		}
 	}()
-	cert, err = w.cfg.Issuer.Issue(ctx, queue.Request{DomainID: c.ID, Domain: name, CurrentPEM: c.CurrentPEM})
+	cert, err = w.cfg.Issuer.Issue(ctx, queue.Request{DomainID: c.ID, Domain: name, CurrentPEM: c.CurrentPEM,
+		Deadline: o.deadline, ClaimToken: c.Token})
 	if err == nil && cert == nil {
 		err = errors.New("internal error: issuer returned no certificate and no error")
 	}
@@ -268,9 +288,9 @@ func (w *Worker) notRecorded(o *order, log *zap.Logger, err error) (string, bool
 
 // record runs a write that finishes an order until it succeeds, the claim is found
 // lost (by the write itself or by the heartbeat), or the shutdown stops waiting. It
-// keeps retrying through an outage of any length: while nobody can reach the
-// database nobody can take the claim, and once it is back this instance's heartbeat
-// re-asserts its lease before any instance reclaims.
+// keeps retrying through an outage of any length: every write is made under the
+// claim's token, so once the database answers it lands if the claim is still this
+// instance's (nobody reclaimed the row meanwhile), and is refused if not.
 func (w *Worker) record(o *order, log *zap.Logger, what string, write func(context.Context) error) error {
 	delay := 200 * time.Millisecond
 	for {

@@ -32,6 +32,7 @@ type Worker struct {
 	owner string
 
 	orders  *orderSet      // in flight; the loop adds, the heartbeat reads
+	hb      heartbeatConn  // the heartbeat's own session; only its goroutine uses it
 	results chan result    // one per order; buffered, so an order never waits for the loop
 	kick    chan string    // a pass wanted now (after maintenance queued something)
 	maintAt chan time.Time // a maintenance run wanted at this time (a certificate's renewal)
@@ -79,13 +80,14 @@ func New(cfg Config) (*Worker, error) {
 		m:       newMetrics(cfg.Registerer),
 		owner:   cfg.Owner + "/" + hex.EncodeToString(suffix[:]),
 		orders:  newOrderSet(),
+		hb:      heartbeatConn{cfg: cfg.Pool.Config()},
 		results: make(chan result, cfg.Concurrency),
 		kick:    make(chan string, 1),
 		maintAt: make(chan time.Time, 1),
 		hard:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
-	w.health.upSince = time.Now()
+	w.health = newDBHealth(cfg.Queue.Lease)
 	opts := cfg.WakeOptions
 	opts.Registerer = cfg.Registerer
 	if cfg.Wake == queue.WakeLogical {

@@ -1,0 +1,126 @@
+package queue_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/certworker/certworker/queue"
+)
+
+// A lease that ran out is not renewed, even though nobody took the row (issue #17).
+// The heartbeat used to renew it, so that an instance coming back from a partition
+// or a pause longer than the lease re-asserted a claim the rest of the fleet could
+// already treat as abandoned, and went on ordering while another instance might be
+// ordering the same domain. Its holder hands it back instead; until then the reclaim
+// may take it.
+func TestHeartbeat_DoesNotRenewALeaseThatRanOut(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tn := b.tenant(t)
+	expiredID, _ := b.domain(t, tn, "pending", 0, nil)
+	expired := b.claimOne(t, expiredID)
+	liveID, _ := b.domain(t, tn, "pending", 0, nil)
+	live := b.claimOne(t, liveID)
+	_, err := b.pool.Exec(b.ctx, `UPDATE proxy_domains SET ssl_lease_expires_at = now() - interval '1 second' WHERE id = $1`, expiredID)
+	require.NoError(t, err)
+
+	leases, err := b.q.Heartbeat(b.ctx, []string{expired.Token, live.Token})
+	require.NoError(t, err)
+	require.Equal(t, []string{expired.Token}, leases.Expired)
+	require.Equal(t, []string{live.Token}, leases.Renewed)
+	require.Empty(t, leases.Lost)
+
+	var ranOut bool
+	require.NoError(t, b.pool.QueryRow(b.ctx,
+		`SELECT ssl_lease_expires_at < now() FROM proxy_domains WHERE id = $1`, expiredID).Scan(&ranOut))
+	require.True(t, ranOut, "the heartbeat renewed a lease that had run out")
+	got, err := b.q.ReclaimAbandoned(b.ctx)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.Equal(t, expiredID, got[0].ID)
+	// Its holder, handing it back now, finds it gone.
+	require.ErrorIs(t, b.q.Release(b.ctx, expired, false), queue.ErrClaimLost)
+}
+
+// One row held by another transaction (the proxy's open write to that domain) does
+// not hold up the renewal of the others: it is skipped and reported busy, and the
+// statement does not wait for the lock. The heartbeat used to wait, and every lease
+// of the instance ran out behind one proxy transaction.
+func TestHeartbeat_SkipsARowAnotherTransactionHoldsAndRenewsTheRest(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tn := b.tenant(t)
+	lockedID, _ := b.domain(t, tn, "pending", 0, nil)
+	locked := b.claimOne(t, lockedID)
+	freeID, _ := b.domain(t, tn, "pending", 0, nil)
+	free := b.claimOne(t, freeID)
+
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	_, err = tx.Exec(b.ctx, `UPDATE proxy_domains SET updated_at = now() WHERE id = $1`, lockedID)
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+	defer cancel()
+	leases, err := b.q.Heartbeat(ctx, []string{locked.Token, free.Token})
+	require.NoError(t, err, "the heartbeat waited for the row lock")
+	require.Equal(t, []string{free.Token}, leases.Renewed)
+	require.Equal(t, []string{locked.Token}, leases.Busy)
+	require.Empty(t, leases.Lost)
+	require.Empty(t, leases.Expired)
+}
+
+// The deadline runs from the send of the claim or of a renewal the database
+// confirmed, a lease less the margin, on the monotonic clock; a renewal that answers
+// late never moves it back; nil is no deadline.
+func TestDeadline_RunsALeaseLessTheMarginFromTheLastSend(t *testing.T) {
+	t.Parallel()
+	const lease = 3 * time.Second
+	require.Equal(t, 150*time.Millisecond, queue.LeaseMargin(lease))
+	sent := time.Now()
+	d := queue.NewDeadline(sent, lease)
+	require.Equal(t, sent.Add(lease-queue.LeaseMargin(lease)), d.At())
+	require.NoError(t, d.Check())
+
+	d.Renewed(sent.Add(time.Second))
+	require.Equal(t, sent.Add(time.Second+lease-queue.LeaseMargin(lease)), d.At())
+	d.Renewed(sent) // an older renewal answering late
+	require.Equal(t, sent.Add(time.Second+lease-queue.LeaseMargin(lease)), d.At())
+
+	past := queue.NewDeadline(time.Now().Add(-lease), lease)
+	require.ErrorIs(t, past.Check(), queue.ErrLeaseDeadline)
+	ctx, cancel := past.Bound(context.Background())
+	defer cancel()
+	<-ctx.Done()
+	require.ErrorIs(t, context.Cause(ctx), queue.ErrLeaseDeadline)
+
+	var none *queue.Deadline
+	require.NoError(t, none.Check())
+	ctx, cancel = none.Bound(context.Background())
+	require.NoError(t, ctx.Err())
+	cancel()
+}
+
+// A bound follows the deadline as renewals move it: a wait that began under the old
+// deadline does not end at it.
+func TestDeadline_BoundFollowsRenewals(t *testing.T) {
+	t.Parallel()
+	const lease = time.Second
+	d := queue.NewDeadline(time.Now(), lease)
+	ctx, cancel := d.Bound(context.Background())
+	defer cancel()
+	first := d.At()
+	d.Renewed(time.Now().Add(2 * time.Second))
+	select {
+	case <-ctx.Done():
+		t.Fatalf("the bound ended at the deadline as it stood before the renewal")
+	case <-time.After(time.Until(first) + 300*time.Millisecond):
+	}
+	<-ctx.Done()
+	require.ErrorIs(t, context.Cause(ctx), queue.ErrLeaseDeadline)
+	require.False(t, time.Now().Before(d.At()), "the bound ended before the deadline")
+}
