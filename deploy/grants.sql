@@ -70,8 +70,8 @@ GRANT SELECT, INSERT (directory, eab_kid, email, private_key_pem, uri, registrat
       UPDATE (uri, registration), DELETE
    ON certworker_acme_accounts TO :"role";
 -- HTTP-01 tokens of orders in flight and preflight probes, and the responder's reads.
-GRANT SELECT, INSERT (token, key_authorization, domain, expires_at),
-      UPDATE (key_authorization, domain, expires_at), DELETE
+GRANT SELECT, INSERT (token, key_authorization, domain, expires_at, claim_token),
+      UPDATE (key_authorization, domain, expires_at, claim_token), DELETE
    ON certworker_http01_tokens TO :"role";
 -- The wake mode and the fleet's settings, recorded at start (one row, inserted whole).
 GRANT SELECT, INSERT,
