@@ -37,6 +37,11 @@ func durationFromSeconds(s float64) time.Duration {
 // other. The certificate row is upserted by domain; auto_renew keeps whatever the
 // proxy set. It returns how long until the certificate is due for renewal.
 //
+// The certificate's profile is recorded with it (cert.Profile). ssl_error is NULL, or
+// c.Notice while the domain's own profile is the one the CA refused (c.ProfileRefused):
+// it was renewed under its certificate's, and the tenant should know. A tenant who set
+// another profile meanwhile gets neither the note nor the refusal.
+//
 // Nothing is written when the claim is no longer held (ErrClaimLost) or the domain is
 // no longer an ACME domain (ErrNotACME; Disown drops the claim).
 func (q *Queue) MarkActive(ctx context.Context, c Claim, cert *Certificate) (time.Duration, error) {
@@ -50,15 +55,17 @@ func (q *Queue) MarkActive(ctx context.Context, c Claim, cert *Certificate) (tim
 	err := q.db.QueryRow(ctx, `
 WITH d AS (
     UPDATE proxy_domains SET
-        ssl_status = 'active', ssl_expires_at = $3, ssl_error = NULL, ssl_attempts = 0,
+        ssl_status = 'active', ssl_expires_at = $3, ssl_attempts = 0,
+        ssl_error = CASE WHEN ssl_profile = $14 THEN $15 END,
+        ssl_profile_refused = CASE WHEN ssl_profile = $14 THEN $14 END,
         ssl_renew_by = $10, updated_at = now(), `+releaseClaimSQL+`
     WHERE `+heldSQL+`
     RETURNING domain
 ), c AS (
     INSERT INTO proxy_certificates
         (domain, certificate_pem, private_key_pem, expires_at, not_before, issuer, serial, renew_at,
-         ari_window_end, ari_next_at)
-    SELECT d.domain, $4, $5, $3, $6, $7, $8, $9, $11, $12 FROM d
+         ari_window_end, ari_next_at, profile)
+    SELECT d.domain, $4, $5, $3, $6, $7, $8, $9, $11, $12, $13 FROM d
     ON CONFLICT (domain) DO UPDATE SET
         certificate_pem = EXCLUDED.certificate_pem,
         private_key_pem = EXCLUDED.private_key_pem,
@@ -69,13 +76,15 @@ WITH d AS (
         renew_at = EXCLUDED.renew_at,
         ari_window_end = EXCLUDED.ari_window_end,
         ari_next_at = EXCLUDED.ari_next_at,
+        profile = $13,
         updated_at = now()
     RETURNING renew_at
 )
 SELECT `+secondsUntilSQL("renew_at")+` FROM c`,
 		c.ID, c.Token, cert.NotAfter, cert.ChainPEM, cert.PrivateKey, cert.NotBefore,
 		cert.Issuer, cert.Serial, renewAt, RenewBy(cert.NotBefore, cert.NotAfter, cert.WindowEnd),
-		nullTime(cert.WindowEnd), nullTime(cert.RenewalInfoAt)).Scan(&renewIn)
+		nullTime(cert.WindowEnd), nullTime(cert.RenewalInfoAt), nullString(cert.Profile),
+		nullString(c.ProfileRefused), nullString(c.Notice)).Scan(&renewIn)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, q.whyNotHeld(ctx, c)
 	}
@@ -94,6 +103,13 @@ func RenewBy(notBefore, notAfter, windowEnd time.Time) time.Time {
 		return windowEnd
 	}
 	return by
+}
+
+func nullString(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }
 
 func nullTime(t time.Time) *time.Time {
