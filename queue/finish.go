@@ -37,10 +37,12 @@ func durationFromSeconds(s float64) time.Duration {
 // other. The certificate row is upserted by domain; auto_renew keeps whatever the
 // proxy set. It returns how long until the certificate is due for renewal.
 //
-// The certificate's profile is recorded with it (cert.Profile). ssl_error is NULL, or
-// c.Notice while the domain's own profile is the one the CA refused (c.ProfileRefused):
-// it was renewed under its certificate's, and the tenant should know. A tenant who set
-// another profile meanwhile gets neither the note nor the refusal.
+// The certificate's profile is recorded with it (cert.Profile). ssl_error is NULL, or,
+// while the domain's own profile is the one the CA refused (c.ProfileRefused), the
+// note of that refusal: it was renewed under its certificate's, and the tenant should
+// know. The note already in ssl_error is kept (it has the CA's own words, when it
+// answered invalidProfile), else c.Notice. A tenant who set another profile meanwhile
+// gets neither the note nor the refusal.
 //
 // Nothing is written when the claim is no longer held (ErrClaimLost) or the domain is
 // no longer an ACME domain (ErrNotACME; Disown drops the claim).
@@ -56,7 +58,8 @@ func (q *Queue) MarkActive(ctx context.Context, c Claim, cert *Certificate) (tim
 WITH d AS (
     UPDATE proxy_domains SET
         ssl_status = 'active', ssl_expires_at = $3, ssl_attempts = 0,
-        ssl_error = CASE WHEN ssl_profile = $14 THEN $15 END,
+        ssl_error = CASE WHEN ssl_profile = $14
+                         THEN CASE WHEN ssl_error LIKE '`+ProfilePrefix+`%' THEN ssl_error ELSE $15 END END,
         ssl_profile_refused = CASE WHEN ssl_profile = $14 THEN $14 END,
         ssl_renew_by = $10, updated_at = now(), `+releaseClaimSQL+`
     WHERE `+heldSQL+`

@@ -59,9 +59,10 @@ func (w *Worker) settleLedger(o *order, r result) {
 		return // no ledger row, or nothing known
 	case "issued":
 		outcome = queue.LedgerIssued
-	case "preflight_failed", "rate_limited", "key_error":
+	case "preflight_failed", "rate_limited", "key_error", "profile_refused", "profile_halted":
 		// Nothing the CA counts: the preflight sent nothing, nor did an order
-		// without its account key, and Let's Encrypt refunds a new order it refused.
+		// without its account key or under a profile the directory does not list,
+		// and Let's Encrypt refunds a new order it refused.
 		outcome = queue.LedgerNotSent
 	default:
 		outcome = queue.LedgerFailed

@@ -146,13 +146,19 @@ func (w *Worker) markRenewals(ctx context.Context) int {
 	if pass.Marked > 0 {
 		w.log.Info("certificates due for renewal", zap.Int64("renewals", pass.Marked))
 	}
+	changed, err := w.q.RequeueProfileChanges(rctx)
+	if err != nil {
+		w.logDBError("requeue certificates of a changed profile", err)
+	} else if changed > 0 {
+		w.log.Info("certificates to replace: their domain's profile changed", zap.Int64("domains", changed))
+	}
 	promoted, err := w.q.PromoteUrgentRenewals(rctx)
 	if err != nil {
 		w.logDBError("promote urgent renewals", err)
 	} else if promoted > 0 {
 		w.log.Info("renewals became urgent; served before first issuances", zap.Int64("renewals", promoted))
 	}
-	return int(pass.Marked + promoted)
+	return int(pass.Marked + changed + promoted)
 }
 
 // badRows logs and counts rows a step could not use. Each comes back from the queue
