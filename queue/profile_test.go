@@ -91,7 +91,7 @@ func TestSetProfile_SetsTheTenantsOwnDomainAndRefusesTheRest(t *testing.T) {
 
 // Setting a profile is asking again: a domain that failed because the CA does not
 // offer its profile is queued (pending, history cleared), and an active one loses the
-// refusal and its note. Guards against a tenant who fixes the profile and still
+// refusal and its note, and is queued to ask the CA again. Guards against a tenant who fixes the profile and still
 // waits for an operator's retry, and against a stale note on an active domain.
 func TestSetProfile_ClearsARefusalAndQueuesTheDomainItFailed(t *testing.T) {
 	t.Parallel()
@@ -116,13 +116,51 @@ WHERE id = ANY($1::uuid[])`, []string{failed, active})
 	_, err = b.q.SetProfile(b.ctx, active, tenant, ptr("bogus"))
 	require.NoError(t, err)
 	r = b.profileRow(t, active)
-	require.Equal(t, "active", *r.Status)
+	require.Equal(t, "pending", *r.Status, "setting the same profile again asks the CA again")
 	require.Nil(t, r.Error)
-	require.Nil(t, r.Refused, "setting the same profile again asks again")
+	require.Nil(t, r.Refused)
 }
 
-// The maintenance replaces a certificate issued under another profile than the one its
-// domain now names, and only then. Guards against migrate (every certificate without
+// A tenant who sets another profile than its certificate's gets the certificate
+// replaced at once: the domain is queued (claimable now, history cleared), and the
+// claim names the certificate to replace; nothing is queued for the same profile, a
+// certificate with no recorded profile, a return to --acme-profile (NULL: it applies at
+// the next renewal), or a certificate the proxy does not want renewed. Guards against
+// a setting that waits for the next renewal, and against one that replaces what it
+// should not.
+func TestSetProfile_QueuesTheReplacementOfACertificateOfAnotherProfile(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tenant := b.tenant(t)
+	changed, _ := b.issued(t, tenant, "classic", nil)
+	same, _ := b.issued(t, tenant, "classic", nil)
+	unrecorded, _ := b.issued(t, tenant, "", nil)
+	reset, _ := b.issued(t, tenant, "classic", ptr("classic"))
+	noRenew, noRenewName := b.issued(t, tenant, "classic", nil)
+	_, err := b.pool.Exec(b.ctx, `UPDATE proxy_certificates SET auto_renew = false WHERE domain = $1`, noRenewName)
+	require.NoError(t, err)
+
+	for id, profile := range map[string]*string{changed: ptr("shortlived"), same: ptr("classic"),
+		unrecorded: ptr("shortlived"), reset: nil, noRenew: ptr("shortlived")} {
+		d, err := b.q.SetProfile(b.ctx, id, tenant, profile)
+		require.NoError(t, err)
+		require.NotNil(t, d)
+	}
+	r := b.profileRow(t, changed)
+	require.Equal(t, "pending", *r.Status)
+	require.Zero(t, r.Attempts)
+	for _, id := range []string{same, unrecorded, reset, noRenew} {
+		require.Equal(t, "active", b.status(t, id))
+	}
+	c := b.claimOne(t, changed)
+	require.Equal(t, "shortlived", *c.Profile)
+	require.Equal(t, "classic", c.CertProfile)
+	require.NotEmpty(t, c.CurrentPEM, "the replacement names the certificate it replaces")
+}
+
+// The housekeeping replaces a certificate issued under another profile than the one its
+// domain now names when the profile was written without certworker_set_profile, and
+// only then. Guards against migrate (every certificate without
 // a recorded profile) replacing the whole fleet, against a changed --acme-profile
 // (ssl_profile NULL) replacing everything at once instead of at each renewal, and
 // against a profile the CA refused being tried on every pass.

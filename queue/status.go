@@ -161,7 +161,7 @@ FROM (
                     AND (p.scope = 'registered_domain' OR p.key = lower(x.domain)))
     UNION
     SELECT * FROM proxy_domains
-    WHERE ssl_profile IS NOT NULL AND ssl_profile = ssl_profile_refused
+    WHERE ssl_profile_refused IS NOT NULL AND ssl_profile = ssl_profile_refused
       AND ssl_provider = 'acme' AND ssl_status = 'active'
 ) d `+pauseSQL+`
 ORDER BY d.ssl_last_attempt_at DESC NULLS LAST, d.domain`,

@@ -113,7 +113,7 @@ VALUES ($1, $2, 'http', 'e2e-token', 'acme') RETURNING id::text`, w.tenant, name
 }
 
 // A tenant who picks another profile for an active domain gets a certificate of that
-// profile at the worker's next pass, ordered as a replacement ("replaces" names the
+// profile at once, ordered as a replacement ("replaces" names the
 // certificate it replaces), and renewals keep the profile. Guards against a setting
 // that waits for the next renewal (up to two months), a replacement ordered as a new
 // certificate (no renewal exemption at the CA), a renewal that falls back to

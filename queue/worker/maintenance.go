@@ -146,19 +146,13 @@ func (w *Worker) markRenewals(ctx context.Context) int {
 	if pass.Marked > 0 {
 		w.log.Info("certificates due for renewal", zap.Int64("renewals", pass.Marked))
 	}
-	changed, err := w.q.RequeueProfileChanges(rctx)
-	if err != nil {
-		w.logDBError("requeue certificates of a changed profile", err)
-	} else if changed > 0 {
-		w.log.Info("certificates to replace: their domain's profile changed", zap.Int64("domains", changed))
-	}
 	promoted, err := w.q.PromoteUrgentRenewals(rctx)
 	if err != nil {
 		w.logDBError("promote urgent renewals", err)
 	} else if promoted > 0 {
 		w.log.Info("renewals became urgent; served before first issuances", zap.Int64("renewals", promoted))
 	}
-	return int(pass.Marked + changed + promoted)
+	return int(pass.Marked + promoted)
 }
 
 // badRows logs and counts rows a step could not use. Each comes back from the queue
@@ -171,9 +165,10 @@ func (w *Worker) badRows(msg string, bad []queue.BadRow) {
 }
 
 // housekeepingEvery is how often the steps that read whole tables run (a second or
-// two at a million domains): finding domains that differ only in case, and pruning
-// what the worker keeps. Neither is urgent: the claim never takes a case twin, and
-// what is pruned only takes space.
+// two at a million domains): finding domains that differ only in case, certificates
+// of another profile than their domain's, and pruning what the worker keeps. None is
+// urgent: the claim never takes a case twin, certworker_set_profile queues a changed
+// profile's replacement itself, and what is pruned only takes space.
 const housekeepingEvery = 10 * time.Minute
 
 // housekeeping marks case twins failed and prunes what the worker keeps, once every
@@ -190,6 +185,7 @@ func (w *Worker) housekeeping(ctx context.Context) {
 		w.logDBError("mark domains that differ only in case", err)
 	}
 	w.badRows("two domains differ only in case; neither is ordered, both marked failed", twins)
+	w.requeueProfileChanges(hctx)
 	pruned, err := w.q.Prune(hctx)
 	if err != nil {
 		w.logDBError("prune", err)
@@ -199,5 +195,23 @@ func (w *Worker) housekeeping(ctx context.Context) {
 		w.log.Info("pruned", zap.Int64("http01_tokens", pruned.Tokens), zap.Int64("pauses", pruned.Pauses),
 			zap.Int64("ledger_rows", pruned.Ledger), zap.Int64("tenant_counters", pruned.Tenants),
 			zap.Int64("certificates_of_deleted_domains", pruned.Certificates))
+	}
+}
+
+// requeueProfileChanges queues the replacement of certificates issued under another
+// profile than their domain's that certworker_set_profile did not queue: a profile
+// written without it, or set while an order was running.
+func (w *Worker) requeueProfileChanges(ctx context.Context) {
+	changed, err := w.q.RequeueProfileChanges(ctx)
+	if err != nil {
+		w.logDBError("requeue certificates of a changed profile", err)
+		return
+	}
+	if changed > 0 {
+		w.log.Info("certificates to replace: their domain's profile changed", zap.Int64("domains", changed))
+		select {
+		case w.kick <- listener.SourceTimer:
+		default:
+		}
 	}
 }
