@@ -32,7 +32,8 @@ func (w *world) setProfile(t *testing.T, id string, profile *string) {
 	require.NotNil(t, d, "the tenant's own domain and a profile name: not refused")
 }
 
-// issuedUnder waits for the domain's certificate and returns the CA's order for it.
+// waitIssued waits for the domain's certificate, the orders-th order of its name, and
+// returns that order.
 func (w *world) waitIssued(t *testing.T, id, name string, orders int) pebbletest.Order {
 	t.Helper()
 	waitFor(t, 30*time.Second, "the certificate", func() bool {
@@ -155,7 +156,7 @@ func TestE2E_ARefusedProfileKeepsTheCertificateAndRenewsUnderItsOwn(t *testing.T
 	t.Parallel()
 	for _, tc := range []struct {
 		name, profile, note string
-		refuse          bool
+		refuse              bool
 	}{
 		{"not in the directory", "bogus",
 			`profile: the CA does not offer profile "bogus"; it offers alternate, default; the domain keeps its certificate, renewed under profile "default", until its ssl_profile names a profile the CA offers`,
