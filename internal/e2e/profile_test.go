@@ -232,3 +232,31 @@ func TestE2E_ACAThatDoesNotOfferTheFlagsProfileHaltsTheInstance(t *testing.T) {
 	require.Nil(t, d.Error)
 	require.Zero(t, w.ca.OrderRequests())
 }
+
+// A changed --acme-profile applies to a domain without a profile of its own at its next
+// renewal, not at once: the fleet is not reissued in one go when the operator changes
+// the flag, and its renewals then record the new profile. Guards against a flag change
+// that replaces every certificate at once (the CA's limits, a burst of orders), and
+// against a certificate recorded under the profile it was not issued under.
+func TestE2E_AChangedAcmeProfileAppliesAtTheNextRenewal(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, pebbletest.Options{})
+	first := w.profileWorker(t, "first", pebbletest.DefaultProfile)
+	name := randomName("flag")
+	id := w.addDomains(t, name)[0]
+	w.waitIssued(t, id, name, 1)
+	require.Equal(t, pebbletest.DefaultProfile, *w.certProfile(t, name))
+	require.NoError(t, first.Stop(t, 30*time.Second))
+
+	second := w.profileWorker(t, "second", pebbletest.AltProfile)
+	passes(t, second, 3)
+	require.Len(t, ordersFor(w.ca, name), 1, "a changed --acme-profile replaces nothing at once")
+
+	renewed := w.certID(t, name)
+	w.renewNow(t, name)
+	o := w.waitIssued(t, id, name, 2)
+	waitFor(t, 10*time.Second, "the renewal stored", func() bool { return w.certID(t, name) != renewed })
+	require.Equal(t, pebbletest.AltProfile, o.Profile)
+	require.Equal(t, renewed, o.Replaces)
+	require.Equal(t, pebbletest.AltProfile, *w.certProfile(t, name))
+}

@@ -9,8 +9,9 @@
 //   - Pebble's VA, which validates HTTP-01 challenges by connecting to
 //     127.0.0.1:Options.HTTPPort whatever the name: every name resolves to
 //     127.0.0.1 through a challtestsrv DNS server shared by the whole process;
-//   - ACME Renewal Information (Pebble serves it always) and, on request, a
-//     short-lived profile next to the default one;
+//   - ACME Renewal Information (Pebble serves it always); two profiles, DefaultProfile
+//     and AltProfile, and on request a short-lived one; a test whose order names no
+//     profile fails (StartT), since Pebble gives such an order one at random;
 //   - a record of the orders the CA received (CA.OrderRequests, CA.Orders), so that a
 //     test can tell that a name never reached the CA, or that a renewal named the
 //     certificate it replaces; a count of every request by step (CA.Requests), and
