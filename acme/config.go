@@ -17,6 +17,7 @@ import (
 	"github.com/go-acme/lego/v4/certcrypto"
 
 	"github.com/certworker/certworker/certstore/seal"
+	"github.com/certworker/certworker/queue"
 )
 
 // Config is what the issuer needs from the command line. Every field maps to one
@@ -29,7 +30,9 @@ type Config struct {
 	// CABundle is the path of a PEM file of roots trusted for the ACME server
 	// beside the system's (--acme-ca-bundle), or "".
 	CABundle string
-	// Profile is the ACME profile orders ask for (--acme-profile), or "".
+	// Profile is the ACME profile of an order whose Request names none
+	// (--acme-profile): the worker's for a domain whose ssl_profile is NULL. "" is
+	// the CA's default: the order names no profile.
 	Profile string
 	// EABKeyID and EABHMAC are the external account binding (--acme-eab-kid,
 	// --acme-eab-hmac): both or neither. The HMAC key is base64url, as CAs hand
@@ -106,6 +109,11 @@ func (c *Config) validate() (certcrypto.KeyType, *x509.CertPool, error) {
 	}
 	if c.Email != "" && (!strings.Contains(c.Email, "@") || strings.ContainsAny(c.Email, " \t\r\n,")) {
 		return "", nil, fmt.Errorf("--acme-email: %q is not an email address", c.Email)
+	}
+	if c.Profile != "" {
+		if err := queue.CheckProfileName(c.Profile); err != nil {
+			return "", nil, fmt.Errorf("--acme-profile: %w", err)
+		}
 	}
 	kt, err := ParseKeyType(c.KeyType)
 	if err != nil {

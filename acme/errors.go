@@ -22,6 +22,9 @@ const (
 	problemUnsupportedIdentifier = problemNS + "unsupportedIdentifier"
 	problemCAA                   = problemNS + "caa"
 	problemServerInternal        = problemNS + "serverInternal"
+	// problemInvalidProfile is the CA's refusal of the profile an order names
+	// (draft-ietf-acme-profiles; Boulder and Pebble answer it to a new order).
+	problemInvalidProfile = problemNS + "invalidProfile"
 )
 
 // permanentProblems are the CA's refusals that no retry can fix, because they are
@@ -36,8 +39,10 @@ const (
 //
 // Not here: validation failures (unauthorized, connection, dns, incorrectResponse,
 // tls), which a DNS change in flight fixes by itself; problems about the worker
-// rather than the name (badCSR, badPublicKey, invalidProfile, externalAccountRequired,
+// rather than the name (badCSR, badPublicKey, externalAccountRequired,
 // userActionRequired), which a permanent failure would spread to every domain.
+// invalidProfile is neither: Issue returns it as a *queue.ProfileError, and the worker
+// decides by whose profile it was (the domain's own, or --acme-profile).
 var permanentProblems = map[string]bool{
 	problemRejectedIdentifier:    true,
 	problemUnsupportedIdentifier: true,
@@ -237,6 +242,16 @@ func problemDetail(pd *legoacme.ProblemDetails) string {
 		}
 	}
 	return truncate(b.String())
+}
+
+// problemDetailOf is the detail of the problem document inside err, with its
+// subproblems, or "".
+func problemDetailOf(err error) string {
+	var pd *legoacme.ProblemDetails
+	if errors.As(err, &pd) {
+		return problemDetail(pd)
+	}
+	return ""
 }
 
 // problemType is the ACME problem type inside err, or "".

@@ -204,6 +204,7 @@ func TestIssue_CAAnsweringGarbageIsPlainError(t *testing.T) {
 			pool, _ := newTestPool(t)
 			cfg := b.config()
 			cfg.DirectoryURL = tc.dir
+			cfg.Profile = "" // these CAs list no profiles: an order naming one is refused before they see it
 			cfg.HTTPTimeout = 2 * time.Second
 			iss := newIssuer(t, pool, nil, cfg)
 			start := time.Now()
@@ -375,6 +376,7 @@ func TestNew_ConfigErrorsNameTheFlag(t *testing.T) {
 		{"directory not https", func(c *acme.Config) { c.DirectoryURL = "http://127.0.0.1/dir" }, "--acme-directory", ""},
 		{"directory missing", func(c *acme.Config) { c.DirectoryURL = "" }, "--acme-directory", ""},
 		{"email", func(c *acme.Config) { c.Email = "not an email" }, "--acme-email", ""},
+		{"profile", func(c *acme.Config) { c.Profile = "short lived" }, "--acme-profile", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

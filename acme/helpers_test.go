@@ -93,6 +93,7 @@ func (b *bed) config() acme.Config {
 		DirectoryURL: b.ca.DirectoryURL,
 		Email:        "ops@certworker.example",
 		CABundle:     b.ca.RootsFile,
+		Profile:      pebbletest.DefaultProfile,
 		HTTPTimeout:  10 * time.Second,
 	}
 }

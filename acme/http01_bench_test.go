@@ -61,6 +61,7 @@ func BenchmarkHTTP01Flood(b *testing.B) {
 	b.Cleanup(func() { _ = srv.Close() })
 	issuer, err := acme.New(ctx, pool, zap.NewNop(), acme.Config{
 		DirectoryURL: ca.DirectoryURL, CABundle: ca.RootsFile, HTTPTimeout: 30 * time.Second,
+		Profile: pebbletest.DefaultProfile,
 	})
 	require.NoError(b, err)
 

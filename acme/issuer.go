@@ -7,11 +7,14 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	legoacme "github.com/go-acme/lego/v4/acme"
 	"github.com/go-acme/lego/v4/acme/api"
 	"github.com/go-acme/lego/v4/certcrypto"
 	"github.com/go-acme/lego/v4/certificate"
@@ -139,6 +142,14 @@ func (i *Issuer) issue(ctx context.Context, req queue.Request) (*queue.Certifica
 			return nil, err
 		}
 	}
+	profile := req.Profile
+	if profile == "" {
+		profile = i.cfg.Profile
+	}
+	offered, err := i.checkProfile(ctx, profile)
+	if err != nil {
+		return nil, err
+	}
 	tr := i.orderTransport(ctx)
 	tr.deadline = req.Deadline
 	acct, err := i.accountFor(ctx, tr)
@@ -160,17 +171,76 @@ func (i *Issuer) issue(ctx context.Context, req queue.Request) (*queue.Certifica
 		finalizeTimeout: max(30*time.Second, i.cfg.httpTimeout()),
 		authz:           map[string]string{},
 	}
-	log.Debug("placing ACME order", zap.Bool("renewal", replaces != ""), zap.String("profile", i.cfg.Profile))
-	chainPEM, err := o.run(key, replaces, i.cfg.Profile)
+	log.Debug("placing ACME order", zap.Bool("renewal", replaces != ""), zap.String("profile", profile))
+	chainPEM, err := o.run(key, replaces, profile)
 	if err != nil {
 		i.release(ctx, acct, o)
-		if problemType(err) == problemAccountDoesNotExist {
+		switch problemType(err) {
+		case problemAccountDoesNotExist:
 			i.forgetAccount(context.WithoutCancel(ctx), acct)
+		case problemInvalidProfile:
+			if ctx.Err() == nil {
+				return nil, &queue.ProfileError{Profile: profile, Offered: offered, Detail: problemDetailOf(err)}
+			}
 		}
 		return nil, i.fail(ctx, err, tr)
 	}
-	return i.certificate(req.Domain, chainPEM, key, tr, log)
+	cert, err := i.certificate(req.Domain, chainPEM, key, tr, log)
+	if err != nil {
+		return nil, err
+	}
+	// The profile the CA says the order has; Pebble, and a CA that picks one for an
+	// order naming none, say so.
+	cert.Profile = o.placed.Profile
+	if cert.Profile == "" {
+		cert.Profile = profile
+	}
+	return cert, nil
 }
+
+// checkProfile refuses, before any order or account request is sent, an order naming
+// a profile the CA's directory does not list in meta.profiles (CONTRACT.md §5), and
+// returns the profiles it lists, sorted, for a refusal later. The directory is the
+// session's (one GET an hour). It returns nil, nil when the directory cannot be read,
+// or is not an ACME directory: the order goes ahead and meets the same trouble, which
+// is classified there. The question has a transport of its own, so that what it met
+// does not count as the order's.
+func (i *Issuer) checkProfile(ctx context.Context, profile string) ([]string, error) {
+	dir, err := i.directory(i.httpClient(i.orderTransport(ctx)))
+	if err != nil || dir.NewOrderURL == "" {
+		return nil, nil
+	}
+	offered := offeredProfiles(dir)
+	if profile != "" && !slices.Contains(offered, profile) {
+		return offered, &queue.ProfileError{Profile: profile, Offered: offered}
+	}
+	return offered, nil
+}
+
+// offeredProfiles are the names of the profiles a directory lists, sorted; empty (not
+// nil) for a CA that lists none.
+func offeredProfiles(dir legoacme.Directory) []string {
+	return slices.Sorted(maps.Keys(dir.Meta.Profiles))
+}
+
+// Profiles are the ACME profiles the CA offers (its directory's meta.profiles),
+// sorted: `run` checks --acme-profile against them at start. The directory is the one
+// every order uses (fetched when the session has none fresh). The error is a
+// *queue.CAUnavailableError when the CA cannot be reached or answers 5xx.
+func (i *Issuer) Profiles(ctx context.Context) ([]string, error) {
+	tr := i.orderTransport(ctx)
+	dir, err := i.directory(i.httpClient(tr))
+	if err != nil {
+		if cause := tr.unreachable(); cause != nil {
+			return nil, &queue.CAUnavailableError{Err: &failure{msg: truncate("acme: " + cause.Error()), err: cause}}
+		}
+		return nil, err
+	}
+	return offeredProfiles(dir), nil
+}
+
+// DefaultProfile is --acme-profile: the profile of an order whose request names none.
+func (i *Issuer) DefaultProfile() string { return i.cfg.Profile }
 
 // release deactivates what a failed order may have left pending at the CA, on a
 // context of its own: the order's may have ended (the worker gave it up). Not past

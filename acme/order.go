@@ -105,8 +105,8 @@ func (o *order) place(replaces, profile string) error {
 // refusesReplaces reports whether a new-order request naming a replaced certificate
 // failed in a way that ordering without it may fix: the CA answered it with a
 // problem document (4xx, or serverInternal: Pebble's answer to a certificate it
-// does not know) that is not a rate limit, a pause, a refusal of the name or a lost
-// account.
+// does not know) that is not a rate limit, a pause, a refusal of the name or of the
+// profile, or a lost account.
 func refusesReplaces(err error) bool {
 	var pd *legoacme.ProblemDetails
 	if !errors.As(err, &pd) || pd == nil || pd.URL == "" {
@@ -118,7 +118,7 @@ func refusesReplaces(err error) bool {
 	switch {
 	case pd.Type == problemRateLimited || pd.HTTPStatus == http.StatusTooManyRequests:
 		return false
-	case pd.Type == problemAccountDoesNotExist:
+	case pd.Type == problemAccountDoesNotExist, pd.Type == problemInvalidProfile:
 		return false
 	case pd.Type == problemServerInternal:
 		return true

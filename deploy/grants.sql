@@ -40,10 +40,10 @@ GRANT USAGE ON SCHEMA public TO :"role";
 GRANT SELECT (id, tenant_id, domain, verification_status, ssl_status, ssl_provider, ssl_attempts,
               ssl_last_attempt_at, ssl_error, ssl_expires_at, updated_at, ssl_claim_token,
               ssl_claimed_by, ssl_lease_expires_at, ssl_queued_at, ssl_claim_prev_attempt_at,
-              ssl_queue_seq, ssl_queue_tier, ssl_renew_by),
+              ssl_queue_seq, ssl_queue_tier, ssl_renew_by, ssl_profile, ssl_profile_refused),
       UPDATE (ssl_status, ssl_attempts, ssl_last_attempt_at, ssl_error, ssl_expires_at, updated_at,
               ssl_claim_token, ssl_claimed_by, ssl_lease_expires_at, ssl_claim_prev_attempt_at,
-              ssl_queue_tier, ssl_renew_by)
+              ssl_queue_tier, ssl_renew_by, ssl_profile_refused)
    ON proxy_domains TO :"role";
 
 -- Stored certificates: written and replaced on issuance (INSERT ... ON CONFLICT),
@@ -53,11 +53,11 @@ GRANT SELECT (id, tenant_id, domain, verification_status, ssl_status, ssl_provid
 -- information is recorded only for the certificate it was read for. Not readable:
 -- private_key_pem, created_at. domain and auto_renew are the proxy's.
 GRANT SELECT (ctid, id, domain, certificate_pem, expires_at, auto_renew, updated_at, not_before,
-              issuer, serial, renew_at, ari_window_end, ari_next_at, version),
+              issuer, serial, renew_at, ari_window_end, ari_next_at, version, profile),
       INSERT (domain, certificate_pem, private_key_pem, expires_at, not_before, issuer, serial,
-              renew_at, ari_window_end, ari_next_at),
+              renew_at, ari_window_end, ari_next_at, profile),
       UPDATE (certificate_pem, private_key_pem, expires_at, not_before, issuer, serial, renew_at,
-              ari_window_end, ari_next_at, updated_at),
+              ari_window_end, ari_next_at, updated_at, profile),
       DELETE
    ON proxy_certificates TO :"role";
 

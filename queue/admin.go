@@ -137,15 +137,17 @@ type Domain struct {
 	SSLError           *string
 	SSLLastAttemptAt   *time.Time
 	SSLExpiresAt       *time.Time
+	// SSLProfile is the domain's own ACME profile; nil is --acme-profile.
+	SSLProfile *string
 }
 
 const domainColumns = `id::text, tenant_id::text, domain, verification_status, verification_method,
-    ssl_status, ssl_provider, ssl_attempts, ssl_error, ssl_last_attempt_at, ssl_expires_at`
+    ssl_status, ssl_provider, ssl_attempts, ssl_error, ssl_last_attempt_at, ssl_expires_at, ssl_profile`
 
 func scanDomain(row pgx.Row) (*Domain, error) {
 	var d Domain
 	err := row.Scan(&d.ID, &d.TenantID, &d.Domain, &d.VerificationStatus, &d.VerificationMethod,
-		&d.SSLStatus, &d.SSLProvider, &d.SSLAttempts, &d.SSLError, &d.SSLLastAttemptAt, &d.SSLExpiresAt)
+		&d.SSLStatus, &d.SSLProvider, &d.SSLAttempts, &d.SSLError, &d.SSLLastAttemptAt, &d.SSLExpiresAt, &d.SSLProfile)
 	if err != nil {
 		return nil, err
 	}

@@ -23,6 +23,19 @@ type Claim struct {
 	DueAt time.Time
 	// CurrentPEM is the stored certificate this order renews, or "".
 	CurrentPEM string
+	// Profile is the domain's own ACME profile (ssl_profile), nil for --acme-profile.
+	Profile *string
+	// ProfileRefused is the domain's profile the CA does not offer
+	// (ssl_profile_refused), or "". The worker sets it when the CA refuses the
+	// profile during the order, and clears it when the order used the domain's own.
+	ProfileRefused string
+	// CertProfile is the profile the stored certificate was issued under, or "" when
+	// none is recorded (no certificate, one issued before migration 00014, an upload).
+	CertProfile string
+	// Notice is what ssl_error says of the domain once its certificate is stored
+	// (MarkActive), or "" for nothing: set by the worker when it renewed under the
+	// certificate's profile because the CA does not offer the domain's own.
+	Notice string
 }
 
 // claimOrderSQL is the claim's order of service (see claimSQL).
@@ -108,7 +121,8 @@ WITH due AS (
     FROM due
     WHERE d.id = due.id
     RETURNING d.id, d.tenant_id, d.domain, d.ssl_attempts, d.ssl_claim_token, d.ssl_last_attempt_at,
-        d.ssl_claim_prev_attempt_at, d.ssl_queued_at, d.ssl_queue_seq
+        d.ssl_claim_prev_attempt_at, d.ssl_queued_at, d.ssl_queue_seq,
+        d.ssl_profile, d.ssl_profile_refused
 ), clock AS (
     UPDATE certworker_queue_clock SET vtime = GREATEST(vtime, (SELECT max(ssl_queue_seq) FROM claimed))
     WHERE id AND EXISTS (SELECT 1 FROM claimed WHERE ssl_queue_seq IS NOT NULL)
@@ -116,7 +130,9 @@ WITH due AS (
 SELECT c.id::text, c.tenant_id::text, c.domain, c.ssl_attempts, c.ssl_claim_token::text, c.ssl_last_attempt_at,
     GREATEST(c.ssl_queued_at,
              c.ssl_claim_prev_attempt_at + make_interval(secs => ` + backoffSQL("c.ssl_attempts", "$2", "$3") + `)),
-    COALESCE((SELECT p.certificate_pem FROM proxy_certificates p WHERE p.domain = c.domain), '')
+    COALESCE((SELECT p.certificate_pem FROM proxy_certificates p WHERE p.domain = c.domain), ''),
+    c.ssl_profile, COALESCE(c.ssl_profile_refused, ''),
+    COALESCE((SELECT p.profile FROM proxy_certificates p WHERE p.domain = c.domain), '')
 FROM claimed c`
 
 // Claim takes up to limit due domains for owner (an instance name, for operators and
@@ -138,7 +154,7 @@ func (q *Queue) Claim(ctx context.Context, owner, directory string, limit int) (
 		var c Claim
 		var due *time.Time
 		if err := rows.Scan(&c.ID, &c.TenantID, &c.Domain, &c.Attempts, &c.Token,
-			&c.ClaimedAt, &due, &c.CurrentPEM); err != nil {
+			&c.ClaimedAt, &due, &c.CurrentPEM, &c.Profile, &c.ProfileRefused, &c.CertProfile); err != nil {
 			return nil, fmt.Errorf("claim: %w", err)
 		}
 		if due != nil {

@@ -42,6 +42,13 @@ func durationFromSeconds(s float64) time.Duration {
 // has none (deploy/grants.sql): certworker writes private keys and never reads one
 // back, so a stolen worker password does not read them either.
 //
+// The certificate's profile is recorded with it (cert.Profile). ssl_error is NULL, or,
+// while the domain's own profile is the one the CA refused (c.ProfileRefused), the
+// note of that refusal: it was renewed under its certificate's, and the tenant should
+// know. The note already in ssl_error is kept (it has the CA's own words, when it
+// answered invalidProfile), else c.Notice. A tenant who set another profile meanwhile
+// gets neither the note nor the refusal.
+//
 // Nothing is written when the claim is no longer held (ErrClaimLost) or the domain is
 // no longer an ACME domain (ErrNotACME; Disown drops the claim).
 func (q *Queue) MarkActive(ctx context.Context, c Claim, cert *Certificate) (time.Duration, error) {
@@ -55,25 +62,30 @@ func (q *Queue) MarkActive(ctx context.Context, c Claim, cert *Certificate) (tim
 	err := q.db.QueryRow(ctx, `
 WITH d AS (
     UPDATE proxy_domains SET
-        ssl_status = 'active', ssl_expires_at = $3, ssl_error = NULL, ssl_attempts = 0,
+        ssl_status = 'active', ssl_expires_at = $3, ssl_attempts = 0,
+        ssl_error = CASE WHEN ssl_profile = $14
+                         THEN CASE WHEN ssl_error LIKE '`+ProfilePrefix+`%' THEN ssl_error ELSE $15 END END,
+        ssl_profile_refused = CASE WHEN ssl_profile = $14 THEN $14 END,
         ssl_renew_by = $10, updated_at = now(), `+releaseClaimSQL+`
     WHERE `+heldSQL+`
     RETURNING domain
 ), c AS (
     INSERT INTO proxy_certificates
         (domain, certificate_pem, private_key_pem, expires_at, not_before, issuer, serial, renew_at,
-         ari_window_end, ari_next_at)
-    SELECT d.domain, $4, $5, $3, $6, $7, $8, $9, $11, now() + make_interval(secs => $12) FROM d
+         ari_window_end, ari_next_at, profile)
+    SELECT d.domain, $4, $5, $3, $6, $7, $8, $9, $11, now() + make_interval(secs => $12), $13 FROM d
     ON CONFLICT (domain) DO UPDATE SET
         certificate_pem = $4, private_key_pem = $5, expires_at = $3, not_before = $6,
         issuer = $7, serial = $8, renew_at = $9, ari_window_end = $11, ari_next_at = now() + make_interval(secs => $12),
+        profile = $13,
         updated_at = now()
     RETURNING renew_at
 )
 SELECT `+secondsUntilSQL("renew_at")+` FROM c`,
 		c.ID, c.Token, cert.NotAfter, cert.ChainPEM, cert.PrivateKey, cert.NotBefore,
 		cert.Issuer, cert.Serial, renewAt, RenewBy(cert.NotBefore, cert.NotAfter, cert.WindowEnd),
-		nullTime(cert.WindowEnd), nullSeconds(cert.RenewalInfoIn)).Scan(&renewIn)
+		nullTime(cert.WindowEnd), nullSeconds(cert.RenewalInfoIn), nullString(cert.Profile),
+		nullString(c.ProfileRefused), nullString(c.Notice)).Scan(&renewIn)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, q.whyNotHeld(ctx, c)
 	}
@@ -100,6 +112,14 @@ func nullSeconds(d time.Duration) *float64 {
 		return nil
 	}
 	s := seconds(d)
+	return &s
+}
+
+// nullString is s, or NULL for "".
+func nullString(s string) *string {
+	if s == "" {
+		return nil
+	}
 	return &s
 }
 

@@ -33,6 +33,10 @@ import (
 //   - *PreflightError when a check before ordering failed and nothing was sent to the
 //     CA (charged; ssl_error starts "preflight:");
 //   - *PermanentError for a refusal no retry can fix (the domain fails at once);
+//   - *ProfileError when the CA does not offer the profile the order names (not
+//     listed in its directory, and then nothing is sent; or its invalidProfile
+//     answer): whose problem that is depends on whose profile it was, which the
+//     worker knows;
 //   - *KeyError when a stored key the order needs (the ACME account's) does not open
 //     with the instance's key encryption keys (not charged; the instance stops
 //     claiming until it is restarted with the key);
@@ -59,6 +63,9 @@ type Request struct {
 	// under it and only while the claim is held, so that an order that lost its claim
 	// cannot overwrite or delete what the order now holding the domain needs.
 	ClaimToken string
+	// Profile is the ACME profile the order names; "" is the issuer's own default
+	// (--acme-profile, which may itself be "": the CA's default).
+	Profile string
 }
 
 // Certificate is what an Issuer hands back for storage.
@@ -73,6 +80,9 @@ type Certificate struct {
 	NotAfter   time.Time
 	Issuer     string
 	Serial     string
+	// Profile is the ACME profile the certificate was issued under, as the CA's order
+	// says, or "" when not known (recorded as proxy_certificates.profile).
+	Profile string
 	// RenewAt is when this certificate should be renewed (ARI, or RenewAtFromValidity:
 	// a third of its lifetime before NotAfter, half below 10 days).
 	RenewAt time.Time

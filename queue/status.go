@@ -31,6 +31,19 @@ type Trouble struct {
 	// (a CA's rate limit, the ledger, a CA that cannot be reached).
 	PausedUntil *time.Time `json:"paused_until"`
 	PauseReason *string    `json:"pause_reason"`
+	// Profile is the domain's own ACME profile, nil for --acme-profile;
+	// CertificateProfile the one its stored certificate was issued under, nil when
+	// none is recorded.
+	Profile            *string `json:"ssl_profile"`
+	CertificateProfile *string `json:"certificate_profile"`
+}
+
+// ProfileCount is how many acme domains name a profile of their own, and how many of
+// them the CA refused (ssl_profile_refused).
+type ProfileCount struct {
+	Profile string `json:"profile"`
+	Domains int    `json:"domains"`
+	Refused int    `json:"refused"`
 }
 
 // Overview is what `certworker status` prints.
@@ -39,6 +52,9 @@ type Overview struct {
 	Domains []Trouble `json:"domains"`
 	// Pauses are the pauses in force, the CA's included.
 	Pauses []PauseState `json:"pauses"`
+	// Profiles are the profiles domains name of their own (ssl_profile), most used
+	// first; every other acme domain orders under --acme-profile.
+	Profiles []ProfileCount `json:"profiles"`
 }
 
 // pauseSQL is a LATERAL join giving the row d (of proxy_domains, aliased d) the pause
@@ -82,7 +98,7 @@ func (q *Queue) curve(ctx context.Context) (Config, error) {
 // uses (deploy/grants.sql), and `status` works under it. id makes UNION keep two rows
 // apart, as whole rows did.
 const troubleColumnsSQL = `id, domain, verification_status, ssl_provider, ssl_status, ssl_attempts, ssl_error,
-        ssl_last_attempt_at`
+        ssl_last_attempt_at, ssl_profile`
 
 // counts is the number of acme domains in each ssl_status.
 func (q *Queue) counts(ctx context.Context) (Counts, error) {
@@ -116,9 +132,10 @@ func (q *Queue) counts(ctx context.Context) (Counts, error) {
 }
 
 // Overview counts acme domains by state and lists every domain that is retrying
-// (pending with a failure behind it), failed, or held back by a pause of its name or
-// registered domain, most recent attempt first, with when each is next tried under the
-// fleet's settings; and the pauses in force.
+// (pending with a failure behind it), failed, held back by a pause of its name or
+// registered domain, or active under its certificate's profile because the CA does not
+// offer its own, most recent attempt first, with when each is next tried under the
+// fleet's settings; the pauses in force; and the profiles domains name.
 func (q *Queue) Overview(ctx context.Context) (*Overview, error) {
 	counts, err := q.counts(ctx)
 	if err != nil {
@@ -135,7 +152,8 @@ func (q *Queue) Overview(ctx context.Context) (*Overview, error) {
 	// matching every row of a million would take seconds.
 	rows, err := q.db.Query(ctx, `
 SELECT d.id::text, d.domain, d.ssl_status, d.ssl_attempts, d.ssl_error, d.ssl_last_attempt_at,
-    `+nextAttemptAtSQL("$1", "$2", "$3")+`, pz.paused_until, pz.reason
+    `+nextAttemptAtSQL("$1", "$2", "$3")+`, pz.paused_until, pz.reason,
+    d.ssl_profile, (SELECT c.profile FROM proxy_certificates c WHERE c.domain = d.domain)
 FROM (
     SELECT `+troubleColumnsSQL+` FROM proxy_domains
     WHERE ssl_provider = 'acme'
@@ -148,6 +166,10 @@ FROM (
                   WHERE p.scope IN ('registered_domain', 'domain') AND p.paused_until > now()
                     AND p.key = ANY (certworker_suffixes(x.domain))
                     AND (p.scope = 'registered_domain' OR p.key = lower(x.domain)))
+    UNION
+    SELECT `+troubleColumnsSQL+` FROM proxy_domains
+    WHERE ssl_profile_refused IS NOT NULL AND ssl_profile = ssl_profile_refused
+      AND ssl_provider = 'acme' AND ssl_status = 'active'
 ) d `+pauseSQL+`
 ORDER BY d.ssl_last_attempt_at DESC NULLS LAST, d.domain`,
 		cfg.MaxAttempts, seconds(cfg.RetryBase), seconds(cfg.RetryMax))
@@ -158,7 +180,8 @@ ORDER BY d.ssl_last_attempt_at DESC NULLS LAST, d.domain`,
 	for rows.Next() {
 		var t Trouble
 		if err := rows.Scan(&t.ID, &t.Domain, &t.SSLStatus, &t.SSLAttempts, &t.SSLError,
-			&t.LastAttempt, &t.NextAttempt, &t.PausedUntil, &t.PauseReason); err != nil {
+			&t.LastAttempt, &t.NextAttempt, &t.PausedUntil, &t.PauseReason,
+			&t.Profile, &t.CertificateProfile); err != nil {
 			return nil, fmt.Errorf("list failing domains: %w", err)
 		}
 		o.Domains = append(o.Domains, t)
@@ -169,7 +192,31 @@ ORDER BY d.ssl_last_attempt_at DESC NULLS LAST, d.domain`,
 	if o.Pauses, err = q.Pauses(ctx); err != nil {
 		return nil, err
 	}
+	if o.Profiles, err = q.profileCounts(ctx); err != nil {
+		return nil, err
+	}
 	return o, nil
+}
+
+// profileCounts counts the acme domains naming each profile of their own, through
+// migration 00014's partial index (domains on --acme-profile are not read).
+func (q *Queue) profileCounts(ctx context.Context) ([]ProfileCount, error) {
+	rows, err := q.db.Query(ctx, `
+SELECT ssl_profile, count(*), count(*) FILTER (WHERE ssl_profile = ssl_profile_refused)
+FROM proxy_domains WHERE ssl_profile IS NOT NULL AND ssl_provider = 'acme'
+GROUP BY 1 ORDER BY 2 DESC, 1`)
+	if err != nil {
+		return nil, fmt.Errorf("count profiles: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ProfileCount, error) {
+		var p ProfileCount
+		err := r.Scan(&p.Profile, &p.Domains, &p.Refused)
+		return p, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("count profiles: %w", err)
+	}
+	return append([]ProfileCount{}, out...), nil
 }
 
 // Pauses are the pauses in force, the one that ends last first.
@@ -201,26 +248,33 @@ type StoredCertificate struct {
 	NotAfter  time.Time  `json:"not_after,omitzero"`
 	RenewAt   *time.Time `json:"renew_at"`
 	AutoRenew bool       `json:"auto_renew"`
+	// Profile is the ACME profile it was issued under, nil when none is recorded
+	// (issued before migration 00014, or uploaded): it matches any.
+	Profile *string `json:"profile"`
 }
 
 // DomainState is everything `certworker status DOMAIN` shows.
 type DomainState struct {
-	ID                 string             `json:"domain_id"`
-	TenantID           string             `json:"tenant_id"`
-	Domain             string             `json:"domain"`
-	VerificationStatus string             `json:"verification_status"`
-	SSLStatus          string             `json:"ssl_status"`
-	SSLProvider        string             `json:"ssl_provider"`
-	SSLAttempts        int                `json:"ssl_attempts"`
-	SSLError           *string            `json:"ssl_error"`
-	LastAttempt        *time.Time         `json:"last_attempt_at"`
-	NextAttempt        *time.Time         `json:"next_attempt_at"`
-	ExpiresAt          *time.Time         `json:"ssl_expires_at"`
-	PausedUntil        *time.Time         `json:"paused_until"`
-	PauseReason        *string            `json:"pause_reason"`
-	ClaimedBy          *string            `json:"claimed_by"`
-	LeaseExpiresAt     *time.Time         `json:"lease_expires_at"`
-	Certificate        *StoredCertificate `json:"certificate"`
+	ID                 string     `json:"domain_id"`
+	TenantID           string     `json:"tenant_id"`
+	Domain             string     `json:"domain"`
+	VerificationStatus string     `json:"verification_status"`
+	SSLStatus          string     `json:"ssl_status"`
+	SSLProvider        string     `json:"ssl_provider"`
+	SSLAttempts        int        `json:"ssl_attempts"`
+	SSLError           *string    `json:"ssl_error"`
+	LastAttempt        *time.Time `json:"last_attempt_at"`
+	NextAttempt        *time.Time `json:"next_attempt_at"`
+	ExpiresAt          *time.Time `json:"ssl_expires_at"`
+	PausedUntil        *time.Time `json:"paused_until"`
+	PauseReason        *string    `json:"pause_reason"`
+	ClaimedBy          *string    `json:"claimed_by"`
+	LeaseExpiresAt     *time.Time `json:"lease_expires_at"`
+	// Profile is the domain's own ACME profile, nil for --acme-profile;
+	// ProfileRefused the one the CA does not offer, which the worker stopped trying.
+	Profile        *string            `json:"ssl_profile"`
+	ProfileRefused *string            `json:"ssl_profile_refused"`
+	Certificate    *StoredCertificate `json:"certificate"`
 }
 
 // State is one domain's whole state and its certificate, by name in any case. It
@@ -236,9 +290,10 @@ func (q *Queue) State(ctx context.Context, domain string) (*DomainState, error) 
 SELECT d.id::text, d.tenant_id::text, d.domain, d.verification_status, d.ssl_status, d.ssl_provider,
     d.ssl_attempts, d.ssl_error, d.ssl_last_attempt_at, `+nextAttemptAtSQL("$2", "$3", "$4")+`,
     pz.paused_until, pz.reason,
-    d.ssl_expires_at, d.ssl_claimed_by, d.ssl_lease_expires_at,
+    d.ssl_expires_at, d.ssl_claimed_by, d.ssl_lease_expires_at, d.ssl_profile, d.ssl_profile_refused,
     c.id IS NOT NULL, c.issuer, c.serial, c.not_before, c.expires_at,
-    CASE WHEN c.expires_at IS NULL THEN c.certificate_pem END, c.renew_at, COALESCE(c.auto_renew, false)
+    CASE WHEN c.expires_at IS NULL THEN c.certificate_pem END, c.renew_at, COALESCE(c.auto_renew, false),
+    c.profile
 FROM proxy_domains d LEFT JOIN proxy_certificates c ON c.domain = d.domain `+pauseSQL+`
 WHERE lower(d.domain) = lower($1)
 ORDER BY d.domain`, domain,
@@ -272,8 +327,9 @@ func scanState(row pgx.CollectableRow) (*DomainState, error) {
 	err := row.Scan(
 		&s.ID, &s.TenantID, &s.Domain, &s.VerificationStatus, &s.SSLStatus, &s.SSLProvider,
 		&s.SSLAttempts, &s.SSLError, &s.LastAttempt, &s.NextAttempt, &s.PausedUntil, &s.PauseReason,
-		&s.ExpiresAt, &s.ClaimedBy, &s.LeaseExpiresAt,
-		&hasCert, &c.Issuer, &c.Serial, &c.NotBefore, &notAfter, &chain, &c.RenewAt, &c.AutoRenew)
+		&s.ExpiresAt, &s.ClaimedBy, &s.LeaseExpiresAt, &s.Profile, &s.ProfileRefused,
+		&hasCert, &c.Issuer, &c.Serial, &c.NotBefore, &notAfter, &chain, &c.RenewAt, &c.AutoRenew,
+		&c.Profile)
 	if err != nil {
 		return nil, err
 	}

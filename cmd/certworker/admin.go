@@ -112,17 +112,36 @@ func (c *statusCmd) Run(g *globals) error {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.Scope, p.Key, p.Source, p.PausedUntil.UTC().Format(time.RFC3339), p.Reason)
 		}
 	}
+	if len(o.Profiles) > 0 {
+		fmt.Fprintln(tw, "\nPROFILE\tDOMAINS\tREFUSED BY THE CA")
+		for _, p := range o.Profiles {
+			fmt.Fprintf(tw, "%s\t%d\t%d\n", p.Profile, p.Domains, p.Refused)
+		}
+	}
 	if len(o.Domains) > 0 {
-		fmt.Fprintln(tw, "\nDOMAIN\tSTATUS\tATTEMPTS\tNEXT ATTEMPT\tLAST ERROR OR PAUSE")
+		fmt.Fprintln(tw, "\nDOMAIN\tSTATUS\tATTEMPTS\tNEXT ATTEMPT\tPROFILE\tCERT PROFILE\tLAST ERROR OR PAUSE")
 		for _, d := range o.Domains {
 			why := str(d.SSLError)
 			if d.PauseReason != nil {
 				why = "paused: " + *d.PauseReason
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", d.Domain, d.SSLStatus, d.SSLAttempts, when(d.NextAttempt, "waits for retry"), why)
+			next := when(d.NextAttempt, "waits for retry")
+			if d.SSLStatus == "active" {
+				next = "-" // renewing under its certificate's profile, on its own schedule
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", d.Domain, d.SSLStatus, d.SSLAttempts,
+				next, profileOf(d.Profile), str(d.CertificateProfile), why)
 		}
 	}
 	return tw.Flush()
+}
+
+// profileOf shows a domain's ssl_profile: NULL is the worker's --acme-profile.
+func profileOf(p *string) string {
+	if p == nil {
+		return "(--acme-profile)"
+	}
+	return *p
 }
 
 func printState(g *globals, s *queue.DomainState) {
@@ -142,6 +161,10 @@ func printState(g *globals, s *queue.DomainState) {
 		row("paused until", when(s.PausedUntil, "-"))
 		row("pause reason", str(s.PauseReason))
 	}
+	row("profile", profileOf(s.Profile))
+	if s.ProfileRefused != nil {
+		row("profile refused by the CA", *s.ProfileRefused)
+	}
 	row("expires", when(s.ExpiresAt, "-"))
 	if s.ClaimedBy != nil {
 		row("claimed by", *s.ClaimedBy+" (lease until "+when(s.LeaseExpiresAt, "?")+")")
@@ -157,6 +180,11 @@ func printState(g *globals, s *queue.DomainState) {
 		row("not after", notAfter)
 		row("renewal time", when(c.RenewAt, "not yet known (worked out on the next pass)"))
 		row("auto renew", fmt.Sprint(c.AutoRenew))
+		profile := "none recorded (matches any)"
+		if c.Profile != nil {
+			profile = *c.Profile
+		}
+		row("certificate profile", profile)
 	} else {
 		row("certificate", "none stored")
 	}

@@ -483,6 +483,7 @@ func issueThroughBinary(t *testing.T, bin, adminDSN, runDSN, wake string, extra 
 		"--database-url", runDSN,
 		"--acme-directory", ca.DirectoryURL,
 		"--acme-ca-bundle", ca.RootsFile,
+		"--acme-profile", pebbletest.DefaultProfile,
 		"--http01-listen", http01,
 		"--admin-listen", admin,
 		"--wake", wake,

@@ -85,7 +85,11 @@ func checkAccountKey(ctx context.Context, issuer *acme.Issuer, databaseURL strin
 // left behind by a rotation shows before its next order meets it).
 func keysReady(ctx context.Context, wk *worker.Worker, issuer *acme.Issuer) error {
 	if err := wk.Halted(); err != nil {
-		return fmt.Errorf("stopped claiming until restarted with the key: %w", err)
+		var ke *queue.KeyError
+		if errors.As(err, &ke) {
+			return fmt.Errorf("stopped claiming until restarted with the key: %w", err)
+		}
+		return err // the CA does not offer --acme-profile (worker.ProfileHalt)
 	}
 	err := issuer.CheckAccountKey(ctx)
 	var ke *queue.KeyError

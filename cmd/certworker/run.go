@@ -39,7 +39,7 @@ type runCmd struct {
 	ACMEDirectory     string        `name:"acme-directory" env:"CERTWORKER_ACME_DIRECTORY" default:"${le}" placeholder:"URL" help:"ACME directory URL (default: Let's Encrypt production)."`
 	ACMEEmail         string        `name:"acme-email" env:"CERTWORKER_ACME_EMAIL" placeholder:"EMAIL" help:"ACME account contact."`
 	ACMECABundle      string        `name:"acme-ca-bundle" env:"CERTWORKER_ACME_CA_BUNDLE" placeholder:"FILE" help:"PEM file of roots trusted for the ACME server, beside the system's."`
-	ACMEProfile       string        `name:"acme-profile" env:"CERTWORKER_ACME_PROFILE" placeholder:"NAME" help:"ACME profile name."`
+	ACMEProfile       string        `name:"acme-profile" env:"CERTWORKER_ACME_PROFILE" placeholder:"NAME" help:"ACME profile of the domains whose ssl_profile is NULL; run exits 2 when the CA's directory does not offer it. Empty: the CA's default (the order names none)."`
 	ACMEEABKid        string        `name:"acme-eab-kid" env:"CERTWORKER_ACME_EAB_KID" placeholder:"KID" help:"External account binding key id."`
 	ACMEEABHMAC       string        `name:"acme-eab-hmac" env:"CERTWORKER_ACME_EAB_HMAC" placeholder:"KEY" help:"External account binding HMAC key (base64url)."`
 	KeyType           string        `name:"key-type" env:"CERTWORKER_KEY_TYPE" default:"ec256" enum:"ec256,ec384,rsa2048,rsa4096" help:"Certificate key type: ec256, ec384, rsa2048 or rsa4096."`
@@ -188,6 +188,9 @@ func (c *runCmd) Run(g *globals) error {
 		return err
 	}
 	if err := checkAccountKey(ctx, issuer, c.DatabaseURL); err != nil {
+		return err
+	}
+	if err := checkProfile(ctx, issuer, log); err != nil {
 		return err
 	}
 

@@ -69,6 +69,7 @@ func (w *world) acmeConfig() acme.Config {
 		DirectoryURL: w.ca.DirectoryURL,
 		Email:        "ops@e2e.example",
 		CABundle:     w.rootsFile,
+		Profile:      pebbletest.DefaultProfile,
 		HTTPTimeout:  10 * time.Second,
 	}
 }

@@ -61,7 +61,7 @@ func TestProcess_AnInstanceWithoutTheNewKeyStopsAndChargesNothing(t *testing.T) 
 	// Another instance, given the new key first, registers the account. Its order's
 	// token is answered by the old instance's responder: tokens live in the database.
 	reg, err := acme.New(w.ctx, w.pool, zap.NewNop(), acme.Config{DirectoryURL: w.ca.DirectoryURL, CABundle: w.rootsFile,
-		HTTPTimeout: 10 * time.Second, KeyEncryptionKeys: seal.Keyring{newKey, oldKey}})
+		HTTPTimeout: 10 * time.Second, KeyEncryptionKeys: seal.Keyring{newKey, oldKey}, Profile: pebbletest.DefaultProfile})
 	require.NoError(t, err)
 	_, err = reg.Issue(w.ctx, queue.Request{Domain: randomName("registers")})
 	require.NoError(t, err)

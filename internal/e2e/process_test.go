@@ -72,6 +72,7 @@ func startProc(t *testing.T, name, dsn, directory, roots string, extra ...string
 		"--acme-directory", directory,
 		"--acme-ca-bundle", roots,
 		"--acme-email", "ops@e2e.example",
+		"--acme-profile", pebbletest.DefaultProfile,
 		"--admin-listen", p.admin,
 		"--preflight", "off",
 		"--log-level", "debug",

@@ -9,8 +9,9 @@
 //   - Pebble's VA, which validates HTTP-01 challenges by connecting to
 //     127.0.0.1:Options.HTTPPort whatever the name: every name resolves to
 //     127.0.0.1 through a challtestsrv DNS server shared by the whole process;
-//   - ACME Renewal Information (Pebble serves it always) and, on request, a
-//     short-lived profile next to the default one;
+//   - ACME Renewal Information (Pebble serves it always); two profiles, DefaultProfile
+//     and AltProfile, and on request a short-lived one; a test whose order names no
+//     profile fails (StartT), since Pebble gives such an order one at random;
 //   - a record of the orders the CA received (CA.OrderRequests, CA.Orders), so that a
 //     test can tell that a name never reached the CA, or that a renewal named the
 //     certificate it replaces; a count of every request by step (CA.Requests), and
@@ -68,6 +69,10 @@ import (
 const (
 	// DefaultProfile is the name of Pebble's default profile.
 	DefaultProfile = "default"
+	// AltProfile is a second profile every CA offers, with the default profile's
+	// lifetime: a CA offering one profile would hide an order that names none,
+	// which Pebble gives a profile picked at random.
+	AltProfile = "alternate"
 	// ShortProfile is the profile Options.ShortLifetime adds.
 	ShortProfile = "shortlived"
 
@@ -85,7 +90,8 @@ const (
 )
 
 // Options configure a CA. The zero value is a fast CA: no validation sleep, no
-// nonce rejection, every order validated afresh, the default profile only.
+// nonce rejection, every order validated afresh, two profiles (DefaultProfile and
+// AltProfile), and a test that fails when an order names no profile.
 type Options struct {
 	// HTTPPort is the port Pebble's VA connects to, on 127.0.0.1, to validate
 	// HTTP-01 challenges: where the worker's responder listens. 0 picks a port free
@@ -111,8 +117,13 @@ type Options struct {
 	DefaultLifetime time.Duration
 	// ShortLifetime, when set, adds the profile ShortProfile whose certificates are
 	// valid that long (a few minutes, for renewal tests). Pebble gives an order that
-	// names no profile a random one, so with two profiles an issuer should name one.
+	// names no profile a random one, so an issuer should name one.
 	ShortLifetime time.Duration
+	// AllowUnnamedProfile lets orders name no profile. Without it StartT fails the
+	// test when one did: Pebble picks a profile at random for such an order, so a
+	// test whose orders name none passes or fails by chance (CONTRACT.md §5: an order
+	// names the domain's profile, or --acme-profile).
+	AllowUnnamedProfile bool
 	// ChallengeRetryAfter is the Retry-After added to Pebble's answers to a
 	// challenge POST, which carry none; lego then polls the authorization after
 	// that long instead of its default 5 seconds. 0 is 1 second; negative adds none.
@@ -165,6 +176,8 @@ type CA struct {
 	retryAfter    string
 	orderRequests atomic.Int64
 	newAccounts   atomic.Int64
+	// unnamedProfile counts new-order requests that named no profile.
+	unnamedProfile atomic.Int64
 
 	mu        sync.Mutex // guards the fields below
 	orders    []Order
@@ -235,6 +248,7 @@ func Start(opts Options) (c *CA, err error) {
 
 	profiles := map[string]ca.Profile{
 		DefaultProfile: {Description: "The default profile", ValidityPeriod: seconds(opts.DefaultLifetime)},
+		AltProfile:     {Description: "Another profile, as long-lived", ValidityPeriod: seconds(opts.DefaultLifetime)},
 	}
 	if opts.ShortLifetime > 0 {
 		profiles[ShortProfile] = ca.Profile{
@@ -302,7 +316,12 @@ func StartT(t testing.TB, opts Options) *CA {
 	if err != nil {
 		t.Fatalf("pebble: %v", err)
 	}
-	t.Cleanup(func() { _ = c.Close() })
+	t.Cleanup(func() {
+		_ = c.Close()
+		if n := c.unnamedProfile.Load(); n > 0 && !opts.AllowUnnamedProfile {
+			t.Errorf("pebbletest: %d orders named no profile, and Pebble gave each a profile picked at random: name one (acme.Config.Profile, --acme-profile)", n)
+		}
+	})
 	return c
 }
 
@@ -429,6 +448,9 @@ func (c *CA) recordOrder(next http.Handler, w http.ResponseWriter, r *http.Reque
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	c.orderRequests.Add(1)
 	o, err := parseOrder(body)
+	if err == nil && o.Profile == "" {
+		c.unnamedProfile.Add(1)
+	}
 	if err == nil && o.Replaces != "" {
 		c.syncReplaced(o.Replaces)
 	}

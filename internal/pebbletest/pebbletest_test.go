@@ -81,7 +81,7 @@ func newOrderBody(t *testing.T, names ...string) string {
 	for _, n := range names {
 		ids = append(ids, map[string]string{"type": "dns", "value": n})
 	}
-	payload, err := json.Marshal(map[string]any{"identifiers": ids})
+	payload, err := json.Marshal(map[string]any{"identifiers": ids, "profile": pebbletest.DefaultProfile})
 	require.NoError(t, err)
 	body, err := json.Marshal(map[string]string{
 		"protected": "e30", "signature": "c2ln", "payload": base64.RawURLEncoding.EncodeToString(payload),

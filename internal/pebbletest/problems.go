@@ -114,3 +114,14 @@ func rateLimited(retryAfter time.Duration, format string, args ...any) Answer {
 func retryAt(retryAfter time.Duration) string {
 	return time.Now().UTC().Add(retryAfter).Format("2006-01-02 15:04:05 MST")
 }
+
+// InvalidProfile is Boulder's answer to a new order naming a profile it does not
+// offer (wfe2, validateCertificateProfileName): invalidProfile, 400. A CA answers it
+// too for a profile its directory lists but the account may not use.
+func InvalidProfile(profile string) Answer {
+	return Answer{Status: http.StatusBadRequest, Problem: &Problem{
+		Type:   problemNS + "invalidProfile",
+		Detail: fmt.Sprintf("profile name %q not recognized", profile),
+		Status: http.StatusBadRequest,
+	}}
+}

@@ -55,7 +55,7 @@ func (w *Worker) pass(ctx context.Context, source string, at time.Time) {
 	if w.untracked {
 		w.releaseUntracked(ctx)
 	}
-	if w.keyErr.Load() != nil {
+	if w.halted() {
 		return // halted: no claim, and no timer for what falls due
 	}
 	claimed, full := w.fill(ctx, source)
@@ -82,7 +82,7 @@ func (w *Worker) finished(ctx context.Context, r result) {
 	// follows a finished order is a "refill" (CONTRACT.md §6). A queue that was not
 	// full at the last claim has nothing due that a wake-up or the timer will not
 	// bring.
-	if !w.saturated || ctx.Err() != nil || w.keyErr.Load() != nil {
+	if !w.saturated || ctx.Err() != nil || w.halted() {
 		return
 	}
 	w.m.wake(listener.SourceRefill)
@@ -110,7 +110,7 @@ func (w *Worker) fill(ctx context.Context, source string) (claimed int, full boo
 			w.saturated = true
 			return claimed, true
 		}
-		if ctx.Err() != nil || w.keyErr.Load() != nil {
+		if ctx.Err() != nil || w.halted() {
 			return claimed, false
 		}
 		claims, sent, full := w.claim(ctx, free)

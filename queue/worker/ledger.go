@@ -92,9 +92,11 @@ func (w *Worker) settleLedger(o *order, r result) {
 		outcome = queue.LedgerIssued
 	case r.outcome == "invalid", r.outcome == "unrecorded":
 		return // no ledger row, or nothing known
-	case r.outcome == "preflight_failed", r.outcome == "rate_limited", r.outcome == "key_error":
+	case r.outcome == "preflight_failed", r.outcome == "rate_limited", r.outcome == "key_error",
+		r.outcome == "profile_refused", r.outcome == "profile_halted":
 		// Nothing the CA counts: the preflight sent nothing, nor did an order
-		// without its account key, and Let's Encrypt refunds a new order it refused.
+		// without its account key or under a profile the directory does not list,
+		// and Let's Encrypt refunds a new order it refused.
 		outcome = queue.LedgerNotSent
 	default:
 		outcome = queue.LedgerFailed

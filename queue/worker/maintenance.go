@@ -196,8 +196,10 @@ func (w *Worker) settleStaleLedger(ctx context.Context) {
 
 // housekeepingEvery is how often the steps that read whole tables run (a second or
 // two at a million domains): finding domains that differ only in case or stuck at the
-// attempt limit, and pruning what the worker keeps. None is urgent: the claim never
-// takes a case twin or a row at the limit, and what is pruned only takes space.
+// attempt limit, certificates of another profile than their domain's, and pruning
+// what the worker keeps. None is urgent: the claim never takes a case twin or a row at
+// the limit, certworker_set_profile queues a changed profile's replacement itself,
+// and what is pruned only takes space.
 const housekeepingEvery = 10 * time.Minute
 
 // housekeeping marks case twins failed, fails domains stuck at or above the attempt
@@ -219,6 +221,7 @@ func (w *Worker) housekeeping(ctx context.Context) {
 		w.logDBError("fail domains at the attempt limit", err)
 	}
 	w.badRows("domain at or above --max-attempts, which no claim takes; marked failed", exhausted)
+	w.requeueProfileChanges(hctx)
 	pruned, err := w.q.Prune(hctx)
 	if err != nil {
 		w.logDBError("prune", err)
@@ -229,5 +232,23 @@ func (w *Worker) housekeeping(ctx context.Context) {
 			zap.Int64("ledger_rows", pruned.Ledger), zap.Int64("tenant_counters", pruned.Tenants),
 			zap.Int64("certificates_of_deleted_domains", pruned.Certificates),
 			zap.Int64("issued_names_of_deleted_domains", pruned.IssuedNames))
+	}
+}
+
+// requeueProfileChanges queues the replacement of certificates issued under another
+// profile than their domain's that certworker_set_profile did not queue: a profile
+// written without it, or set while an order was running.
+func (w *Worker) requeueProfileChanges(ctx context.Context) {
+	changed, err := w.q.RequeueProfileChanges(ctx)
+	if err != nil {
+		w.logDBError("requeue certificates of a changed profile", err)
+		return
+	}
+	if changed > 0 {
+		w.log.Info("certificates to replace: their domain's profile changed", zap.Int64("domains", changed))
+		select {
+		case w.kick <- listener.SourceTimer:
+		default:
+		}
 	}
 }

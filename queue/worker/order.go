@@ -150,13 +150,16 @@ func (w *Worker) runOrder(ctx context.Context, o *order) result {
 	}
 	octx, cancel := context.WithTimeoutCause(ctx, w.cfg.OrderTimeout, errOrderTimeout)
 	defer cancel()
-	cert, err := w.issue(octx, o, name)
+	cert, err := w.issueUnderProfile(octx, o, log, name)
 	if err == nil {
 		res.issued = true
 		res.outcome = w.store(o, log, cert)
 		return res
 	}
+	var settled *errProfileSettled
 	switch cause := context.Cause(octx); {
+	case errors.As(err, &settled):
+		res.outcome = settled.outcome
 	case errors.Is(cause, errLost):
 		log.Warn("order abandoned: the claim was lost to another instance", zap.Error(err),
 			zap.Int("attempt", max(c.Attempts, 0)+1))
@@ -184,7 +187,7 @@ func (w *Worker) runOrder(ctx context.Context, o *order) result {
 
 // issue calls the issuer, turning a panic into an error: nothing about the CA, however
 // it misbehaves, may crash the worker or leave a domain in provisioning.
-func (w *Worker) issue(ctx context.Context, o *order, name string) (cert *queue.Certificate, err error) {
+func (w *Worker) issue(ctx context.Context, o *order, name, profile string) (cert *queue.Certificate, err error) {
 	c := o.claim
 	defer func() {
 		if p := recover(); p != nil {
@@ -194,7 +197,7 @@ func (w *Worker) issue(ctx context.Context, o *order, name string) (cert *queue.
 		}
 	}()
 	cert, err = w.cfg.Issuer.Issue(ctx, queue.Request{DomainID: c.ID, Domain: name, CurrentPEM: c.CurrentPEM,
-		Deadline: o.deadline, ClaimToken: c.Token})
+		Profile: profile, Deadline: o.deadline, ClaimToken: c.Token})
 	if err == nil && cert == nil {
 		err = errors.New("internal error: issuer returned no certificate and no error")
 	}
@@ -214,7 +217,7 @@ func (w *Worker) store(o *order, log *zap.Logger, cert *queue.Certificate) strin
 	w.caAnswered()
 	w.wantMaintenanceIn(renewIn)
 	log.Info("certificate issued", zap.Time("not_after", cert.NotAfter), zap.Time("renew_at", cert.RenewAt),
-		zap.String("serial", cert.Serial), zap.Duration("took", time.Since(o.started)))
+		zap.String("serial", cert.Serial), zap.String("profile", cert.Profile), zap.Duration("took", time.Since(o.started)))
 	return "issued"
 }
 

@@ -43,6 +43,9 @@ type Worker struct {
 	// open (queue.KeyError); from then on it claims nothing and is not ready, until it
 	// is restarted with the key.
 	keyErr atomic.Pointer[queue.KeyError]
+	// profileErr is set by the first order that found the CA does not offer
+	// --acme-profile; like keyErr, it stops the instance claiming until restarted.
+	profileErr atomic.Pointer[queue.ProfileError]
 	// lastHousekeeping is when the maintenance last ran its housekeeping; only the
 	// maintenance goroutine touches it.
 	lastHousekeeping time.Time
@@ -150,14 +153,29 @@ func (w *Worker) Run(ctx context.Context) error {
 // Ready reports whether the wake source holds a live connection (/readyz).
 func (w *Worker) Ready() bool { return w.waker.Connected() }
 
-// Halted is the key error that stopped this instance claiming, or nil: /readyz
-// answers 503 with it (CONTRACT.md §4).
+// Halted is the error that stopped this instance claiming, or nil: /readyz answers
+// 503 with it (CONTRACT.md §4). A *queue.KeyError for a stored key it cannot open; a
+// *ProfileHalt when the CA does not offer --acme-profile.
 func (w *Worker) Halted() error {
 	if ke := w.keyErr.Load(); ke != nil {
 		return ke
 	}
+	if pe := w.profileErr.Load(); pe != nil {
+		return &ProfileHalt{Err: pe}
+	}
 	return nil
 }
+
+// ProfileHalt is Halted's error when the CA does not offer --acme-profile.
+type ProfileHalt struct{ Err *queue.ProfileError }
+
+func (e *ProfileHalt) Error() string {
+	return "--acme-profile: " + e.Err.Error() + "; stopped claiming until restarted with a profile the CA offers"
+}
+func (e *ProfileHalt) Unwrap() error { return e.Err }
+
+// halted reports whether the instance has stopped claiming (Halted).
+func (w *Worker) halted() bool { return w.keyErr.Load() != nil || w.profileErr.Load() != nil }
 
 // Owner is the name this instance claims under (ssl_claimed_by).
 func (w *Worker) Owner() string { return w.owner }

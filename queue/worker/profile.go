@@ -1,0 +1,156 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"go.uber.org/zap"
+
+	"github.com/certworker/certworker/queue"
+)
+
+// A domain's ACME profile (CONTRACT.md §5, issue #18): its ssl_profile, or the
+// issuer's --acme-profile when NULL. When the CA does not offer the domain's own
+// profile (its directory does not list it, or it answers invalidProfile), that is
+// the tenant's to fix: a domain without a certificate fails at once, and one with a
+// certificate keeps it and renews under the certificate's profile. When it does not
+// offer --acme-profile, that is the operator's: the instance stops claiming, as for a
+// key it cannot open. ssl_profile_refused remembers a refusal, so that nothing is
+// tried, and refused, on every pass.
+
+// profileLister is implemented by an issuer that can say which profiles its CA offers
+// (acme.Issuer): the worker names them in ssl_error.
+type profileLister interface {
+	Profiles(ctx context.Context) ([]string, error)
+}
+
+// errProfileSettled: the order ended over a profile, and its outcome is recorded.
+type errProfileSettled struct{ outcome string }
+
+func (e *errProfileSettled) Error() string { return "order settled over its profile: " + e.outcome }
+
+// issueUnderProfile places the claim's order under the profile the domain should
+// have, and deals with a CA that does not offer it. It returns the certificate, the
+// issuer's error for the caller to classify, or an *errProfileSettled once a refusal
+// is recorded. At most three orders are asked of the issuer, and only the first can
+// reach the CA with a profile it does not list (the issuer checks its directory
+// before sending): the domain's own profile, its certificate's, --acme-profile.
+func (w *Worker) issueUnderProfile(ctx context.Context, o *order, log *zap.Logger, name string) (*queue.Certificate, error) {
+	c := &o.claim
+	profile, own := "", false
+	switch {
+	case c.Profile == nil:
+	case c.CurrentPEM != "" && *c.Profile == c.ProfileRefused:
+		// Refused before: renew under the certificate's profile, and keep telling.
+		profile = c.CertProfile
+		c.Notice = w.keptNotice(ctx, c, &queue.ProfileError{Profile: *c.Profile})
+	default:
+		if err := queue.CheckProfileName(*c.Profile); err != nil {
+			renew, outcome := w.refuseProfile(ctx, o, log, err)
+			if !renew {
+				return nil, &errProfileSettled{outcome}
+			}
+			profile = c.CertProfile
+		} else {
+			profile, own = *c.Profile, true
+		}
+	}
+	for {
+		cert, err := w.issue(ctx, o, name, profile)
+		var pe *queue.ProfileError
+		if err == nil || ctx.Err() != nil || !errors.As(err, &pe) {
+			if err == nil && own {
+				c.ProfileRefused, c.Notice = "", ""
+			}
+			return cert, err
+		}
+		switch {
+		case own:
+			renew, outcome := w.refuseProfile(ctx, o, log, pe)
+			if !renew {
+				return nil, &errProfileSettled{outcome}
+			}
+			profile, own = c.CertProfile, false
+		case profile != "":
+			// The certificate's profile is gone from the CA: --acme-profile is
+			// what the domain renews under then.
+			log.Info("the CA no longer offers the certificate's profile; renewing under --acme-profile",
+				zap.String("profile", profile), zap.String("error", pe.Error()))
+			profile = ""
+		default:
+			return nil, &errProfileSettled{w.profileHalt(o, log, pe)}
+		}
+	}
+}
+
+// refuseProfile records that the CA does not offer the domain's own profile (cause
+// says why) and reports whether the order goes on under the certificate's profile
+// (a renewal is due); otherwise the domain has failed, or gone back to 'active' with
+// its certificate, and outcome is the order's.
+func (w *Worker) refuseProfile(ctx context.Context, o *order, log *zap.Logger, cause error) (renew bool, outcome string) {
+	c := &o.claim
+	base := queue.ProfilePrefix + cause.Error()
+	none := base + "; no certificate is ordered until the domain's ssl_profile names a profile the CA offers"
+	kept := w.keptNotice(ctx, c, cause)
+	err := w.record(o, log, "record a refused profile", func(ctx context.Context) (err error) {
+		renew, err = w.q.RefuseProfile(ctx, *c, *c.Profile, none, kept)
+		return err
+	})
+	if outcome, done := w.notRecorded(o, log, err); done {
+		return false, outcome
+	}
+	switch {
+	case renew:
+		c.ProfileRefused, c.Notice = *c.Profile, kept
+		log.Warn("the CA does not offer the domain's profile; renewing under its certificate's",
+			zap.String("error", kept), zap.Int("attempt", max(c.Attempts, 0)+1))
+		return true, ""
+	case c.CurrentPEM == "":
+		log.Error("the CA does not offer the domain's profile; marked failed until the tenant sets another",
+			zap.String("error", none), zap.Int("attempt", max(c.Attempts, 0)+1))
+	default:
+		log.Warn("the CA does not offer the domain's profile; it keeps its certificate",
+			zap.String("error", kept), zap.Int("attempt", max(c.Attempts, 0)+1))
+	}
+	return false, "profile_refused"
+}
+
+// keptNotice is what ssl_error says of a domain that keeps its certificate because
+// the CA does not offer its own profile. A refusal that does not list what the CA
+// offers is completed from the issuer's directory, when it can say.
+func (w *Worker) keptNotice(ctx context.Context, c *queue.Claim, cause error) string {
+	var pe *queue.ProfileError
+	if errors.As(cause, &pe) && pe.Offered == nil {
+		if l, ok := w.cfg.Issuer.(profileLister); ok {
+			if offered, err := l.Profiles(ctx); err == nil {
+				withList := *pe
+				withList.Offered = offered
+				cause = &withList
+			}
+		}
+	}
+	under := "--acme-profile"
+	if c.CertProfile != "" {
+		under = fmt.Sprintf("profile %q", c.CertProfile)
+	}
+	return fmt.Sprintf("%s%s; the domain keeps its certificate, renewed under %s, until its ssl_profile names a profile the CA offers",
+		queue.ProfilePrefix, cause, under)
+}
+
+// profileHalt hands the claim back uncharged and stops this instance claiming: the
+// CA does not offer --acme-profile, which fails every domain without a profile of its
+// own alike, and is the operator's to fix (run checks it at start; this is a CA that
+// could not be asked then, or that dropped the profile since). Like a key the
+// instance cannot open, /readyz answers 503 until it is restarted.
+func (w *Worker) profileHalt(o *order, log *zap.Logger, pe *queue.ProfileError) string {
+	if w.profileErr.CompareAndSwap(nil, pe) {
+		w.log.Error("the CA does not offer --acme-profile: this instance claims nothing more and reports not ready until restarted with a profile the CA offers; nothing is charged",
+			zap.String("error", pe.Error()))
+	}
+	outcome := w.handBack(o, log, false, "profile_halted")
+	if outcome == "profile_halted" {
+		log.Warn("order handed back: the CA does not offer --acme-profile; not charged")
+	}
+	return outcome
+}
