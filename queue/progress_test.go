@@ -32,9 +32,9 @@ VALUES ($1, 'pem', 'key', now() + $3::interval, now() + $2::interval, now() + $2
 		names = append(names, n)
 	}
 	cert(names[0], "-1 minute", "10 days")
-	cert(names[1], "-2 days", "3 days") // the first to expire
+	cert(names[1], "-2 days", "3 days")  // the first to expire
 	cert(names[2], "-1 hour", "-1 hour") // expired: nothing left to replace
-	cert(names[3], "+1 day", "60 days") // its window has not started
+	cert(names[3], "+1 day", "60 days")  // its window has not started
 
 	p, err := b.q.ReplaceProgress(b.ctx, testDirectory)
 	require.NoError(t, err)
