@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os/signal"
 	"runtime"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -141,21 +142,24 @@ func (c *statusCmd) Run(g *globals) error {
 // (issue #18): "replace now: N, at the current pace done by T".
 func replaceLine(p queue.ReplaceProgress) string {
 	line := fmt.Sprintf("replace now: %d, at the current pace done by ", p.Due)
-	switch {
-	case p.DoneBy == nil:
-		line += fmt.Sprintf("never (none replaced in the last %s)", queue.ReplacePaceWindow)
-	default:
+	var notes []string
+	if p.DoneBy == nil {
+		line += "never"
+		notes = append(notes, fmt.Sprintf("none replaced in the last %s", queue.ReplacePaceWindow))
+	} else {
 		line += p.DoneBy.UTC().Format(time.RFC3339)
+		if p.Due > 0 {
+			notes = append(notes, fmt.Sprintf("%d replaced in the last %s", p.Replaced, queue.ReplacePaceWindow))
+		}
 	}
-	if p.Due > 0 {
-		line += fmt.Sprintf(" (%d replaced in the last %s", p.Replaced, queue.ReplacePaceWindow)
-		if p.EarliestExpiry != nil {
-			line += "; the first expires " + p.EarliestExpiry.UTC().Format(time.RFC3339)
-		}
-		line += ")"
-		if p.Late() {
-			line += "; LATE: certificates expire before they are replaced"
-		}
+	if p.Due > 0 && p.EarliestExpiry != nil {
+		notes = append(notes, "the first expires "+p.EarliestExpiry.UTC().Format(time.RFC3339))
+	}
+	if len(notes) > 0 {
+		line += " (" + strings.Join(notes, "; ") + ")"
+	}
+	if p.Late() {
+		line += "; LATE: certificates expire before they are replaced"
 	}
 	return line
 }
