@@ -50,7 +50,19 @@ $$;
 -- exempt: the order named the certificate it replaces inside that certificate's
 -- window, and was held back by no limit (queue.Admit). It still counts, as an issued
 -- certificate of its name, against later orders that are not exempt.
-ALTER TABLE certworker_ledger ADD COLUMN IF NOT EXISTS exempt boolean NOT NULL DEFAULT false;
+-- Only when missing: ALTER TABLE takes an exclusive lock even when there is nothing to
+-- add, and the workers write the ledger before every order.
+-- +goose StatementBegin
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                   WHERE attrelid = 'certworker_ledger'::regclass AND NOT attisdropped
+                     AND attname = 'exempt') THEN
+        ALTER TABLE certworker_ledger ADD COLUMN IF NOT EXISTS exempt boolean NOT NULL DEFAULT false;
+    END IF;
+END
+$$;
+-- +goose StatementEnd
 
 -- The certificates whose renewal window has started: what `status` and the metric
 -- certworker_certificates_replace_now count (queue.ReplaceProgress). A range scan of

@@ -35,6 +35,19 @@ func (w *world) serialOf(t testing.TB, name string) string {
 	return n.Text(16)
 }
 
+// moveWindow has the CA suggest [start, end) as the renewal window of the
+// certificate stored for name, and brings the worker's next read of it forward (the
+// CA's Retry-After is hours). It returns the certificate's serial (hex).
+func (w *world) moveWindow(t testing.TB, name string, start, end time.Time) string {
+	t.Helper()
+	serial := w.serialOf(t, name)
+	n, _ := new(big.Int).SetString(serial, 16)
+	require.NoError(t, w.ca.SetRenewalWindow(n, start, end))
+	_, err := w.pool.Exec(w.ctx, `UPDATE proxy_certificates SET ari_next_at = now() WHERE domain = $1`, name)
+	require.NoError(t, err)
+	return serial
+}
+
 // replacedSerial is the serial number (hex) of the certificate an RFC 9773 id names.
 func replacedSerial(t testing.TB, certID string) string {
 	t.Helper()
@@ -63,13 +76,8 @@ func TestE2E_AnARIRenewalInsideItsWindowPassesEveryLimit(t *testing.T) {
 	name := randomName("drilled")
 	id := w.addDomains(t, name)[0]
 	waitFor(t, 30*time.Second, "the first certificate", func() bool { return w.domain(t, id).Status == "active" })
-	first := w.serialOf(t, name)
-	n, _ := new(big.Int).SetString(first, 16)
-	now := time.Now()
 	// Nine tenths of the window are over: the worker renews now, well inside it.
-	require.NoError(t, w.ca.SetRenewalWindow(n, now.Add(-time.Hour), now.Add(2*time.Minute)))
-	_, err := w.pool.Exec(w.ctx, `UPDATE proxy_certificates SET ari_next_at = now() WHERE domain = $1`, name)
-	require.NoError(t, err)
+	first := w.moveWindow(t, name, time.Now().Add(-time.Hour), time.Now().Add(2*time.Minute))
 	waitFor(t, 30*time.Second, "the replacement", func() bool { return w.serialOf(t, name) != first })
 	orders := ordersFor(w.ca, name)
 	require.Len(t, orders, 2)
@@ -110,12 +118,7 @@ SELECT count(*) FROM certworker_pauses WHERE source = 'ledger' AND scope IN ('ca
 
 	// The window of renewed's certificate ended a minute ago: renew now, not exempt
 	// from the exact-set limit (1 spent of 2).
-	first := w.serialOf(t, renewed)
-	n, _ := new(big.Int).SetString(first, 16)
-	now := time.Now()
-	require.NoError(t, w.ca.SetRenewalWindow(n, now.Add(-2*time.Minute), now.Add(-time.Minute)))
-	_, err := w.pool.Exec(w.ctx, `UPDATE proxy_certificates SET ari_next_at = now() WHERE domain = $1`, renewed)
-	require.NoError(t, err)
+	first := w.moveWindow(t, renewed, time.Now().Add(-2*time.Minute), time.Now().Add(-time.Minute))
 	newcomer := randomName("newcomer")
 	newID := w.addDomains(t, newcomer)[0]
 	waitFor(t, 30*time.Second, "the renewal", func() bool { return w.serialOf(t, renewed) != first })
@@ -127,12 +130,7 @@ SELECT exempt FROM certworker_ledger WHERE name = $1 ORDER BY at DESC LIMIT 1`, 
 
 	// The exact-set limit is spent now (2 of 2): a second renewal after the window
 	// waits, as does the newcomer behind the account's limit.
-	second := w.serialOf(t, renewed)
-	n2, _ := new(big.Int).SetString(second, 16)
-	now = time.Now()
-	require.NoError(t, w.ca.SetRenewalWindow(n2, now.Add(-2*time.Minute), now.Add(-time.Minute)))
-	_, err = w.pool.Exec(w.ctx, `UPDATE proxy_certificates SET ari_next_at = now() WHERE domain = $1`, renewed)
-	require.NoError(t, err)
+	w.moveWindow(t, renewed, time.Now().Add(-2*time.Minute), time.Now().Add(-time.Minute))
 	waitFor(t, 30*time.Second, "the second renewal to be held back", func() bool {
 		var n int
 		require.NoError(t, w.pool.QueryRow(w.ctx, `
