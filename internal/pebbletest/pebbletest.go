@@ -19,7 +19,9 @@
 //   - control of what the CA says: names it refuses (CA.BlockName), a renewal window
 //     it moves (CA.SetRenewalWindow), and, in front of it, a Front that answers
 //     chosen requests with Let's Encrypt's real problems, 5xx or a dropped
-//     connection;
+//     connection, and rehearses a mass revocation (Front.StartDrill: the windows
+//     of chosen or all certificates moved to now; Front.SetRenewalInfoRetryAfter:
+//     a Retry-After of seconds instead of Pebble's 6 hours);
 //   - control of its DNS (SetA, SetNoAddress, SetServFail), whose address
 //     (CA.DNSServer) a preflight can be pointed at.
 //
