@@ -205,7 +205,8 @@ func ariWindowSQL(domain string) string {
 }
 
 // renewalSQL is true when the CA at directory (an SQL parameter) has issued for
-// domain, which holds a stored certificate: an order for it is a renewal to the CA
+// domain, which holds a stored certificate (one the claim hands over as CurrentPEM,
+// which makes the worker ask for a renewal): an order for it is a renewal to the CA
 // (knownRenewals). ariExemptSQL adds that the certificate is inside its window. The
 // claim lets such rows past the ledger's pauses they are exempt from, and Admit then
 // admits them: the two have to agree, or a row would be claimed and handed back on
@@ -215,7 +216,7 @@ func ariWindowSQL(domain string) string {
 func renewalSQL(domain, directory string) string {
 	return `EXISTS (SELECT 1 FROM proxy_certificates x JOIN certworker_issued_names n
                        ON n.directory = ` + directory + ` AND n.name = lower(x.domain)
-               WHERE x.domain = ` + domain + `)`
+               WHERE x.domain = ` + domain + ` AND x.certificate_pem <> '')`
 }
 
 func ariExemptSQL(domain, directory string) string {
