@@ -19,9 +19,15 @@ type Drill struct {
 	// replacement among them, keeps the CA's own window, or the drill would never
 	// end).
 	Serials []*big.Int
-	// Window is how long the moved windows stay open from StartDrill: each is
-	// [StartDrill's time, that time + Window). 0 is an hour.
+	// Window is how long the moved windows stay open from StartDrill; 0 is an hour.
 	Window time.Duration
+	// Opened is how long before StartDrill the moved windows opened; 0 opens them at
+	// StartDrill. Each window is [StartDrill's time - Opened, that time + Window). A
+	// client draws its renewal time inside the window's part still ahead, so a CA that
+	// wants every certificate replaced at once opens the windows in the past: certworker
+	// renews at once in a window whose first nine tenths are over
+	// (queue.RenewAtFromWindow), and still inside it.
+	Opened time.Duration
 }
 
 // StartDrill moves the renewal windows of d's certificates to now: from now on the
@@ -42,8 +48,8 @@ func (f *Front) StartDrill(d Drill) (start, end time.Time) {
 	if d.Window <= 0 {
 		d.Window = time.Hour
 	}
-	start = time.Now().Truncate(time.Second)
-	end = start.Add(d.Window)
+	now := time.Now().Truncate(time.Second)
+	start, end = now.Add(-d.Opened), now.Add(d.Window)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.drill = &drillState{serials: serials, start: start, end: end}
