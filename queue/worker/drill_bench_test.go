@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/certworker/certworker/internal/fakeissuer"
+	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/internal/workertest"
 	"github.com/certworker/certworker/queue"
 	"github.com/certworker/certworker/queue/worker"
@@ -111,7 +112,12 @@ SELECT (SELECT max(updated_at) FROM proxy_certificates WHERE domain LIKE 'drill%
 	fmt.Fprintf(&s, "# answering after %s (a CA's order); production JSON logs at info level.\n", drillOrderTime)
 	env := benchEnv()
 	if os.Getenv("TEST_DATABASE_URL") != "" {
-		env += "; but the server was TEST_DATABASE_URL's, not that image"
+		var version, fsync string
+		if err := d.pool.QueryRow(d.ctx, `SELECT current_setting('server_version'), current_setting('fsync')`).Scan(&version, &fsync); err != nil {
+			b.Fatal(err)
+		}
+		env = strings.Replace(env, fmt.Sprintf("PostgreSQL image %s (local container, fsync=off)", pgtest.Image()),
+			fmt.Sprintf("PostgreSQL %s at TEST_DATABASE_URL (a server on this host, fsync=%s)", version, fsync), 1)
 	}
 	fmt.Fprintf(&s, "# %s\n# command: go test -run '^$' -bench BenchmarkDrill -benchtime 1x ./queue/worker/\n\n", env)
 	tw := tabwriter.NewWriter(&s, 0, 0, 2, ' ', 0)
