@@ -92,3 +92,47 @@ SELECT exempt, renewal FROM certworker_ledger WHERE claim_token = $1`, admitted[
 	require.True(t, exempt)
 	require.True(t, renewal)
 }
+
+// The window's start is recorded with its end, by a read of the renewal information
+// (RecordRenewalInfo) and with a certificate just issued (MarkActive): without it the
+// ledger could not tell a renewal inside the window from one after it. A read that
+// brings no window keeps the last one.
+func TestRecordRenewalInfo_RecordsTheWindowsStart(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, name := b.ariCert(t, b.tenant(t), "active", 60)
+	batch, _, err := b.q.ClaimRenewalInfo(b.ctx, 1)
+	require.NoError(t, err)
+	require.Len(t, batch, 1)
+	start, end := nowSecond().Add(-time.Hour), nowSecond().Add(time.Hour)
+	_, err = b.q.RecordRenewalInfo(b.ctx, batch[0], queue.RenewalInfo{WindowStart: start, WindowEnd: end, NextIn: time.Second})
+	require.NoError(t, err)
+	var gotStart, gotEnd time.Time
+	read := func() {
+		t.Helper()
+		require.NoError(t, b.pool.QueryRow(b.ctx, `
+SELECT ari_window_start, ari_window_end FROM proxy_certificates WHERE domain = $1`, name).Scan(&gotStart, &gotEnd))
+	}
+	read()
+	require.True(t, gotStart.Equal(start), "ari_window_start %s, want %s", gotStart, start)
+	require.True(t, gotEnd.Equal(end))
+
+	b.exec(t, `UPDATE proxy_certificates SET ari_next_at = now() WHERE domain = $1`, name)
+	batch, _, err = b.q.ClaimRenewalInfo(b.ctx, 1)
+	require.NoError(t, err)
+	require.Len(t, batch, 1)
+	_, err = b.q.RecordRenewalInfo(b.ctx, batch[0], queue.RenewalInfo{NextIn: time.Hour}) // a failed read
+	require.NoError(t, err)
+	read()
+	require.True(t, gotStart.Equal(start), "a read without a window forgot the last one's start")
+
+	other := setup(t)
+	id := other.named(t, other.tenant(t), "issued.window.example")
+	c := other.claimOne(t, id)
+	cert := mintCertificate(t, "issued.window.example", nowSecond().Add(-time.Hour), nowSecond().Add(90*24*time.Hour))
+	cert.WindowStart, cert.WindowEnd = start, end
+	require.NoError(t, other.markActive(c, cert))
+	require.NoError(t, other.pool.QueryRow(other.ctx, `
+SELECT ari_window_start, ari_window_end FROM proxy_certificates WHERE domain = 'issued.window.example'`).Scan(&gotStart, &gotEnd))
+	require.True(t, gotStart.Equal(start), "MarkActive's ari_window_start %s, want %s", gotStart, start)
+}
