@@ -219,6 +219,8 @@ func renewalSQL(domain, directory string) string {
                WHERE x.domain = ` + domain + ` AND x.certificate_pem <> '')`
 }
 
+// ariExemptSQL is true for an ARI renewal: a renewal (renewalSQL) whose certificate
+// is inside the window last read for it (ariWindowSQL).
 func ariExemptSQL(domain, directory string) string {
 	return `(` + renewalSQL(domain, directory) + ` AND ` + ariWindowSQL(domain) + `)`
 }
