@@ -281,7 +281,7 @@ func (i *Issuer) certificate(domain string, chainPEM []byte, key crypto.PrivateK
 	if err := checkLeaf(leaf, domain, key); err != nil {
 		return nil, err
 	}
-	at, windowEnd, infoIn, fromWindow := i.renewalSchedule(tr, leaf, log)
+	at, window, infoIn, fromWindow := i.renewalSchedule(tr, leaf, log)
 
 	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
@@ -303,7 +303,8 @@ func (i *Issuer) certificate(domain string, chainPEM []byte, key crypto.PrivateK
 		Issuer:        leaf.Issuer.String(),
 		Serial:        leaf.SerialNumber.Text(16),
 		RenewAt:       at,
-		WindowEnd:     windowEnd,
+		WindowStart:   window.Start,
+		WindowEnd:     window.End,
 		RenewalInfoIn: infoIn,
 	}
 	log.Debug("certificate obtained",

@@ -34,10 +34,10 @@ func RenewAtFromValidity(notBefore, notAfter time.Time) time.Time {
 // takes a token of the fleet's budget (--ari-requests-per-second) like every other;
 // when the budget is spent it is not made here but left to the worker's reads, due
 // at once, which make it as soon as the budget allows.
-func (i *Issuer) renewalSchedule(tr *orderTransport, leaf *x509.Certificate, log *zap.Logger) (at, windowEnd time.Time, infoIn time.Duration, fromWindow bool) {
+func (i *Issuer) renewalSchedule(tr *orderTransport, leaf *x509.Certificate, log *zap.Logger) (at time.Time, used queue.RenewalWindow, infoIn time.Duration, fromWindow bool) {
 	if !i.renewalInfoToken(tr.ctx, log) {
 		log.Debug("the fleet's renewal-information budget is spent; the worker reads the new certificate's soon")
-		return RenewAtFromValidity(leaf.NotBefore, leaf.NotAfter), time.Time{}, queue.RenewalInfoSoon, false
+		return RenewAtFromValidity(leaf.NotBefore, leaf.NotAfter), used, queue.RenewalInfoSoon, false
 	}
 	window, err := i.renewalInfo(tr, leaf)
 	switch {
@@ -52,9 +52,9 @@ func (i *Issuer) renewalSchedule(tr *orderTransport, leaf *x509.Certificate, log
 	}
 	at, fromWindow = renewAt(leaf, window, time.Now())
 	if fromWindow {
-		windowEnd = window.End
+		used = queue.RenewalWindow{Start: window.Start, End: window.End}
 	}
-	return at, windowEnd, infoIn, fromWindow
+	return at, used, infoIn, fromWindow
 }
 
 // renewalInfoToken takes a token of the fleet's renewal-information budget, and

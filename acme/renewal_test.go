@@ -12,7 +12,9 @@ import (
 // whose last tenth (9 days) is kept back. Guards against the panic of a window that
 // starts inside the last tenth (5 to 3 days before expiry: rand.Int64N of a
 // negative span, after the certificate was issued, so the domain was charged), a
-// window already over renewing at once in a loop, and a time past expiry.
+// window already over renewing at once in a loop, a time past expiry, and a time in
+// the window's last tenth, whose order could reach the CA after the window and lose
+// its exemption from the CA's limits.
 func TestRenewAtFromWindow_Edges(t *testing.T) {
 	t.Parallel()
 	day := 24 * time.Hour
@@ -40,6 +42,9 @@ func TestRenewAtFromWindow_Edges(t *testing.T) {
 		{"window already open starts now", now.Add(-time.Hour), now.Add(day), now, true, now, now.Add(day)},
 		{"window open while already in the last tenth renews now", notAfter.Add(-6 * day), notAfter.Add(-time.Hour),
 			notAfter.Add(-4 * day), true, notAfter.Add(-4 * day), notAfter.Add(-4 * day)},
+		{"the window's last tenth is kept back", now, now.Add(100 * time.Second), now, true, now, now.Add(90 * time.Second)},
+		{"window whose first nine tenths are over renews now", now.Add(-time.Hour), now.Add(2 * time.Minute), now, true,
+			now, now},
 		{"window over", now.Add(-2 * time.Hour), now.Add(-time.Hour), now, false, time.Time{}, time.Time{}},
 		{"window ending now is over", now.Add(-time.Hour), now, now, false, time.Time{}, time.Time{}},
 		{"window starting at expiry", notAfter, notAfter.Add(day), now, false, time.Time{}, time.Time{}},

@@ -53,11 +53,11 @@ GRANT SELECT (id, tenant_id, domain, verification_status, ssl_status, ssl_provid
 -- information is recorded only for the certificate it was read for. Not readable:
 -- private_key_pem, created_at. domain and auto_renew are the proxy's.
 GRANT SELECT (ctid, id, domain, certificate_pem, expires_at, auto_renew, updated_at, not_before,
-              issuer, serial, renew_at, ari_window_end, ari_next_at, version, profile),
+              issuer, serial, renew_at, ari_window_start, ari_window_end, ari_next_at, version, profile),
       INSERT (domain, certificate_pem, private_key_pem, expires_at, not_before, issuer, serial,
-              renew_at, ari_window_end, ari_next_at, profile),
+              renew_at, ari_window_start, ari_window_end, ari_next_at, profile),
       UPDATE (certificate_pem, private_key_pem, expires_at, not_before, issuer, serial, renew_at,
-              ari_window_end, ari_next_at, updated_at, profile),
+              ari_window_start, ari_window_end, ari_next_at, updated_at, profile),
       DELETE
    ON proxy_certificates TO :"role";
 
@@ -84,7 +84,7 @@ GRANT SELECT, INSERT (scope, key, source, paused_until, reason, failures),
    ON certworker_pauses TO :"role";
 -- The limit ledger: an order recorded before it is sent, its outcome when it ends,
 -- rows older than the longest window pruned.
-GRANT SELECT, INSERT (directory, domain_id, name, registered_domain, renewal, claim_token),
+GRANT SELECT, INSERT (directory, domain_id, name, registered_domain, renewal, exempt, claim_token),
       UPDATE (outcome), DELETE
    ON certworker_ledger TO :"role";
 -- The names each CA has issued for (which makes their orders renewals), recorded with

@@ -39,7 +39,10 @@ SELECT (SELECT count(*) FROM proxy_domains WHERE ssl_profile IS NOT NULL OR ssl_
 	require.NoError(t, err)
 	require.Zero(t, n, "a certificate with no recorded profile matches any")
 
-	_, err = conn.Exec(ctx, `DELETE FROM goose_db_version WHERE version_id = 14`)
+	// 00014 and every migration after it run again (goose applies none out of order).
+	var again int
+	require.NoError(t, conn.QueryRow(ctx, `
+WITH d AS (DELETE FROM goose_db_version WHERE version_id >= 14 RETURNING 1) SELECT count(*) FROM d`).Scan(&again))
 	require.NoError(t, err)
 	proxy := connect(t, url)
 	_, err = proxy.Exec(ctx, `BEGIN`)
@@ -50,7 +53,7 @@ SELECT (SELECT count(*) FROM proxy_domains WHERE ssl_profile IS NOT NULL OR ssl_
 	require.NoError(t, err)
 	results, err := migrations.Up(ctx, openDB(t, url), migrations.Options{LockTimeout: 200 * time.Millisecond, Attempts: 1})
 	require.NoError(t, err, "00014 run again waited for a lock on a table the proxy writes")
-	require.Len(t, results, 1)
+	require.Len(t, results, again)
 	_, err = proxy.Exec(ctx, `ROLLBACK`)
 	require.NoError(t, err)
 }

@@ -64,6 +64,13 @@ const claimOrderSQL = `ORDER BY COALESCE(d.ssl_queue_tier, 2), COALESCE(d.ssl_qu
 // an anti-join of the whole table before the ORDER BY and LIMIT, 100 times slower at
 // 10,000 due rows, where a count stays one index probe of each row the claim reads.
 //
+// The ledger's own pauses (source 'ledger') hold back only what their limit covers
+// (see ledger.go): a renewal the CA knows as one (renewalSQL) passes a pause of the
+// account's orders or of its registered domain, and an ARI renewal (ariExemptSQL)
+// passes every ledger pause. Those tests run only for a row under such a pause: the
+// uncorrelated test before each OR is evaluated once, and the OR stops there while
+// no pause exists.
+//
 // Order of service (CONTRACT.md §5, issue #13), read in order from
 // proxy_domains_queue_idx, so that the claim's cost follows the rows it takes, not the
 // queue's length (ranking every due row on each claim would not):
@@ -97,14 +104,20 @@ WITH due AS (
       AND (d.ssl_last_attempt_at IS NULL
            OR d.ssl_last_attempt_at < now() - make_interval(secs => ` + backoffSQL("d.ssl_attempts", "$2", "$3") + `))
       AND NOT EXISTS (SELECT 1 FROM certworker_pauses
-                      WHERE scope = 'ca' AND key = $7 AND paused_until > now())
+                      WHERE scope = 'ca' AND key = $7 AND paused_until > now() AND source <> 'ledger')
+      AND (NOT EXISTS (SELECT 1 FROM certworker_pauses
+                       WHERE scope = 'ca' AND key = $7 AND paused_until > now() AND source = 'ledger')
+           OR ` + renewalSQL("d.domain", "$7") + `)
       AND (NOT EXISTS (SELECT 1 FROM certworker_pauses
                        WHERE scope <> 'ca' AND paused_until > now())
            OR NOT EXISTS (SELECT 1 FROM certworker_pauses p
                           WHERE p.scope IN ('registered_domain', 'domain')
                             AND p.key = ANY (certworker_suffixes(d.domain))
                             AND (p.scope = 'registered_domain' OR p.key = lower(d.domain))
-                            AND p.paused_until > now()))
+                            AND p.paused_until > now()
+                            AND NOT (p.source = 'ledger' AND CASE WHEN p.scope = 'registered_domain'
+                                                                  THEN ` + renewalSQL("d.domain", "$7") + `
+                                                                  ELSE ` + ariExemptSQL("d.domain", "$7") + ` END)))
       AND (SELECT count(*) FROM proxy_domains o WHERE lower(o.domain) = lower(d.domain)) = 1
     ` + claimOrderSQL + `
     LIMIT $6

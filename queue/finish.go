@@ -72,11 +72,11 @@ WITH d AS (
 ), c AS (
     INSERT INTO proxy_certificates
         (domain, certificate_pem, private_key_pem, expires_at, not_before, issuer, serial, renew_at,
-         ari_window_end, ari_next_at, profile)
-    SELECT d.domain, $4, $5, $3, $6, $7, $8, $9, $11, now() + make_interval(secs => $12), $13 FROM d
+         ari_window_start, ari_window_end, ari_next_at, profile)
+    SELECT d.domain, $4, $5, $3, $6, $7, $8, $9, $16, $11, now() + make_interval(secs => $12), $13 FROM d
     ON CONFLICT (domain) DO UPDATE SET
         certificate_pem = $4, private_key_pem = $5, expires_at = $3, not_before = $6,
-        issuer = $7, serial = $8, renew_at = $9, ari_window_end = $11, ari_next_at = now() + make_interval(secs => $12),
+        issuer = $7, serial = $8, renew_at = $9, ari_window_start = $16, ari_window_end = $11, ari_next_at = now() + make_interval(secs => $12),
         profile = $13,
         updated_at = now()
     RETURNING renew_at
@@ -85,7 +85,7 @@ SELECT `+secondsUntilSQL("renew_at")+` FROM c`,
 		c.ID, c.Token, cert.NotAfter, cert.ChainPEM, cert.PrivateKey, cert.NotBefore,
 		cert.Issuer, cert.Serial, renewAt, RenewBy(cert.NotBefore, cert.NotAfter, cert.WindowEnd),
 		nullTime(cert.WindowEnd), nullSeconds(cert.RenewalInfoIn), nullString(cert.Profile),
-		nullString(c.ProfileRefused), nullString(c.Notice)).Scan(&renewIn)
+		nullString(c.ProfileRefused), nullString(c.Notice), nullTime(cert.WindowStart)).Scan(&renewIn)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, q.whyNotHeld(ctx, c)
 	}

@@ -86,9 +86,10 @@ type Certificate struct {
 	// RenewAt is when this certificate should be renewed (ARI, or RenewAtFromValidity:
 	// a third of its lifetime before NotAfter, half below 10 days).
 	RenewAt time.Time
-	// WindowEnd is the end of the CA's suggested renewal window (ARI), or zero when
-	// the CA offers none. Past it, a renewal is urgent (CONTRACT.md §5).
-	WindowEnd time.Time
+	// WindowStart and WindowEnd are the CA's suggested renewal window (ARI), or zero
+	// when the CA offers none. Past its end, a renewal is urgent (CONTRACT.md §5);
+	// inside it, a renewal naming this certificate is exempt from every limit (Admit).
+	WindowStart, WindowEnd time.Time
 	// RenewalInfoIn is how long until the CA's renewal information is fetched again
 	// (its Retry-After, clamped and jittered: RenewalInfoIn), or zero when the CA
 	// offers none. A delay: the queue adds it to the database's clock.

@@ -37,6 +37,19 @@ import (
 //
 // "In flight" is 'pending', and 'unknown' for an order whose end never reached the
 // ledger (SettleStaleLedger): both count as the CA may count them.
+//
+// An ARI renewal is exempt from every limit (issue #18): a renewal that names the
+// certificate it replaces ("replaces", RFC 9773) while the database's time is inside
+// the renewal window last read for that certificate (ari_window_start, ari_window_end).
+// Let's Encrypt checks no limit for it: "Limit Exemptions for Renewals" in
+// https://letsencrypt.org/docs/rate-limits/, and Boulder's wfe2, which skips its
+// new-order limits when the order is an ARI renewal. No ledger pause holds it back
+// either (claimSQL). It is still recorded (renewal and exempt), and counts as a
+// certificate of its name against later orders that are not exempt, as the CA counts
+// the certificate it issues. Any other renewal of the name (its window over, a change
+// of profile, a certificate with no window read) is exempt only from orders per
+// account and certificates per registered domain, and no ledger pause of those holds
+// it back.
 
 // The outcomes of a ledger row (certworker_ledger.outcome).
 const (
@@ -63,9 +76,14 @@ type Admission struct {
 	// Name is the name to order (CheckName's), RegisteredDomain its registered
 	// domain (RegisteredDomain).
 	Name, RegisteredDomain string
-	// Renewal: the domain holds a certificate this order replaces. Admit counts it
-	// as a renewal only when the CA has issued for the name before.
+	// Renewal: the domain holds a certificate this order replaces, and names it in
+	// the order ("replaces"). Admit counts it as a renewal only when the CA has
+	// issued for the name before.
 	Renewal bool
+
+	// exempt: Admit found the renewal inside the renewal window last read for the
+	// certificate it replaces (ariExemptSQL): no limit applies.
+	exempt bool
 }
 
 // Refusal is a claim the ledger refused: handed back uncharged, with why.
@@ -130,34 +148,81 @@ func (q *Queue) Admit(ctx context.Context, directory string, limits Limits, as [
 }
 
 // knownRenewals returns as with Renewal cleared where the CA at directory has not
-// issued a certificate for the name before. Read outside the ledger's lock: a name
-// recorded meanwhile only makes a renewal count as a new order, the safe side.
+// issued a certificate for the name before, and exempt set where the renewal falls
+// inside the window last read for its certificate (ariExemptSQL, on the database's
+// clock). Read outside the ledger's lock: a name recorded meanwhile only makes a
+// renewal count as a new order, the safe side; a window read meanwhile, or one that
+// ends meanwhile, is a read a moment earlier.
 func (q *Queue) knownRenewals(ctx context.Context, directory string, as []Admission) ([]Admission, error) {
-	var names []string
+	var names, domains []string
 	for _, a := range as {
 		if a.Renewal {
-			names = append(names, a.Name)
+			names, domains = append(names, a.Name), append(domains, a.Claim.Domain)
 		}
 	}
 	if len(names) == 0 {
 		return as, nil
 	}
 	rows, err := q.db.Query(ctx, `
-SELECT name FROM certworker_issued_names WHERE directory = $1 AND name = ANY($2)`, directory, names)
+SELECT r.name, EXISTS (SELECT 1 FROM certworker_issued_names n WHERE n.directory = $1 AND n.name = r.name),
+       `+ariWindowSQL("r.domain")+`
+FROM unnest($2::text[], $3::text[]) AS r(name, domain)`, directory, names, domains)
 	if err != nil {
 		return nil, fmt.Errorf("read names issued before: %w", err)
 	}
-	known, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
+	type known struct{ issued, inWindow bool }
+	byName := map[string]known{}
+	for rows.Next() {
+		var name string
+		var k known
+		if err := rows.Scan(&name, &k.issued, &k.inWindow); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("read names issued before: %w", err)
+		}
+		byName[name] = k
+	}
+	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read names issued before: %w", err)
 	}
 	out := slices.Clone(as)
 	for i := range out {
-		if out[i].Renewal && !slices.Contains(known, out[i].Name) {
-			out[i].Renewal = false
+		if !out[i].Renewal {
+			continue
 		}
+		k := byName[out[i].Name]
+		out[i].Renewal = k.issued
+		out[i].exempt = k.issued && k.inWindow
 	}
 	return out, nil
+}
+
+// ariWindowSQL is true when the certificate stored for domain (an SQL expression of
+// proxy_domains.domain) is inside the renewal window last read for it, on the
+// database's clock.
+func ariWindowSQL(domain string) string {
+	return `EXISTS (SELECT 1 FROM proxy_certificates x WHERE x.domain = ` + domain + `
+               AND x.ari_window_start <= now() AND now() < x.ari_window_end)`
+}
+
+// renewalSQL is true when the CA at directory (an SQL parameter) has issued for
+// domain, which holds a stored certificate (one the claim hands over as CurrentPEM,
+// which makes the worker ask for a renewal): an order for it is a renewal to the CA
+// (knownRenewals). ariExemptSQL adds that the certificate is inside its window. The
+// claim lets such rows past the ledger's pauses they are exempt from, and Admit then
+// admits them: the two have to agree, or a row would be claimed and handed back on
+// every pass. The claim compares lower(domain) where Admit compares CheckName's
+// name, which is the same name or one the claim does not find (stricter, never
+// looser).
+func renewalSQL(domain, directory string) string {
+	return `EXISTS (SELECT 1 FROM proxy_certificates x JOIN certworker_issued_names n
+                       ON n.directory = ` + directory + ` AND n.name = lower(x.domain)
+               WHERE x.domain = ` + domain + ` AND x.certificate_pem <> '')`
+}
+
+// ariExemptSQL is true for an ARI renewal: a renewal (renewalSQL) whose certificate
+// is inside the window last read for it (ariWindowSQL).
+func ariExemptSQL(domain, directory string) string {
+	return `(` + renewalSQL(domain, directory) + ` AND ` + ariWindowSQL(domain) + `)`
 }
 
 // The ledger's lock: how long one try waits for it, and the pause between tries.
@@ -325,8 +390,11 @@ func (d *ledgerDecision) checks(a Admission) []struct {
 		check{ledgerKey{"failed_authz", a.Name}, d.limits.FailedAuthzPerName, "--limit-failed-authz-per-name", "failed authorizations for " + a.Name})
 }
 
-// admit returns why a must wait, or "".
+// admit returns why a must wait, or "". An ARI renewal never waits.
 func (d *ledgerDecision) admit(a Admission) string {
+	if a.exempt {
+		return ""
+	}
 	for _, c := range d.checks(a) {
 		if c.limit.Off() {
 			continue
@@ -384,8 +452,8 @@ func (d *ledgerDecision) write(ctx context.Context, tx pgx.Tx, refused []Refusal
 	b.Queue(`SELECT set_config('certworker.quiet', 'on', true)`)
 	for _, a := range d.rows {
 		b.Queue(`
-INSERT INTO certworker_ledger (directory, domain_id, name, registered_domain, renewal, claim_token)
-VALUES ($1, $2, $3, $4, $5, $6)`, d.directory, a.Claim.ID, a.Name, a.RegisteredDomain, a.Renewal, a.Claim.Token)
+INSERT INTO certworker_ledger (directory, domain_id, name, registered_domain, renewal, exempt, claim_token)
+VALUES ($1, $2, $3, $4, $5, $6, $7)`, d.directory, a.Claim.ID, a.Name, a.RegisteredDomain, a.Renewal, a.exempt, a.Claim.Token)
 	}
 	for _, r := range refused {
 		b.Queue(`

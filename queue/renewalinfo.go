@@ -153,9 +153,10 @@ type RenewalInfo struct {
 	// RenewNow: the CA's window is over; the certificate is due now (the database's
 	// now).
 	RenewNow bool
-	// WindowEnd is the end of the CA's window (zero: none). Past it the renewal is
-	// urgent.
-	WindowEnd time.Time
+	// WindowStart and WindowEnd are the CA's window (zero: none). Past its end the
+	// renewal is urgent; inside it, a renewal naming the certificate is exempt from
+	// every limit (Admit).
+	WindowStart, WindowEnd time.Time
 	// NextIn is how long until the CA is asked again, from the database's now; 0
 	// stops asking (the CA offers no renewal information).
 	NextIn time.Duration
@@ -182,6 +183,7 @@ func (q *Queue) RecordRenewalInfo(ctx context.Context, c RenewalInfoCandidate, i
 WITH c AS (
     UPDATE proxy_certificates SET
         renew_at = CASE WHEN $7 THEN LEAST(renew_at, now()) ELSE LEAST(renew_at, $2) END,
+        ari_window_start = CASE WHEN $3::timestamptz IS NULL THEN ari_window_start ELSE $8 END,
         ari_window_end = COALESCE($3, ari_window_end),
         ari_next_at = now() + make_interval(secs => $4)
     WHERE id = $1 AND serial IS NOT DISTINCT FROM $5 AND version IS NOT DISTINCT FROM $6
@@ -193,7 +195,8 @@ WITH c AS (
       AND (d.ssl_renew_by IS NULL OR c.ari_window_end < d.ssl_renew_by)
 )
 SELECT `+secondsUntilSQL("renew_at")+` FROM c`,
-		c.ID, nullTime(info.RenewAt), nullTime(info.WindowEnd), nullSeconds(info.NextIn), c.serial, c.version, info.RenewNow).Scan(&renewIn)
+		c.ID, nullTime(info.RenewAt), nullTime(info.WindowEnd), nullSeconds(info.NextIn), c.serial, c.version, info.RenewNow,
+		nullTime(info.WindowStart)).Scan(&renewIn)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, ErrCertificateReplaced
 	}

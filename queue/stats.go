@@ -56,6 +56,9 @@ type FleetStats struct {
 	// orders_per_account window, against LedgerLimit. Both are nil while that limit
 	// is off or no worker has recorded the fleet's limits.
 	LedgerOrders, LedgerLimit *int
+	// Replace is how the replacement of the certificates whose renewal window has
+	// started is going (a mass revocation, or a drill, shows here).
+	Replace ReplaceProgress
 }
 
 // FleetStats reads the fleet's state for the alert metrics. It is meant for a timer,
@@ -80,7 +83,7 @@ func (q *Queue) FleetStats(ctx context.Context, directory string) (FleetStats, e
 		return s, fmt.Errorf("fleet statistics: %w", err)
 	}
 	for _, step := range []func(context.Context, pgx.Tx, *FleetStats, string) error{
-		readStatusCounts, readExpiringUnrenewed, readPendingOverHour, readPauses, readLedger,
+		readStatusCounts, readExpiringUnrenewed, readPendingOverHour, readPauses, readLedger, readReplace,
 	} {
 		if err := step(ctx, tx, &s, directory); err != nil {
 			return s, fmt.Errorf("fleet statistics: %w", err)
@@ -229,4 +232,10 @@ func readLedger(ctx context.Context, tx pgx.Tx, s *FleetStats, directory string)
 	}
 	s.LedgerLimit, s.LedgerOrders = &limit, &used
 	return nil
+}
+
+func readReplace(ctx context.Context, tx pgx.Tx, s *FleetStats, directory string) error {
+	p, err := readReplaceProgress(ctx, tx, []string{directory})
+	s.Replace = p
+	return err
 }

@@ -55,6 +55,9 @@ type Overview struct {
 	// Profiles are the profiles domains name of their own (ssl_profile), most used
 	// first; every other acme domain orders under --acme-profile.
 	Profiles []ProfileCount `json:"profiles"`
+	// Replace is how the replacement of the certificates whose renewal window has
+	// started is going, at the pace of every CA the fleet has an account with.
+	Replace ReplaceProgress `json:"replace"`
 }
 
 // pauseSQL is a LATERAL join giving the row d (of proxy_domains, aliased d) the pause
@@ -193,6 +196,9 @@ ORDER BY d.ssl_last_attempt_at DESC NULLS LAST, d.domain`,
 		return nil, err
 	}
 	if o.Profiles, err = q.profileCounts(ctx); err != nil {
+		return nil, err
+	}
+	if o.Replace, err = q.ReplaceProgress(ctx, ""); err != nil {
 		return nil, err
 	}
 	return o, nil

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os/signal"
 	"runtime"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -105,6 +106,7 @@ func (c *statusCmd) Run(g *globals) error {
 	}
 	fmt.Fprintf(g.stdout, "pending %d  provisioning %d  active %d  failed %d\n",
 		o.Counts.Pending, o.Counts.Provisioning, o.Counts.Active, o.Counts.Failed)
+	fmt.Fprintln(g.stdout, replaceLine(o.Replace))
 	tw := tabwriter.NewWriter(g.stdout, 2, 4, 2, ' ', 0)
 	if len(o.Pauses) > 0 {
 		fmt.Fprintln(tw, "\nPAUSED\tKEY\tBY\tUNTIL\tREASON")
@@ -134,6 +136,32 @@ func (c *statusCmd) Run(g *globals) error {
 		}
 	}
 	return tw.Flush()
+}
+
+// replaceLine is status's line on the certificates whose renewal window has started
+// (issue #18): "replace now: N, at the current pace done by T".
+func replaceLine(p queue.ReplaceProgress) string {
+	line := fmt.Sprintf("replace now: %d, at the current pace done by ", p.Due)
+	var notes []string
+	if p.DoneBy == nil {
+		line += "never"
+		notes = append(notes, fmt.Sprintf("none replaced in the last %s", queue.ReplacePaceWindow))
+	} else {
+		line += p.DoneBy.UTC().Format(time.RFC3339)
+		if p.Due > 0 {
+			notes = append(notes, fmt.Sprintf("%d replaced in the last %s", p.Replaced, queue.ReplacePaceWindow))
+		}
+	}
+	if p.Due > 0 && p.EarliestExpiry != nil {
+		notes = append(notes, "the first expires "+p.EarliestExpiry.UTC().Format(time.RFC3339))
+	}
+	if len(notes) > 0 {
+		line += " (" + strings.Join(notes, "; ") + ")"
+	}
+	if p.Late() {
+		line += "; LATE: certificates expire before they are replaced"
+	}
+	return line
 }
 
 // profileOf shows a domain's ssl_profile: NULL is the worker's --acme-profile.

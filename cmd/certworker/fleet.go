@@ -139,6 +139,14 @@ var (
 		"Orders the ledger counts against the account-wide limit, inside its window (absent while the limit is off).", nil, nil)
 	fleetLedgerLimitDesc = prometheus.NewDesc("certworker_ledger_account_orders_limit",
 		"The account-wide order limit (absent while it is off).", nil, nil)
+	fleetReplaceDesc = prometheus.NewDesc("certworker_certificates_replace_now",
+		"Valid certificates of verified ACME domains whose renewal window (ARI) has started and that are not yet replaced.", nil, nil)
+	fleetReplaceExpiryDesc = prometheus.NewDesc("certworker_certificates_replace_now_earliest_expiry_timestamp_seconds",
+		"The earliest expiry among the certificates to replace now (absent when there is none).", nil, nil)
+	fleetReplacedDesc = prometheus.NewDesc("certworker_certificates_replaced_recently",
+		"Renewals issued by this instance's ACME directory in the last 15 minutes, from the ledger: the pace of replacement.", nil, nil)
+	fleetReplaceDoneDesc = prometheus.NewDesc("certworker_certificates_replace_now_done_by_timestamp_seconds",
+		"When the certificates to replace now are all replaced at the pace of the last 15 minutes (+Inf: none replaced in them).", nil, nil)
 	fleetLastOKDesc = prometheus.NewDesc("certworker_fleet_stats_last_success_timestamp_seconds",
 		"When the fleet statistics were last read (0: never).", nil, nil)
 	fleetTookDesc = prometheus.NewDesc("certworker_fleet_stats_duration_seconds",
@@ -152,6 +160,7 @@ func (f *fleet) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		fleetQueueDesc, fleetExpiringDesc, fleetOldestDesc, fleetVerifiedDesc, fleetValidDesc, fleetSLODesc,
 		fleetPendingDesc, fleetPausedDesc, fleetCAPausedDesc, fleetLedgerDesc, fleetLedgerLimitDesc,
+		fleetReplaceDesc, fleetReplaceExpiryDesc, fleetReplacedDesc, fleetReplaceDoneDesc,
 		fleetLastOKDesc, fleetTookDesc, fleetFailuresDesc,
 	} {
 		ch <- d
@@ -206,6 +215,12 @@ func (f *fleet) Collect(ch chan<- prometheus.Metric) {
 	if s.LedgerLimit != nil && s.LedgerOrders != nil {
 		gauge(fleetLedgerDesc, float64(*s.LedgerOrders))
 		gauge(fleetLedgerLimitDesc, float64(*s.LedgerLimit))
+	}
+	gauge(fleetReplaceDesc, float64(s.Replace.Due))
+	gauge(fleetReplacedDesc, float64(s.Replace.Replaced))
+	gauge(fleetReplaceDoneDesc, s.Replace.DoneBySeconds())
+	if s.Replace.EarliestExpiry != nil {
+		gauge(fleetReplaceExpiryDesc, float64(s.Replace.EarliestExpiry.UnixNano())/1e9)
 	}
 }
 

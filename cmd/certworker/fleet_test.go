@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -127,6 +128,48 @@ ON CONFLICT (id) DO UPDATE SET limits = EXCLUDED.limits`)
 	small, large := count(1), count(100)
 	require.Equal(t, small, large)
 	// queue 4 + expiring 3 + oldest, verified, valid, slo, pending + paused 3 + ca +
-	// ledger 2 + the collector's own 3.
-	require.Equal(t, 21, small)
+	// ledger 2 + replace now, replaced recently, done by (the earliest expiry among
+	// those to replace is absent: none) + the collector's own 3.
+	require.Equal(t, 24, small)
+}
+
+// A mass revocation shows in the metrics (issue #18): the certificates whose window
+// has started and are not replaced, the earliest expiry among them, and when they are
+// done at the current pace: +Inf with no replacement lately, which the alert
+// CertworkerReplacementTooSlow compares with that expiry.
+func TestFleet_ReportsTheCertificatesToReplaceNow(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	fleetDomains(t, pool, "drill", 3, "active")
+	_, err := pool.Exec(context.Background(), `
+INSERT INTO proxy_certificates (domain, certificate_pem, private_key_pem, expires_at, ari_window_start, ari_window_end)
+SELECT domain, 'pem', 'key', now() + interval '5 days', now() - interval '1 minute', now() + interval '1 day'
+FROM proxy_domains WHERE domain LIKE 'drill%'`)
+	require.NoError(t, err)
+	f := newFleet(queue.New(pool, queue.DefaultConfig()), fleetTestDirectory, time.Hour, zap.NewNop())
+	f.refresh(context.Background())
+	v, ok := metricValue(t, f, "certworker_certificates_replace_now", "")
+	require.True(t, ok)
+	require.Equal(t, 3.0, v)
+	v, ok = metricValue(t, f, "certworker_certificates_replace_now_done_by_timestamp_seconds", "")
+	require.True(t, ok)
+	require.True(t, math.IsInf(v, 1), "none replaced lately: never, got %v", v)
+	v, ok = metricValue(t, f, "certworker_certificates_replace_now_earliest_expiry_timestamp_seconds", "")
+	require.True(t, ok)
+	require.InDelta(t, float64(time.Now().Add(5*24*time.Hour).Unix()), v, 120)
+}
+
+// status's line on a mass replacement.
+func TestReplaceLine_SaysHowManyAndWhenDone(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	done, expiry := at.Add(2*time.Hour), at.Add(time.Hour)
+	require.Equal(t, "replace now: 0, at the current pace done by 2026-12-01T12:00:00Z",
+		replaceLine(queue.ReplaceProgress{At: at, DoneBy: &at}))
+	require.Equal(t, "replace now: 40, at the current pace done by 2026-12-01T14:00:00Z (5 replaced in the last 15m0s; "+
+		"the first expires 2026-12-01T13:00:00Z); LATE: certificates expire before they are replaced",
+		replaceLine(queue.ReplaceProgress{At: at, Due: 40, Replaced: 5, DoneBy: &done, EarliestExpiry: &expiry}))
+	require.Equal(t, "replace now: 40, at the current pace done by never (none replaced in the last 15m0s; "+
+		"the first expires 2026-12-01T13:00:00Z); LATE: certificates expire before they are replaced",
+		replaceLine(queue.ReplaceProgress{At: at, Due: 40, EarliestExpiry: &expiry}))
 }

@@ -69,6 +69,10 @@ type Front struct {
 	answered map[Step]int
 	seen     []Seen
 	holding  int
+	// drill and ariRetryAfter are the renewal information the front answers
+	// itself or rewrites (drill.go).
+	drill         *drillState
+	ariRetryAfter time.Duration
 }
 
 // Seen is a request the front received.
@@ -153,6 +157,7 @@ func NewFront(t testing.TB, ca *CA) *Front {
 	f.proxy = httputil.NewSingleHostReverseProxy(target)
 	f.proxy.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}
 	f.proxy.ErrorLog = quietLog
+	f.proxy.ModifyResponse = f.rewriteRetryAfter
 	f.srv = ca.NewTLSServer(http.HandlerFunc(f.serve))
 	t.Cleanup(f.srv.Close)
 	f.DirectoryURL = f.srv.URL + DirectoryPath
@@ -224,6 +229,7 @@ func (f *Front) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	answer, ok := f.match(step, names)
 	switch {
+	case !ok && step == StepRenewalInfo && f.answerRenewalInfo(w, r):
 	case !ok:
 		f.proxy.ServeHTTP(w, r)
 	case answer.Decided && step == StepChallenge:

@@ -19,7 +19,9 @@
 //   - control of what the CA says: names it refuses (CA.BlockName), a renewal window
 //     it moves (CA.SetRenewalWindow), and, in front of it, a Front that answers
 //     chosen requests with Let's Encrypt's real problems, 5xx or a dropped
-//     connection;
+//     connection, and rehearses a mass revocation (Front.StartDrill: the windows
+//     of chosen or all certificates moved to now; Front.SetRenewalInfoRetryAfter:
+//     a Retry-After of seconds instead of Pebble's 6 hours);
 //   - control of its DNS (SetA, SetNoAddress, SetServFail), whose address
 //     (CA.DNSServer) a preflight can be pointed at.
 //
@@ -52,6 +54,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -183,6 +186,8 @@ type CA struct {
 	orders    []Order
 	requests  map[Step]int
 	finalized map[string]bool // paths of accepted finalize requests
+	// servedSerials are the serials (hex) of the certificates the CA served.
+	servedSerials []string
 
 	closeOnce sync.Once
 }
@@ -427,7 +432,11 @@ func (c *CA) record(next http.Handler) http.Handler {
 		case r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, certificatePath):
 			serial, _, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, certificatePath), "/")
 			c.settleIssued(serial)
-			next.ServeHTTP(w, r)
+			sw := &statusWriter{ResponseWriter: w}
+			next.ServeHTTP(sw, r)
+			if sw.status == http.StatusOK {
+				c.served(serial)
+			}
 		default:
 			if r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, challengePath) && c.retryAfter != "" {
 				w.Header().Set("Retry-After", c.retryAfter)
@@ -541,6 +550,26 @@ func (c *CA) replacedOrder(replaces string) *core.Order {
 		return nil
 	}
 	return o
+}
+
+// served records that the CA served the certificate with serial (hex).
+func (c *CA) served(serial string) {
+	n, ok := new(big.Int).SetString(serial, 16)
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.servedSerials = append(c.servedSerials, n.Text(16))
+}
+
+// IssuedSerials are the serial numbers (lower-case hex, no leading zeros) of the
+// certificates the CA issued and served so far, in the order served (a certificate
+// fetched twice is listed twice).
+func (c *CA) IssuedSerials() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.servedSerials)
 }
 
 // Requests is how many requests of each step reached the CA so far (through any

@@ -182,7 +182,7 @@ func (w *Worker) askRenewalInfo(ctx context.Context, ri queue.RenewalInformer, c
 		}
 		return queue.RenewalInfo{NextIn: retry}, readRefused
 	}
-	info := queue.RenewalInfo{WindowEnd: win.End, NextIn: queue.RenewalInfoIn(win.RetryAfter)}
+	info := queue.RenewalInfo{WindowStart: win.Start, WindowEnd: win.End, NextIn: queue.RenewalInfoIn(win.RetryAfter)}
 	// Only a window that moved earlier than the renewal time changes it: a renewal
 	// time inside the window is the one drawn when the certificate was stored, and
 	// drawing again at every question would only ever pull it earlier.
