@@ -63,6 +63,10 @@ type Config struct {
 	// preflight may connect to although they are reserved (loopback, private,
 	// link-local...; see ParseAllowCIDR), or "" for none.
 	PreflightAllowCIDR string
+	// CAAIdentities are the CA's issuer domain names for CAA checks
+	// (--acme-caa-identities, ParseCAAIdentities), in place of its directory's
+	// meta.caaIdentities; empty uses the directory's.
+	CAAIdentities []string
 	// RenewalInfoPerSecond is the fleet's budget of renewal-information requests
 	// (--ari-requests-per-second), which the read right after an issuance takes a
 	// token of too; 0 reads without one (a test, the demo).
@@ -137,6 +141,11 @@ func (c *Config) validate() (certcrypto.KeyType, *x509.CertPool, error) {
 	}
 	if err := c.validatePreflight(); err != nil {
 		return "", nil, err
+	}
+	for _, id := range c.CAAIdentities {
+		if !isIssuerDomainName(strings.ToLower(id)) {
+			return "", nil, fmt.Errorf("CAA identities: %q is not an issuer domain name", id)
+		}
 	}
 	roots, err := c.roots()
 	if err != nil {

@@ -52,6 +52,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -81,6 +82,9 @@ const (
 	// that do not follow the directory).
 	DirectoryPath = wfe.DirectoryPath
 	NewOrderPath  = "/order-plz"
+	// DefaultCAAIdentity is the CAA identity a CA advertises when
+	// Options.CAAIdentity is "". A second CA in the same test should have its own.
+	DefaultCAAIdentity = "pebbletest.invalid"
 	// NewAccountPath is Pebble's new-account endpoint.
 	NewAccountPath = "/sign-me-up"
 	// challengePath is the prefix of Pebble's challenge URLs.
@@ -129,9 +133,16 @@ type Options struct {
 	// that long instead of its default 5 seconds. 0 is 1 second; negative adds none.
 	ChallengeRetryAfter time.Duration
 	// RequireEAB makes new accounts need an external account binding; EABKeys
-	// maps key ids to their base64url HMAC keys.
+	// maps key ids to their base64url HMAC keys (EABKeys alone makes the keys
+	// known to a CA that does not require them).
 	RequireEAB bool
 	EABKeys    map[string]string
+	// CAAIdentity is the issuer domain name the directory advertises in
+	// meta.caaIdentities (CA.CAAIdentity); "" is DefaultCAAIdentity. Pebble itself
+	// checks no CAA: a test that wants the CA to refuse a name for its CAA records
+	// says so with a Front rule (CAAForbidden), and a worker's own CAA check reads
+	// records set with SetCAA.
+	CAAIdentity string
 	// Log receives Pebble's log; nil discards it.
 	Log io.Writer
 }
@@ -167,6 +178,9 @@ type CA struct {
 	// resolves names with, shared by every CA of the process: what a preflight's
 	// resolver should be to see the names as the CA sees them.
 	DNSServer string
+	// CAAIdentity is the issuer domain name the directory advertises in
+	// meta.caaIdentities (Options.CAAIdentity).
+	CAAIdentity string
 
 	minica        *minica
 	pebbleCA      *ca.CAImpl
@@ -221,8 +235,11 @@ func Start(opts Options) (c *CA, err error) {
 	if err != nil {
 		return nil, err
 	}
+	if opts.CAAIdentity == "" {
+		opts.CAAIdentity = DefaultCAAIdentity
+	}
 	c = &CA{
-		HTTPPort: opts.HTTPPort, DNSServer: dnsServer, minica: mc, dir: dir,
+		HTTPPort: opts.HTTPPort, DNSServer: dnsServer, CAAIdentity: opts.CAAIdentity, minica: mc, dir: dir,
 		RootsFile: filepath.Join(dir, "roots.pem"), requests: map[Step]int{}, finalized: map[string]bool{},
 	}
 	defer func() {
@@ -282,9 +299,8 @@ func Start(opts Options) (c *CA, err error) {
 	withEnv(env, func() {
 		c.pebbleCA = ca.New(logger, store, "", "ecdsa", 0, 1, profiles)
 		vaImpl := va.New(logger, opts.HTTPPort, 0, false, dnsServer, store)
-		// The CAA identity the directory advertises; no name has CAA records here,
-		// so it is never checked.
-		wfeImpl := wfe.New(logger, store, vaImpl, c.pebbleCA, []string{"pebbletest.invalid"},
+		// The CAA identity the directory advertises; Pebble never checks it.
+		wfeImpl := wfe.New(logger, store, vaImpl, c.pebbleCA, []string{opts.CAAIdentity},
 			false, opts.RequireEAB, 0, 0)
 		handler = wfeImpl.Handler()
 	})
@@ -678,4 +694,17 @@ func seconds(d time.Duration) uint64 {
 		return 0
 	}
 	return uint64(max(1, d/time.Second))
+}
+
+// finalizeNames are the identifiers of the accepted order whose finalize URL has
+// path p, or nil when the CA accepted none.
+func (c *CA) finalizeNames(p string) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, o := range c.orders {
+		if urlPath(o.Finalize) == p {
+			return slices.Clone(o.Identifiers)
+		}
+	}
+	return nil
 }
