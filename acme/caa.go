@@ -224,7 +224,7 @@ func CheckCAA(ctx context.Context, r *CAAResolver, name string, cas ...CAAIssuer
 		return v, nil
 	}
 	base, wildcard := strings.CutPrefix(name, "*.")
-	if _, ok := dns.IsDomainName(base); !ok || base == "" || len(base) > 253 || strings.Contains(base, "*") {
+	if !isHostName(base) {
 		return v, &CAAError{Msg: "not a DNS name whose CAA records can be read"}
 	}
 	set, err := r.Relevant(ctx, base)
@@ -513,6 +513,25 @@ func parseValidationMethods(v string) ([]string, bool) {
 	return methods, true
 }
 
+// isHostName reports whether s is a DNS name of letters, digits, hyphens and
+// underscores, in lower case, that fits in a query: what the worker may put in one.
+func isHostName(s string) bool {
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	for l := range strings.SplitSeq(s, ".") {
+		if l == "" || len(l) > 63 {
+			return false
+		}
+		for _, c := range []byte(l) {
+			if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // trimWSP trims RFC 5234 WSP (space and tab).
 func trimWSP(s string) string { return strings.Trim(s, " \t") }
 
@@ -585,12 +604,8 @@ func (i *Issuer) CAAIdentities(ctx context.Context) ([]string, error) {
 	if len(i.cfg.CAAIdentities) > 0 {
 		return slices.Clone(i.cfg.CAAIdentities), nil
 	}
-	tr := i.orderTransport(ctx)
-	dir, err := i.directory(i.httpClient(tr))
+	dir, err := i.sharedDirectory(ctx)
 	if err != nil {
-		if cause := tr.unreachable(); cause != nil {
-			return nil, &queue.CAUnavailableError{Err: &failure{msg: truncate("acme: " + cause.Error()), err: cause}}
-		}
 		return nil, err
 	}
 	return slices.Clone(dir.Meta.CaaIdentities), nil

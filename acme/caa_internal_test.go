@@ -1,8 +1,11 @@
 package acme
 
 import (
+	"context"
 	"errors"
+	"net"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -167,4 +170,33 @@ func TestParseCAAIdentities(t *testing.T) {
 		_, err := ParseCAAIdentities("--acme-fallback-caa-identities", bad)
 		require.ErrorContains(t, err, "--acme-fallback-caa-identities: ", bad)
 	}
+}
+
+// A resolver that does not answer within the query's time is a failed look-up, a
+// *CAAError saying it timed out, not "no records": the issue counts a CAA timeout as
+// the tenant's DNS, charged like a failed preflight. Guards against a silent DNS
+// being read as permission for every CA.
+func TestCheckCAA_TimeoutIsALookupError(t *testing.T) {
+	t.Parallel()
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pc.Close() })
+	// Nothing reads pc: every query goes unanswered (and TCP is refused).
+	r, err := NewCAAResolver(pc.LocalAddr().String())
+	require.NoError(t, err)
+	r.queryTimeout = 200 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = CheckCAA(ctx, r, "shop.example", CAAIssuer{Identities: []string{"letsencrypt.org"}})
+	var ce *CAAError
+	require.True(t, errors.As(err, &ce), "%v", err)
+	require.False(t, ce.Forbidden)
+	require.Equal(t, "caa: the DNS look-up of the CAA records of shop.example timed out", err.Error())
+	require.NotContains(t, err.Error(), pc.LocalAddr().String(), "the resolver's address is the operator's")
+
+	// The whole climb is bounded too.
+	r.queryTimeout, r.total = time.Second, 300*time.Millisecond
+	_, err = CheckCAA(ctx, r, "a.b.c.shop.example", CAAIssuer{})
+	require.True(t, errors.As(err, &ce), "%v", err)
+	require.Contains(t, err.Error(), "timed out")
 }

@@ -270,3 +270,7 @@ func dnsServer() (*challtestsrv.ChallSrv, error) {
 	defer dnsMu.Unlock()
 	return dnsSrv, nil
 }
+
+// DNSAddress is the address (HOST:PORT) of the process's DNS server, started on
+// first use: CA.DNSServer, for a test that needs the DNS without a CA.
+func DNSAddress() (string, error) { return sharedDNS() }
