@@ -154,6 +154,11 @@ func (i *Issuer) issue(ctx context.Context, req queue.Request) (*queue.Certifica
 	tr.deadline = req.Deadline
 	acct, err := i.accountFor(ctx, tr)
 	if err != nil {
+		var refused *EABRefusedError
+		if errors.As(err, &refused) && ctx.Err() == nil {
+			// The operator's binding, not the name: nothing charged, the CA paused.
+			return nil, &queue.CAUnavailableError{Err: refused}
+		}
 		return nil, i.fail(ctx, err, tr)
 	}
 	core, err := i.newCore(acct, tr)
