@@ -136,26 +136,11 @@ func TestRun_IssuesWithTheEABKeyFromAFile(t *testing.T) {
 	httpPort, _ := strconv.Atoi(port)
 	ca := pebbletest.StartT(t, pebbletest.Options{HTTPPort: httpPort, RequireEAB: true, EABKeys: map[string]string{eabKID: eabHMAC}})
 
-	cmd := exec.Command(bin, "run", "--database-url", dsn,
+	logs, stop := startBinary(t, bin, "run", "--database-url", dsn,
 		"--acme-directory", ca.DirectoryURL, "--acme-ca-bundle", ca.RootsFile, "--acme-profile", pebbletest.DefaultProfile,
 		"--acme-eab-kid", eabKID, "--acme-eab-hmac-file", writeKeyFile(t, "\n  "+eabHMAC+"\r\n"),
 		"--http01-listen", http01, "--admin-listen", admin, "--preflight", "off",
 		"--poll-interval", "2s", "--retry-base", "1s", "--shutdown-grace", "5s", "--log-level", "debug")
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
-	logs := &workertest.Buffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	require.NoError(t, cmd.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
-	defer func() {
-		if t.Failed() {
-			t.Logf("certworker run's log:\n%s", logs)
-		}
-	}()
 
 	waitFor(t, logs, 30*time.Second, "run never registered its account at start", func() bool { return ca.NewAccounts() == 1 })
 	require.Zero(t, ca.OrderRequests(), "registered before any domain was due")
@@ -171,13 +156,41 @@ func TestRun_IssuesWithTheEABKeyFromAFile(t *testing.T) {
 	require.Equal(t, eabKID, kid)
 	require.Equal(t, 1, ca.NewAccounts())
 
-	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
-	select {
-	case err := <-exited:
-		require.NoError(t, err, "run did not exit 0 on SIGTERM")
-	case <-time.After(30 * time.Second):
-		t.Fatal("run did not stop on SIGTERM")
-	}
-	exited <- nil // for the cleanup
+	stop()
 	require.NotContains(t, logs.String(), eabHMAC, "the HMAC key reached the log")
+}
+
+// startBinary starts bin with args, its output in the returned buffer (logged when
+// the test fails); stop sends SIGTERM and requires an exit 0 within 30 s. The
+// process is killed when the test ends, if still running.
+func startBinary(t *testing.T, bin string, args ...string) (logs *workertest.Buffer, stop func()) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	logs = &workertest.Buffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	var done bool
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("certworker %s's log:\n%s", args[0], logs)
+		}
+		if !done {
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	})
+	return logs, func() {
+		t.Helper()
+		require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+		select {
+		case err := <-exited:
+			done = true
+			require.NoError(t, err, "certworker %s did not exit 0 on SIGTERM", args[0])
+		case <-time.After(30 * time.Second):
+			t.Fatalf("certworker %s did not stop on SIGTERM", args[0])
+		}
+	}
 }
