@@ -100,9 +100,24 @@ func TestRun_AnEABKeyTheCARefusesStopsRun(t *testing.T) {
 			"refused the external account binding with key id kid-unknown (urn:ietf:params:acme:error:unauthorized: "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			code, stdout, stderr := invoke(t, append([]string{"run", "--database-url", dsn,
-				"--acme-directory", ca.DirectoryURL, "--acme-ca-bundle", ca.RootsFile, "--acme-profile", pebbletest.DefaultProfile,
-				"--preflight", "off", "--http01-listen", "", "--admin-listen", ""}, tc.args...)...)
+			type result struct {
+				code           int
+				stdout, stderr string
+			}
+			done := make(chan result, 1)
+			go func() {
+				code, stdout, stderr := invoke(t, append([]string{"run", "--database-url", dsn,
+					"--acme-directory", ca.DirectoryURL, "--acme-ca-bundle", ca.RootsFile, "--acme-profile", pebbletest.DefaultProfile,
+					"--preflight", "off", "--http01-listen", "", "--admin-listen", ""}, tc.args...)...)
+				done <- result{code, stdout, stderr}
+			}()
+			var r result
+			select {
+			case r = <-done:
+			case <-time.After(time.Minute):
+				t.Fatal("run did not stop at start: it runs with a binding the CA refuses")
+			}
+			code, stdout, stderr := r.code, r.stdout, r.stderr
 			require.Equal(t, exitUsage, code, stderr)
 			require.Empty(t, stdout)
 			require.Contains(t, stderr, tc.want)
