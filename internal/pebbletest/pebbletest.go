@@ -20,8 +20,24 @@
 //     it moves (CA.SetRenewalWindow), and, in front of it, a Front that answers
 //     chosen requests with Let's Encrypt's real problems, 5xx or a dropped
 //     connection;
-//   - control of its DNS (SetA, SetNoAddress, SetServFail), whose address
-//     (CA.DNSServer) a preflight can be pointed at.
+//   - control of its DNS (SetA, SetNoAddress, SetServFail, SetCNAME, and CAA records
+//     with SetCAA), whose address (CA.DNSServer, DNSAddress) a preflight and a CAA
+//     check can be pointed at.
+//
+// Several CAs run side by side in one process, each independent (its own ports,
+// roots, accounts and orders), for tests of a worker with a fallback CA: give each
+// its own CAAIdentity, advertised in its directory's meta.caaIdentities, and
+// optionally RequireEAB with EABKeys. They share only the DNS. Pebble checks no CAA;
+// a Front makes a CA refuse a name for its CAA records (CAAForbidden, at new-order
+// or finalize):
+//
+//	first := pebbletest.StartT(t, pebbletest.Options{HTTPPort: port, CAAIdentity: "pebble-one.test"})
+//	second := pebbletest.StartT(t, pebbletest.Options{HTTPPort: port, CAAIdentity: "pebble-two.test",
+//		RequireEAB: true, EABKeys: map[string]string{"kid-1": hmacBase64URL}})
+//	front := pebbletest.NewFront(t, first)
+//	front.Add(pebbletest.Rule{Step: pebbletest.StepNewOrder, Names: []string{name},
+//		Answer: pebbletest.CAAForbidden(name)})
+//	pebbletest.SetCAA(name, pebbletest.CAA{Tag: "issue", Value: "pebble-two.test"})
 //
 // Pebble's knobs that it reads from the environment (PEBBLE_VA_NOSLEEP,
 // PEBBLE_WFE_NONCEREJECT, ...) are Options here: Start sets the variables, builds
