@@ -637,3 +637,19 @@ func (i *Issuer) CAAIssuer(ctx context.Context) (CAAIssuer, error) {
 	}
 	return ca, nil
 }
+
+// CheckCAAFor is CheckCAA for the CAs of issuers, in their order (the first CA,
+// then the fallback): each one's identities and account from CAAIssuer. Its errors
+// are CAAIssuer's (the CA cannot be reached: a *queue.CAUnavailableError, not the
+// name's fault) and CheckCAA's.
+func CheckCAAFor(ctx context.Context, r *CAAResolver, name string, issuers ...*Issuer) (CAAVerdict, error) {
+	cas := make([]CAAIssuer, len(issuers))
+	for n, i := range issuers {
+		ca, err := i.CAAIssuer(ctx)
+		if err != nil {
+			return CAAVerdict{}, fmt.Errorf("acme: CAA identities of %s: %w", i.DirectoryURL(), err)
+		}
+		cas[n] = ca
+	}
+	return CheckCAA(ctx, r, name, cas...)
+}

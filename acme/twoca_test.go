@@ -126,6 +126,12 @@ func TestTwoCAs_CAADecidesByIdentityAndAccount(t *testing.T) {
 	v, err := acme.CheckCAA(ctx, r, name, ca1, ca2)
 	require.NoError(t, err)
 	require.Equal(t, []bool{false, true}, v.Allowed)
+	v, err = acme.CheckCAAFor(ctx, r, name, first, second)
+	require.NoError(t, err)
+	require.Equal(t, []bool{false, true}, v.Allowed, "from the issuers themselves")
+	v, err = acme.CheckCAAFor(ctx, r, name, first)
+	require.NoError(t, err)
+	require.ErrorContains(t, v.Err(), "caa: the CAA records of "+name+" allow only pebble-one.test, pebble-two.test,")
 }
 
 // A CA's caa refusal from the test front (Pebble checks no CAA), at new-order or at
