@@ -165,12 +165,25 @@ type CAAError struct {
 	Msg string
 	// Forbidden: the records forbid every CA asked about (CAAVerdict.Err, wrapped in
 	// a *queue.PermanentError). Otherwise the look-up failed (SERVFAIL, REFUSED, no
-	// answer in time): the tenant's DNS, charged like a failed preflight and retried
-	// with backoff.
+	// answer in time): the tenant's DNS, charged like a failed preflight (As) and
+	// retried with backoff.
 	Forbidden bool
 }
 
 func (e *CAAError) Error() string { return CAAPrefix + e.Msg }
+
+// As makes a failed look-up a *queue.PreflightError to errors.As, so that the worker
+// treats it as it treats a failed preflight (charged and retried, and saying nothing
+// of whether the CA can be reached, which was not asked), while the message it
+// records, the error's own, keeps starting with "caa: ". A refusal (Forbidden) is
+// not one.
+func (e *CAAError) As(target any) bool {
+	if p, ok := target.(**queue.PreflightError); ok && !e.Forbidden {
+		*p = &queue.PreflightError{Msg: e.Error()}
+		return true
+	}
+	return false
+}
 
 // CAAResolver reads CAA records through one DNS server: the preflight's
 // (--preflight-resolver), or the system's. Safe for concurrent use.

@@ -124,6 +124,8 @@ func TestCheckCAA_ServFailIsALookupError(t *testing.T) {
 		require.False(t, ce.Forbidden)
 		var pe *queue.PermanentError
 		require.False(t, errors.As(err, &pe), "a failed look-up is retried")
+		var pf *queue.PreflightError
+		require.True(t, errors.As(err, &pf), "the worker charges it as a failed preflight")
 		require.Equal(t, "caa: the DNS look-up of the CAA records of "+base+" failed: SERVFAIL", err.Error())
 	}
 }
@@ -153,6 +155,8 @@ func TestCheckCAA_CriticalUnknownTagAndNeitherAllowed(t *testing.T) {
 	require.False(t, v.AnyAllowed())
 	var pe *queue.PermanentError
 	require.True(t, errors.As(v.Err(), &pe))
+	var pf *queue.PreflightError
+	require.False(t, errors.As(v.Err(), &pf), "a refusal is not a failed look-up")
 	require.ErrorContains(t, v.Err(), "caa: the CAA records of www."+other+" (found at "+other+") allow only sectigo.com, pki.goog,")
 }
 
