@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"go.uber.org/zap"
 
 	"github.com/certworker/certworker/queue"
 )
@@ -102,6 +103,11 @@ type CAAIssuer struct {
 	// Method is the validation method of the worker's orders; "" is
 	// ValidationHTTP01. Compared with a validationmethods parameter (RFC 8657 §4).
 	Method string
+	// Unknown: the CA's identities or account could not be read (its directory
+	// cannot be fetched and none was fetched before, the database did not answer).
+	// Records without an issue property still allow it; records with one leave it
+	// Undecided, never refused.
+	Unknown bool
 }
 
 // CAAVerdict is what a name's CAA records say of the CAs it was checked for.
@@ -118,20 +124,30 @@ type CAAVerdict struct {
 	// as their parameters go. Empty with records that allow every CA (no issue
 	// property) and with records that allow none (issue ";").
 	Named []string
-	// Unknown is the tag of a property flagged critical that the worker does not
-	// understand, which forbids every CA; "" when there is none.
-	Unknown string
+	// CriticalTag is the tag of a property flagged critical that the worker does
+	// not understand, which forbids every CA; "" when there is none.
+	CriticalTag string
+	// Undecided says, for each CA, that the records have an issue property and the
+	// CA's identities are not known (CAAIssuer.Unknown): it is not allowed, and not
+	// refused either.
+	Undecided []bool
 }
 
 // AnyAllowed reports whether at least one of the CAs may issue.
 func (v CAAVerdict) AnyAllowed() bool { return slices.Contains(v.Allowed, true) }
 
-// Err is nil when a CA may issue; otherwise a *queue.PermanentError holding a
+// Err is nil when a CA may issue. When none may and one is Undecided, it is a
+// *queue.CAUnavailableError (not charged: the CA's directory could not be read, which
+// says nothing of the name). Otherwise it is a *queue.PermanentError holding a
 // *CAAError that says which CAs the records allow: no retry helps until the tenant
 // changes the records (then `certworker retry`).
 func (v CAAVerdict) Err() error {
 	if v.AnyAllowed() {
 		return nil
+	}
+	if slices.Contains(v.Undecided, true) {
+		return &queue.CAUnavailableError{Err: &CAAError{Msg: fmt.Sprintf(
+			"the CAA records of %s name CAs, and the identities of a CA certworker orders from cannot be read now (its directory does not answer)", v.Name)}}
 	}
 	return &queue.PermanentError{Err: &CAAError{Forbidden: true, Msg: v.refusal()}}
 }
@@ -144,8 +160,8 @@ func (v CAAVerdict) refusal() string {
 		where += " (found at " + at + ")"
 	}
 	switch {
-	case v.Unknown != "":
-		return fmt.Sprintf("%s hold a critical property %q that certworker does not understand, which allows no CA to issue", where, v.Unknown)
+	case v.CriticalTag != "":
+		return fmt.Sprintf("%s hold a critical property %q that certworker does not understand, which allows no CA to issue", where, v.CriticalTag)
 	case len(v.Named) == 0:
 		return where + " allow no CA to issue"
 	}
@@ -229,7 +245,7 @@ func NewCAAResolver(server string) (*CAAResolver, error) {
 // error here: CAAVerdict.Err says so, for the caller that has no other CA to ask.
 func CheckCAA(ctx context.Context, r *CAAResolver, name string, cas ...CAAIssuer) (CAAVerdict, error) {
 	name = strings.TrimSuffix(strings.ToLower(strings.TrimSpace(name)), ".")
-	v := CAAVerdict{Name: name, Allowed: make([]bool, len(cas))}
+	v := CAAVerdict{Name: name, Allowed: make([]bool, len(cas)), Undecided: make([]bool, len(cas))}
 	if _, err := netip.ParseAddr(name); err == nil {
 		for i := range v.Allowed {
 			v.Allowed[i] = true
@@ -249,11 +265,18 @@ func CheckCAA(ctx context.Context, r *CAAResolver, name string, cas ...CAAIssuer
 
 // decideCAA is CheckCAA's verdict once the relevant RRset is known.
 func decideCAA(name string, set CAASet, wildcard bool, cas []CAAIssuer) CAAVerdict {
-	v := CAAVerdict{Name: name, Set: set, Allowed: make([]bool, len(cas))}
-	v.Unknown = unknownCritical(set.Records)
+	v := CAAVerdict{Name: name, Set: set, Allowed: make([]bool, len(cas)), Undecided: make([]bool, len(cas))}
+	v.CriticalTag = unknownCritical(set.Records)
 	v.Named = namedIssuers(set.Records, wildcard)
+	decides := len(propertiesFor(set.Records, wildcard)) > 0
 	for i, ca := range cas {
-		v.Allowed[i] = v.Unknown == "" && permits(set.Records, ca, wildcard)
+		switch {
+		case v.CriticalTag != "":
+		case ca.Unknown && decides:
+			v.Undecided[i] = true
+		default:
+			v.Allowed[i] = permits(set.Records, ca, wildcard)
+		}
 	}
 	return v
 }
@@ -610,7 +633,8 @@ func ParseCAAIdentities(flag, s string) ([]string, error) {
 
 // CAAIdentities are the CA's issuer domain names: Config.CAAIdentities when set,
 // else its directory's meta.caaIdentities (fetched as Profiles does, from the
-// directory every order shares). A CA whose directory lists none has none, and CAA
+// directory every order shares; while the CA does not answer, from the last directory
+// it served this process, however old). A CA whose directory lists none has none, and CAA
 // records with an issue property forbid it. The error is a
 // *queue.CAUnavailableError when the CA cannot be reached or answers 5xx.
 func (i *Issuer) CAAIdentities(ctx context.Context) ([]string, error) {
@@ -619,6 +643,11 @@ func (i *Issuer) CAAIdentities(ctx context.Context) ([]string, error) {
 	}
 	dir, err := i.sharedDirectory(ctx)
 	if err != nil {
+		// A CA's identities change as seldom as its name: the last directory it
+		// served, however old, is better than none while it is down.
+		if last, ok := i.session.lastDirectory(); ok {
+			return slices.Clone(last.Meta.CaaIdentities), nil
+		}
 		return nil, err
 	}
 	return slices.Clone(dir.Meta.CaaIdentities), nil
@@ -652,15 +681,21 @@ func (i *Issuer) CAAIssuer(ctx context.Context) (CAAIssuer, error) {
 }
 
 // CheckCAAFor is CheckCAA for the CAs of issuers, in their order (the first CA,
-// then the fallback): each one's identities and account from CAAIssuer. Its errors
-// are CAAIssuer's (the CA cannot be reached: a *queue.CAUnavailableError, not the
-// name's fault) and CheckCAA's.
+// then the fallback): each one's identities and account from CAAIssuer. A CA whose
+// identities cannot be read (its directory down since the worker started, without
+// --acme-caa-identities) is CAAIssuer.Unknown: the verdict leaves it Undecided
+// rather than refused, and the others are decided. Its error is CheckCAA's, or ctx's.
 func CheckCAAFor(ctx context.Context, r *CAAResolver, name string, issuers ...*Issuer) (CAAVerdict, error) {
 	cas := make([]CAAIssuer, len(issuers))
 	for n, i := range issuers {
 		ca, err := i.CAAIssuer(ctx)
 		if err != nil {
-			return CAAVerdict{}, fmt.Errorf("acme: CAA identities of %s: %w", i.DirectoryURL(), err)
+			if ctx.Err() != nil {
+				return CAAVerdict{}, fmt.Errorf("acme: CAA identities of %s: %w", i.DirectoryURL(), context.Cause(ctx))
+			}
+			i.log.Info("CAA: the CA's identities cannot be read; it is left undecided where a name's records name CAs",
+				zap.String("directory", i.DirectoryURL()), zap.Error(err))
+			ca = CAAIssuer{Unknown: true, Method: ValidationHTTP01}
 		}
 		cas[n] = ca
 	}

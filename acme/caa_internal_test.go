@@ -116,6 +116,8 @@ func TestDecideCAA(t *testing.T) {
 		{"unknown critical tag forbids all", []CAARecord{rec("issue", "letsencrypt.org"), {Flag: 128, Tag: "tbs", Value: "x"}}, false, []CAAIssuer{le, two}, []bool{false, false}, []string{"letsencrypt.org"}, "tbs"},
 		{"unknown critical tag forbids without issue too", []CAARecord{{Flag: 128, Tag: "Future", Value: "x"}}, false, []CAAIssuer{le}, []bool{false}, nil, "future"},
 		{"unknown critical tag not shown when not a tag", []CAARecord{{Flag: 129, Tag: "bad tag\n", Value: "x"}}, false, []CAAIssuer{le}, []bool{false}, nil, "(unreadable)"},
+		{"unknown identities: allowed without issue", []CAARecord{rec("iodef", "mailto:a@b.example")}, false, []CAAIssuer{{Unknown: true}, le}, []bool{true, true}, nil, ""},
+		{"unknown identities: not allowed with issue", []CAARecord{rec("issue", "letsencrypt.org")}, false, []CAAIssuer{{Unknown: true}, le}, []bool{false, true}, []string{"letsencrypt.org"}, ""},
 		{"unknown tag without the flag is ignored", []CAARecord{rec("future", "x"), {Flag: 1, Tag: "other", Value: "y"}}, false, []CAAIssuer{le}, []bool{true}, nil, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -123,7 +125,7 @@ func TestDecideCAA(t *testing.T) {
 			v := decideCAA("shop.example", CAASet{Domain: "example", Records: tc.records}, tc.wildcard, tc.cas)
 			require.Equal(t, tc.allowed, v.Allowed)
 			require.Equal(t, tc.named, v.Named)
-			require.Equal(t, tc.unknown, v.Unknown)
+			require.Equal(t, tc.unknown, v.CriticalTag)
 		})
 	}
 }
@@ -150,6 +152,19 @@ func TestCAAVerdict_ErrNamesTheAllowedCAs(t *testing.T) {
 
 	v = decideCAA("shop.example", CAASet{Domain: "shop.example", Records: []CAARecord{rec(";")}}, false, []CAAIssuer{le})
 	require.EqualError(t, v.Err(), "caa: the CAA records of shop.example allow no CA to issue")
+
+	// A CA whose identities cannot be read is undecided, not refused: the domain is
+	// held back uncharged, never failed for good, while its directory is down.
+	v = decideCAA("shop.example", CAASet{Domain: "shop.example", Records: []CAARecord{rec("letsencrypt.org")}}, false,
+		[]CAAIssuer{{Unknown: true}, {Identities: []string{"pki.goog"}}})
+	require.Equal(t, []bool{true, false}, v.Undecided)
+	var cu *queue.CAUnavailableError
+	require.True(t, errors.As(v.Err(), &cu), "%v", v.Err())
+	require.False(t, errors.As(v.Err(), &pe))
+	v = decideCAA("shop.example", CAASet{Domain: "shop.example", Records: []CAARecord{{Flag: 128, Tag: "x", Value: ""}}}, false,
+		[]CAAIssuer{{Unknown: true}})
+	require.Equal(t, []bool{false}, v.Undecided, "an unknown critical tag forbids every CA, known or not")
+	require.True(t, errors.As(v.Err(), &pe))
 
 	allowed := decideCAA("shop.example", CAASet{}, false, []CAAIssuer{le})
 	require.NoError(t, allowed.Err())

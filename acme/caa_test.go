@@ -145,7 +145,7 @@ func TestCheckCAA_CriticalUnknownTagAndNeitherAllowed(t *testing.T) {
 	v, err := acme.CheckCAA(testCtx(t, 20*time.Second), r, name, caaFirst, caaSecond)
 	require.NoError(t, err)
 	require.Equal(t, []bool{false, false}, v.Allowed)
-	require.Equal(t, "tbs", v.Unknown)
+	require.Equal(t, "tbs", v.CriticalTag)
 	require.ErrorContains(t, v.Err(), `caa: the CAA records of `+name+` hold a critical property "tbs"`)
 
 	other := randomName("neither")

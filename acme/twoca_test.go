@@ -12,6 +12,7 @@ import (
 
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/internal/pebbletest"
+	"github.com/certworker/certworker/internal/workertest"
 	"github.com/certworker/certworker/queue"
 )
 
@@ -200,4 +201,36 @@ func TestIssue_ARefusedBindingIsNotTheDomainsAndLeaksNoKey(t *testing.T) {
 	err = iss.RegisterAccount(context.Background())
 	require.True(t, errors.As(err, &refused), "%v", err)
 	require.False(t, errors.As(err, &unavailable))
+}
+
+// A CA whose directory has not answered since the worker started (and no
+// --acme-caa-identities) is left undecided by CheckCAAFor, not refused: with records
+// that name only it, the domain is held back uncharged (a *queue.CAUnavailableError),
+// never failed; the other CA is still decided. Guards against a primary CA's outage
+// failing for good every domain whose records name only that CA.
+func TestCheckCAAFor_ACAThatCannotBeAskedIsUndecided(t *testing.T) {
+	t.Parallel()
+	b := setup(t, pebbletest.Options{CAAIdentity: "pebble-one.test"}, false)
+	down := b.config()
+	down.DirectoryURL = "https://" + workertest.FreeAddr(t) + "/dir"
+	first, second := newIssuer(t, b.pool, nil, down), newIssuer(t, b.pool, nil, b.config())
+	r, err := acme.NewCAAResolver(b.ca.DNSServer)
+	require.NoError(t, err)
+	ctx := testCtx(t, time.Minute)
+
+	onlyDown := randomName("down")
+	setCAA(t, onlyDown, "letsencrypt.org")
+	v, err := acme.CheckCAAFor(ctx, r, onlyDown, first, second)
+	require.NoError(t, err)
+	require.Equal(t, []bool{false, false}, v.Allowed)
+	require.Equal(t, []bool{true, false}, v.Undecided)
+	var cu *queue.CAUnavailableError
+	require.True(t, errors.As(v.Err(), &cu), "%v", v.Err())
+
+	upToo := randomName("up")
+	setCAA(t, upToo, "letsencrypt.org", "pebble-one.test")
+	v, err = acme.CheckCAAFor(ctx, r, upToo, first, second)
+	require.NoError(t, err)
+	require.Equal(t, []bool{false, true}, v.Allowed)
+	require.NoError(t, v.Err())
 }
