@@ -296,10 +296,10 @@ type EABRefusedError struct {
 
 func (e *EABRefusedError) Error() string {
 	if e.KeyID == "" {
-		return fmt.Sprintf("the CA at %s requires an external account binding, and none is configured (%s): set its key id and HMAC key (--acme-eab-kid and --acme-eab-hmac-file)",
+		return fmt.Sprintf("the CA at %s requires an external account binding, and none is configured (%s): set the key id and HMAC key the CA gave",
 			e.Directory, e.Problem)
 	}
-	return fmt.Sprintf("the CA at %s refused the external account binding with key id %s (%s): check the key id and the HMAC key the CA gave (--acme-eab-kid and --acme-eab-hmac-file)",
+	return fmt.Sprintf("the CA at %s refused the external account binding with key id %s (%s): check the key id and the HMAC key the CA gave",
 		e.Directory, e.KeyID, e.Problem)
 }
 

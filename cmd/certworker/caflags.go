@@ -88,6 +88,11 @@ func readEABHMAC(inlineFlag, inline, fileFlag, file string) (string, error) {
 	return key, nil
 }
 
+// eabFlags names the first CA's binding flags in checkEAB's message (the fallback's
+// check passes "--acme-fallback-eab-kid, --acme-fallback-eab-hmac-file or
+// --acme-fallback-eab-hmac").
+const eabFlags = "--acme-eab-kid, --acme-eab-hmac-file or --acme-eab-hmac"
+
 // eabCheckTimeout bounds checkEAB's registration: a new-account request and the
 // directory and nonce it needs, at the CA's usual speed, with room for a slow one.
 const eabCheckTimeout = time.Minute
@@ -98,7 +103,9 @@ const eabCheckTimeout = time.Minute
 // id, never the key, before anything is claimed. A CA that cannot be asked does not
 // stop the start: the first order registers (and a refusal then pauses the CA, not
 // charging anyone). A CA without a binding is not contacted, as before.
-func checkEAB(ctx context.Context, issuer *acme.Issuer, log *zap.Logger, databaseURL string) error {
+//
+// flags names the CA's binding flags in the message: eabFlags for the first CA's.
+func checkEAB(ctx context.Context, issuer *acme.Issuer, log *zap.Logger, databaseURL, flags string) error {
 	if !issuer.UsesEAB() {
 		return nil
 	}
@@ -111,7 +118,7 @@ func checkEAB(ctx context.Context, issuer *acme.Issuer, log *zap.Logger, databas
 	case err == nil:
 		return nil
 	case errors.As(err, &refused):
-		return usagef("%s", refused)
+		return usagef("%s (%s)", refused, flags)
 	case errors.As(err, &ke):
 		return usagef("%s: start with the key it was sealed with in --key-encryption-key (or --key-encryption-key-file)", ke)
 	}

@@ -121,7 +121,7 @@ func TestRun_AnEABKeyTheCARefusesStopsRun(t *testing.T) {
 			require.Equal(t, exitUsage, code, stderr)
 			require.Empty(t, stdout)
 			require.Contains(t, stderr, tc.want)
-			require.Contains(t, stderr, "check the key id and the HMAC key the CA gave (--acme-eab-kid and --acme-eab-hmac-file)")
+			require.Contains(t, stderr, "check the key id and the HMAC key the CA gave (--acme-eab-kid, --acme-eab-hmac-file or --acme-eab-hmac)")
 			require.NotContains(t, stderr, wrongHMAC)
 			require.NotContains(t, stderr, eabHMAC)
 		})

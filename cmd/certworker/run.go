@@ -194,7 +194,7 @@ func (c *runCmd) Run(g *globals) error {
 	if err := checkAccountKey(ctx, issuer, c.DatabaseURL); err != nil {
 		return err
 	}
-	if err := checkEAB(ctx, issuer, log, c.DatabaseURL); err != nil {
+	if err := checkEAB(ctx, issuer, log, c.DatabaseURL, eabFlags); err != nil {
 		return err
 	}
 	if err := checkProfile(ctx, issuer, log); err != nil {
