@@ -100,24 +100,10 @@ func TestRun_AnEABKeyTheCARefusesStopsRun(t *testing.T) {
 			"refused the external account binding with key id kid-unknown (urn:ietf:params:acme:error:unauthorized: "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			type result struct {
-				code           int
-				stdout, stderr string
-			}
-			done := make(chan result, 1)
-			go func() {
-				code, stdout, stderr := invoke(t, append([]string{"run", "--database-url", dsn,
+			code, stdout, stderr := invokeWithin(t, time.Minute, "run did not stop at start: it runs with a binding the CA refuses",
+				append([]string{"run", "--database-url", dsn,
 					"--acme-directory", ca.DirectoryURL, "--acme-ca-bundle", ca.RootsFile, "--acme-profile", pebbletest.DefaultProfile,
 					"--preflight", "off", "--http01-listen", "", "--admin-listen", ""}, tc.args...)...)
-				done <- result{code, stdout, stderr}
-			}()
-			var r result
-			select {
-			case r = <-done:
-			case <-time.After(time.Minute):
-				t.Fatal("run did not stop at start: it runs with a binding the CA refuses")
-			}
-			code, stdout, stderr := r.code, r.stdout, r.stderr
 			require.Equal(t, exitUsage, code, stderr)
 			require.Empty(t, stdout)
 			require.Contains(t, stderr, tc.want)
@@ -207,5 +193,27 @@ func startBinary(t *testing.T, bin string, args ...string) (logs *workertest.Buf
 		case <-time.After(30 * time.Second):
 			t.Fatalf("certworker %s did not stop on SIGTERM", args[0])
 		}
+	}
+}
+
+// invokeWithin is invoke for a command expected to return by itself (run stopping at
+// start): the test fails with why when it has not returned within d.
+func invokeWithin(t *testing.T, d time.Duration, why string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	type result struct {
+		code           int
+		stdout, stderr string
+	}
+	done := make(chan result, 1)
+	go func() {
+		code, stdout, stderr := invoke(t, args...)
+		done <- result{code, stdout, stderr}
+	}()
+	select {
+	case r := <-done:
+		return r.code, r.stdout, r.stderr
+	case <-time.After(d):
+		t.Fatal(why)
+		return 0, "", ""
 	}
 }
