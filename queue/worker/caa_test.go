@@ -22,7 +22,7 @@ func TestWorker_CAAErrorsAreChargedLikeAPreflightOrFailAtOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	forbidden := acme.CAAVerdict{Name: "refused.example", Allowed: []bool{false},
-		Set: acme.CAASet{Domain: "refused.example", Records: []acme.CAARecord{{Tag: "issue", Value: "sectigo.com"}}},
+		Set:   acme.CAASet{Domain: "refused.example", Records: []acme.CAARecord{{Tag: "issue", Value: "sectigo.com"}}},
 		Named: []string{"sectigo.com"}}
 	fake := fakeissuer.New(10)
 	fake.Fail = func(domain string, _ int) error {
