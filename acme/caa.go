@@ -693,7 +693,7 @@ func CheckCAAFor(ctx context.Context, r *CAAResolver, name string, issuers ...*I
 			if ctx.Err() != nil {
 				return CAAVerdict{}, fmt.Errorf("acme: CAA identities of %s: %w", i.DirectoryURL(), context.Cause(ctx))
 			}
-			i.log.Info("CAA: the CA's identities cannot be read; it is left undecided where a name's records name CAs",
+			i.log.Debug("CAA: the CA's identities cannot be read; it is left undecided where a name's records name CAs",
 				zap.String("directory", i.DirectoryURL()), zap.Error(err))
 			ca = CAAIssuer{Unknown: true, Method: ValidationHTTP01}
 		}
