@@ -206,6 +206,9 @@ func (i *Issuer) registerAccount(ctx context.Context, tr *orderTransport, acct *
 	}
 	if err != nil {
 		i.dropRefusedKey(ctx, err)
+		if refused := i.eabRefused(err); refused != nil {
+			return nil, refused
+		}
 		return nil, err
 	}
 	if reg == nil || reg.URI == "" {
@@ -271,4 +274,71 @@ DELETE FROM certworker_acme_accounts WHERE directory = $1 AND eab_kid = $2 AND u
 	}
 	i.log.Warn("the CA does not know the stored ACME account; the next order registers a new one",
 		zap.String("directory", i.cfg.DirectoryURL), zap.String("account_uri", acct.reg.URI))
+}
+
+// problemExternalAccountRequired is a CA's refusal of an account registered
+// without an external account binding (RFC 8555 §7.3.4).
+const problemExternalAccountRequired = problemNS + "externalAccountRequired"
+
+// EABRefusedError: the CA refused to register the account with the configured
+// external account binding (an unknown key id, an HMAC key that does not verify), or
+// without one where it requires one. It is the operator's configuration, never a
+// domain's: `run` exits 2 on it at start (RegisterAccount), and an order meeting it
+// returns it inside a *queue.CAUnavailableError (not charged, the CA paused for
+// every instance) until an instance with the right key registers. Its message names
+// the directory, the key id and the CA's problem, never the HMAC key.
+type EABRefusedError struct {
+	Directory string
+	KeyID     string
+	// Problem is the CA's problem type and detail.
+	Problem string
+}
+
+func (e *EABRefusedError) Error() string {
+	if e.KeyID == "" {
+		return fmt.Sprintf("the CA at %s requires an external account binding, and none is configured (%s): set the key id and HMAC key the CA gave",
+			e.Directory, e.Problem)
+	}
+	return fmt.Sprintf("the CA at %s refused the external account binding with key id %s (%s): check the key id and the HMAC key the CA gave",
+		e.Directory, e.KeyID, e.Problem)
+}
+
+// eabRefused is the *EABRefusedError for a registration the CA refused because of
+// its external account binding, or nil: with a binding configured, any refusal with
+// a problem document and a 4xx status but a rate limit (Pebble and Boulder answer
+// unauthorized or malformed to a binding that does not verify); without one,
+// externalAccountRequired.
+func (i *Issuer) eabRefused(err error) *EABRefusedError {
+	var pd *legoacme.ProblemDetails
+	if !errors.As(err, &pd) || pd == nil || pd.HTTPStatus < 400 || pd.HTTPStatus >= 500 ||
+		pd.HTTPStatus == http.StatusTooManyRequests || pd.Type == problemRateLimited {
+		return nil
+	}
+	if i.cfg.EABKeyID == "" && pd.Type != problemExternalAccountRequired {
+		return nil
+	}
+	return &EABRefusedError{Directory: i.cfg.DirectoryURL, KeyID: i.cfg.EABKeyID, Problem: truncate(pd.Type + ": " + pd.Detail)}
+}
+
+// UsesEAB reports whether the issuer registers its account with an external
+// account binding (--acme-eab-kid).
+func (i *Issuer) UsesEAB() bool { return i.cfg.EABKeyID != "" }
+
+// RegisterAccount loads the account, or registers it now as the first order would:
+// `run` calls it at start when the CA needs an external account binding, so that a
+// wrong key id or HMAC key is an error before anything is claimed rather than a CA
+// paused later. The error is an *EABRefusedError when the CA refused the binding, a
+// *queue.CAUnavailableError when the CA could not be reached or answered 5xx, a
+// *queue.KeyError when the stored account key does not open; any other error as
+// classified for an order. None holds the HMAC key.
+func (i *Issuer) RegisterAccount(ctx context.Context) error {
+	tr := i.orderTransport(ctx)
+	if _, err := i.accountFor(ctx, tr); err != nil {
+		var refused *EABRefusedError
+		if errors.As(err, &refused) {
+			return refused
+		}
+		return i.fail(ctx, err, tr)
+	}
+	return nil
 }

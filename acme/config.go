@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -63,6 +64,10 @@ type Config struct {
 	// preflight may connect to although they are reserved (loopback, private,
 	// link-local...; see ParseAllowCIDR), or "" for none.
 	PreflightAllowCIDR string
+	// CAAIdentities are the CA's issuer domain names for CAA checks
+	// (--acme-caa-identities, ParseCAAIdentities), in place of its directory's
+	// meta.caaIdentities; empty uses the directory's.
+	CAAIdentities []string
 	// RenewalInfoPerSecond is the fleet's budget of renewal-information requests
 	// (--ari-requests-per-second), which the read right after an issuance takes a
 	// token of too; 0 reads without one (a test, the demo).
@@ -121,9 +126,9 @@ func (c *Config) validate() (certcrypto.KeyType, *x509.CertPool, error) {
 	}
 	switch {
 	case c.EABKeyID != "" && c.EABHMAC == "":
-		return "", nil, errors.New("--acme-eab-kid is set without --acme-eab-hmac: an external account binding needs both")
+		return "", nil, errors.New("--acme-eab-kid is set without --acme-eab-hmac (or --acme-eab-hmac-file): an external account binding needs both")
 	case c.EABKeyID == "" && c.EABHMAC != "":
-		return "", nil, errors.New("--acme-eab-hmac is set without --acme-eab-kid: an external account binding needs both")
+		return "", nil, errors.New("--acme-eab-hmac (or --acme-eab-hmac-file) is set without --acme-eab-kid: an external account binding needs both")
 	case c.EABHMAC != "":
 		if _, err := decodeEABHMAC(c.EABHMAC); err != nil {
 			return "", nil, errors.New("--acme-eab-hmac: not base64url (the HMAC key as the CA gave it)")
@@ -137,6 +142,11 @@ func (c *Config) validate() (certcrypto.KeyType, *x509.CertPool, error) {
 	}
 	if err := c.validatePreflight(); err != nil {
 		return "", nil, err
+	}
+	for _, id := range c.CAAIdentities {
+		if !isIssuerDomainName(strings.ToLower(id)) {
+			return "", nil, fmt.Errorf("CAA identities: %q is not an issuer domain name", id)
+		}
 	}
 	roots, err := c.roots()
 	if err != nil {
@@ -219,4 +229,40 @@ func newTransport(roots *x509.CertPool, timeout time.Duration) *http.Transport {
 			MinVersion: tls.VersionTLS12,
 		},
 	}
+}
+
+// maxEABHMACFile bounds what ReadEABHMACFile reads: a CA's HMAC key is 32 to 64
+// bytes, under 100 characters of base64url; 4 KiB refuses a path that names a
+// device or a large file by mistake before it is read whole.
+const maxEABHMACFile = 4 << 10
+
+// ReadEABHMACFile reads an external account binding's HMAC key from a file
+// (--acme-eab-hmac-file, --acme-fallback-eab-hmac-file; flag names it in errors):
+// base64url as the CA gave it, whitespace and line breaks around it ignored. A file
+// keeps the key off command lines and out of the container's configuration, as
+// --key-encryption-key-file does. An empty file is an error (a secret not mounted),
+// and so is a key that is not base64url. Errors name the flag and the path, never
+// the file's content.
+func ReadEABHMACFile(flag, path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", flag, err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxEABHMACFile+1))
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", flag, err)
+	}
+	name := flag + " " + path
+	if len(b) > maxEABHMACFile {
+		return "", fmt.Errorf("%s: larger than %d KiB, which no HMAC key is", name, maxEABHMACFile>>10)
+	}
+	key := strings.TrimSpace(string(b))
+	if key == "" {
+		return "", fmt.Errorf("%s: the file holds no key (a secret not mounted, or empty?)", name)
+	}
+	if _, err := decodeEABHMAC(key); err != nil {
+		return "", fmt.Errorf("%s: not base64url (the HMAC key as the CA gave it)", name)
+	}
+	return key, nil
 }

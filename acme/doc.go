@@ -64,6 +64,28 @@
 // reserved address (A.B.C.D)", and the dialer's Control hook checks the address
 // every connection is about to use, after unmapping IPv4-in-IPv6.
 //
+// # CAA
+//
+// CheckCAA (caa.go) reads a name's CAA records through a CAAResolver (the
+// preflight's --preflight-resolver, or the system's), climbing the tree as RFC 8659
+// §3 says, and decides for each CA (CAAIssuer: its identities, the account it orders
+// with, http-01) whether its issue or issuewild properties, their RFC 8657
+// accounturi and validationmethods parameters, and any critical property allow it.
+// A failed look-up is a *CAAError ("caa: ..."), charged and retried; records that
+// allow none of the CAs give a verdict whose Err is a *queue.PermanentError naming
+// the issuer domain names they allow. Issuer.CAAIssuer gives an issuer's CA: its
+// Config.CAAIdentities (--acme-caa-identities), else its directory's
+// meta.caaIdentities. Issue itself reads no CAA: the worker, which knows every CA it
+// could send the order to, decides which one is asked.
+//
+// # External account binding
+//
+// With Config.EABKeyID the account is registered with an external account binding
+// (the HMAC key from --acme-eab-hmac or ReadEABHMACFile). A registration the CA
+// refuses for its binding is an *EABRefusedError (never holding the key): `run`
+// exits 2 on it at start (RegisterAccount), and Issue returns it inside a
+// *queue.CAUnavailableError (not charged).
+//
 // # HTTP-01
 //
 // Only HTTP-01 is answered. The order's instance stores the token and key

@@ -154,6 +154,11 @@ func (i *Issuer) issue(ctx context.Context, req queue.Request) (*queue.Certifica
 	tr.deadline = req.Deadline
 	acct, err := i.accountFor(ctx, tr)
 	if err != nil {
+		var refused *EABRefusedError
+		if errors.As(err, &refused) && ctx.Err() == nil {
+			// The operator's binding, not the name: nothing charged, the CA paused.
+			return nil, &queue.CAUnavailableError{Err: refused}
+		}
 		return nil, i.fail(ctx, err, tr)
 	}
 	core, err := i.newCore(acct, tr)
@@ -228,15 +233,26 @@ func offeredProfiles(dir legoacme.Directory) []string {
 // every order uses (fetched when the session has none fresh). The error is a
 // *queue.CAUnavailableError when the CA cannot be reached or answers 5xx.
 func (i *Issuer) Profiles(ctx context.Context) ([]string, error) {
+	dir, err := i.sharedDirectory(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return offeredProfiles(dir), nil
+}
+
+// sharedDirectory is the directory every order uses (fetched when the session has
+// none fresh). The error is a *queue.CAUnavailableError when the CA cannot be
+// reached or answers 5xx.
+func (i *Issuer) sharedDirectory(ctx context.Context) (legoacme.Directory, error) {
 	tr := i.orderTransport(ctx)
 	dir, err := i.directory(i.httpClient(tr))
 	if err != nil {
 		if cause := tr.unreachable(); cause != nil {
-			return nil, &queue.CAUnavailableError{Err: &failure{msg: truncate("acme: " + cause.Error()), err: cause}}
+			return dir, &queue.CAUnavailableError{Err: &failure{msg: truncate("acme: " + cause.Error()), err: cause}}
 		}
-		return nil, err
+		return dir, err
 	}
-	return offeredProfiles(dir), nil
+	return dir, nil
 }
 
 // DefaultProfile is --acme-profile: the profile of an order whose request names none.

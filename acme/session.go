@@ -125,6 +125,18 @@ func (s *session) keepDirectory(body []byte, now time.Time) {
 	s.newNonce, s.newOrder, s.renewalInfo = dir.NewNonceURL, dir.NewOrderURL, dir.RenewalInfo
 }
 
+// lastDirectory is the last directory the CA served, however old; ok is false when
+// it never served one.
+func (s *session) lastDirectory() (dir legoacme.Directory, ok bool) {
+	s.mu.Lock()
+	body := s.directory
+	s.mu.Unlock()
+	if body == nil || json.Unmarshal(body, &dir) != nil {
+		return legoacme.Directory{}, false
+	}
+	return dir, true
+}
+
 // pushNonce keeps a nonce the CA handed out.
 func (s *session) pushNonce(nonce string, now time.Time) {
 	s.mu.Lock()

@@ -15,7 +15,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -491,22 +490,7 @@ func issueThroughBinary(t *testing.T, bin, adminDSN, runDSN, wake string, extra 
 		"--poll-interval", "2s",
 		"--retry-base", "1s",
 		"--shutdown-grace", "5s"}, extra...)
-	cmd := exec.Command(bin, args...)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
-	logs := &workertest.Buffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	require.NoError(t, cmd.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
-	defer func() {
-		if t.Failed() {
-			t.Logf("certworker run's log:\n%s", logs)
-		}
-	}()
+	logs, stop := startBinary(t, bin, args...)
 
 	waitFor(t, logs, 30*time.Second, "certworker healthcheck never passed", func() bool {
 		code, _, _ := invoke(t, "healthcheck", "--admin-listen", admin, "--timeout", "1s")
@@ -535,14 +519,7 @@ SELECT id, $1, 'verified', 'tok' FROM t`, name)
 	require.Equal(t, []string{name}, leaf.DNSNames)
 	require.NotContains(t, logs.String(), "permission denied", "%s", missingGrant(logs.String()))
 
-	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
-	select {
-	case err := <-exited:
-		require.NoError(t, err, "run did not exit 0 on SIGTERM")
-	case <-time.After(30 * time.Second):
-		t.Fatal("run did not stop on SIGTERM")
-	}
-	exited <- nil // for the cleanup
+	stop()
 }
 
 // waitFor waits until done reports true, checking every 100 ms, and fails with what

@@ -26,24 +26,10 @@ func TestRun_AnAcmeProfileTheCADoesNotOfferStopsRun(t *testing.T) {
 	ca := pebbletest.StartT(t, pebbletest.Options{})
 	id := pgtest.Domain(t, pool, pgtest.Tenant(t, pool), "profile-flag.example")
 
-	type result struct {
-		code           int
-		stdout, stderr string
-	}
-	done := make(chan result, 1)
-	go func() {
-		code, stdout, stderr := invoke(t, "run", "--database-url", dsn,
-			"--acme-directory", ca.DirectoryURL, "--acme-ca-bundle", ca.RootsFile,
-			"--acme-profile", "bogus", "--preflight", "off", "--http01-listen", "", "--admin-listen", "")
-		done <- result{code, stdout, stderr}
-	}()
-	var r result
-	select {
-	case r = <-done:
-	case <-time.After(time.Minute):
-		t.Fatal("run did not stop at start: it runs with a --acme-profile the CA does not offer")
-	}
-	code, stdout, stderr := r.code, r.stdout, r.stderr
+	code, stdout, stderr := invokeWithin(t, time.Minute, "run did not stop at start: it runs with a --acme-profile the CA does not offer",
+		"run", "--database-url", dsn,
+		"--acme-directory", ca.DirectoryURL, "--acme-ca-bundle", ca.RootsFile,
+		"--acme-profile", "bogus", "--preflight", "off", "--http01-listen", "", "--admin-listen", "")
 	require.Equal(t, exitUsage, code, stderr)
 	require.Empty(t, stdout)
 	require.Contains(t, stderr, `certworker: --acme-profile: the CA does not offer profile "bogus"; it offers alternate, default (directory `+ca.DirectoryURL+")")

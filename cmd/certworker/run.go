@@ -36,6 +36,7 @@ const letsEncrypt = "https://acme-v02.api.letsencrypt.org/directory"
 type runCmd struct {
 	dbFlags
 	keyFlags
+	caFlags
 	ACMEDirectory     string        `name:"acme-directory" env:"CERTWORKER_ACME_DIRECTORY" default:"${le}" placeholder:"URL" help:"ACME directory URL (default: Let's Encrypt production)."`
 	ACMEEmail         string        `name:"acme-email" env:"CERTWORKER_ACME_EMAIL" placeholder:"EMAIL" help:"ACME account contact."`
 	ACMECABundle      string        `name:"acme-ca-bundle" env:"CERTWORKER_ACME_CA_BUNDLE" placeholder:"FILE" help:"PEM file of roots trusted for the ACME server, beside the system's."`
@@ -106,6 +107,9 @@ func (c *runCmd) validate() error {
 	}
 	if _, err := acme.ParseAllowCIDR(c.PreflightAllow); err != nil {
 		return usagef("%v", err)
+	}
+	if err := c.caFlags.validate(c.ACMEEABHMAC); err != nil {
+		return err
 	}
 	if _, err := zapcore.ParseLevel(c.LogLevel); err != nil {
 		return usagef("--log-level: %q is not one of debug, info, warn, error", c.LogLevel)
@@ -190,6 +194,9 @@ func (c *runCmd) Run(g *globals) error {
 	if err := checkAccountKey(ctx, issuer, c.DatabaseURL); err != nil {
 		return err
 	}
+	if err := checkEAB(ctx, issuer, log, c.DatabaseURL, eabFlags); err != nil {
+		return err
+	}
 	if err := checkProfile(ctx, issuer, log); err != nil {
 		return err
 	}
@@ -251,13 +258,22 @@ func (c *runCmd) open(ctx context.Context, log *zap.Logger) (*pgxpool.Pool, erro
 
 // issuer registers (or loads) the ACME account and returns the issuer.
 func (c *runCmd) issuer(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger, keks seal.Keyring) (*acme.Issuer, error) {
+	hmac, err := c.eabHMAC(c.ACMEEABHMAC)
+	if err != nil {
+		return nil, err
+	}
+	caaIDs, err := c.caaIdentities()
+	if err != nil {
+		return nil, err
+	}
 	issuer, err := acme.New(ctx, pool, log, acme.Config{
 		DirectoryURL:         c.ACMEDirectory,
 		Email:                c.ACMEEmail,
 		CABundle:             c.ACMECABundle,
 		Profile:              c.ACMEProfile,
 		EABKeyID:             c.ACMEEABKid,
-		EABHMAC:              c.ACMEEABHMAC,
+		EABHMAC:              hmac,
+		CAAIdentities:        caaIDs,
 		KeyType:              c.KeyType,
 		KeyEncryptionKeys:    keks,
 		Preflight:            c.Preflight,

@@ -7,6 +7,7 @@ import (
 	"log"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -173,7 +174,79 @@ func SetServFail(name string) error {
 	return nil
 }
 
-// ClearDNS puts name back to the default answer, 127.0.0.1.
+// CAA is a CAA record SetCAA serves: Flag 128 is the issuer critical flag.
+type CAA struct {
+	Flag  uint8
+	Tag   string
+	Value string
+}
+
+// SetCAA makes name's CAA RRset the given records (none: no CAA records), for a
+// worker's CAA check that asks CA.DNSServer. Pebble's VA never asks for CAA.
+//
+// Records without flags are challtestsrv's, which follows a CNAME (SetCNAME) to
+// them. A record with a flag is not something challtestsrv can serve: name is then
+// answered by a handler of its own, which answers CAA queries with the records, A
+// queries with 127.0.0.1 and other queries with nothing, and follows no alias to
+// it. That handler answers the names under name too (miekg/dns's mux picks the
+// longest zone), as names without CAA records.
+func SetCAA(name string, records ...CAA) error {
+	srv, err := dnsServer()
+	if err != nil {
+		return err
+	}
+	fqdn := dns.Fqdn(name)
+	srv.DeleteDNSCAARecord(fqdn)
+	dns.HandleRemove(fqdn)
+	flagged := false
+	var policies []challtestsrv.CAAPolicy
+	for _, r := range records {
+		flagged = flagged || r.Flag != 0
+		policies = append(policies, challtestsrv.CAAPolicy{Tag: r.Tag, Value: r.Value})
+	}
+	if !flagged {
+		if len(policies) > 0 {
+			srv.AddDNSCAARecord(fqdn, policies)
+		}
+		return nil
+	}
+	dns.HandleFunc(fqdn, func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		m.Authoritative, m.RecursionAvailable = true, true
+		for _, q := range r.Question {
+			hdr := dns.RR_Header{Name: q.Name, Class: dns.ClassINET, Rrtype: q.Qtype}
+			switch q.Qtype {
+			case dns.TypeCAA:
+				if !strings.EqualFold(q.Name, fqdn) {
+					continue
+				}
+				for _, rec := range records {
+					m.Answer = append(m.Answer, &dns.CAA{Hdr: hdr, Flag: rec.Flag, Tag: rec.Tag, Value: rec.Value})
+				}
+			case dns.TypeA:
+				m.Answer = append(m.Answer, &dns.A{Hdr: hdr, A: net.IPv4(127, 0, 0, 1)})
+			}
+		}
+		_ = w.WriteMsg(m)
+	})
+	return nil
+}
+
+// SetCNAME makes name an alias of target: the server answers every query for name
+// with the CNAME and target's records of the asked type (one level, as challtestsrv
+// does).
+func SetCNAME(name, target string) error {
+	srv, err := dnsServer()
+	if err != nil {
+		return err
+	}
+	srv.AddDNSCNAMERecord(dns.Fqdn(name), dns.Fqdn(target))
+	return nil
+}
+
+// ClearDNS puts name back to the default answer, 127.0.0.1, with no CAA records
+// and no alias.
 func ClearDNS(name string) {
 	dnsMu.Lock()
 	srv := dnsSrv
@@ -183,6 +256,8 @@ func ClearDNS(name string) {
 	}
 	srv.DeleteDNSARecord(dns.Fqdn(name))
 	srv.DeleteDNSServFailRecord(dns.Fqdn(name))
+	srv.DeleteDNSCAARecord(dns.Fqdn(name))
+	srv.DeleteDNSCNAMERecord(dns.Fqdn(name))
 	dns.HandleRemove(dns.Fqdn(name))
 }
 
@@ -195,3 +270,7 @@ func dnsServer() (*challtestsrv.ChallSrv, error) {
 	defer dnsMu.Unlock()
 	return dnsSrv, nil
 }
+
+// DNSAddress is the address (HOST:PORT) of the process's DNS server, started on
+// first use: CA.DNSServer, for a test that needs the DNS without a CA.
+func DNSAddress() (string, error) { return sharedDNS() }

@@ -88,10 +88,11 @@ type Seen struct {
 type Rule struct {
 	// Step is the kind of request the rule answers; "" is every step.
 	Step Step
-	// Names limits a rule to new orders for one of these names (an order matches
-	// when any of its identifiers is listed); nil matches every request of Step.
-	// Only new orders name their identifiers, so a rule with Names answers new
-	// orders only.
+	// Names limits a rule to new orders and finalizes for one of these names (an
+	// order matches when any of its identifiers is listed); nil matches every
+	// request of Step. A finalize's names are those of the order the CA accepted
+	// with that finalize URL (CA.Orders). Other requests name no identifier, so a
+	// rule with Names answers new orders and finalizes only.
 	Names []string
 	// Times is how many requests the rule answers before it is spent; 0 is every
 	// one.
@@ -226,6 +227,9 @@ func (f *Front) serve(w http.ResponseWriter, r *http.Request) {
 		if o, err := parseOrder(body); err == nil {
 			names = o.Identifiers
 		}
+	}
+	if step == StepFinalize {
+		names = f.ca.finalizeNames(r.URL.Path)
 	}
 	answer, ok := f.match(step, names)
 	switch {

@@ -22,8 +22,24 @@
 //     connection, and rehearses a mass revocation (Front.StartDrill: the windows
 //     of chosen or all certificates moved to now; Front.SetRenewalInfoRetryAfter:
 //     a Retry-After of seconds instead of Pebble's 6 hours);
-//   - control of its DNS (SetA, SetNoAddress, SetServFail), whose address
-//     (CA.DNSServer) a preflight can be pointed at.
+//   - control of its DNS (SetA, SetNoAddress, SetServFail, SetCNAME, and CAA records
+//     with SetCAA), whose address (CA.DNSServer, DNSAddress) a preflight and a CAA
+//     check can be pointed at.
+//
+// Several CAs run side by side in one process, each independent (its own ports,
+// roots, accounts and orders), for tests of a worker with a fallback CA: give each
+// its own CAAIdentity, advertised in its directory's meta.caaIdentities, and
+// optionally RequireEAB with EABKeys. They share only the DNS. Pebble checks no CAA;
+// a Front makes a CA refuse a name for its CAA records (CAAForbidden, at new-order
+// or finalize):
+//
+//	first := pebbletest.StartT(t, pebbletest.Options{HTTPPort: port, CAAIdentity: "pebble-one.test"})
+//	second := pebbletest.StartT(t, pebbletest.Options{HTTPPort: port, CAAIdentity: "pebble-two.test",
+//		RequireEAB: true, EABKeys: map[string]string{"kid-1": hmacBase64URL}})
+//	front := pebbletest.NewFront(t, first)
+//	front.Add(pebbletest.Rule{Step: pebbletest.StepNewOrder, Names: []string{name},
+//		Answer: pebbletest.CAAForbidden(name)})
+//	pebbletest.SetCAA(name, pebbletest.CAA{Tag: "issue", Value: "pebble-two.test"})
 //
 // Pebble's knobs that it reads from the environment (PEBBLE_VA_NOSLEEP,
 // PEBBLE_WFE_NONCEREJECT, ...) are Options here: Start sets the variables, builds
@@ -84,6 +100,9 @@ const (
 	// that do not follow the directory).
 	DirectoryPath = wfe.DirectoryPath
 	NewOrderPath  = "/order-plz"
+	// DefaultCAAIdentity is the CAA identity a CA advertises when
+	// Options.CAAIdentity is "". A second CA in the same test should have its own.
+	DefaultCAAIdentity = "pebbletest.invalid"
 	// NewAccountPath is Pebble's new-account endpoint.
 	NewAccountPath = "/sign-me-up"
 	// challengePath is the prefix of Pebble's challenge URLs.
@@ -132,9 +151,16 @@ type Options struct {
 	// that long instead of its default 5 seconds. 0 is 1 second; negative adds none.
 	ChallengeRetryAfter time.Duration
 	// RequireEAB makes new accounts need an external account binding; EABKeys
-	// maps key ids to their base64url HMAC keys.
+	// maps key ids to their base64url HMAC keys (EABKeys alone makes the keys
+	// known to a CA that does not require them).
 	RequireEAB bool
 	EABKeys    map[string]string
+	// CAAIdentity is the issuer domain name the directory advertises in
+	// meta.caaIdentities (CA.CAAIdentity); "" is DefaultCAAIdentity. Pebble itself
+	// checks no CAA: a test that wants the CA to refuse a name for its CAA records
+	// says so with a Front rule (CAAForbidden), and a worker's own CAA check reads
+	// records set with SetCAA.
+	CAAIdentity string
 	// Log receives Pebble's log; nil discards it.
 	Log io.Writer
 }
@@ -170,6 +196,9 @@ type CA struct {
 	// resolves names with, shared by every CA of the process: what a preflight's
 	// resolver should be to see the names as the CA sees them.
 	DNSServer string
+	// CAAIdentity is the issuer domain name the directory advertises in
+	// meta.caaIdentities (Options.CAAIdentity).
+	CAAIdentity string
 
 	minica        *minica
 	pebbleCA      *ca.CAImpl
@@ -226,8 +255,11 @@ func Start(opts Options) (c *CA, err error) {
 	if err != nil {
 		return nil, err
 	}
+	if opts.CAAIdentity == "" {
+		opts.CAAIdentity = DefaultCAAIdentity
+	}
 	c = &CA{
-		HTTPPort: opts.HTTPPort, DNSServer: dnsServer, minica: mc, dir: dir,
+		HTTPPort: opts.HTTPPort, DNSServer: dnsServer, CAAIdentity: opts.CAAIdentity, minica: mc, dir: dir,
 		RootsFile: filepath.Join(dir, "roots.pem"), requests: map[Step]int{}, finalized: map[string]bool{},
 	}
 	defer func() {
@@ -287,9 +319,8 @@ func Start(opts Options) (c *CA, err error) {
 	withEnv(env, func() {
 		c.pebbleCA = ca.New(logger, store, "", "ecdsa", 0, 1, profiles)
 		vaImpl := va.New(logger, opts.HTTPPort, 0, false, dnsServer, store)
-		// The CAA identity the directory advertises; no name has CAA records here,
-		// so it is never checked.
-		wfeImpl := wfe.New(logger, store, vaImpl, c.pebbleCA, []string{"pebbletest.invalid"},
+		// The CAA identity the directory advertises; Pebble never checks it.
+		wfeImpl := wfe.New(logger, store, vaImpl, c.pebbleCA, []string{opts.CAAIdentity},
 			false, opts.RequireEAB, 0, 0)
 		handler = wfeImpl.Handler()
 	})
@@ -707,4 +738,17 @@ func seconds(d time.Duration) uint64 {
 		return 0
 	}
 	return uint64(max(1, d/time.Second))
+}
+
+// finalizeNames are the identifiers of the accepted order whose finalize URL has
+// path p, or nil when the CA accepted none.
+func (c *CA) finalizeNames(p string) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, o := range c.orders {
+		if urlPath(o.Finalize) == p {
+			return slices.Clone(o.Identifiers)
+		}
+	}
+	return nil
 }

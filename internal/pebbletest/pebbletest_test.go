@@ -172,3 +172,28 @@ func TestDNS_NameCanPointElsewhereOrNowhere(t *testing.T) {
 	pebbletest.ClearDNS(name)
 	require.Equal(t, []string{"127.0.0.1"}, lookup(name))
 }
+
+// Each CA advertises its own CAA identity in its directory's meta.caaIdentities
+// (the default one when none is given), which a worker compares with CAA records.
+// Guards the two-CA tests against CAs that cannot be told apart by CAA.
+func TestStart_EachCAAdvertisesItsOwnCAAIdentity(t *testing.T) {
+	t.Parallel()
+	one := pebbletest.StartT(t, pebbletest.Options{})
+	two := pebbletest.StartT(t, pebbletest.Options{CAAIdentity: "pebble-two.test"})
+	for _, tc := range []struct {
+		ca   *pebbletest.CA
+		want string
+	}{{one, pebbletest.DefaultCAAIdentity}, {two, "pebble-two.test"}} {
+		resp, err := caClient(t, tc.ca).Get(tc.ca.DirectoryURL)
+		require.NoError(t, err)
+		var dir struct {
+			Meta struct {
+				CAAIdentities []string `json:"caaIdentities"`
+			} `json:"meta"`
+		}
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&dir))
+		_ = resp.Body.Close()
+		require.Equal(t, []string{tc.want}, dir.Meta.CAAIdentities)
+		require.Equal(t, tc.want, tc.ca.CAAIdentity)
+	}
+}

@@ -125,3 +125,18 @@ func InvalidProfile(profile string) Answer {
 		Status: http.StatusBadRequest,
 	}}
 }
+
+// CAAForbidden is a CA's refusal of name because its CAA records do not allow the
+// CA to issue (Boulder's VA, va/caa.go: a caa problem, 403), at new-order or
+// finalize (where Boulder checks CAA again). Pebble checks no CAA itself: a test
+// makes a CA refuse by CAA with a Front rule for the name's new orders and
+// finalizes:
+//
+//	front.Add(pebbletest.Rule{Step: pebbletest.StepFinalize, Names: []string{name},
+//		Answer: pebbletest.CAAForbidden(name)})
+func CAAForbidden(name string) Answer {
+	return Answer{Status: http.StatusForbidden, Problem: &Problem{
+		Type:   problemNS + "caa",
+		Detail: fmt.Sprintf("While processing CAA for %s: CAA record for %s prevents issuance", name, name),
+	}}
+}
