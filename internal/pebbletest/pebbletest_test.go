@@ -54,7 +54,7 @@ func TestStart_ParallelCAsWithDifferentOptionsAndCloseTwice(t *testing.T) {
 	a := pebbletest.StartT(t, pebbletest.Options{NonceReject: 50, ShortLifetime: 5 * time.Minute})
 	b := pebbletest.StartT(t, pebbletest.Options{})
 	require.NotEqual(t, a.DirectoryURL, b.DirectoryURL)
-	_, set := os.LookupEnv("PEBBLE_WFE_NONCEREJECT")
+	_, set := pebbletest.LookupEnvLocked("PEBBLE_WFE_NONCEREJECT")
 	require.False(t, set, "Start must restore the environment")
 	require.NoError(t, a.Close())
 	require.NoError(t, a.Close(), "Close twice")
