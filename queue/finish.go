@@ -42,7 +42,8 @@ func durationFromSeconds(s float64) time.Duration {
 // has none (deploy/grants.sql): certworker writes private keys and never reads one
 // back, so a stolen worker password does not read them either.
 //
-// The certificate's profile is recorded with it (cert.Profile). ssl_error is NULL, or,
+// The certificate's profile is recorded with it (cert.Profile), and the directory of
+// the CA that issued it (cert.Directory, proxy_certificates.issuer_directory). ssl_error is NULL, or,
 // while the domain's own profile is the one the CA refused (c.ProfileRefused), the
 // note of that refusal: it was renewed under its certificate's, and the tenant should
 // know. The note already in ssl_error is kept (it has the CA's own words, when it
@@ -72,12 +73,12 @@ WITH d AS (
 ), c AS (
     INSERT INTO proxy_certificates
         (domain, certificate_pem, private_key_pem, expires_at, not_before, issuer, serial, renew_at,
-         ari_window_end, ari_next_at, profile)
-    SELECT d.domain, $4, $5, $3, $6, $7, $8, $9, $11, now() + make_interval(secs => $12), $13 FROM d
+         ari_window_end, ari_next_at, profile, issuer_directory)
+    SELECT d.domain, $4, $5, $3, $6, $7, $8, $9, $11, now() + make_interval(secs => $12), $13, $16 FROM d
     ON CONFLICT (domain) DO UPDATE SET
         certificate_pem = $4, private_key_pem = $5, expires_at = $3, not_before = $6,
         issuer = $7, serial = $8, renew_at = $9, ari_window_end = $11, ari_next_at = now() + make_interval(secs => $12),
-        profile = $13,
+        profile = $13, issuer_directory = $16,
         updated_at = now()
     RETURNING renew_at
 )
@@ -85,7 +86,7 @@ SELECT `+secondsUntilSQL("renew_at")+` FROM c`,
 		c.ID, c.Token, cert.NotAfter, cert.ChainPEM, cert.PrivateKey, cert.NotBefore,
 		cert.Issuer, cert.Serial, renewAt, RenewBy(cert.NotBefore, cert.NotAfter, cert.WindowEnd),
 		nullTime(cert.WindowEnd), nullSeconds(cert.RenewalInfoIn), nullString(cert.Profile),
-		nullString(c.ProfileRefused), nullString(c.Notice)).Scan(&renewIn)
+		nullString(c.ProfileRefused), nullString(c.Notice), nullString(cert.Directory)).Scan(&renewIn)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, q.whyNotHeld(ctx, c)
 	}
