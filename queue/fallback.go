@@ -202,9 +202,9 @@ var routedClaim = claimRoute{
                          WHERE c.domain = d.domain AND c.issuer_directory = $8) THEN '` + FallbackRenewal + `'
             ELSE 'held'
         END AS cause) r`,
-	free: `(r.cause IS NULL OR (r.cause <> 'held' AND hf.held IS NULL))`,
-	due:  `, CASE WHEN r.cause IS NULL THEN $7 ELSE $8 END AS ca, r.cause`,
-	set:  `, ssl_ca_directory = due.ca, ssl_ca_cause = due.cause`,
+	free:      `(r.cause IS NULL OR (r.cause <> 'held' AND hf.held IS NULL))`,
+	due:       `, CASE WHEN r.cause IS NULL THEN $7 ELSE $8 END AS ca, r.cause`,
+	set:       `, ssl_ca_directory = due.ca, ssl_ca_cause = due.cause`,
 	returning: `, d.ssl_ca_directory, d.ssl_ca_cause, d.ssl_ca_refused`,
 	decision:  `c.ssl_ca_directory, COALESCE(c.ssl_ca_cause, ''), COALESCE(c.ssl_ca_refused, '')`,
 }
