@@ -36,6 +36,7 @@ const letsEncrypt = "https://acme-v02.api.letsencrypt.org/directory"
 type runCmd struct {
 	dbFlags
 	keyFlags
+	fallbackFlags
 	ACMEDirectory     string        `name:"acme-directory" env:"CERTWORKER_ACME_DIRECTORY" default:"${le}" placeholder:"URL" help:"ACME directory URL (default: Let's Encrypt production)."`
 	ACMEEmail         string        `name:"acme-email" env:"CERTWORKER_ACME_EMAIL" placeholder:"EMAIL" help:"ACME account contact."`
 	ACMECABundle      string        `name:"acme-ca-bundle" env:"CERTWORKER_ACME_CA_BUNDLE" placeholder:"FILE" help:"PEM file of roots trusted for the ACME server, beside the system's."`
@@ -99,6 +100,9 @@ func (c *runCmd) validate() error {
 		return usagef("--lease: must be at least 3s, got %s", c.Lease)
 	}
 	if _, err := c.limits(); err != nil {
+		return err
+	}
+	if err := c.validateFallback(); err != nil {
 		return err
 	}
 	if _, err := c.replication(); err != nil {
@@ -193,6 +197,10 @@ func (c *runCmd) Run(g *globals) error {
 	if err := checkProfile(ctx, issuer, log); err != nil {
 		return err
 	}
+	second, _, err := c.fallback(ctx, pool, log, keks, limits)
+	if err != nil {
+		return err
+	}
 
 	var responder *acme.Responder
 	if _, ok := lns["http01"]; ok {
@@ -215,7 +223,7 @@ func (c *runCmd) Run(g *globals) error {
 		servers = append(servers, serveResponder(log, lns["http01"], responder, c.HTTP01MaxConns, reg))
 	}
 
-	w, err := c.startWorker(ctx, pool, issuer, log, reg, limits)
+	w, err := c.startWorker(ctx, pool, issuer, log, reg, limits, second)
 	if err != nil {
 		return err
 	}
@@ -294,7 +302,7 @@ func (c *runCmd) replication() (*pgconn.Config, error) {
 }
 
 // startWorker starts the worker: its listener connects, and it claims from then on.
-func (c *runCmd) startWorker(ctx context.Context, pool *pgxpool.Pool, issuer *acme.Issuer, log *zap.Logger, reg prometheus.Registerer, limits queue.Limits) (*worker.Worker, error) {
+func (c *runCmd) startWorker(ctx context.Context, pool *pgxpool.Pool, issuer *acme.Issuer, log *zap.Logger, reg prometheus.Registerer, limits queue.Limits, second *worker.FallbackCA) (*worker.Worker, error) {
 	replication, err := c.replication()
 	if err != nil {
 		return nil, err
@@ -310,6 +318,7 @@ func (c *runCmd) startWorker(ctx context.Context, pool *pgxpool.Pool, issuer *ac
 		Directory:     issuer.DirectoryURL(),
 		Queue:         queue.Config{RetryBase: c.RetryBase, RetryMax: c.RetryMax, MaxAttempts: c.MaxAttempts, Lease: c.Lease},
 		Limits:        limits,
+		Fallback:      second,
 		Concurrency:   c.Concurrency,
 		PollInterval:  c.PollInterval,
 		ShutdownGrace: max(c.ShutdownGrace, time.Nanosecond), // 0 would mean the default
