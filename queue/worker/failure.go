@@ -106,7 +106,7 @@ func (w *Worker) caUnreachable(o *order, log *zap.Logger, cause error) (string, 
 	}
 	if at.down.CompareAndSwap(false, true) {
 		w.m.setCAUnreachable(at.label, true)
-		w.log.Warn("CA unreachable; ordering from it paused for every instance, nothing charged",
+		w.log.Warn("CA unreachable; ordering paused for every instance, nothing charged",
 			zap.String("directory", at.directory), zap.String("ca", at.label), zap.String("error", cause.Error()),
 			zap.Int("failures", u.Failures), zap.Duration("paused_for", u.For))
 	} else {
