@@ -55,6 +55,17 @@ type Overview struct {
 	// Profiles are the profiles domains name of their own (ssl_profile), most used
 	// first; every other acme domain orders under --acme-profile.
 	Profiles []ProfileCount `json:"profiles"`
+	// Issuers count the stored certificates of acme domains by the CA that issued them
+	// (issue #19), most first.
+	Issuers []IssuerCount `json:"issuers"`
+}
+
+// IssuerCount is how many stored certificates of acme domains a CA issued.
+type IssuerCount struct {
+	// Directory is the CA's ACME directory, "" for certificates with none recorded
+	// (stored before migration 00017, or uploaded).
+	Directory    string `json:"directory"`
+	Certificates int    `json:"certificates"`
 }
 
 // pauseSQL is a LATERAL join giving the row d (of proxy_domains, aliased d) the pause
@@ -195,7 +206,30 @@ ORDER BY d.ssl_last_attempt_at DESC NULLS LAST, d.domain`,
 	if o.Profiles, err = q.profileCounts(ctx); err != nil {
 		return nil, err
 	}
+	if o.Issuers, err = q.issuerCounts(ctx); err != nil {
+		return nil, err
+	}
 	return o, nil
+}
+
+// issuerCounts counts the certificates of acme domains by the CA that issued them.
+func (q *Queue) issuerCounts(ctx context.Context) ([]IssuerCount, error) {
+	rows, err := q.db.Query(ctx, `
+SELECT COALESCE(c.issuer_directory, ''), count(*)
+FROM proxy_certificates c JOIN proxy_domains d ON d.domain = c.domain AND d.ssl_provider = 'acme'
+GROUP BY 1 ORDER BY 2 DESC, 1`)
+	if err != nil {
+		return nil, fmt.Errorf("count certificates by CA: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (IssuerCount, error) {
+		var c IssuerCount
+		err := r.Scan(&c.Directory, &c.Certificates)
+		return c, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("count certificates by CA: %w", err)
+	}
+	return append([]IssuerCount{}, out...), nil
 }
 
 // profileCounts counts the acme domains naming each profile of their own, through

@@ -118,6 +118,16 @@ func (c *statusCmd) Run(g *globals) error {
 			fmt.Fprintf(tw, "%s\t%d\t%d\n", p.Profile, p.Domains, p.Refused)
 		}
 	}
+	if len(o.Issuers) > 0 {
+		fmt.Fprintln(tw, "\nISSUED BY\tCERTIFICATES")
+		for _, c := range o.Issuers {
+			dir := c.Directory
+			if dir == "" {
+				dir = "(not recorded)"
+			}
+			fmt.Fprintf(tw, "%s\t%d\n", dir, c.Certificates)
+		}
+	}
 	if len(o.Domains) > 0 {
 		fmt.Fprintln(tw, "\nDOMAIN\tSTATUS\tATTEMPTS\tNEXT ATTEMPT\tPROFILE\tCERT PROFILE\tLAST ERROR OR PAUSE")
 		for _, d := range o.Domains {

@@ -1,9 +1,22 @@
 package main
 
 import (
+	"context"
+	"crypto/rand"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/certworker/certworker/internal/pebbletest"
+	"github.com/certworker/certworker/internal/pgtest"
+	"github.com/certworker/certworker/internal/workertest"
 )
 
 // The second CA's flags are checked before run connects anywhere, each bad
@@ -38,4 +51,79 @@ func TestCLI_BadFallbackFlagsExitTwoNamingTheFlag(t *testing.T) {
 	code, _, stderr := invoke(t, second...)
 	require.Equal(t, exitUsage, code, stderr)
 	require.Contains(t, stderr, "--acme-fallback-after", "the variable is read and checked")
+}
+
+// `run` with a second CA works under the role deploy/grants.sql makes: the first CA
+// down from the start, a domain verified then is issued by the second after
+// --acme-fallback-after, the certificate records the second's directory, and
+// `status` says which CA issued it. Guards against grants that fall behind the
+// routed claim's columns (ssl_ca_*, issuer_directory, the pauses' directory).
+func TestRun_IssuesFromTheSecondCAUnderLeastPrivilege(t *testing.T) {
+	t.Parallel()
+	bin := buildCertworker(t)
+	adminDSN := pgtest.NewDB(t)
+	runDSN := leastPrivilegeRole(t, adminDSN)
+	ctx := context.Background()
+	http01, admin := workertest.FreeAddr(t), workertest.FreeAddr(t)
+	_, port, _ := net.SplitHostPort(http01)
+	httpPort, _ := strconv.Atoi(port)
+	first := pebbletest.StartT(t, pebbletest.Options{HTTPPort: httpPort})
+	front := pebbletest.NewFront(t, first)
+	front.SetDown(true)
+	second := pebbletest.StartT(t, pebbletest.Options{HTTPPort: httpPort})
+
+	cmd := exec.Command(bin, "run",
+		"--database-url", runDSN,
+		"--acme-directory", front.DirectoryURL,
+		"--acme-ca-bundle", first.RootsFile,
+		"--acme-profile", pebbletest.DefaultProfile,
+		"--acme-fallback-directory", second.DirectoryURL,
+		"--acme-fallback-ca-bundle", second.RootsFile,
+		"--acme-fallback-profile", pebbletest.DefaultProfile,
+		"--acme-fallback-after", "1s",
+		"--http01-listen", http01,
+		"--admin-listen", admin,
+		"--preflight", "off",
+		"--poll-interval", "1s",
+		"--retry-base", "1s",
+		"--shutdown-grace", "5s")
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	logs := &workertest.Buffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	defer func() {
+		if t.Failed() {
+			t.Logf("certworker run's log:\n%s", logs)
+		}
+	}()
+
+	proxy, err := pgx.Connect(ctx, adminDSN)
+	require.NoError(t, err)
+	defer proxy.Close(ctx)
+	name := "second-" + strings.ToLower(rand.Text()[:10]) + ".example"
+	_, err = proxy.Exec(ctx, `
+WITH t AS (INSERT INTO proxy_tenants (name, slug, email) VALUES ('shop', $1, 'shop@example.com') RETURNING id)
+INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token)
+SELECT id, $1, 'verified', 'tok' FROM t`, name)
+	require.NoError(t, err)
+	waitFor(t, logs, 60*time.Second, "the domain never became active", func() bool {
+		var status string
+		return proxy.QueryRow(ctx, `SELECT ssl_status FROM proxy_domains WHERE domain = $1`, name).Scan(&status) == nil &&
+			status == "active"
+	})
+	var dir string
+	require.NoError(t, proxy.QueryRow(ctx, `SELECT issuer_directory FROM proxy_certificates WHERE domain = $1`, name).Scan(&dir))
+	require.Equal(t, second.DirectoryURL, dir)
+	require.NotContains(t, logs.String(), "permission denied")
+	require.Contains(t, logs.String(), `"cause":"outage"`)
+
+	code, stdout, stderr := invoke(t, "status", "--database-url", adminDSN)
+	require.Equal(t, exitOK, code, stderr)
+	require.Contains(t, stdout, second.DirectoryURL, "status does not say which CA issued the certificates")
 }
