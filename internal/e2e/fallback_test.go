@@ -232,7 +232,7 @@ func TestE2E_TheSecondCAsCertificateIsRenewedByTheFirstOnceItIsBack(t *testing.T
 	first := w.acmeConfig()
 	first.DirectoryURL = front.DirectoryURL
 	second, secondCfg := w.startSecondCA(t)
-	w.startWithFallback(t, "a", first, secondCfg, worker.Config{Concurrency: 2,
+	in := w.startWithFallback(t, "a", first, secondCfg, worker.Config{Concurrency: 2,
 		Queue: queue.Config{RetryBase: 200 * time.Millisecond, RetryMax: time.Minute}})
 
 	front.SetDown(true)
@@ -249,6 +249,8 @@ func TestE2E_TheSecondCAsCertificateIsRenewedByTheFirstOnceItIsBack(t *testing.T
 	renewals := ordersFor(w.ca, name)
 	require.Len(t, renewals, 1)
 	require.Empty(t, renewals[0].Replaces, "the renewal named a certificate of another CA in replaces")
+	require.Equal(t, 1, w.ca.OrderRequests(), "the first CA was sent an order it refused (one naming another CA's certificate)")
+	require.Zero(t, in.Logs.FilterMessage("CA refused the order naming the certificate it replaces; ordering without").Len())
 	require.Len(t, ordersFor(second, name), 1, "the second CA was asked again")
 	require.Equal(t, "active", w.domain(t, id).Status)
 }
