@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -120,4 +122,21 @@ func (c *runCmd) fallback(ctx context.Context, pool *pgxpool.Pool, log *zap.Logg
 	log.Info("second CA configured", zap.String("directory", issuer.DirectoryURL()),
 		zap.Duration("after", c.FallbackAfter), zap.String("profile", c.FallbackProfile))
 	return &worker.FallbackCA{Issuer: issuer, Directory: issuer.DirectoryURL(), After: c.FallbackAfter, Limits: limits}, issuer, nil
+}
+
+// secondKeyReady is the part of /readyz about the second CA's stored account key, as
+// keysReady's for the first: nil without a second CA.
+func secondKeyReady(ctx context.Context, second *acme.Issuer) error {
+	if second == nil {
+		return nil
+	}
+	err := second.CheckAccountKey(ctx)
+	var ke *queue.KeyError
+	switch {
+	case errors.As(err, &ke):
+		return fmt.Errorf("the second CA's account: %w", ke)
+	case err != nil:
+		return errors.New("cannot read the second CA's stored ACME account")
+	}
+	return nil
 }

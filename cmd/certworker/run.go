@@ -197,7 +197,7 @@ func (c *runCmd) Run(g *globals) error {
 	if err := checkProfile(ctx, issuer, log); err != nil {
 		return err
 	}
-	second, _, err := c.fallback(ctx, pool, log, keks, limits)
+	second, secondIssuer, err := c.fallback(ctx, pool, log, keks, limits)
 	if err != nil {
 		return err
 	}
@@ -233,7 +233,7 @@ func (c *runCmd) Run(g *globals) error {
 	fl.Start(ctx)
 	defer fl.Stop()
 	if ln, ok := lns["admin"]; ok {
-		servers = append(servers, serve(log, "admin", ln, adminMux(pool, w, issuer, reg)))
+		servers = append(servers, serve(log, "admin", ln, adminMux(pool, w, issuer, secondIssuer, reg)))
 	}
 	return w.Wait()
 }
@@ -432,7 +432,7 @@ func serve(log *zap.Logger, name string, ln net.Listener, h http.Handler, config
 // adminMux serves /healthz (the process is alive), /readyz (the database answers,
 // the worker's listener is connected, and the configured keys open the stored ACME
 // account key) and /metrics.
-func adminMux(pool *pgxpool.Pool, wk *worker.Worker, issuer *acme.Issuer, reg *prometheus.Registry) *http.ServeMux {
+func adminMux(pool *pgxpool.Pool, wk *worker.Worker, issuer, second *acme.Issuer, reg *prometheus.Registry) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -442,7 +442,7 @@ func adminMux(pool *pgxpool.Pool, wk *worker.Worker, issuer *acme.Issuer, reg *p
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if why := notReady(ctx, pool, wk, issuer); why != "" {
+		if why := notReady(ctx, pool, wk, issuer, second); why != "" {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			fmt.Fprintln(w, why)
 			return
@@ -454,7 +454,8 @@ func adminMux(pool *pgxpool.Pool, wk *worker.Worker, issuer *acme.Issuer, reg *p
 }
 
 // notReady is why /readyz answers 503, or "" when it answers 200.
-func notReady(ctx context.Context, pool *pgxpool.Pool, wk *worker.Worker, issuer *acme.Issuer) string {
+// second is the second CA's issuer, nil for none.
+func notReady(ctx context.Context, pool *pgxpool.Pool, wk *worker.Worker, issuer, second *acme.Issuer) string {
 	switch {
 	case pool.Ping(ctx) != nil:
 		return "database unreachable"
@@ -462,6 +463,9 @@ func notReady(ctx context.Context, pool *pgxpool.Pool, wk *worker.Worker, issuer
 		return "listener not connected"
 	}
 	if err := keysReady(ctx, wk, issuer); err != nil {
+		return err.Error()
+	}
+	if err := secondKeyReady(ctx, second); err != nil {
 		return err.Error()
 	}
 	return ""

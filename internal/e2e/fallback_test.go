@@ -233,7 +233,8 @@ func TestE2E_TheSecondCAsCertificateIsRenewedByTheFirstOnceItIsBack(t *testing.T
 	first.DirectoryURL = front.DirectoryURL
 	second, secondCfg := w.startSecondCA(t)
 	in := w.startWithFallback(t, "a", first, secondCfg, worker.Config{Concurrency: 2,
-		Queue: queue.Config{RetryBase: 200 * time.Millisecond, RetryMax: time.Minute}})
+		Queue:  queue.Config{RetryBase: 200 * time.Millisecond, RetryMax: time.Minute},
+		Limits: queue.Limits{OrdersPerAccount: queue.Limit{Count: 100, Window: time.Hour}}})
 
 	front.SetDown(true)
 	name := randomName("back")
@@ -253,6 +254,34 @@ func TestE2E_TheSecondCAsCertificateIsRenewedByTheFirstOnceItIsBack(t *testing.T
 	require.Zero(t, in.Logs.FilterMessage("CA refused the order naming the certificate it replaces; ordering without").Len())
 	require.Len(t, ordersFor(second, name), 1, "the second CA was asked again")
 	require.Equal(t, "active", w.domain(t, id).Status)
+	// The first CA's ledger counts it as a new order, not as a renewal.
+	var renewal bool
+	require.NoError(t, w.pool.QueryRow(w.ctx, `
+SELECT renewal FROM certworker_ledger WHERE directory = $1 AND name = $2 AND outcome = 'issued'`,
+		front.DirectoryURL, name).Scan(&renewal))
+	require.False(t, renewal, "the first CA's ledger counted a certificate of the second's as a renewal")
+}
+
+// The first CA's ledger holds a registered domain back (its limit reached): after
+// --acme-fallback-after its names go to the second, whose ledger is its own.
+func TestE2E_TheFirstCAsLedgerSendsANameToTheSecondAfterTheWait(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, pebbletest.Options{})
+	second, secondCfg := w.startSecondCA(t)
+	limits := queue.Limits{CertsPerRegisteredDomain: queue.Limit{Count: 1, Window: time.Hour}}
+	in := w.startWithFallback(t, "a", w.acmeConfig(), secondCfg, worker.Config{Concurrency: 1, Limits: limits})
+
+	rd := "ledger-" + randomHex() + ".example"
+	ids := w.addDomains(t, "a."+rd)
+	waitFor(t, 30*time.Second, "the first name", func() bool { return w.domain(t, ids[0]).Status == "active" })
+	start := time.Now()
+	ids = w.addDomains(t, "b."+rd)
+	waitFor(t, fallbackAfter+30*time.Second, "the second name", func() bool { return w.domain(t, ids[0]).Status == "active" })
+	require.GreaterOrEqual(t, time.Since(start), fallbackAfter)
+	require.Equal(t, w.ca.DirectoryURL, w.issuedBy(t, "a."+rd))
+	require.Equal(t, second.DirectoryURL, w.issuedBy(t, "b."+rd))
+	require.Empty(t, ordersFor(w.ca, "b."+rd), "the first CA was sent an order its ledger refused")
+	require.Equal(t, 1.0, in.Metric(t, "certworker_fallback_decisions_total", queue.FallbackLedger))
 }
 
 // freePort is a loopback port nothing listens on: a CA validating against it finds
