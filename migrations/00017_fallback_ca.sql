@@ -73,9 +73,10 @@ $$;
 --   ssl_ca_cause: why that was the second CA (queue.FallbackOutage, ...), NULL for the
 --     first. The claim decides both in the statement that takes the row, so every
 --     instance reads one decision, and a domain is never ordered at both CAs at once;
---   ssl_ca_refused: the directory of the first CA when it refused the name for good
---     (caa, rejectedIdentifier, unsupportedIdentifier): from then on the domain's
---     orders go to the second, at once. `certworker retry` clears it.
+--   ssl_ca_refused: the directory of a CA that refused the name for good (caa,
+--     rejectedIdentifier, unsupportedIdentifier) or that the name's CAA records
+--     forbid: the domain's orders go to the other, at once, until its next
+--     certificate is stored or `certworker retry` clears it.
 -- +goose StatementBegin
 DO $$
 BEGIN

@@ -43,7 +43,9 @@ func durationFromSeconds(s float64) time.Duration {
 // back, so a stolen worker password does not read them either.
 //
 // The certificate's profile is recorded with it (cert.Profile), and the directory of
-// the CA that issued it (cert.Directory, proxy_certificates.issuer_directory). ssl_error is NULL, or,
+// the CA that issued it (cert.Directory, proxy_certificates.issuer_directory). A CA's
+// refusal of the name (ssl_ca_refused) held for this issuance: the next, a renewal,
+// asks the CAs afresh (their policy, the name's CAA records may have changed). ssl_error is NULL, or,
 // while the domain's own profile is the one the CA refused (c.ProfileRefused), the
 // note of that refusal: it was renewed under its certificate's, and the tenant should
 // know. The note already in ssl_error is kept (it has the CA's own words, when it
@@ -67,6 +69,7 @@ WITH d AS (
         ssl_error = CASE WHEN ssl_profile = $14
                          THEN CASE WHEN ssl_error LIKE '`+ProfilePrefix+`%' THEN ssl_error ELSE $15 END END,
         ssl_profile_refused = CASE WHEN ssl_profile = $14 THEN $14 END,
+        ssl_ca_refused = NULL,
         ssl_renew_by = $10, updated_at = now(), `+releaseClaimSQL+`
     WHERE `+heldSQL+`
     RETURNING domain

@@ -1,10 +1,12 @@
 package e2e
 
 import (
+	"context"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -322,4 +324,60 @@ func TestE2E_TwoInstancesShareOneFallbackDecision(t *testing.T) {
 	}
 	issued := a.Metric(t, "certworker_ca_orders_total", "fallback", "issued") + b.Metric(t, "certworker_ca_orders_total", "fallback", "issued")
 	require.Equal(t, float64(len(names)), issued)
+}
+
+// caaStub stands in for the CAA lookup (worker.CAAFunc): names starting "first-only"
+// allow the first CA, "second-only" the second, "neither" none, anything else both.
+func caaStub(first, second string) worker.CAAFunc {
+	return func(_ context.Context, name string) (queue.Verdict, string, error) {
+		only := func(dir, ident string) (queue.Verdict, string, error) {
+			return func(d string) bool { return d == dir }, ident, nil
+		}
+		switch {
+		case strings.HasPrefix(name, "first-only"):
+			return only(first, "first.example")
+		case strings.HasPrefix(name, "second-only"):
+			return only(second, "second.example")
+		case strings.HasPrefix(name, "neither"):
+			return only("", "elsewhere.example")
+		}
+		return nil, "", nil
+	}
+}
+
+// The name's CAA records decide who may be asked (issue #19), given through the
+// worker's CAA hook (the lookup itself is acme's): a name they allow at the first CA
+// only waits for the first while it is down and is never sent to the second; one they
+// allow at the second only goes there at once, the first never asked; one they allow
+// at neither fails at once, naming what they allow, nothing ordered anywhere.
+func TestE2E_CAADecidesWhichCAIsAsked(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, pebbletest.Options{})
+	front := pebbletest.NewFront(t, w.ca)
+	first := w.acmeConfig()
+	first.DirectoryURL = front.DirectoryURL
+	second, secondCfg := w.startSecondCA(t)
+	w.startWithFallback(t, "a", first, secondCfg, worker.Config{Concurrency: 2,
+		Queue: queue.Config{RetryBase: 200 * time.Millisecond, RetryMax: time.Minute},
+		CAA:   caaStub(front.DirectoryURL, second.DirectoryURL)})
+
+	firstOnly, secondOnly, neither := "first-only-"+randomHex()+".example", "second-only-"+randomHex()+".example", "neither-"+randomHex()+".example"
+	ids := w.addDomains(t, secondOnly, neither)
+	waitFor(t, 30*time.Second, "the name only the second may issue", func() bool { return w.domain(t, ids[0]).Status == "active" })
+	require.Equal(t, second.DirectoryURL, w.issuedBy(t, secondOnly))
+	require.Zero(t, w.ca.OrderRequests(), "the first CA was asked for a name CAA forbids it")
+	waitFor(t, 30*time.Second, "the name neither may issue to fail", func() bool { return w.domain(t, ids[1]).Status == "failed" })
+	d := w.domain(t, ids[1])
+	require.Contains(t, *d.Error, "caa: the name's CAA records allow elsewhere.example, and no CA certworker orders from")
+	require.Empty(t, ordersFor(second, neither))
+
+	front.SetDown(true)
+	id := w.addDomains(t, firstOnly)[0]
+	time.Sleep(fallbackAfter + 3*time.Second)
+	require.Equal(t, "pending", w.domain(t, id).Status)
+	require.Zero(t, w.domain(t, id).Attempts)
+	require.Empty(t, ordersFor(second, firstOnly), "a name CAA allows at the first only was sent to the second")
+	front.SetDown(false)
+	waitFor(t, 60*time.Second, "the first CA to issue it once back", func() bool { return w.domain(t, id).Status == "active" })
+	require.Equal(t, front.DirectoryURL, w.issuedBy(t, firstOnly))
 }

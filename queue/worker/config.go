@@ -66,6 +66,9 @@ type Config struct {
 	Limits queue.Limits
 	// Fallback is the second CA, nil for none (fallback.go).
 	Fallback *FallbackCA
+	// CAA, if set, says before each order which CAs a name's CAA records allow
+	// (RFC 8659): see CAAFunc.
+	CAA CAAFunc
 
 	// Concurrency is the number of orders in flight on this instance.
 	Concurrency int

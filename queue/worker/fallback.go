@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -145,4 +146,69 @@ func (w *Worker) refusedBySecond(o *order, log *zap.Logger, perm *queue.Permanen
 // next time), and the error says which flag.
 func fallbackProfileError(pe *queue.ProfileError) error {
 	return errors.New("the second CA does not offer --acme-fallback-profile: " + pe.Error())
+}
+
+// CAAFunc reads a name's CAA records and says which of the worker's CAs they allow,
+// by directory (allowed; nil allows every CA), and what they allow in words for
+// ssl_error (allows, e.g. "letsencrypt.org"). An error is the tenant's DNS failing
+// (SERVFAIL, a timeout): the attempt is charged like a failed preflight, and err's
+// message, which should start "caa: ", becomes ssl_error. It MUST be safe for
+// concurrent use.
+type CAAFunc func(ctx context.Context, name string) (allowed queue.Verdict, allows string, err error)
+
+// checkCAA applies the name's CAA records (cfg.CAA) to the claim before its order: a
+// CA they forbid is never asked (queue.Decide). done reports that the claim was
+// settled here, with its outcome and retry time: handed back for the other CA at once
+// (caa_other_ca), or to wait for the first (caa_waits), or failed because the records
+// allow neither (caa_refused), or charged because they could not be read
+// (caa_failed). The CA they forbid is recorded as refusing the name
+// (ssl_ca_refused), which the next claim reads.
+func (w *Worker) checkCAA(ctx context.Context, o *order, log *zap.Logger, name string) (outcome string, retryIn time.Duration, done bool) {
+	if w.cfg.CAA == nil {
+		return "", 0, false
+	}
+	allowed, allows, err := w.cfg.CAA(ctx, name)
+	if err != nil {
+		outcome, retryIn = w.fail(o, log, err.Error(), "caa_failed")
+		return outcome, retryIn, true
+	}
+	c := o.claim
+	var fb *queue.Fallback
+	if w.second != nil {
+		fb = &queue.Fallback{Directory: w.second.directory}
+	}
+	d := queue.Decide(c, w.first.directory, fb, false, allowed)
+	var forbidden string
+	switch {
+	case d.Directory == c.Directory:
+		return "", 0, false
+	case d.Directory != "":
+		forbidden, outcome = c.Directory, "caa_other_ca"
+	case d.Wait:
+		forbidden, outcome = w.second.directory, "caa_waits"
+	default:
+		var cas []string
+		for _, at := range w.cas() {
+			cas = append(cas, at.directory)
+		}
+		reason := fmt.Sprintf("caa: the name's CAA records allow %s, and no CA certworker orders from (%s)",
+			allowsOrNone(allows), strings.Join(cas, ", "))
+		return w.failForGood(o, log, reason, "caa_refused"), 0, true
+	}
+	err = w.record(o, log, "record a CA that CAA forbids", func(ctx context.Context) error {
+		return w.q.RecordRefused(ctx, c, forbidden)
+	})
+	if outcome, done := w.notRecorded(o, log, err); done {
+		return outcome, 0, true
+	}
+	log.Info("the name's CAA records forbid a CA; it is not asked, nothing charged",
+		zap.String("forbidden", forbidden), zap.String("allows", allows), zap.String("then", outcome))
+	return w.handBack(o, log, outcome == "caa_waits", outcome), 0, true
+}
+
+func allowsOrNone(allows string) string {
+	if allows == "" {
+		return "no CA"
+	}
+	return allows
 }

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"strings"
 
 	"go.uber.org/zap"
 
@@ -128,8 +129,10 @@ func (w *Worker) settleLedger(o *order, r result) {
 	case r.outcome == "invalid", r.outcome == "unrecorded":
 		return // no ledger row, or nothing known
 	case r.outcome == "preflight_failed", r.outcome == "rate_limited", r.outcome == "key_error",
-		r.outcome == "profile_refused", r.outcome == "profile_halted":
-		// Nothing the CA counts: the preflight sent nothing, nor did an order
+		r.outcome == "profile_refused", r.outcome == "profile_halted",
+		strings.HasPrefix(r.outcome, "caa_"):
+		// Nothing the CA counts: the preflight sent nothing, nor did an order that
+		// the name's CAA records stopped (caa_*), nor one
 		// without its account key or under a profile the directory does not list,
 		// and Let's Encrypt refunds a new order it refused.
 		outcome = queue.LedgerNotSent

@@ -74,7 +74,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"outcome"}),
 		caOrders: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "certworker_ca_orders_total",
-			Help: "Finished orders by the CA they went to (primary: --acme-directory, fallback: --acme-fallback-directory) and outcome (as certworker_issuance_total's, and refused_first: the first CA refused the name, and the second is asked; refused_second: the second refused it, and the domain waits for the first).",
+			Help: "Finished orders by the CA they went to (primary: --acme-directory, fallback: --acme-fallback-directory) and outcome (as certworker_issuance_total's, and refused_first: the first CA refused the name, and the second is asked; refused_second: the second refused it, and the domain waits for the first; caa_other_ca, caa_waits, caa_refused, caa_failed: the name's CAA records sent it to the other CA, made it wait for the first, allow neither, or could not be read).",
 		}, []string{"ca", "outcome"}),
 		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "certworker_fallback_decisions_total",

@@ -154,6 +154,10 @@ func (w *Worker) runOrder(ctx context.Context, o *order) result {
 	}
 	octx, cancel := context.WithTimeoutCause(ctx, w.cfg.OrderTimeout, errOrderTimeout)
 	defer cancel()
+	if outcome, retryIn, done := w.checkCAA(octx, o, log, name); done {
+		res.outcome, res.retryIn = outcome, retryIn
+		return res
+	}
 	w.logFallback(c, log)
 	var cert *queue.Certificate
 	if at := w.caOf(c.Directory); at == w.first {
