@@ -247,7 +247,13 @@ func TestMarkActive_RecordsTheIssuingCA(t *testing.T) {
 	require.NoError(t, b.markActive(c, &queue.Certificate{ChainPEM: "chain", PrivateKey: "key", NotBefore: now,
 		NotAfter: now.Add(90 * 24 * time.Hour), Directory: secondDirectory}))
 	require.Equal(t, []string{secondDirectory}, b.strings(t, `SELECT issuer_directory FROM proxy_certificates WHERE domain = $1`, name))
+	o, err := b.q.Overview(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, []queue.IssuerCount{{Directory: secondDirectory, Certificates: 1}}, o.Issuers, "status does not count it by CA")
 	b.exec(t, `UPDATE proxy_certificates SET certificate_pem = 'uploaded' WHERE domain = $1`, name)
+	o, err = b.q.Overview(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, []queue.IssuerCount{{Directory: "", Certificates: 1}}, o.Issuers)
 	require.Empty(t, b.strings(t, `SELECT issuer_directory FROM proxy_certificates WHERE domain = $1 AND issuer_directory IS NOT NULL`, name))
 }
 

@@ -130,15 +130,18 @@ type PauseState struct {
 	Source      string    `json:"source"`
 	PausedUntil time.Time `json:"paused_until"`
 	Reason      string    `json:"reason"`
+	// Directory is the CA the pause belongs to ("" for a pause written before
+	// migration 00017: the first CA's).
+	Directory string `json:"directory"`
 }
 
 // CAPause is the pause in force on the CA at directory that ends last, or nil.
 func (q *Queue) CAPause(ctx context.Context, directory string) (*PauseState, error) {
 	var p PauseState
 	err := q.db.QueryRow(ctx, `
-SELECT scope, key, source, paused_until, reason FROM certworker_pauses
+SELECT scope, key, source, paused_until, reason, directory FROM certworker_pauses
 WHERE scope = 'ca' AND key = $1 AND paused_until > now()
-ORDER BY paused_until DESC LIMIT 1`, directory).Scan(&p.Scope, &p.Key, &p.Source, &p.PausedUntil, &p.Reason)
+ORDER BY paused_until DESC LIMIT 1`, directory).Scan(&p.Scope, &p.Key, &p.Source, &p.PausedUntil, &p.Reason, &p.Directory)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

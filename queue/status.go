@@ -256,14 +256,14 @@ GROUP BY 1 ORDER BY 2 DESC, 1`)
 // Pauses are the pauses in force, the one that ends last first.
 func (q *Queue) Pauses(ctx context.Context) ([]PauseState, error) {
 	rows, err := q.db.Query(ctx, `
-SELECT scope, key, source, paused_until, reason FROM certworker_pauses
+SELECT scope, key, source, paused_until, reason, directory FROM certworker_pauses
 WHERE paused_until > now() ORDER BY paused_until DESC`)
 	if err != nil {
 		return nil, fmt.Errorf("list pauses: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (PauseState, error) {
 		var p PauseState
-		err := r.Scan(&p.Scope, &p.Key, &p.Source, &p.PausedUntil, &p.Reason)
+		err := r.Scan(&p.Scope, &p.Key, &p.Source, &p.PausedUntil, &p.Reason, &p.Directory)
 		return p, err
 	})
 	if err != nil {

@@ -98,7 +98,7 @@ func TestOverview_MarshalsToTheContractsJSON(t *testing.T) {
 	require.NoError(t, err)
 	raw, err := json.Marshal(o)
 	require.NoError(t, err)
-	require.JSONEq(t, `{"counts":{"pending":0,"provisioning":0,"active":0,"failed":0},"domains":[],"pauses":[],"profiles":[]}`, string(raw))
+	require.JSONEq(t, `{"counts":{"pending":0,"provisioning":0,"active":0,"failed":0},"domains":[],"pauses":[],"profiles":[],"issuers":[]}`, string(raw))
 
 	tn := b.tenant(t)
 	b.domain(t, tn, "failed", 10, ago(600))

@@ -107,9 +107,10 @@ func (c *statusCmd) Run(g *globals) error {
 		o.Counts.Pending, o.Counts.Provisioning, o.Counts.Active, o.Counts.Failed)
 	tw := tabwriter.NewWriter(g.stdout, 2, 4, 2, ' ', 0)
 	if len(o.Pauses) > 0 {
-		fmt.Fprintln(tw, "\nPAUSED\tKEY\tBY\tUNTIL\tREASON")
+		fmt.Fprintln(tw, "\nPAUSED\tKEY\tBY\tUNTIL\tCA\tREASON")
 		for _, p := range o.Pauses {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.Scope, p.Key, p.Source, p.PausedUntil.UTC().Format(time.RFC3339), p.Reason)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.Scope, p.Key, p.Source, p.PausedUntil.UTC().Format(time.RFC3339),
+				pauseCA(p), p.Reason)
 		}
 	}
 	if len(o.Profiles) > 0 {

@@ -140,3 +140,11 @@ func secondKeyReady(ctx context.Context, second *acme.Issuer) error {
 	}
 	return nil
 }
+
+// pauseCA is the CA a pause belongs to, for `status`: each CA has its own pauses.
+func pauseCA(p queue.PauseState) string {
+	if p.Directory == "" {
+		return "(first)"
+	}
+	return p.Directory
+}
