@@ -310,3 +310,31 @@ func TestDecide(t *testing.T) {
 		})
 	}
 }
+
+// With a second CA the claim still reads the claimable set through its index, in
+// order, and does not scan the table: the routing is looked up for the rows it reads
+// (the pauses' key, proxy_certificates' for a renewal held back), not for the queue.
+func TestClaimRouted_UsesThePartialIndexAt100kDomains(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tn := b.tenant(t)
+	b.exec(t, `
+INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_status, ssl_provider)
+SELECT $1, 'bulk' || g || '.example', 'verified', 'tok',
+       CASE WHEN g % 1000 = 0 THEN 'pending' ELSE 'active' END, 'acme'
+FROM generate_series(1, 100000) g`, tn)
+	b.exec(t, `ANALYZE proxy_domains`)
+	rows, err := b.pool.Query(b.ctx, `EXPLAIN `+queue.ClaimRoutedSQLForTest, 10, 60.0, 14400.0, "explain", 60.0, 4,
+		testDirectory, secondDirectory, 600.0)
+	require.NoError(t, err)
+	defer rows.Close()
+	var plan string
+	for rows.Next() {
+		var line string
+		require.NoError(t, rows.Scan(&line))
+		plan += line + "\n"
+	}
+	require.NoError(t, rows.Err())
+	require.Contains(t, plan, "proxy_domains_queue_idx", "the routed claim does not use its index:\n%s", plan)
+	require.NotContains(t, plan, "Seq Scan on proxy_domains", "the routed claim scans the table:\n%s", plan)
+}
