@@ -285,6 +285,9 @@ type StoredCertificate struct {
 	// Profile is the ACME profile it was issued under, nil when none is recorded
 	// (issued before migration 00014, or uploaded): it matches any.
 	Profile *string `json:"profile"`
+	// Directory is the ACME directory of the CA that issued it, nil when none is
+	// recorded (stored before migration 00017, or uploaded).
+	Directory *string `json:"issuer_directory"`
 }
 
 // DomainState is everything `certworker status DOMAIN` shows.
@@ -309,6 +312,12 @@ type DomainState struct {
 	Profile        *string            `json:"ssl_profile"`
 	ProfileRefused *string            `json:"ssl_profile_refused"`
 	Certificate    *StoredCertificate `json:"certificate"`
+	// CADirectory is the CA its last claim went to (a second CA's claim records it),
+	// CACause why that was the second, CARefused a CA that refused the name or that
+	// its CAA records forbid (issue #19); nil for none.
+	CADirectory *string `json:"ca_directory"`
+	CACause     *string `json:"ca_cause"`
+	CARefused   *string `json:"ca_refused"`
 }
 
 // State is one domain's whole state and its certificate, by name in any case. It
@@ -327,7 +336,7 @@ SELECT d.id::text, d.tenant_id::text, d.domain, d.verification_status, d.ssl_sta
     d.ssl_expires_at, d.ssl_claimed_by, d.ssl_lease_expires_at, d.ssl_profile, d.ssl_profile_refused,
     c.id IS NOT NULL, c.issuer, c.serial, c.not_before, c.expires_at,
     CASE WHEN c.expires_at IS NULL THEN c.certificate_pem END, c.renew_at, COALESCE(c.auto_renew, false),
-    c.profile
+    c.profile, c.issuer_directory, d.ssl_ca_directory, d.ssl_ca_cause, d.ssl_ca_refused
 FROM proxy_domains d LEFT JOIN proxy_certificates c ON c.domain = d.domain `+pauseSQL+`
 WHERE lower(d.domain) = lower($1)
 ORDER BY d.domain`, domain,
@@ -363,7 +372,7 @@ func scanState(row pgx.CollectableRow) (*DomainState, error) {
 		&s.SSLAttempts, &s.SSLError, &s.LastAttempt, &s.NextAttempt, &s.PausedUntil, &s.PauseReason,
 		&s.ExpiresAt, &s.ClaimedBy, &s.LeaseExpiresAt, &s.Profile, &s.ProfileRefused,
 		&hasCert, &c.Issuer, &c.Serial, &c.NotBefore, &notAfter, &chain, &c.RenewAt, &c.AutoRenew,
-		&c.Profile)
+		&c.Profile, &c.Directory, &s.CADirectory, &s.CACause, &s.CARefused)
 	if err != nil {
 		return nil, err
 	}

@@ -177,11 +177,22 @@ func printState(g *globals, s *queue.DomainState) {
 		row("profile refused by the CA", *s.ProfileRefused)
 	}
 	row("expires", when(s.ExpiresAt, "-"))
+	if s.CADirectory != nil {
+		ca := *s.CADirectory
+		if s.CACause != nil {
+			ca += " (second CA: " + *s.CACause + ")"
+		}
+		row("last claim's CA", ca)
+	}
+	if s.CARefused != nil {
+		row("refused by the CA", *s.CARefused)
+	}
 	if s.ClaimedBy != nil {
 		row("claimed by", *s.ClaimedBy+" (lease until "+when(s.LeaseExpiresAt, "?")+")")
 	}
 	if c := s.Certificate; c != nil {
 		row("certificate issuer", str(c.Issuer))
+		row("issued by the CA", str(c.Directory))
 		row("certificate serial", str(c.Serial))
 		row("not before", when(c.NotBefore, "-"))
 		notAfter := "unknown (no expires_at, and certificate_pem cannot be read)"

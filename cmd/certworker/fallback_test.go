@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -126,4 +127,8 @@ SELECT id, $1, 'verified', 'tok' FROM t`, name)
 	code, stdout, stderr := invoke(t, "status", "--database-url", adminDSN)
 	require.Equal(t, exitOK, code, stderr)
 	require.Contains(t, stdout, second.DirectoryURL, "status does not say which CA issued the certificates")
+	code, stdout, stderr = invoke(t, "status", "--database-url", runDSN, name)
+	require.Equal(t, exitOK, code, stderr)
+	require.Regexp(t, `issued by the CA\s+`+regexp.QuoteMeta(second.DirectoryURL), stdout)
+	require.Regexp(t, `last claim's CA\s+`+regexp.QuoteMeta(second.DirectoryURL)+` \(second CA: outage\)`, stdout)
 }
