@@ -2,7 +2,12 @@ package main
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
+	"encoding/base64"
 	"net"
 	"os"
 	"os/exec"
@@ -15,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/certworker/certworker/certstore/seal"
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/internal/workertest"
@@ -131,4 +137,41 @@ SELECT id, $1, 'verified', 'tok' FROM t`, name)
 	require.Equal(t, exitOK, code, stderr)
 	require.Regexp(t, `issued by the CA\s+`+regexp.QuoteMeta(second.DirectoryURL), stdout)
 	require.Regexp(t, `last claim's CA\s+`+regexp.QuoteMeta(second.DirectoryURL)+` \(second CA: outage\)`, stdout)
+}
+
+// The start-up key check opens the second CA's account too: one sealed under a key
+// run was not given stops it, exit 2 naming that account, before anything is
+// claimed (issue #19: each CA has its own account).
+func TestRun_ExitsTwoWhenTheSecondCAsAccountKeyDoesNotOpen(t *testing.T) {
+	t.Setenv("CERTWORKER_KEY_ENCRYPTION_KEY", "")
+	t.Setenv("CERTWORKER_KEY_ENCRYPTION_KEY_FILE", "")
+	b := setupRekey(t)
+	// The first account's key is a real one, which opens and parses.
+	ecKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	der, err := x509.MarshalECPrivateKey(ecKey)
+	require.NoError(t, err)
+	firstPEM := string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}))
+	_, err = b.pool.Exec(b.ctx, `UPDATE certworker_acme_accounts SET private_key_pem = $2 WHERE directory = $1`,
+		rekeyDirectory, v2(t, b.oldKey, firstPEM, rekeyDirectory))
+	require.NoError(t, err)
+	const secondDir = "https://second.example/directory"
+	_, err = b.pool.Exec(b.ctx, `INSERT INTO certworker_acme_accounts (directory, private_key_pem, uri) VALUES ($1, $2, 'https://second.example/acct/1')`,
+		secondDir, v2(t, b.newKey, keyPEM("the second account"), secondDir))
+	require.NoError(t, err)
+	id := pgtest.Domain(t, b.pool, pgtest.Tenant(t, b.pool), "due.example")
+	oldOnly := base64.StdEncoding.EncodeToString(b.oldKey)
+
+	code, stdout, stderr := invoke(t, "run", "--database-url", b.dsn, "--acme-directory", rekeyDirectory,
+		"--acme-fallback-directory", secondDir, "--http01-listen", "", "--admin-listen", "", "--key-encryption-key", oldOnly)
+	require.Equal(t, exitUsage, code, stderr)
+	require.Empty(t, stdout)
+	require.Contains(t, stderr, "cannot open the stored ACME account key of "+secondDir+": ")
+	require.Contains(t, stderr, "(key id "+seal.KeyID(b.newKey)+")")
+	require.NotContains(t, stderr, oldOnly)
+	var status string
+	var claimedBy *string
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT ssl_status, ssl_claimed_by FROM proxy_domains WHERE id = $1`, id).Scan(&status, &claimedBy))
+	require.Equal(t, "pending", status)
+	require.Nil(t, claimedBy, "run claimed before it checked the second account's key")
 }
