@@ -33,7 +33,14 @@ const fallbackAfter = 2 * time.Second
 // and returns it with an issuer configuration for it.
 func (w *world) startSecondCA(t testing.TB) (*pebbletest.CA, acme.Config) {
 	t.Helper()
-	ca := pebbletest.StartT(t, pebbletest.Options{HTTPPort: w.ca.HTTPPort})
+	return w.startSecondCAWith(t, pebbletest.Options{})
+}
+
+// startSecondCAWith is startSecondCA with opts (its HTTP port is the world's).
+func (w *world) startSecondCAWith(t testing.TB, opts pebbletest.Options) (*pebbletest.CA, acme.Config) {
+	t.Helper()
+	opts.HTTPPort = w.ca.HTTPPort
+	ca := pebbletest.StartT(t, opts)
 	roots := filepath.Join(t.TempDir(), "second-roots.pem")
 	require.NoError(t, os.WriteFile(roots, ca.RootsPEM(), 0o600))
 	return ca, acme.Config{
@@ -380,4 +387,31 @@ func TestE2E_CAADecidesWhichCAIsAsked(t *testing.T) {
 	front.SetDown(false)
 	waitFor(t, 60*time.Second, "the first CA to issue it once back", func() bool { return w.domain(t, id).Status == "active" })
 	require.Equal(t, front.DirectoryURL, w.issuedBy(t, firstOnly))
+}
+
+// The second CA requires an external account binding (as Google Trust Services and
+// ZeroSSL do): its account is registered with --acme-fallback-eab-kid and -hmac,
+// apart from the first's, and issues when the first is down.
+func TestE2E_TheSecondCAsAccountIsBoundWithItsOwnEAB(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, pebbletest.Options{})
+	front := pebbletest.NewFront(t, w.ca)
+	first := w.acmeConfig()
+	first.DirectoryURL = front.DirectoryURL
+	const kid, hmac = "fallback-kid", "zWNDZM6eQGHWpSRTPal5eIUYFTu7EajVIoguysqZ9wG44nMEtx3MUAsUDkMTQ12W"
+	second, secondCfg := w.startSecondCAWith(t, pebbletest.Options{RequireEAB: true, EABKeys: map[string]string{kid: hmac}})
+	secondCfg.EABKeyID, secondCfg.EABHMAC = kid, hmac
+	w.startWithFallback(t, "a", first, secondCfg, worker.Config{Concurrency: 1,
+		Queue: queue.Config{RetryBase: 200 * time.Millisecond, RetryMax: time.Minute}})
+
+	front.SetDown(true)
+	name := randomName("eab")
+	id := w.addDomains(t, name)[0]
+	waitFor(t, fallbackAfter+30*time.Second, "the domain to be issued", func() bool { return w.domain(t, id).Status == "active" })
+	require.Equal(t, second.DirectoryURL, w.issuedBy(t, name))
+	var eabKid string
+	require.NoError(t, w.pool.QueryRow(w.ctx, `SELECT eab_kid FROM certworker_acme_accounts WHERE directory = $1`,
+		second.DirectoryURL).Scan(&eabKid))
+	require.Equal(t, kid, eabKid)
+	require.Equal(t, 1, second.NewAccounts())
 }
