@@ -185,7 +185,7 @@ func classifyProblem(pd *legoacme.ProblemDetails, retryAfter time.Duration, auth
 		return &queue.CAUnavailableError{Err: e}
 	}
 	if isPermanent(pd) {
-		return &queue.PermanentError{Err: e}
+		return &queue.PermanentError{Err: e, Refused: true}
 	}
 	return e
 }

@@ -40,10 +40,12 @@ GRANT USAGE ON SCHEMA public TO :"role";
 GRANT SELECT (id, tenant_id, domain, verification_status, ssl_status, ssl_provider, ssl_attempts,
               ssl_last_attempt_at, ssl_error, ssl_expires_at, updated_at, ssl_claim_token,
               ssl_claimed_by, ssl_lease_expires_at, ssl_queued_at, ssl_claim_prev_attempt_at,
-              ssl_queue_seq, ssl_queue_tier, ssl_renew_by, ssl_profile, ssl_profile_refused),
+              ssl_queue_seq, ssl_queue_tier, ssl_renew_by, ssl_profile, ssl_profile_refused,
+              ssl_ca_directory, ssl_ca_cause, ssl_ca_refused),
       UPDATE (ssl_status, ssl_attempts, ssl_last_attempt_at, ssl_error, ssl_expires_at, updated_at,
               ssl_claim_token, ssl_claimed_by, ssl_lease_expires_at, ssl_claim_prev_attempt_at,
-              ssl_queue_tier, ssl_renew_by, ssl_profile_refused)
+              ssl_queue_tier, ssl_renew_by, ssl_profile_refused,
+              ssl_ca_directory, ssl_ca_cause, ssl_ca_refused)
    ON proxy_domains TO :"role";
 
 -- Stored certificates: written and replaced on issuance (INSERT ... ON CONFLICT),
@@ -53,11 +55,12 @@ GRANT SELECT (id, tenant_id, domain, verification_status, ssl_status, ssl_provid
 -- information is recorded only for the certificate it was read for. Not readable:
 -- private_key_pem, created_at. domain and auto_renew are the proxy's.
 GRANT SELECT (ctid, id, domain, certificate_pem, expires_at, auto_renew, updated_at, not_before,
-              issuer, serial, renew_at, ari_window_start, ari_window_end, ari_next_at, version, profile),
+              issuer, serial, renew_at, ari_window_start, ari_window_end, ari_next_at, version, profile,
+              issuer_directory),
       INSERT (domain, certificate_pem, private_key_pem, expires_at, not_before, issuer, serial,
-              renew_at, ari_window_start, ari_window_end, ari_next_at, profile),
+              renew_at, ari_window_start, ari_window_end, ari_next_at, profile, issuer_directory),
       UPDATE (certificate_pem, private_key_pem, expires_at, not_before, issuer, serial, renew_at,
-              ari_window_start, ari_window_end, ari_next_at, updated_at, profile),
+              ari_window_start, ari_window_end, ari_next_at, updated_at, profile, issuer_directory),
       DELETE
    ON proxy_certificates TO :"role";
 
@@ -77,10 +80,10 @@ GRANT SELECT, INSERT (token, key_authorization, domain, expires_at, claim_token)
 GRANT SELECT, INSERT,
       UPDATE (wake, updated_at, retry_base_seconds, retry_max_seconds, max_attempts, limits)
    ON certworker_settings TO :"role";
--- Pauses: a CA's rate limit, its outage or the ledger pauses ordering for every
--- instance; an outage's ends when the CA answers, ended pauses are pruned.
-GRANT SELECT, INSERT (scope, key, source, paused_until, reason, failures),
-      UPDATE (paused_until, reason, failures, updated_at), DELETE
+-- Pauses: a CA's rate limit, its outage or the ledger pauses ordering from that CA
+-- for every instance; an outage's ends when the CA answers, ended pauses are pruned.
+GRANT SELECT, INSERT (directory, scope, key, source, paused_until, reason, failures, held_since),
+      UPDATE (paused_until, reason, failures, updated_at, held_since), DELETE
    ON certworker_pauses TO :"role";
 -- The limit ledger: an order recorded before it is sent, its outcome when it ends,
 -- rows older than the longest window pruned.

@@ -36,6 +36,18 @@ type Claim struct {
 	// (MarkActive), or "" for nothing: set by the worker when it renewed under the
 	// certificate's profile because the CA does not offer the domain's own.
 	Notice string
+	// Directory is the ACME directory of the CA the order goes to, as the claim
+	// decided (fallback.go); FallbackCause is why it is the second CA (Fallback*), or
+	// "" for the first.
+	Directory     string
+	FallbackCause string
+	// RefusedBy is the directory of the CA that refused the name for good
+	// (ssl_ca_refused), or "".
+	RefusedBy string
+	// CertDirectory is the directory of the CA that issued the stored certificate, or
+	// "" when none is recorded (no certificate, one stored before migration 00017, an
+	// upload): the first CA's, then.
+	CertDirectory string
 }
 
 // claimOrderSQL is the claim's order of service (see claimSQL).
@@ -93,31 +105,24 @@ const claimOrderSQL = `ORDER BY COALESCE(d.ssl_queue_tier, 2), COALESCE(d.ssl_qu
 // the reference does, and keeps the previous attempt time in ssl_claim_prev_attempt_at
 // for a hand-back. It moves the queue's clock to the place it served, so that a row
 // queued later is never placed before it.
-var claimSQL = `
+//
+// Which CA a row goes to, and which pauses hold it back, is r's (claimRoute, in
+// fallback.go): the first CA's pauses alone, or with a second CA the decision between
+// the two, recorded on the row.
+var claimSQL = claimSQLWith(unroutedClaim)
+
+func claimSQLWith(r claimRoute) string {
+	return `
 WITH due AS (
-    SELECT d.id
-    FROM proxy_domains d
+    SELECT d.id` + r.due + `
+    FROM proxy_domains d` + r.join + `
     WHERE d.verification_status = 'verified'
       AND d.ssl_provider = 'acme'
       AND d.ssl_status = 'pending'
       AND d.ssl_attempts < $1
       AND (d.ssl_last_attempt_at IS NULL
            OR d.ssl_last_attempt_at < now() - make_interval(secs => ` + backoffSQL("d.ssl_attempts", "$2", "$3") + `))
-      AND NOT EXISTS (SELECT 1 FROM certworker_pauses
-                      WHERE scope = 'ca' AND key = $7 AND paused_until > now() AND source <> 'ledger')
-      AND (NOT EXISTS (SELECT 1 FROM certworker_pauses
-                       WHERE scope = 'ca' AND key = $7 AND paused_until > now() AND source = 'ledger')
-           OR ` + renewalSQL("d.domain", "$7") + `)
-      AND (NOT EXISTS (SELECT 1 FROM certworker_pauses
-                       WHERE scope <> 'ca' AND paused_until > now())
-           OR NOT EXISTS (SELECT 1 FROM certworker_pauses p
-                          WHERE p.scope IN ('registered_domain', 'domain')
-                            AND p.key = ANY (certworker_suffixes(d.domain))
-                            AND (p.scope = 'registered_domain' OR p.key = lower(d.domain))
-                            AND p.paused_until > now()
-                            AND NOT (p.source = 'ledger' AND CASE WHEN p.scope = 'registered_domain'
-                                                                  THEN ` + renewalSQL("d.domain", "$7") + `
-                                                                  ELSE ` + ariExemptSQL("d.domain", "$7") + ` END)))
+      AND ` + r.free + `
       AND (SELECT count(*) FROM proxy_domains o WHERE lower(o.domain) = lower(d.domain)) = 1
     ` + claimOrderSQL + `
     LIMIT $6
@@ -130,12 +135,12 @@ WITH due AS (
         updated_at = now(),
         ssl_claim_token = gen_random_uuid(),
         ssl_claimed_by = $4,
-        ssl_lease_expires_at = now() + make_interval(secs => $5)
+        ssl_lease_expires_at = now() + make_interval(secs => $5)` + r.set + `
     FROM due
     WHERE d.id = due.id
     RETURNING d.id, d.tenant_id, d.domain, d.ssl_attempts, d.ssl_claim_token, d.ssl_last_attempt_at,
         d.ssl_claim_prev_attempt_at, d.ssl_queued_at, d.ssl_queue_seq,
-        d.ssl_profile, d.ssl_profile_refused
+        d.ssl_profile, d.ssl_profile_refused` + r.returning + `
 ), clock AS (
     UPDATE certworker_queue_clock SET vtime = GREATEST(vtime, (SELECT max(ssl_queue_seq) FROM claimed))
     WHERE id AND EXISTS (SELECT 1 FROM claimed WHERE ssl_queue_seq IS NOT NULL)
@@ -145,19 +150,26 @@ SELECT c.id::text, c.tenant_id::text, c.domain, c.ssl_attempts, c.ssl_claim_toke
              c.ssl_claim_prev_attempt_at + make_interval(secs => ` + backoffSQL("c.ssl_attempts", "$2", "$3") + `)),
     COALESCE((SELECT p.certificate_pem FROM proxy_certificates p WHERE p.domain = c.domain), ''),
     c.ssl_profile, COALESCE(c.ssl_profile_refused, ''),
-    COALESCE((SELECT p.profile FROM proxy_certificates p WHERE p.domain = c.domain), '')
+    COALESCE((SELECT p.profile FROM proxy_certificates p WHERE p.domain = c.domain), ''),
+    ` + r.decision + `,
+    COALESCE((SELECT p.issuer_directory FROM proxy_certificates p WHERE p.domain = c.domain), '')
 FROM claimed c`
+}
 
 // Claim takes up to limit due domains for owner (an instance name, for operators and
-// for ReleaseUntracked), from the CA at directory (whose pause it respects). It
-// returns none when nothing is due.
+// for ReleaseUntracked), from the CA at directory (whose pause it respects), or, with
+// a second CA (Config.Fallback), from whichever each row goes to (Claim.Directory).
+// It returns none when nothing is due.
 func (q *Queue) Claim(ctx context.Context, owner, directory string, limit int) ([]Claim, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
-	rows, err := q.db.Query(ctx, claimSQL,
-		q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax),
-		owner, seconds(q.cfg.Lease), limit, directory)
+	sql, args := claimSQL, []any{q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax),
+		owner, seconds(q.cfg.Lease), limit, directory}
+	if q.cfg.Fallback != nil {
+		sql, args = claimRoutedSQL, append(args, q.cfg.Fallback.args()...)
+	}
+	rows, err := q.db.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
@@ -167,7 +179,8 @@ func (q *Queue) Claim(ctx context.Context, owner, directory string, limit int) (
 		var c Claim
 		var due *time.Time
 		if err := rows.Scan(&c.ID, &c.TenantID, &c.Domain, &c.Attempts, &c.Token,
-			&c.ClaimedAt, &due, &c.CurrentPEM, &c.Profile, &c.ProfileRefused, &c.CertProfile); err != nil {
+			&c.ClaimedAt, &due, &c.CurrentPEM, &c.Profile, &c.ProfileRefused, &c.CertProfile,
+			&c.Directory, &c.FallbackCause, &c.RefusedBy, &c.CertDirectory); err != nil {
 			return nil, fmt.Errorf("claim: %w", err)
 		}
 		if due != nil {

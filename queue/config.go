@@ -27,6 +27,9 @@ type Config struct {
 	RetryMax    time.Duration
 	MaxAttempts int
 	Lease       time.Duration
+	// Fallback is the second CA, nil for none: the claim then decides, for each row,
+	// which CA its order goes to (fallback.go).
+	Fallback *Fallback
 }
 
 // DefaultConfig is the reference worker's curve.

@@ -14,6 +14,13 @@
 // that in one statement (FOR UPDATE SKIP LOCKED), so any number of instances can run;
 // everything else (NOTIFY, timers, the poll) only says "look now".
 //
+// # A second CA
+//
+// With Config.Fallback, the same statement decides which of two CAs each row's order
+// goes to, from the pauses of each (kept per CA), and records the decision on the row
+// (fallback.go): the first CA unless it has held the domain back for longer than
+// Fallback.After, or refused the name.
+//
 // # Leases
 //
 // A claim is a lease: the claiming instance stamps a claim token and renews

@@ -6,3 +6,6 @@ var ClaimSQLForTest = claimSQL
 // ClaimOrderForTest is the claim's ORDER BY, for benchmarks that compare it with the
 // first-in-first-out order it replaced.
 const ClaimOrderForTest = claimOrderSQL
+
+// ClaimRoutedSQLForTest is the claim statement with a second CA, for EXPLAIN in tests.
+var ClaimRoutedSQLForTest = claimRoutedSQL

@@ -42,7 +42,10 @@ func durationFromSeconds(s float64) time.Duration {
 // has none (deploy/grants.sql): certworker writes private keys and never reads one
 // back, so a stolen worker password does not read them either.
 //
-// The certificate's profile is recorded with it (cert.Profile). ssl_error is NULL, or,
+// The certificate's profile is recorded with it (cert.Profile), and the directory of
+// the CA that issued it (cert.Directory, proxy_certificates.issuer_directory). A CA's
+// refusal of the name (ssl_ca_refused) held for this issuance: the next, a renewal,
+// asks the CAs afresh (their policy, the name's CAA records may have changed). ssl_error is NULL, or,
 // while the domain's own profile is the one the CA refused (c.ProfileRefused), the
 // note of that refusal: it was renewed under its certificate's, and the tenant should
 // know. The note already in ssl_error is kept (it has the CA's own words, when it
@@ -66,18 +69,19 @@ WITH d AS (
         ssl_error = CASE WHEN ssl_profile = $14
                          THEN CASE WHEN ssl_error LIKE '`+ProfilePrefix+`%' THEN ssl_error ELSE $15 END END,
         ssl_profile_refused = CASE WHEN ssl_profile = $14 THEN $14 END,
+        ssl_ca_refused = NULL,
         ssl_renew_by = $10, updated_at = now(), `+releaseClaimSQL+`
     WHERE `+heldSQL+`
     RETURNING domain
 ), c AS (
     INSERT INTO proxy_certificates
         (domain, certificate_pem, private_key_pem, expires_at, not_before, issuer, serial, renew_at,
-         ari_window_start, ari_window_end, ari_next_at, profile)
-    SELECT d.domain, $4, $5, $3, $6, $7, $8, $9, $16, $11, now() + make_interval(secs => $12), $13 FROM d
+         ari_window_start, ari_window_end, ari_next_at, profile, issuer_directory)
+    SELECT d.domain, $4, $5, $3, $6, $7, $8, $9, $16, $11, now() + make_interval(secs => $12), $13, $17 FROM d
     ON CONFLICT (domain) DO UPDATE SET
         certificate_pem = $4, private_key_pem = $5, expires_at = $3, not_before = $6,
         issuer = $7, serial = $8, renew_at = $9, ari_window_start = $16, ari_window_end = $11, ari_next_at = now() + make_interval(secs => $12),
-        profile = $13,
+        profile = $13, issuer_directory = $17,
         updated_at = now()
     RETURNING renew_at
 )
@@ -85,7 +89,7 @@ SELECT `+secondsUntilSQL("renew_at")+` FROM c`,
 		c.ID, c.Token, cert.NotAfter, cert.ChainPEM, cert.PrivateKey, cert.NotBefore,
 		cert.Issuer, cert.Serial, renewAt, RenewBy(cert.NotBefore, cert.NotAfter, cert.WindowEnd),
 		nullTime(cert.WindowEnd), nullSeconds(cert.RenewalInfoIn), nullString(cert.Profile),
-		nullString(c.ProfileRefused), nullString(c.Notice), nullTime(cert.WindowStart)).Scan(&renewIn)
+		nullString(c.ProfileRefused), nullString(c.Notice), nullTime(cert.WindowStart), nullString(cert.Directory)).Scan(&renewIn)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, q.whyNotHeld(ctx, c)
 	}

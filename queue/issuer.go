@@ -83,6 +83,9 @@ type Certificate struct {
 	// Profile is the ACME profile the certificate was issued under, as the CA's order
 	// says, or "" when not known (recorded as proxy_certificates.profile).
 	Profile string
+	// Directory is the ACME directory of the CA that issued it (recorded as
+	// proxy_certificates.issuer_directory); the worker sets it, "" for not known.
+	Directory string
 	// RenewAt is when this certificate should be renewed (ARI, or RenewAtFromValidity:
 	// a third of its lifetime before NotAfter, half below 10 days).
 	RenewAt time.Time
@@ -169,7 +172,13 @@ func (e *PreflightError) Error() string { return PreflightPrefix + e.Msg }
 
 // PermanentError is a failure that no retry can fix (a name no CA can issue for, a
 // CA's rejectedIdentifier or caa): the domain goes to 'failed' at once.
-type PermanentError struct{ Err error }
+type PermanentError struct {
+	Err error
+	// Refused: the CA refused the name itself (caa, rejectedIdentifier,
+	// unsupportedIdentifier), which another CA may not: with a second CA, it is asked
+	// at once, and the domain fails only when both have refused.
+	Refused bool
+}
 
 func (e *PermanentError) Error() string { return e.Err.Error() }
 func (e *PermanentError) Unwrap() error { return e.Err }

@@ -475,11 +475,12 @@ WHERE `+heldSQL, r.Claim.ID, r.Claim.Token)
 			frees = c.frees
 		}
 		b.Queue(`
-INSERT INTO certworker_pauses AS p (scope, key, source, paused_until, reason)
-VALUES ($1, $2, 'ledger', COALESCE($3, now() + make_interval(secs => $4)), $5)
-ON CONFLICT (scope, key, source) DO UPDATE SET
+INSERT INTO certworker_pauses AS p (directory, scope, key, source, paused_until, reason, held_since)
+VALUES ($6, $1, $2, 'ledger', COALESCE($3, now() + make_interval(secs => $4)), $5, now())
+ON CONFLICT (directory, scope, key, source) DO UPDATE SET
+    held_since = `+heldSinceSQL+`,
     paused_until = EXCLUDED.paused_until, reason = EXCLUDED.reason, updated_at = now()`,
-			scope, key, frees, seconds(d.window(k.kind)), why)
+			scope, key, frees, seconds(d.window(k.kind)), why, d.directory)
 	}
 	return tx.SendBatch(ctx, b).Close()
 }
@@ -509,7 +510,7 @@ WITH l AS (
     ON CONFLICT (directory, name) DO UPDATE SET issued_at = now()
 ), lifted AS (
     DELETE FROM certworker_pauses p USING l
-    WHERE p.source = 'ledger' AND $2 NOT IN ('pending', 'issued')
+    WHERE p.source = 'ledger' AND $2 NOT IN ('pending', 'issued') AND p.directory IN ($3, '')
       AND ((p.scope = 'registered_domain' AND p.key = l.registered_domain)
         OR (p.scope = 'domain' AND p.key = l.name AND $2 <> 'failed_authz')
         OR (p.scope = 'ca' AND p.key = $3 AND $2 = 'not_sent'))
@@ -520,11 +521,13 @@ WITH l AS (
       AND (c.outcome = 'failed_authz' OR c.claim_token = $1)
     GROUP BY l.name
 )
-INSERT INTO certworker_pauses (scope, key, source, paused_until, reason)
-SELECT 'domain', name, 'ledger', frees,
-       format('ledger: %s failed authorizations for %s in %s (--limit-failed-authz-per-name %s)', n, name, $6::text, $7::text)
+INSERT INTO certworker_pauses AS p (directory, scope, key, source, paused_until, reason, held_since)
+SELECT $3, 'domain', name, 'ledger', frees,
+       format('ledger: %s failed authorizations for %s in %s (--limit-failed-authz-per-name %s)', n, name, $6::text, $7::text),
+       now()
 FROM authz WHERE n >= $4
-ON CONFLICT (scope, key, source) DO UPDATE SET
+ON CONFLICT (directory, scope, key, source) DO UPDATE SET
+    held_since = `+heldSinceSQL+`,
     paused_until = EXCLUDED.paused_until, reason = EXCLUDED.reason, updated_at = now()`,
 			token, outcome, directory, limits.FailedAuthzPerName.Count, seconds(limits.FailedAuthzPerName.window()),
 			limits.FailedAuthzPerName.Window.String(), limits.FailedAuthzPerName.String())

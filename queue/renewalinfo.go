@@ -48,6 +48,9 @@ type RenewalInfoCandidate struct {
 	// Now is the database's time at the claim: the worker judges the CA's window by
 	// it, not by its own clock.
 	Now time.Time
+	// Directory is the directory of the CA that issued the certificate
+	// (issuer_directory), or "" when not recorded: the one to ask.
+	Directory string
 
 	// serial and version are the certificate's when the read was claimed:
 	// RecordRenewalInfo writes only while both still match.
@@ -95,7 +98,8 @@ UPDATE proxy_certificates c SET ari_next_at = CASE
 FROM ranked r
 WHERE c.id = r.id AND (NOT r.eligible OR r.rank <= $1)
 RETURNING r.eligible, c.id::text, r.domain_id::text, c.domain, CASE WHEN r.eligible THEN c.certificate_pem END,
-          COALESCE(c.not_before, c.expires_at), c.expires_at, c.renew_at, now(), c.serial, c.version`,
+          COALESCE(c.not_before, c.expires_at), c.expires_at, c.renew_at, now(), c.serial, c.version,
+          COALESCE(c.issuer_directory, '')`,
 		n, n+renewalInfoSweep, seconds(RenewalInfoHold), seconds(renewalInfoIneligibleIn))
 	if err != nil {
 		return nil, 0, fmt.Errorf("claim renewal-information reads: %w", err)
@@ -111,7 +115,7 @@ RETURNING r.eligible, c.id::text, r.domain_id::text, c.domain, CASE WHEN r.eligi
 			notBefore, notAfter, renew *time.Time
 		)
 		if err := rows.Scan(&eligible, &c.ID, &domainID, &c.Domain, &chain, &notBefore, &notAfter, &renew, &c.Now,
-			&c.serial, &c.version); err != nil {
+			&c.serial, &c.version, &c.Directory); err != nil {
 			return nil, 0, fmt.Errorf("claim renewal-information reads: %w", err)
 		}
 		if !eligible {

@@ -25,6 +25,14 @@ const claimableSQL = `verification_status = 'verified' AND ssl_provider = 'acme'
 func (q *Queue) NextDue(ctx context.Context, directory string) (d time.Duration, ok bool, err error) {
 	capped := min(q.cfg.firstCapped(), q.cfg.MaxAttempts)
 	var secs *float64
+	args := []any{q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax), directory, capped}
+	// With a second CA, a row held back at the first may go to it before the first's
+	// pause ends (fallback.go).
+	fallbackDue := "NULL"
+	if q.cfg.Fallback != nil {
+		fallbackDue = `CASE WHEN (SELECT min(at) FROM queued) IS NOT NULL THEN ` + nextDueFallbackSQL + ` END`
+		args = append(args, q.cfg.Fallback.args()[1])
+	}
 	err = q.db.QueryRow(ctx, `
 WITH per_count AS (
     SELECT k, r.last
@@ -43,11 +51,12 @@ WITH per_count AS (
     FROM proxy_domains
     WHERE `+claimableSQL+` AND (ssl_attempts < 0 OR ssl_attempts >= $5) AND ssl_attempts < $1
 )
-SELECT `+secondsUntilSQL(`GREATEST(
+SELECT `+secondsUntilSQL(`LEAST(GREATEST(
     LEAST((SELECT min(at) FROM queued),
           (SELECT min(paused_until) FROM certworker_pauses WHERE scope <> 'ca' AND paused_until > now())),
-    (SELECT max(paused_until) FROM certworker_pauses WHERE scope = 'ca' AND key = $4 AND paused_until > now()))`),
-		q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax), directory, capped).Scan(&secs)
+    (SELECT max(paused_until) FROM certworker_pauses WHERE scope = 'ca' AND key = $4 AND paused_until > now())),
+    `+fallbackDue+`)`),
+		args...).Scan(&secs)
 	if err != nil {
 		return 0, false, fmt.Errorf("next due: %w", err)
 	}

@@ -173,8 +173,9 @@ func readPendingOverHour(ctx context.Context, tx pgx.Tx, s *FleetStats, _ string
 	return nil
 }
 
-// pausesSQL counts the queued domains each scope of pause holds back, matching keys
-// as the claim does: 'ca' by the directory ($1), 'registered_domain' among the
+// pausesSQL counts the queued domains each scope of pause of the CA at $1 holds back
+// (a second CA's pauses are its own), matching keys as the claim does: 'ca' by the
+// directory, 'registered_domain' among the
 // name's suffixes of two labels or more (key = ANY (certworker_suffixes(name)),
 // written here as the string comparison it amounts to, which costs a tenth of
 // building the array for every queued name), 'domain' by the name in lower case. The
@@ -183,7 +184,7 @@ func readPendingOverHour(ctx context.Context, tx pgx.Tx, s *FleetStats, _ string
 const pausesSQL = `
 WITH p AS MATERIALIZED (
     SELECT scope, key, paused_until FROM certworker_pauses
-    WHERE paused_until > now() AND (scope <> 'ca' OR key = $1)
+    WHERE paused_until > now() AND (scope = 'ca' AND key = $1 OR scope <> 'ca' AND directory IN ($1, ''))
 ), queued AS MATERIALIZED (
     SELECT lower(domain) AS name FROM proxy_domains
     WHERE verification_status = 'verified' AND ssl_provider = 'acme' AND ssl_status = 'pending'

@@ -155,6 +155,11 @@ INSERT INTO certworker_pauses (scope, key, source, paused_until) VALUES
     ('domain', 'x.example.net', 'rate_limit', now() + interval '1 hour'),
     ('ca', 'https://other-ca.example/dir', 'unreachable', now() + interval '1 hour')`)
 	require.NoError(t, err)
+	// A second CA's pause of a name holds nothing back at this one (issue #19).
+	_, err = b.pool.Exec(b.ctx, `
+INSERT INTO certworker_pauses (directory, scope, key, source, paused_until)
+VALUES ('https://other-ca.example/dir', 'registered_domain', 'notexample.org', 'rate_limit', now() + interval '1 hour')`)
+	require.NoError(t, err)
 	s, err = b.q.FleetStats(b.ctx, statsDirectory)
 	require.NoError(t, err)
 	require.Equal(t, map[string]int{"ca": 0, "registered_domain": 3, "domain": 1}, s.Paused)

@@ -58,6 +58,17 @@ type Overview struct {
 	// Replace is how the replacement of the certificates whose renewal window has
 	// started is going, at the pace of every CA the fleet has an account with.
 	Replace ReplaceProgress `json:"replace"`
+	// Issuers count the stored certificates of acme domains by the CA that issued them
+	// (issue #19), most first.
+	Issuers []IssuerCount `json:"issuers"`
+}
+
+// IssuerCount is how many stored certificates of acme domains a CA issued.
+type IssuerCount struct {
+	// Directory is the CA's ACME directory, "" for certificates with none recorded
+	// (stored before migration 00017, or uploaded).
+	Directory    string `json:"directory"`
+	Certificates int    `json:"certificates"`
 }
 
 // pauseSQL is a LATERAL join giving the row d (of proxy_domains, aliased d) the pause
@@ -201,7 +212,30 @@ ORDER BY d.ssl_last_attempt_at DESC NULLS LAST, d.domain`,
 	if o.Replace, err = q.ReplaceProgress(ctx, ""); err != nil {
 		return nil, err
 	}
+	if o.Issuers, err = q.issuerCounts(ctx); err != nil {
+		return nil, err
+	}
 	return o, nil
+}
+
+// issuerCounts counts the certificates of acme domains by the CA that issued them.
+func (q *Queue) issuerCounts(ctx context.Context) ([]IssuerCount, error) {
+	rows, err := q.db.Query(ctx, `
+SELECT COALESCE(c.issuer_directory, ''), count(*)
+FROM proxy_certificates c JOIN proxy_domains d ON d.domain = c.domain AND d.ssl_provider = 'acme'
+GROUP BY 1 ORDER BY 2 DESC, 1`)
+	if err != nil {
+		return nil, fmt.Errorf("count certificates by CA: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (IssuerCount, error) {
+		var c IssuerCount
+		err := r.Scan(&c.Directory, &c.Certificates)
+		return c, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("count certificates by CA: %w", err)
+	}
+	return append([]IssuerCount{}, out...), nil
 }
 
 // profileCounts counts the acme domains naming each profile of their own, through
@@ -228,14 +262,14 @@ GROUP BY 1 ORDER BY 2 DESC, 1`)
 // Pauses are the pauses in force, the one that ends last first.
 func (q *Queue) Pauses(ctx context.Context) ([]PauseState, error) {
 	rows, err := q.db.Query(ctx, `
-SELECT scope, key, source, paused_until, reason FROM certworker_pauses
+SELECT scope, key, source, paused_until, reason, directory FROM certworker_pauses
 WHERE paused_until > now() ORDER BY paused_until DESC`)
 	if err != nil {
 		return nil, fmt.Errorf("list pauses: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (PauseState, error) {
 		var p PauseState
-		err := r.Scan(&p.Scope, &p.Key, &p.Source, &p.PausedUntil, &p.Reason)
+		err := r.Scan(&p.Scope, &p.Key, &p.Source, &p.PausedUntil, &p.Reason, &p.Directory)
 		return p, err
 	})
 	if err != nil {
@@ -257,6 +291,9 @@ type StoredCertificate struct {
 	// Profile is the ACME profile it was issued under, nil when none is recorded
 	// (issued before migration 00014, or uploaded): it matches any.
 	Profile *string `json:"profile"`
+	// Directory is the ACME directory of the CA that issued it, nil when none is
+	// recorded (stored before migration 00017, or uploaded).
+	Directory *string `json:"issuer_directory"`
 }
 
 // DomainState is everything `certworker status DOMAIN` shows.
@@ -281,6 +318,12 @@ type DomainState struct {
 	Profile        *string            `json:"ssl_profile"`
 	ProfileRefused *string            `json:"ssl_profile_refused"`
 	Certificate    *StoredCertificate `json:"certificate"`
+	// CADirectory is the CA its last claim went to (a second CA's claim records it),
+	// CACause why that was the second, CARefused a CA that refused the name or that
+	// its CAA records forbid (issue #19); nil for none.
+	CADirectory *string `json:"ca_directory"`
+	CACause     *string `json:"ca_cause"`
+	CARefused   *string `json:"ca_refused"`
 }
 
 // State is one domain's whole state and its certificate, by name in any case. It
@@ -299,7 +342,7 @@ SELECT d.id::text, d.tenant_id::text, d.domain, d.verification_status, d.ssl_sta
     d.ssl_expires_at, d.ssl_claimed_by, d.ssl_lease_expires_at, d.ssl_profile, d.ssl_profile_refused,
     c.id IS NOT NULL, c.issuer, c.serial, c.not_before, c.expires_at,
     CASE WHEN c.expires_at IS NULL THEN c.certificate_pem END, c.renew_at, COALESCE(c.auto_renew, false),
-    c.profile
+    c.profile, c.issuer_directory, d.ssl_ca_directory, d.ssl_ca_cause, d.ssl_ca_refused
 FROM proxy_domains d LEFT JOIN proxy_certificates c ON c.domain = d.domain `+pauseSQL+`
 WHERE lower(d.domain) = lower($1)
 ORDER BY d.domain`, domain,
@@ -335,7 +378,7 @@ func scanState(row pgx.CollectableRow) (*DomainState, error) {
 		&s.SSLAttempts, &s.SSLError, &s.LastAttempt, &s.NextAttempt, &s.PausedUntil, &s.PauseReason,
 		&s.ExpiresAt, &s.ClaimedBy, &s.LeaseExpiresAt, &s.Profile, &s.ProfileRefused,
 		&hasCert, &c.Issuer, &c.Serial, &c.NotBefore, &notAfter, &chain, &c.RenewAt, &c.AutoRenew,
-		&c.Profile)
+		&c.Profile, &c.Directory, &s.CADirectory, &s.CACause, &s.CARefused)
 	if err != nil {
 		return nil, err
 	}

@@ -107,7 +107,7 @@ func TestOverview_MarshalsToTheContractsJSON(t *testing.T) {
 	delete(empty, "replace")
 	rest, err := json.Marshal(empty)
 	require.NoError(t, err)
-	require.JSONEq(t, `{"counts":{"pending":0,"provisioning":0,"active":0,"failed":0},"domains":[],"pauses":[],"profiles":[]}`, string(rest))
+	require.JSONEq(t, `{"counts":{"pending":0,"provisioning":0,"active":0,"failed":0},"domains":[],"pauses":[],"profiles":[],"issuers":[]}`, string(rest))
 
 	tn := b.tenant(t)
 	b.domain(t, tn, "failed", 10, ago(600))

@@ -109,15 +109,26 @@ func (c *statusCmd) Run(g *globals) error {
 	fmt.Fprintln(g.stdout, replaceLine(o.Replace))
 	tw := tabwriter.NewWriter(g.stdout, 2, 4, 2, ' ', 0)
 	if len(o.Pauses) > 0 {
-		fmt.Fprintln(tw, "\nPAUSED\tKEY\tBY\tUNTIL\tREASON")
+		fmt.Fprintln(tw, "\nPAUSED\tKEY\tBY\tUNTIL\tCA\tREASON")
 		for _, p := range o.Pauses {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.Scope, p.Key, p.Source, p.PausedUntil.UTC().Format(time.RFC3339), p.Reason)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.Scope, p.Key, p.Source, p.PausedUntil.UTC().Format(time.RFC3339),
+				pauseCA(p), p.Reason)
 		}
 	}
 	if len(o.Profiles) > 0 {
 		fmt.Fprintln(tw, "\nPROFILE\tDOMAINS\tREFUSED BY THE CA")
 		for _, p := range o.Profiles {
 			fmt.Fprintf(tw, "%s\t%d\t%d\n", p.Profile, p.Domains, p.Refused)
+		}
+	}
+	if len(o.Issuers) > 0 {
+		fmt.Fprintln(tw, "\nISSUED BY\tCERTIFICATES")
+		for _, c := range o.Issuers {
+			dir := c.Directory
+			if dir == "" {
+				dir = "(not recorded)"
+			}
+			fmt.Fprintf(tw, "%s\t%d\n", dir, c.Certificates)
 		}
 	}
 	if len(o.Domains) > 0 {
@@ -194,11 +205,22 @@ func printState(g *globals, s *queue.DomainState) {
 		row("profile refused by the CA", *s.ProfileRefused)
 	}
 	row("expires", when(s.ExpiresAt, "-"))
+	if s.CADirectory != nil {
+		ca := *s.CADirectory
+		if s.CACause != nil {
+			ca += " (second CA: " + *s.CACause + ")"
+		}
+		row("last claim's CA", ca)
+	}
+	if s.CARefused != nil {
+		row("refused by the CA", *s.CARefused)
+	}
 	if s.ClaimedBy != nil {
 		row("claimed by", *s.ClaimedBy+" (lease until "+when(s.LeaseExpiresAt, "?")+")")
 	}
 	if c := s.Certificate; c != nil {
 		row("certificate issuer", str(c.Issuer))
+		row("issued by the CA", str(c.Directory))
 		row("certificate serial", str(c.Serial))
 		row("not before", when(c.NotBefore, "-"))
 		notAfter := "unknown (no expires_at, and certificate_pem cannot be read)"

@@ -27,6 +27,12 @@ const profileCheckTimeout = 10 * time.Second
 // instance hands the order back uncharged and stops claiming, with /readyz 503 naming
 // the flag, until it is restarted with a profile the CA offers.
 func checkProfile(ctx context.Context, issuer *acme.Issuer, log *zap.Logger) error {
+	return checkProfileFlag(ctx, issuer, log, "--acme-profile")
+}
+
+// checkProfileFlag is checkProfile for the issuer whose profile flag is flag (the
+// second CA's is --acme-fallback-profile).
+func checkProfileFlag(ctx context.Context, issuer *acme.Issuer, log *zap.Logger, flag string) error {
 	profile := issuer.DefaultProfile()
 	if profile == "" {
 		return nil // the CA's default: the orders name none
@@ -35,12 +41,12 @@ func checkProfile(ctx context.Context, issuer *acme.Issuer, log *zap.Logger) err
 	defer cancel()
 	offered, err := issuer.Profiles(pctx)
 	if err != nil {
-		log.Warn("could not ask the CA which profiles it offers; starting anyway, and the first order checks --acme-profile",
+		log.Warn("could not ask the CA which profiles it offers; starting anyway, and the first order checks "+flag,
 			zap.String("profile", profile), zap.String("directory", issuer.DirectoryURL()), zap.String("error", err.Error()))
 		return nil
 	}
 	if !slices.Contains(offered, profile) {
-		return usagef("--acme-profile: %s (directory %s)",
+		return usagef("%s: %s (directory %s)", flag,
 			(&queue.ProfileError{Profile: profile, Offered: offered}).Error(), issuer.DirectoryURL())
 	}
 	return nil

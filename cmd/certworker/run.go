@@ -37,6 +37,7 @@ type runCmd struct {
 	dbFlags
 	keyFlags
 	caFlags
+	fallbackFlags
 	ACMEDirectory     string        `name:"acme-directory" env:"CERTWORKER_ACME_DIRECTORY" default:"${le}" placeholder:"URL" help:"ACME directory URL (default: Let's Encrypt production)."`
 	ACMEEmail         string        `name:"acme-email" env:"CERTWORKER_ACME_EMAIL" placeholder:"EMAIL" help:"ACME account contact."`
 	ACMECABundle      string        `name:"acme-ca-bundle" env:"CERTWORKER_ACME_CA_BUNDLE" placeholder:"FILE" help:"PEM file of roots trusted for the ACME server, beside the system's."`
@@ -100,6 +101,9 @@ func (c *runCmd) validate() error {
 		return usagef("--lease: must be at least 3s, got %s", c.Lease)
 	}
 	if _, err := c.limits(); err != nil {
+		return err
+	}
+	if err := c.validateFallback(); err != nil {
 		return err
 	}
 	if _, err := c.replication(); err != nil {
@@ -200,6 +204,10 @@ func (c *runCmd) Run(g *globals) error {
 	if err := checkProfile(ctx, issuer, log); err != nil {
 		return err
 	}
+	second, secondIssuer, err := c.fallback(ctx, pool, log, keks, limits)
+	if err != nil {
+		return err
+	}
 
 	var responder *acme.Responder
 	if _, ok := lns["http01"]; ok {
@@ -222,7 +230,7 @@ func (c *runCmd) Run(g *globals) error {
 		servers = append(servers, serveResponder(log, lns["http01"], responder, c.HTTP01MaxConns, reg))
 	}
 
-	w, err := c.startWorker(ctx, pool, issuer, log, reg, limits)
+	w, err := c.startWorker(ctx, pool, issuer, log, reg, limits, second)
 	if err != nil {
 		return err
 	}
@@ -232,7 +240,7 @@ func (c *runCmd) Run(g *globals) error {
 	fl.Start(ctx)
 	defer fl.Stop()
 	if ln, ok := lns["admin"]; ok {
-		servers = append(servers, serve(log, "admin", ln, adminMux(pool, w, issuer, reg)))
+		servers = append(servers, serve(log, "admin", ln, adminMux(pool, w, issuer, secondIssuer, reg)))
 	}
 	return w.Wait()
 }
@@ -310,7 +318,7 @@ func (c *runCmd) replication() (*pgconn.Config, error) {
 }
 
 // startWorker starts the worker: its listener connects, and it claims from then on.
-func (c *runCmd) startWorker(ctx context.Context, pool *pgxpool.Pool, issuer *acme.Issuer, log *zap.Logger, reg prometheus.Registerer, limits queue.Limits) (*worker.Worker, error) {
+func (c *runCmd) startWorker(ctx context.Context, pool *pgxpool.Pool, issuer *acme.Issuer, log *zap.Logger, reg prometheus.Registerer, limits queue.Limits, second *worker.FallbackCA) (*worker.Worker, error) {
 	replication, err := c.replication()
 	if err != nil {
 		return nil, err
@@ -326,6 +334,7 @@ func (c *runCmd) startWorker(ctx context.Context, pool *pgxpool.Pool, issuer *ac
 		Directory:     issuer.DirectoryURL(),
 		Queue:         queue.Config{RetryBase: c.RetryBase, RetryMax: c.RetryMax, MaxAttempts: c.MaxAttempts, Lease: c.Lease},
 		Limits:        limits,
+		Fallback:      second,
 		Concurrency:   c.Concurrency,
 		PollInterval:  c.PollInterval,
 		ShutdownGrace: max(c.ShutdownGrace, time.Nanosecond), // 0 would mean the default
@@ -439,7 +448,7 @@ func serve(log *zap.Logger, name string, ln net.Listener, h http.Handler, config
 // adminMux serves /healthz (the process is alive), /readyz (the database answers,
 // the worker's listener is connected, and the configured keys open the stored ACME
 // account key) and /metrics.
-func adminMux(pool *pgxpool.Pool, wk *worker.Worker, issuer *acme.Issuer, reg *prometheus.Registry) *http.ServeMux {
+func adminMux(pool *pgxpool.Pool, wk *worker.Worker, issuer, second *acme.Issuer, reg *prometheus.Registry) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -449,7 +458,7 @@ func adminMux(pool *pgxpool.Pool, wk *worker.Worker, issuer *acme.Issuer, reg *p
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if why := notReady(ctx, pool, wk, issuer); why != "" {
+		if why := notReady(ctx, pool, wk, issuer, second); why != "" {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			fmt.Fprintln(w, why)
 			return
@@ -461,7 +470,8 @@ func adminMux(pool *pgxpool.Pool, wk *worker.Worker, issuer *acme.Issuer, reg *p
 }
 
 // notReady is why /readyz answers 503, or "" when it answers 200.
-func notReady(ctx context.Context, pool *pgxpool.Pool, wk *worker.Worker, issuer *acme.Issuer) string {
+// second is the second CA's issuer, nil for none.
+func notReady(ctx context.Context, pool *pgxpool.Pool, wk *worker.Worker, issuer, second *acme.Issuer) string {
 	switch {
 	case pool.Ping(ctx) != nil:
 		return "database unreachable"
@@ -469,6 +479,9 @@ func notReady(ctx context.Context, pool *pgxpool.Pool, wk *worker.Worker, issuer
 		return "listener not connected"
 	}
 	if err := keysReady(ctx, wk, issuer); err != nil {
+		return err.Error()
+	}
+	if err := secondKeyReady(ctx, second); err != nil {
 		return err.Error()
 	}
 	return ""

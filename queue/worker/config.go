@@ -64,6 +64,11 @@ type Config struct {
 	Queue queue.Config
 	// Limits are the ledger's; the zero value turns every limit off.
 	Limits queue.Limits
+	// Fallback is the second CA, nil for none (fallback.go).
+	Fallback *FallbackCA
+	// CAA, if set, says before each order which CAs a name's CAA records allow
+	// (RFC 8659): see CAAFunc.
+	CAA CAAFunc
 
 	// Concurrency is the number of orders in flight on this instance.
 	Concurrency int
@@ -92,6 +97,24 @@ func (c Config) withDefaults() (Config, error) {
 		return c, errors.New("worker: negative concurrency or duration")
 	case c.RenewalInfoPerSecond < 0, math.IsNaN(c.RenewalInfoPerSecond), math.IsInf(c.RenewalInfoPerSecond, 0):
 		return c, fmt.Errorf("worker: renewal-information rate %v: %w", c.RenewalInfoPerSecond, queue.ErrBadRate)
+	}
+	if f := c.Fallback; f != nil {
+		switch {
+		case f.Issuer == nil:
+			return c, errors.New("worker: a second CA without an issuer")
+		case f.Directory == "":
+			return c, errors.New("worker: a second CA without an ACME directory")
+		case f.Directory == c.Directory:
+			return c, errors.New("worker: the second CA's ACME directory is the first's")
+		case f.After < 0:
+			return c, errors.New("worker: negative --acme-fallback-after")
+		}
+		if f.After == 0 {
+			f2 := *f
+			f2.After = queue.DefaultFallbackAfter
+			c.Fallback = &f2
+		}
+		c.Queue.Fallback = &queue.Fallback{Directory: c.Fallback.Directory, After: c.Fallback.After}
 	}
 	if c.RenewalInfoPerSecond == 0 {
 		c.RenewalInfoPerSecond = queue.DefaultRenewalInfoPerSecond

@@ -29,21 +29,28 @@ func (w *Worker) failed(o *order, log *zap.Logger, name string, err error) (stri
 	if errors.As(err, &keyErr) {
 		return w.keyMissing(o, log, keyErr), 0
 	}
+	at := w.caOf(o.claim.Directory)
 	if rl, ok := queue.IsRateLimit(err); ok {
-		w.caAnswered()
+		w.caAnswered(at)
 		return w.rateLimited(o, log, name, rl)
 	}
 	switch {
 	case errors.As(err, &unavailable):
 		return w.caUnreachable(o, log, err)
 	case errors.As(err, &perm):
-		w.caAnswered()
+		w.caAnswered(at)
+		if outcome, ok := w.refusedByFirst(o, log, perm); ok {
+			return outcome, 0
+		}
+		if outcome, ok := w.refusedBySecond(o, log, perm); ok {
+			return outcome, 0
+		}
 		return w.failForGood(o, log, err.Error(), "permanent"), 0
 	case errors.As(err, &preflight):
 		// Nothing reached the CA: this says nothing of whether it can be reached.
 		return w.fail(o, log, err.Error(), "preflight_failed")
 	}
-	w.caAnswered()
+	w.caAnswered(at)
 	log.Debug("order failed", zap.Error(err), attempt)
 	return w.fail(o, log, err.Error(), "failed")
 }
@@ -54,7 +61,8 @@ func (w *Worker) failed(o *order, log *zap.Logger, name string, err error) (stri
 // passes, which claim nothing the pause covers, set their timers for its end. It
 // returns the outcome and how long the pause lasts.
 func (w *Worker) rateLimited(o *order, log *zap.Logger, name string, rl *queue.RateLimitError) (string, time.Duration) {
-	scope, key := rl.Scope, w.cfg.Directory
+	at := w.caOf(o.claim.Directory)
+	scope, key := rl.Scope, at.directory
 	switch scope {
 	case queue.ScopeRegisteredDomain:
 		key = queue.RegisteredDomain(name)
@@ -69,7 +77,7 @@ func (w *Worker) rateLimited(o *order, log *zap.Logger, name string, rl *queue.R
 	}
 	var until time.Duration
 	err := w.record(o, log, "pause", func(ctx context.Context) (err error) {
-		until, err = w.q.Pause(ctx, scope, key, queue.PauseRateLimit, wait, rl.Detail)
+		until, err = w.q.PauseAt(ctx, at.directory, scope, key, queue.PauseRateLimit, wait, rl.Detail)
 		return err
 	})
 	if err != nil {
@@ -77,30 +85,32 @@ func (w *Worker) rateLimited(o *order, log *zap.Logger, name string, rl *queue.R
 	}
 	log.Warn("rate limited by the CA; paused for every instance, not charged to the domain",
 		zap.String("error", rl.Error()), zap.String("scope", scope), zap.String("key", key),
-		zap.String("limit", rl.Limit), zap.Duration("paused_for", until))
+		zap.String("limit", rl.Limit), zap.Duration("paused_for", until), zap.String("ca", at.label))
 	return w.handBack(o, log, false, "rate_limited"), until
 }
 
-// caUnreachable pauses ordering from the CA for every instance, on the CA's own
-// backoff, and hands the claim back uncharged: a CA that is down is the CA's problem,
-// not the domain's. As for a rate limit, the hand-back tells every instance when the
-// pause ends.
+// caUnreachable pauses ordering from the claim's CA for every instance, on the CA's
+// own backoff, and hands the claim back uncharged: a CA that is down is the CA's
+// problem, not the domain's. As for a rate limit, the hand-back tells every instance
+// when the pause ends. With a second CA, the pause held a domain back for longer
+// than --acme-fallback-after sends it there (queue/fallback.go).
 func (w *Worker) caUnreachable(o *order, log *zap.Logger, cause error) (string, time.Duration) {
+	at := w.caOf(o.claim.Directory)
 	var u queue.Unreachable
 	err := w.record(o, log, "pause unreachable CA", func(ctx context.Context) (err error) {
-		u, err = w.q.PauseUnreachable(ctx, w.cfg.Directory, cause.Error(), unreachableBase, unreachableMax)
+		u, err = w.q.PauseUnreachable(ctx, at.directory, cause.Error(), unreachableBase, unreachableMax)
 		return err
 	})
 	if err != nil {
 		log.Error("could not record that the CA is unreachable", zap.Error(err))
 	}
-	if w.caDown.CompareAndSwap(false, true) {
-		w.m.setCAUnreachable(true)
+	if at.down.CompareAndSwap(false, true) {
+		w.m.setCAUnreachable(at.label, true)
 		w.log.Warn("CA unreachable; ordering paused for every instance, nothing charged",
-			zap.String("directory", w.cfg.Directory), zap.String("error", cause.Error()),
+			zap.String("directory", at.directory), zap.String("ca", at.label), zap.String("error", cause.Error()),
 			zap.Int("failures", u.Failures), zap.Duration("paused_for", u.For))
 	} else {
-		log.Debug("CA still unreachable", zap.Int("failures", u.Failures), zap.Duration("paused_for", u.For))
+		log.Debug("CA still unreachable", zap.String("ca", at.label), zap.Int("failures", u.Failures), zap.Duration("paused_for", u.For))
 	}
 	return w.handBack(o, log, false, "ca_unavailable"), u.For
 }
@@ -123,20 +133,23 @@ func (w *Worker) keyMissing(o *order, log *zap.Logger, ke *queue.KeyError) strin
 	return outcome
 }
 
-// caAnswered records that the CA answered an order, which ends its unreachable state
-// for the fleet if this instance saw it.
-func (w *Worker) caAnswered() {
-	if !w.caDown.Load() {
+// caAnswered records that the CA at answered an order, which ends its unreachable
+// state for the fleet if this instance saw it. With a second CA, every answer of the
+// first ends it, whoever saw it down: while its outage pause stays, the claim sends
+// domains to the second, and an instance that saw the outage may have been restarted.
+func (w *Worker) caAnswered(at *ca) {
+	if !at.down.Load() && (w.second == nil || at != w.first) {
 		return
 	}
 	ctx, cancel := w.step(context.Background(), true)
 	defer cancel()
-	if _, err := w.q.ClearUnreachable(ctx, w.cfg.Directory); err != nil {
+	ended, err := w.q.ClearUnreachable(ctx, at.directory)
+	if err != nil {
 		w.logDBError("clear the CA's unreachable state", err)
 		return
 	}
-	if w.caDown.CompareAndSwap(true, false) {
-		w.m.setCAUnreachable(false)
-		w.log.Info("CA reachable again; ordering resumes", zap.String("directory", w.cfg.Directory))
+	if at.down.CompareAndSwap(true, false) || ended {
+		w.m.setCAUnreachable(at.label, false)
+		w.log.Info("CA reachable again; ordering resumes", zap.String("directory", at.directory), zap.String("ca", at.label))
 	}
 }

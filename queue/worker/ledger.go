@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"strings"
 
 	"go.uber.org/zap"
 
@@ -21,7 +22,31 @@ import (
 // lost; and when the ledger's COMMIT may have gone through, their rows are settled as
 // not sent after that (settleNotSent), so that they do not count as orders in flight.
 func (w *Worker) admit(ctx context.Context, claims []queue.Claim) (admitted []queue.Claim, ok bool) {
-	if !w.cfg.Limits.Any() || len(claims) == 0 {
+	if len(claims) == 0 {
+		return claims, true
+	}
+	// Each CA's ledger, with its own limits, for the claims the claim sent to it.
+	ok = true
+	for _, at := range w.cas() {
+		var mine []queue.Claim
+		for _, c := range claims {
+			if w.caOf(c.Directory) == at {
+				mine = append(mine, c)
+			}
+		}
+		if len(mine) == 0 {
+			continue
+		}
+		got, answered := w.admitAt(ctx, at, mine)
+		admitted = append(admitted, got...)
+		ok = ok && answered
+	}
+	return admitted, ok
+}
+
+// admitAt is admit for the claims that go to the CA at.
+func (w *Worker) admitAt(ctx context.Context, at *ca, claims []queue.Claim) (admitted []queue.Claim, ok bool) {
+	if !at.limits.Any() {
 		return claims, true
 	}
 	var asks []queue.Admission
@@ -32,22 +57,23 @@ func (w *Worker) admit(ctx context.Context, claims []queue.Claim) (admitted []qu
 			invalid = append(invalid, c)
 			continue
 		}
+		// A certificate of the other CA's is no renewal to this one (replacesPEM).
 		asks = append(asks, queue.Admission{Claim: c, Name: name,
-			RegisteredDomain: queue.RegisteredDomain(name), Renewal: c.CurrentPEM != ""})
+			RegisteredDomain: queue.RegisteredDomain(name), Renewal: w.replacesPEM(c) != ""})
 	}
 	if len(asks) == 0 {
 		return claims, true
 	}
 	actx, cancel := w.step(ctx, true)
 	defer cancel()
-	admitted, refused, err := w.q.Admit(actx, w.cfg.Directory, w.cfg.Limits, asks)
+	admitted, refused, err := w.q.Admit(actx, at.directory, at.limits, asks)
 	if err != nil {
 		if !errors.Is(err, queue.ErrLedgerBusy) {
 			w.health.failed()
 		}
 		if errors.Is(err, queue.ErrCommitUnknown) {
 			for _, a := range asks {
-				w.notSent = append(w.notSent, a.Claim.Token)
+				w.notSent = append(w.notSent, notSent{token: a.Claim.Token, at: at})
 			}
 		}
 		w.untracked = true
@@ -57,9 +83,17 @@ func (w *Worker) admit(ctx context.Context, claims []queue.Claim) (admitted []qu
 	for _, r := range refused {
 		w.m.outcome("ledger_held", 0)
 		w.log.Info("order held back by the ledger: the CA would refuse it; the domain waits, not charged",
-			zap.String("domain", r.Claim.Domain), zap.String("domain_id", r.Claim.ID), zap.String("reason", r.Reason))
+			zap.String("domain", r.Claim.Domain), zap.String("domain_id", r.Claim.ID), zap.String("reason", r.Reason),
+			zap.String("ca", at.label))
 	}
 	return append(invalid, admitted...), true
+}
+
+// notSent is a claim whose ledger row at a CA an Admit may have committed without its
+// answer arriving.
+type notSent struct {
+	token string
+	at    *ca
 }
 
 // settleNotSent records as not sent the ledger rows of claims whose Admit may have
@@ -69,7 +103,8 @@ func (w *Worker) admit(ctx context.Context, claims []queue.Claim) (admitted []qu
 func (w *Worker) settleNotSent() {
 	for len(w.notSent) > 0 {
 		ctx, cancel := w.step(context.Background(), true)
-		err := w.q.SettleLedger(ctx, w.cfg.Directory, w.notSent[0], queue.LedgerNotSent, w.cfg.Limits)
+		n := w.notSent[0]
+		err := w.q.SettleLedger(ctx, n.at.directory, n.token, queue.LedgerNotSent, n.at.limits)
 		cancel()
 		if err != nil {
 			w.logDBError("record in the ledger that a handed-back claim was never ordered", err)
@@ -81,7 +116,8 @@ func (w *Worker) settleNotSent() {
 
 // settleLedger records in the ledger how an order ended (when a limit is on).
 func (w *Worker) settleLedger(o *order, r result) {
-	if !w.cfg.Limits.Any() {
+	at := w.caOf(o.claim.Directory)
+	if !at.limits.Any() {
 		return
 	}
 	var outcome string
@@ -93,8 +129,10 @@ func (w *Worker) settleLedger(o *order, r result) {
 	case r.outcome == "invalid", r.outcome == "unrecorded":
 		return // no ledger row, or nothing known
 	case r.outcome == "preflight_failed", r.outcome == "rate_limited", r.outcome == "key_error",
-		r.outcome == "profile_refused", r.outcome == "profile_halted":
-		// Nothing the CA counts: the preflight sent nothing, nor did an order
+		r.outcome == "profile_refused", r.outcome == "profile_halted",
+		strings.HasPrefix(r.outcome, "caa_"):
+		// Nothing the CA counts: the preflight sent nothing, nor did an order that
+		// the name's CAA records stopped (caa_*), nor one
 		// without its account key or under a profile the directory does not list,
 		// and Let's Encrypt refunds a new order it refused.
 		outcome = queue.LedgerNotSent
@@ -106,7 +144,7 @@ func (w *Worker) settleLedger(o *order, r result) {
 	}
 	ctx, cancel := w.step(context.Background(), true)
 	defer cancel()
-	if err := w.q.SettleLedger(ctx, w.cfg.Directory, o.claim.Token, outcome, w.cfg.Limits); err != nil {
+	if err := w.q.SettleLedger(ctx, at.directory, o.claim.Token, outcome, at.limits); err != nil {
 		w.logDBError("record the order's end in the ledger", err)
 	}
 }

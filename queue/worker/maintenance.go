@@ -178,19 +178,22 @@ func (w *Worker) staleLedgerMargin() time.Duration { return w.cfg.Queue.Lease }
 // longest an order can live (--order-timeout and a margin), which their instance will
 // never settle (queue.SettleStaleLedger).
 func (w *Worker) settleStaleLedger(ctx context.Context) {
-	if !w.cfg.Limits.Any() {
-		return
-	}
-	sctx, cancel := w.step(ctx, false)
-	defer cancel()
-	n, err := w.q.SettleStaleLedger(sctx, w.cfg.Directory, w.cfg.OrderTimeout+w.staleLedgerMargin())
-	if err != nil {
-		w.logDBError("settle stale ledger rows", err)
-		return
-	}
-	if n > 0 {
-		w.log.Warn("ledger rows of orders that ended unrecorded; counted as the CA may have counted them",
-			zap.Int64("orders", n), zap.Duration("older_than", w.cfg.OrderTimeout+w.staleLedgerMargin()))
+	for _, at := range w.cas() {
+		if !at.limits.Any() {
+			continue
+		}
+		sctx, cancel := w.step(ctx, false)
+		n, err := w.q.SettleStaleLedger(sctx, at.directory, w.cfg.OrderTimeout+w.staleLedgerMargin())
+		cancel()
+		if err != nil {
+			w.logDBError("settle stale ledger rows", err)
+			return
+		}
+		if n > 0 {
+			w.log.Warn("ledger rows of orders that ended unrecorded; counted as the CA may have counted them",
+				zap.Int64("orders", n), zap.Duration("older_than", w.cfg.OrderTimeout+w.staleLedgerMargin()),
+				zap.String("ca", at.label))
+		}
 	}
 }
 

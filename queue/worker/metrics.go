@@ -22,6 +22,10 @@ type metrics struct {
 	heartbeats    prometheus.Counter
 	badRows       prometheus.Counter
 	renewalReads  *prometheus.CounterVec
+	// The second CA's (issue #19).
+	caOrders            *prometheus.CounterVec
+	fallbacks           *prometheus.CounterVec
+	secondCAUnreachable prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -68,10 +72,22 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "certworker_renewal_info_reads_total",
 			Help: "Renewal-information (ARI) reads this instance sent the CA, by outcome: window, none (the CA offers none), refused, unavailable.",
 		}, []string{"outcome"}),
+		caOrders: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "certworker_ca_orders_total",
+			Help: "Finished orders by the CA they went to (primary: --acme-directory, fallback: --acme-fallback-directory) and outcome (as certworker_issuance_total's, and refused_first: the first CA refused the name, and the second is asked; refused_second: the second refused it, and the domain waits for the first; caa_other_ca, caa_waits, caa_refused, caa_failed: the name's CAA records sent it to the other CA, made it wait for the first, allow neither, or could not be read).",
+		}, []string{"ca", "outcome"}),
+		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "certworker_fallback_decisions_total",
+			Help: "Orders sent to the second CA, by cause: outage, rate_limit, ledger (the first CA held the domain back for longer than --acme-fallback-after), refused (the first refused the name), renewal (the certificate is the second's and the first is held back).",
+		}, []string{"cause"}),
+		secondCAUnreachable: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "certworker_fallback_ca_unreachable",
+			Help: "1 while this instance's last order at the second CA (--acme-fallback-directory) found it unreachable, else 0.",
+		}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.wakeups, m.claims, m.outcomes, m.durations, m.wakeLatency, m.inflight,
-			m.caUnreachable, m.heartbeats, m.badRows, m.renewalReads)
+			m.caUnreachable, m.heartbeats, m.badRows, m.renewalReads, m.caOrders, m.fallbacks, m.secondCAUnreachable)
 	}
 	return m
 }
@@ -94,13 +110,25 @@ func (m *metrics) outcome(outcome string, d time.Duration) {
 
 func (m *metrics) setInflight(n int) { m.inflight.Set(float64(n)) }
 
-func (m *metrics) setCAUnreachable(down bool) {
+// setCAUnreachable sets the unreachable gauge of the CA labelled label ("primary",
+// "fallback").
+func (m *metrics) setCAUnreachable(label string, down bool) {
 	v := 0.0
 	if down {
 		v = 1
 	}
+	if label == "fallback" {
+		m.secondCAUnreachable.Set(v)
+		return
+	}
 	m.caUnreachable.Set(v)
 }
+
+// caOrder counts a finished order at the CA labelled label.
+func (m *metrics) caOrder(label, outcome string) { m.caOrders.WithLabelValues(label, outcome).Inc() }
+
+// fallback counts an order sent to the second CA, by cause.
+func (m *metrics) fallback(cause string) { m.fallbacks.WithLabelValues(cause).Inc() }
 
 func (m *metrics) heartbeatFailed() { m.heartbeats.Inc() }
 

@@ -122,6 +122,9 @@ func (w *Worker) start(ctx context.Context, c queue.Claim, source string, sent t
 	if c.CurrentPEM != "" {
 		fields = append(fields, zap.Bool("renewal", true))
 	}
+	if w.second != nil {
+		fields = append(fields, zap.String("ca", w.caOf(c.Directory).label))
+	}
 	w.log.Info("order started", fields...)
 	go func() {
 		// The order also ends at its lease deadline. The issuer checks the deadline
@@ -133,6 +136,7 @@ func (w *Worker) start(ctx context.Context, c queue.Claim, source string, sent t
 		cancel(nil)
 		w.settleLedger(o, r)
 		w.m.outcome(r.outcome, time.Since(o.started))
+		w.m.caOrder(w.caOf(c.Directory).label, r.outcome)
 		w.results <- r
 	}()
 }
@@ -150,7 +154,23 @@ func (w *Worker) runOrder(ctx context.Context, o *order) result {
 	}
 	octx, cancel := context.WithTimeoutCause(ctx, w.cfg.OrderTimeout, errOrderTimeout)
 	defer cancel()
-	cert, err := w.issueUnderProfile(octx, o, log, name)
+	if outcome, retryIn, done := w.checkCAA(octx, o, log, name); done {
+		res.outcome, res.retryIn = outcome, retryIn
+		return res
+	}
+	w.logFallback(c, log)
+	var cert *queue.Certificate
+	if at := w.caOf(c.Directory); at == w.first {
+		cert, err = w.issueUnderProfile(octx, o, log, name)
+	} else {
+		// The second CA orders under --acme-fallback-profile, its issuer's own: a
+		// domain's ssl_profile is the first CA's.
+		cert, err = w.issue(octx, o, name, "")
+		var pe *queue.ProfileError
+		if errors.As(err, &pe) {
+			err = fallbackProfileError(pe)
+		}
+	}
 	if err == nil {
 		res.issued = true
 		res.outcome = w.store(o, log, cert)
@@ -196,8 +216,17 @@ func (w *Worker) issue(ctx context.Context, o *order, name, profile string) (cer
 			err = fmt.Errorf("internal error: issuer panicked: %v", p)
 		}
 	}()
-	cert, err = w.cfg.Issuer.Issue(ctx, queue.Request{DomainID: c.ID, Domain: name, CurrentPEM: c.CurrentPEM,
+	at := w.caOf(c.Directory)
+	cert, err = at.issuer.Issue(ctx, queue.Request{DomainID: c.ID, Domain: name, CurrentPEM: w.replacesPEM(c),
 		Profile: profile, Deadline: o.deadline, ClaimToken: c.Token})
+	if err == nil && cert != nil {
+		cert.Directory = at.directory
+		if at != w.first {
+			// A certificate of the second CA is never replaced for its profile: it
+			// records none (a certificate with no recorded profile matches any).
+			cert.Profile = ""
+		}
+	}
 	if err == nil && cert == nil {
 		err = errors.New("internal error: issuer returned no certificate and no error")
 	}
@@ -214,9 +243,9 @@ func (w *Worker) store(o *order, log *zap.Logger, cert *queue.Certificate) strin
 	if outcome, done := w.notRecorded(o, log, err); done {
 		return outcome
 	}
-	w.caAnswered()
+	w.caAnswered(w.caOf(o.claim.Directory))
 	w.wantMaintenanceIn(renewIn)
-	log.Info("certificate issued", zap.Time("not_after", cert.NotAfter), zap.Time("renew_at", cert.RenewAt),
+	log.Info("certificate issued", zap.String("directory", cert.Directory), zap.Time("not_after", cert.NotAfter), zap.Time("renew_at", cert.RenewAt),
 		zap.String("serial", cert.Serial), zap.String("profile", cert.Profile), zap.Duration("took", time.Since(o.started)))
 	return "issued"
 }

@@ -38,6 +38,9 @@ const (
 // of these reads, 30 s each, before). The instances share the reads: each one's read
 // is claimed before the CA is asked (queue.ClaimRenewalInfo), and every read takes a
 // token of the fleet's budget first (--ari-requests-per-second).
+//
+// With a second CA, a certificate is asked about at the CA that issued it
+// (informerFor); the fleet's budget is the first CA's, shared.
 func (w *Worker) renewalInfoLoop(ctx context.Context) {
 	ri, ok := w.cfg.Issuer.(queue.RenewalInformer)
 	if !ok {
@@ -137,7 +140,7 @@ func (w *Worker) askRenewalInfoBatch(ctx context.Context, ri queue.RenewalInform
 	)
 	for _, c := range batch {
 		wg.Go(func() {
-			info, outcome := w.askRenewalInfo(ctx, ri, c)
+			info, outcome := w.askRenewalInfo(ctx, w.informerFor(c.Directory, ri), c)
 			if ctx.Err() != nil {
 				return // shutting down: the claim runs out, and someone asks again
 			}
@@ -221,4 +224,16 @@ func (w *Worker) recordRenewalInfo(ctx context.Context, c queue.RenewalInfoCandi
 		zap.String("domain", c.Domain), zap.String("domain_id", c.DomainID), zap.Duration("renew_in", renewIn), zap.Time("was", c.RenewAt),
 		zap.Time("window_end", info.WindowEnd))
 	w.wantMaintenanceIn(renewIn)
+}
+
+// informerFor is the renewal-information source for a certificate the CA at directory
+// issued ("" for not recorded: the first): the second CA's issuer for its
+// certificates, when it offers renewal information; first otherwise.
+func (w *Worker) informerFor(directory string, first queue.RenewalInformer) queue.RenewalInformer {
+	if at := w.caOf(directory); at != w.first {
+		if ri, ok := at.issuer.(queue.RenewalInformer); ok {
+			return ri
+		}
+	}
+	return first
 }

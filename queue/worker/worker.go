@@ -37,8 +37,8 @@ type Worker struct {
 	kick    chan string    // a pass wanted now (after maintenance queued something)
 	maintAt chan time.Time // a maintenance run wanted at this time (a certificate's renewal)
 	health  dbHealth
-	// caDown: this instance found the CA unreachable and has not seen it answer since.
-	caDown atomic.Bool
+	// first is the CA at cfg.Directory; second is cfg.Fallback's, or nil.
+	first, second *ca
 	// keyErr is set by the first order that found a stored key this instance cannot
 	// open (queue.KeyError); from then on it claims nothing and is not ready, until it
 	// is restarted with the key.
@@ -54,7 +54,7 @@ type Worker struct {
 	hard chan struct{}
 	// notSent are the claim tokens whose ledger rows an Admit may have committed
 	// without its answer arriving; only the loop touches it (settleNotSent).
-	notSent []string
+	notSent []notSent
 
 	loopState
 
@@ -91,6 +91,10 @@ func New(cfg Config) (*Worker, error) {
 		done:    make(chan struct{}),
 	}
 	w.health = newDBHealth(cfg.Queue.Lease)
+	w.first = &ca{label: "primary", directory: cfg.Directory, issuer: cfg.Issuer, limits: cfg.Limits}
+	if f := cfg.Fallback; f != nil {
+		w.second = &ca{label: "fallback", directory: f.Directory, issuer: f.Issuer, limits: f.Limits}
+	}
 	opts := cfg.WakeOptions
 	opts.Registerer = cfg.Registerer
 	if cfg.Wake == queue.WakeLogical {

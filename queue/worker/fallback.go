@@ -1,0 +1,214 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/certworker/certworker/queue"
+)
+
+// A second CA (issue #19; queue/fallback.go has the rules of the claim's decision).
+// The worker keeps what is per CA apart: the issuer (its own account), the ledger's
+// limits, whether this instance saw it unreachable, and its pauses, which it writes
+// under the CA the claim went to. It acts on the claim's decision, and overrides it
+// only when the first CA refuses the name for good: that is recorded on the row, and
+// the claim handed back for the next claim to send to the second at once.
+
+// FallbackCA is the second CA.
+type FallbackCA struct {
+	// Issuer places its orders, under its own account (acme.Issuer for
+	// --acme-fallback-directory, whose profile is --acme-fallback-profile).
+	Issuer queue.Issuer
+	// Directory is its ACME directory URL: the key of its pauses and its ledger.
+	Directory string
+	// After is how long a domain is held back at the first CA before it goes to this
+	// one (--acme-fallback-after; queue.DefaultFallbackAfter when 0).
+	After time.Duration
+	// Limits are the ledger's limits for this CA (--acme-fallback-limit-*).
+	Limits queue.Limits
+}
+
+// ca is one CA as the worker uses it.
+type ca struct {
+	// label is "primary" or "fallback", for logs and metrics.
+	label     string
+	directory string
+	issuer    queue.Issuer
+	limits    queue.Limits
+	// down: this instance found the CA unreachable and has not seen it answer since.
+	down atomic.Bool
+}
+
+// caOf is the CA at directory: the second when it is its directory, else the first.
+func (w *Worker) caOf(directory string) *ca {
+	if w.second != nil && directory == w.second.directory {
+		return w.second
+	}
+	return w.first
+}
+
+// cas are the CAs the worker orders from, the first first.
+func (w *Worker) cas() []*ca {
+	if w.second == nil {
+		return []*ca{w.first}
+	}
+	return []*ca{w.first, w.second}
+}
+
+// replacesPEM is the certificate an order at the CA it goes to names in "replaces"
+// (RFC 9773): the stored one, when that CA issued it. A certificate of the other CA's
+// is not one this CA can replace: the order goes without, as a new order, and counts
+// against the CA's limits as one. A certificate with no recorded CA is the first's.
+func (w *Worker) replacesPEM(c queue.Claim) string {
+	issuedBy := c.CertDirectory
+	if issuedBy == "" {
+		issuedBy = w.first.directory
+	}
+	if w.caOf(issuedBy) != w.caOf(c.Directory) {
+		return ""
+	}
+	return c.CurrentPEM
+}
+
+// logFallback says why the second CA was asked, at the start of its order.
+func (w *Worker) logFallback(c queue.Claim, log *zap.Logger) {
+	if w.second == nil || c.Directory != w.second.directory {
+		return
+	}
+	w.m.fallback(c.FallbackCause)
+	why := map[string]string{
+		queue.FallbackOutage:    "the first CA has been unreachable or answering 5xx for longer than --acme-fallback-after",
+		queue.FallbackRateLimit: "a rate limit of the first CA has held the domain back for longer than --acme-fallback-after",
+		queue.FallbackLedger:    "the ledger's limits for the first CA have held the domain back for longer than --acme-fallback-after",
+		queue.FallbackRefused:   "the first CA refused the name (caa, rejectedIdentifier or unsupportedIdentifier)",
+		queue.FallbackRenewal:   "the certificate is the second CA's, and the first CA is held back",
+	}[c.FallbackCause]
+	log.Info("asking the second CA", zap.String("cause", c.FallbackCause), zap.String("why", why),
+		zap.String("directory", c.Directory))
+}
+
+// refusedByFirst deals with the first CA's refusal of the name for good (perm), with
+// a second CA: it is recorded on the row, and the claim handed back uncharged, for the
+// next claim to send to the second at once. When the second has refused the name
+// before, both have: the domain fails. handled is false when the refusal is not one
+// the second CA is asked after.
+func (w *Worker) refusedByFirst(o *order, log *zap.Logger, perm *queue.PermanentError) (outcome string, handled bool) {
+	c := o.claim
+	if w.second == nil || !perm.Refused || w.caOf(c.Directory) != w.first {
+		return "", false
+	}
+	if c.RefusedBy == w.second.directory {
+		reason := fmt.Sprintf("%s; the second CA (%s) refused the name before: no CA will issue for it", perm.Error(), w.second.directory)
+		return w.failForGood(o, log, reason, "permanent"), true
+	}
+	err := w.record(o, log, "record the first CA's refusal", func(ctx context.Context) error {
+		return w.q.RecordRefused(ctx, c, w.first.directory)
+	})
+	if outcome, done := w.notRecorded(o, log, err); done {
+		return outcome, true
+	}
+	log.Warn("the first CA refused the name; the second CA is asked at once, not charged",
+		zap.String("error", perm.Error()), zap.String("directory", w.second.directory))
+	return w.handBack(o, log, false, "refused_first"), true
+}
+
+// refusedBySecond deals with the second CA's refusal of the name for good: when the
+// first refused it too (the claim went to the second for that), the domain fails;
+// otherwise the refusal is recorded and the domain waits for the first, uncharged.
+func (w *Worker) refusedBySecond(o *order, log *zap.Logger, perm *queue.PermanentError) (outcome string, handled bool) {
+	c := o.claim
+	if w.second == nil || !perm.Refused || w.caOf(c.Directory) != w.second {
+		return "", false
+	}
+	if c.RefusedBy == w.first.directory {
+		reason := fmt.Sprintf("%s; the first CA (%s) refused the name before: no CA will issue for it", perm.Error(), w.first.directory)
+		return w.failForGood(o, log, reason, "permanent"), true
+	}
+	err := w.record(o, log, "record the second CA's refusal", func(ctx context.Context) error {
+		return w.q.RecordRefused(ctx, c, w.second.directory)
+	})
+	if outcome, done := w.notRecorded(o, log, err); done {
+		return outcome, true
+	}
+	log.Warn("the second CA refused the name; the domain waits for the first, not charged",
+		zap.String("error", perm.Error()), zap.String("directory", w.second.directory))
+	return w.handBack(o, log, true, "refused_second"), true
+}
+
+// fallbackProfileError is the second CA's refusal of --acme-fallback-profile: the
+// operator's to fix. The order is charged like any failure (the first CA may issue
+// next time), and the error says which flag.
+func fallbackProfileError(pe *queue.ProfileError) error {
+	return errors.New("the second CA does not offer --acme-fallback-profile: " + pe.Error())
+}
+
+// CAAFunc reads a name's CAA records and says which of the worker's CAs they allow,
+// by directory (allowed; nil allows every CA), and what they allow in words for
+// ssl_error (allows, e.g. "letsencrypt.org"). An error is the tenant's DNS failing
+// (SERVFAIL, a timeout): the attempt is charged like a failed preflight, and err's
+// message, which should start "caa: ", becomes ssl_error. It MUST be safe for
+// concurrent use.
+type CAAFunc func(ctx context.Context, name string) (allowed queue.Verdict, allows string, err error)
+
+// checkCAA applies the name's CAA records (cfg.CAA) to the claim before its order: a
+// CA they forbid is never asked (queue.Decide). done reports that the claim was
+// settled here, with its outcome and retry time: handed back for the other CA at once
+// (caa_other_ca), or to wait for the first (caa_waits), or failed because the records
+// allow neither (caa_refused), or charged because they could not be read
+// (caa_failed). The CA they forbid is recorded as refusing the name
+// (ssl_ca_refused), which the next claim reads.
+func (w *Worker) checkCAA(ctx context.Context, o *order, log *zap.Logger, name string) (outcome string, retryIn time.Duration, done bool) {
+	if w.cfg.CAA == nil {
+		return "", 0, false
+	}
+	allowed, allows, err := w.cfg.CAA(ctx, name)
+	if err != nil {
+		outcome, retryIn = w.fail(o, log, err.Error(), "caa_failed")
+		return outcome, retryIn, true
+	}
+	c := o.claim
+	var fb *queue.Fallback
+	if w.second != nil {
+		fb = &queue.Fallback{Directory: w.second.directory}
+	}
+	d := queue.Decide(c, w.first.directory, fb, false, allowed)
+	var forbidden string
+	switch {
+	case d.Directory == c.Directory:
+		return "", 0, false
+	case d.Directory != "":
+		forbidden, outcome = c.Directory, "caa_other_ca"
+	case d.Wait:
+		forbidden, outcome = w.second.directory, "caa_waits"
+	default:
+		var cas []string
+		for _, at := range w.cas() {
+			cas = append(cas, at.directory)
+		}
+		reason := fmt.Sprintf("caa: the name's CAA records allow %s, and no CA certworker orders from (%s)",
+			allowsOrNone(allows), strings.Join(cas, ", "))
+		return w.failForGood(o, log, reason, "caa_refused"), 0, true
+	}
+	err = w.record(o, log, "record a CA that CAA forbids", func(ctx context.Context) error {
+		return w.q.RecordRefused(ctx, c, forbidden)
+	})
+	if outcome, done := w.notRecorded(o, log, err); done {
+		return outcome, 0, true
+	}
+	log.Info("the name's CAA records forbid a CA; it is not asked, nothing charged",
+		zap.String("forbidden", forbidden), zap.String("allows", allows), zap.String("then", outcome))
+	return w.handBack(o, log, outcome == "caa_waits", outcome), 0, true
+}
+
+func allowsOrNone(allows string) string {
+	if allows == "" {
+		return "no CA"
+	}
+	return allows
+}
