@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/worker"
 )
 
 // caFlags are the flags of each CA's CAA identities and of its external account
@@ -125,4 +127,36 @@ func checkEAB(ctx context.Context, issuer *acme.Issuer, log *zap.Logger, databas
 	log.Warn("could not register the ACME account with its external account binding at start; starting anyway, and the first order registers it",
 		zap.String("directory", issuer.DirectoryURL()), zap.String("error", redact(err.Error(), databaseURL)))
 	return nil
+}
+
+// caaCheck is the worker's CAA check (worker.Config.CAA): each name's records, read
+// through --preflight-resolver, against every CA the instance orders from. nil with
+// --preflight off: certworker then checks nothing of a name before ordering (a private
+// CA, tests whose names resolve only in the test CA's DNS), and the CA checks CAA
+// itself, as it always does.
+func (c *runCmd) caaCheck(issuers ...*acme.Issuer) (worker.CAAFunc, error) {
+	if c.Preflight == acme.PreflightOff {
+		return nil, nil
+	}
+	r, err := acme.NewCAAResolver(c.PreflightResolver)
+	if err != nil {
+		return nil, usagef("--preflight-resolver: %v", err)
+	}
+	return func(ctx context.Context, name string) (queue.Verdict, string, error) {
+		v, err := acme.CheckCAAFor(ctx, r, name, issuers...)
+		if err != nil {
+			return nil, "", err
+		}
+		allowed := make(map[string]bool, len(issuers))
+		for n, i := range issuers {
+			// A CA whose identities cannot be read now is not refused for it: the
+			// CA checks CAA itself when it is asked.
+			allowed[i.DirectoryURL()] = v.Allowed[n] || v.Undecided[n]
+		}
+		verdict := func(directory string) bool {
+			ok, known := allowed[directory]
+			return !known || ok
+		}
+		return verdict, strings.Join(v.Named, ", "), nil
+	}, nil
 }

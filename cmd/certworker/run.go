@@ -230,7 +230,15 @@ func (c *runCmd) Run(g *globals) error {
 		servers = append(servers, serveResponder(log, lns["http01"], responder, c.HTTP01MaxConns, reg))
 	}
 
-	w, err := c.startWorker(ctx, pool, issuer, log, reg, limits, second)
+	issuers := []*acme.Issuer{issuer}
+	if secondIssuer != nil {
+		issuers = append(issuers, secondIssuer)
+	}
+	caa, err := c.caaCheck(issuers...)
+	if err != nil {
+		return err
+	}
+	w, err := c.startWorker(ctx, pool, issuer, log, reg, limits, second, caa)
 	if err != nil {
 		return err
 	}
@@ -318,7 +326,7 @@ func (c *runCmd) replication() (*pgconn.Config, error) {
 }
 
 // startWorker starts the worker: its listener connects, and it claims from then on.
-func (c *runCmd) startWorker(ctx context.Context, pool *pgxpool.Pool, issuer *acme.Issuer, log *zap.Logger, reg prometheus.Registerer, limits queue.Limits, second *worker.FallbackCA) (*worker.Worker, error) {
+func (c *runCmd) startWorker(ctx context.Context, pool *pgxpool.Pool, issuer *acme.Issuer, log *zap.Logger, reg prometheus.Registerer, limits queue.Limits, second *worker.FallbackCA, caa worker.CAAFunc) (*worker.Worker, error) {
 	replication, err := c.replication()
 	if err != nil {
 		return nil, err
@@ -335,6 +343,7 @@ func (c *runCmd) startWorker(ctx context.Context, pool *pgxpool.Pool, issuer *ac
 		Queue:         queue.Config{RetryBase: c.RetryBase, RetryMax: c.RetryMax, MaxAttempts: c.MaxAttempts, Lease: c.Lease},
 		Limits:        limits,
 		Fallback:      second,
+		CAA:           caa,
 		Concurrency:   c.Concurrency,
 		PollInterval:  c.PollInterval,
 		ShutdownGrace: max(c.ShutdownGrace, time.Nanosecond), // 0 would mean the default

@@ -168,6 +168,12 @@ func (w *Worker) checkCAA(ctx context.Context, o *order, log *zap.Logger, name s
 		return "", 0, false
 	}
 	allowed, allows, err := w.cfg.CAA(ctx, name)
+	if err != nil && ctx.Err() != nil {
+		// Cut short by this instance (shutdown, the lease's deadline, the claim
+		// lost): nothing was learnt of the tenant's DNS, and nothing is charged.
+		log.Info("CAA look-up cut short; the claim is handed back uncharged", zap.Error(context.Cause(ctx)))
+		return w.handBack(o, log, false, "released"), 0, true
+	}
 	if err != nil {
 		outcome, retryIn = w.fail(o, log, err.Error(), "caa_failed")
 		return outcome, retryIn, true
