@@ -108,7 +108,7 @@ END
 $$;
 -- +goose StatementEnd
 
--- 00014's, which also forgets the issuing CA now: a certificate someone else wrote
+-- 00016's, which also forgets the issuing CA now: a certificate someone else wrote
 -- was not issued through any account certworker knows.
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION certworker_certificate_replaced() RETURNS trigger
@@ -118,6 +118,7 @@ BEGIN
     NEW.not_before := NULL;
     NEW.issuer := NULL;
     NEW.serial := NULL;
+    NEW.ari_window_start := NULL;
     NEW.ari_window_end := NULL;
     NEW.ari_next_at := NULL;
     NEW.profile := NULL;
@@ -136,6 +137,7 @@ BEGIN
     NEW.not_before := NULL;
     NEW.issuer := NULL;
     NEW.serial := NULL;
+    NEW.ari_window_start := NULL;
     NEW.ari_window_end := NULL;
     NEW.ari_next_at := NULL;
     NEW.profile := NULL;

@@ -250,7 +250,12 @@ func TestMarkActive_RecordsTheIssuingCA(t *testing.T) {
 	o, err := b.q.Overview(b.ctx)
 	require.NoError(t, err)
 	require.Equal(t, []queue.IssuerCount{{Directory: secondDirectory, Certificates: 1}}, o.Issuers, "status does not count it by CA")
+	// The window's start of migration 00016 is forgotten too (00017 re-created
+	// 00016's trigger function and once dropped that line).
+	b.exec(t, `UPDATE proxy_certificates SET ari_window_start = now() WHERE domain = $1`, name)
 	b.exec(t, `UPDATE proxy_certificates SET certificate_pem = 'uploaded' WHERE domain = $1`, name)
+	require.Empty(t, b.strings(t, `SELECT domain FROM proxy_certificates WHERE domain = $1 AND ari_window_start IS NOT NULL`, name),
+		"an upload kept the replaced certificate's renewal window")
 	o, err = b.q.Overview(b.ctx)
 	require.NoError(t, err)
 	require.Equal(t, []queue.IssuerCount{{Directory: "", Certificates: 1}}, o.Issuers)
