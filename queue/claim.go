@@ -207,12 +207,25 @@ LEFT JOIN claimed c ON true`
 
 // claimWindow is how many rows in line one claim statement reads for n slots: a few
 // more than n, so that rows another instance holds locked, or that are taken out of
-// line, do not leave the claim short.
-func claimWindow(n int) int { return 2*n + 8 }
+// line, do not leave the claim short. Each round that took rows out of line reads four
+// times as many, up to maxClaimWindow: rows held back meet the claim in runs (a pause
+// of a registered domain holds back all its names at once), and taking them out 40 at
+// a time would leave the queue idle behind them.
+func claimWindow(n, round int) int {
+	w := 2*n + 8
+	for range round {
+		w = min(4*w, maxClaimWindow)
+	}
+	return w
+}
+
+// maxClaimWindow bounds the rows one claim statement reads, and so what it may take
+// out of line at once (a few hundred milliseconds of writes).
+const maxClaimWindow = 10000
 
 // claimRounds bounds the statements one Claim runs for one part: a claim that came
 // back short reads on while it took rows out of line, or read a full window.
-const claimRounds = 8
+const claimRounds = 16
 
 // Claim takes up to limit due domains for owner (an instance name, for operators and
 // for ReleaseUntracked), from the CA at directory (whose pause it respects). It
@@ -251,24 +264,29 @@ func (q *Queue) ClaimShared(ctx context.Context, owner, directory string, limit,
 // statement came back short but took rows out of line or read a full window.
 func (q *Queue) claimTiers(ctx context.Context, owner, directory string, limit, lo, hi int) ([]Claim, error) {
 	var claims []Claim
+	grow := 0
 	for round := 0; round < claimRounds && len(claims) < limit; round++ {
 		n := limit - len(claims)
-		got, takenOut, read, err := q.claimOnce(ctx, owner, directory, n, lo, hi)
+		window := claimWindow(n, grow)
+		got, takenOut, read, err := q.claimOnce(ctx, owner, directory, n, lo, hi, window)
 		claims = append(claims, got...)
 		if err != nil {
 			return claims, err
 		}
-		if len(got) == n || (takenOut == 0 && read < claimWindow(n)) {
+		if len(got) == n || (takenOut == 0 && read < window) {
 			break
+		}
+		if takenOut > 0 {
+			grow++
 		}
 	}
 	return claims, nil
 }
 
-func (q *Queue) claimOnce(ctx context.Context, owner, directory string, n, lo, hi int) (claims []Claim, takenOut, read int, err error) {
+func (q *Queue) claimOnce(ctx context.Context, owner, directory string, n, lo, hi, window int) (claims []Claim, takenOut, read int, err error) {
 	rows, err := q.db.Query(ctx, claimSQL,
 		q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax),
-		owner, seconds(q.cfg.Lease), n, directory, lo, hi, claimWindow(n))
+		owner, seconds(q.cfg.Lease), n, directory, lo, hi, window)
 	if err != nil {
 		return nil, 0, 0, fmt.Errorf("claim: %w", err)
 	}
