@@ -122,8 +122,9 @@ func heldByPauseSQL(x string) string {
 //
 // The claim stamps ssl_last_attempt_at and updated_at with the transaction's time, as
 // the reference does, and keeps the previous attempt time in ssl_claim_prev_attempt_at
-// for a hand-back. The statement returns one row at least: the rows it took out of
-// line and the rows it read, for Claim to know whether to read on.
+// for a hand-back. It returns the claims in order of service, and one row at least:
+// the rows it took out of line and the rows it read, for Claim to know whether to
+// read on.
 var claimSQL = `
 WITH head AS MATERIALIZED (
     SELECT h.*, row_number() OVER () AS rn FROM (
@@ -137,7 +138,7 @@ WITH head AS MATERIALIZED (
         ` + claimOrderSQL + `
         LIMIT $10) h
 ), due AS (
-    SELECT d.id, d.tenant_id, COALESCE(d.ssl_queue_tier, 2) AS tier, COALESCE(d.ssl_queue_seq, 0) AS seq
+    SELECT d.id, d.tenant_id, COALESCE(d.ssl_queue_tier, 2) AS tier, COALESCE(d.ssl_queue_seq, 0) AS seq, h.rn
     FROM head h JOIN proxy_domains d ON d.id = h.id
     WHERE h.ready AND h.pause IS NULL AND ` + inLineSQL + ` AND d.ssl_attempts < $1
       AND (SELECT count(*) FROM proxy_domains o WHERE lower(o.domain) = lower(d.domain)) = 1
@@ -147,9 +148,9 @@ WITH head AS MATERIALIZED (
 ), turns AS (
     SELECT tenant_id, count(*) AS k FROM due WHERE tier = 1 GROUP BY tenant_id
 ), picks AS (
-    SELECT e.id, e.tenant_id, e.seq
+    SELECT e.id, e.tenant_id, e.seq, row_number() OVER (PARTITION BY e.tenant_id ORDER BY e.renew_by, e.id) AS r
     FROM turns t CROSS JOIN LATERAL (
-        SELECT x.id, x.tenant_id, COALESCE(x.ssl_queue_seq, 0) AS seq
+        SELECT x.id, x.tenant_id, COALESCE(x.ssl_queue_seq, 0) AS seq, x.ssl_renew_by AS renew_by
         FROM proxy_domains x
         WHERE x.tenant_id = t.tenant_id AND x.ssl_queue_tier = 1
           AND x.verification_status = 'verified' AND x.ssl_provider = 'acme' AND x.ssl_status = 'pending'
@@ -160,9 +161,12 @@ WITH head AS MATERIALIZED (
         LIMIT t.k
         FOR UPDATE OF x SKIP LOCKED) e
 ), take AS (
-    SELECT id FROM due WHERE tier <> 1
+    SELECT id, rn FROM due WHERE tier <> 1
     UNION ALL
-    SELECT id FROM picks
+    SELECT p.id, u.rn
+    FROM picks p
+    JOIN (SELECT tenant_id, rn, row_number() OVER (PARTITION BY tenant_id ORDER BY rn) AS r
+          FROM due WHERE tier = 1) u ON u.tenant_id = p.tenant_id AND u.r = p.r
 ), moved AS (
     UPDATE proxy_domains d SET ssl_queue_seq = m.seq
     FROM (SELECT a.id, b.seq
@@ -203,7 +207,8 @@ SELECT c.id::text, c.tenant_id::text, c.domain, c.ssl_attempts, c.ssl_claim_toke
     (SELECT p.profile FROM proxy_certificates p WHERE p.domain = c.domain),
     c.first, n.taken_out, n.read
 FROM (SELECT (SELECT count(*) FROM out) AS taken_out, (SELECT count(*) FROM head) AS read) n
-LEFT JOIN claimed c ON true`
+LEFT JOIN (claimed c JOIN take t ON t.id = c.id) ON true
+ORDER BY t.rn`
 
 // claimWindow is how many rows in line one claim statement reads for n slots: a few
 // more than n, so that rows another instance holds locked, or that are taken out of

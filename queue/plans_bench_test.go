@@ -258,12 +258,13 @@ func heldBack(tb testing.TB, pool *pgxpool.Pool) {
 	for _, sql := range []string{
 		`INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_status,
              ssl_provider, ssl_attempts, ssl_last_attempt_at)
-         SELECT (SELECT id FROM proxy_tenants ORDER BY id LIMIT 1 OFFSET g % 10000),
+         SELECT t.id,
                 CASE WHEN g <= 50000 THEN 'b' || g || '.backoff.example' ELSE 'p' || g || '.paused.example' END,
                 'verified', 'tok', 'pending', 'acme',
                 CASE WHEN g <= 50000 THEN 3 ELSE 0 END,
                 CASE WHEN g <= 50000 THEN now() - interval '1 minute' END
-         FROM generate_series(1, 100000) g`,
+         FROM generate_series(1, 100000) g
+         JOIN (SELECT id, row_number() OVER () - 1 AS n FROM proxy_tenants) t ON t.n = g % 10000`,
 		`UPDATE proxy_domains SET ssl_queue_tier = 2, ssl_queue_seq = -1
          WHERE domain LIKE '%.backoff.example' OR domain LIKE '%.paused.example'`,
 		`INSERT INTO certworker_pauses (scope, key, source, paused_until, reason)
