@@ -54,12 +54,23 @@ func claimStatement(order string) string {
 	return queue.ClaimSQLForTest
 }
 
-// claimWith claims up to n rows with the statement, as Queue.Claim does.
+// claimWith claims up to n rows with the statement, as Queue.Claim does (every tier,
+// its first window), and returns how many it claimed.
 func claimWith(ctx context.Context, pool *pgxpool.Pool, sql string, n int) (int, error) {
 	cfg := queue.DefaultConfig()
-	tag, err := pool.Exec(ctx, sql, cfg.MaxAttempts, cfg.RetryBase.Seconds(), cfg.RetryMax.Seconds(),
-		"bench", cfg.Lease.Seconds(), n, testDirectory)
-	return int(tag.RowsAffected()), err
+	rows, err := pool.Query(ctx, sql, cfg.MaxAttempts, cfg.RetryBase.Seconds(), cfg.RetryMax.Seconds(),
+		"bench", cfg.Lease.Seconds(), n, testDirectory, 1, 3, 2*n+8)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	claimed := 0
+	for rows.Next() {
+		if rows.RawValues()[0] != nil {
+			claimed++
+		}
+	}
+	return claimed, rows.Err()
 }
 
 // lateTenantWait runs 16 slots that claim one domain, hold it for an order's time and
