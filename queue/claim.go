@@ -212,8 +212,8 @@ ORDER BY t.rn`
 
 // claimWindow is how many rows in line one claim statement reads for n slots: a few
 // more than n, so that rows another instance holds locked, or that are taken out of
-// line, do not leave the claim short. Each round that took rows out of line reads four
-// times as many, up to maxClaimWindow: rows held back meet the claim in runs (a pause
+// line, do not leave the claim short. Each round after one that came back short reads
+// four times as many, up to maxClaimWindow: rows held back meet the claim in runs (a pause
 // of a registered domain holds back all its names at once), and taking them out 40 at
 // a time would leave the queue idle behind them.
 func claimWindow(n, round int) int {
@@ -281,9 +281,7 @@ func (q *Queue) claimTiers(ctx context.Context, owner, directory string, limit, 
 		if len(got) == n || (takenOut == 0 && read < window) {
 			break
 		}
-		if takenOut > 0 {
-			grow++
-		}
+		grow++
 	}
 	return claims, nil
 }
