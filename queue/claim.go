@@ -217,7 +217,7 @@ ORDER BY t.rn`
 // of a registered domain holds back all its names at once), and taking them out 40 at
 // a time would leave the queue idle behind them.
 func claimWindow(n, round int) int {
-	w := 2*n + 8
+	w := n + 4 + n/4
 	for range round {
 		w = min(4*w, maxClaimWindow)
 	}
@@ -350,16 +350,16 @@ func deref(s *string) string {
 // edit of ssl_attempts or ssl_last_attempt_at, or a pause lifted early takes effect at
 // the next claim.
 //
-// Like NextDue it reads, per attempt count below the cap of the curve, the oldest
-// attempts first (proxy_domains_held_backoff_idx), and the pauses rows are held under
-// once each (a skip scan of proxy_domains_held_pause_idx): its cost follows the rows
-// it brings back. Rows locked by someone else (the proxy's open transaction) are
+// Like NextDue it reads per attempt count (below --max-attempts) the rows never tried
+// and those tried before that count's backoff, two index ranges of
+// proxy_domains_held_backoff_idx, and the pauses rows are held under once each (a
+// skip scan of proxy_domains_held_pause_idx): its cost follows the rows it brings
+// back, not the rows held. Rows locked by someone else (the proxy's open transaction) are
 // skipped and left for the next call; no more than fillBatch rows a call. A row back
 // in line takes its place as a row entering the queue does (the wake trigger): one
 // past its tenant's last in its tier, and never before the tier's clock; its tenant's
 // rows coming back together take consecutive places.
 func (q *Queue) ReturnHeld(ctx context.Context) (int64, error) {
-	capped := min(q.cfg.firstCapped(), q.cfg.MaxAttempts)
 	tag, err := q.db.Exec(ctx, `
 WITH RECURSIVE keys AS (
     (SELECT ssl_held AS k FROM proxy_domains
@@ -370,28 +370,34 @@ WITH RECURSIVE keys AS (
             ORDER BY ssl_held LIMIT 1)
     FROM keys WHERE keys.k IS NOT NULL
 ), cand AS (
-    SELECT r.id FROM generate_series(0, $4 - 1) AS k
+    SELECT r.id FROM generate_series(0, $1 - 1) AS k
     CROSS JOIN LATERAL (
-        SELECT id FROM proxy_domains d
-        WHERE `+claimableSQL+` AND ssl_held = 'backoff' AND ssl_attempts = k AND `+readySQL("d")+`
-        ORDER BY ssl_last_attempt_at NULLS FIRST LIMIT $5) r
+        (SELECT id FROM proxy_domains
+         WHERE `+claimableSQL+` AND ssl_held = 'backoff' AND ssl_attempts = k AND ssl_last_attempt_at IS NULL
+         LIMIT $4)
+        UNION ALL
+        (SELECT id FROM proxy_domains
+         WHERE `+claimableSQL+` AND ssl_held = 'backoff' AND ssl_attempts = k
+           AND ssl_last_attempt_at < now() - make_interval(secs => `+backoffSQL("k", "$2", "$3")+`)
+         ORDER BY ssl_last_attempt_at LIMIT $4)) r
     UNION ALL
     (SELECT id FROM proxy_domains d
-     WHERE `+claimableSQL+` AND ssl_held = 'backoff' AND (ssl_attempts < 0 OR ssl_attempts >= $4)
-       AND ssl_attempts < $1 AND `+readySQL("d")+`
-     LIMIT $5)
+     WHERE `+claimableSQL+` AND ssl_held = 'backoff' AND ssl_attempts < 0 AND `+readySQL("d")+`
+     LIMIT $4)
     UNION ALL
-    (SELECT id FROM proxy_domains
-     WHERE `+claimableSQL+` AND ssl_held IN (
-         SELECT k FROM keys WHERE k IS NOT NULL AND NOT EXISTS (
-             SELECT 1 FROM certworker_pauses p
-             WHERE p.scope || ':' || p.key = keys.k AND p.paused_until > now()))
-     LIMIT $5)
+    SELECT r.id FROM keys
+    CROSS JOIN LATERAL (
+        SELECT id FROM proxy_domains
+        WHERE `+claimableSQL+` AND ssl_held = keys.k
+        LIMIT $4) r
+    WHERE keys.k IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM certworker_pauses p
+        WHERE p.scope || ':' || p.key = keys.k AND p.paused_until > now())
 ), locked AS (
     SELECT d.id, d.tenant_id, COALESCE(d.ssl_queue_tier, 2) AS tier, COALESCE(d.ssl_queue_seq, 0) AS seq,
         `+readySQL("d")+` AS ready, `+heldByPauseSQL("d")+` AS pause
     FROM proxy_domains d
-    WHERE d.id IN (SELECT id FROM (SELECT id FROM cand LIMIT $5) c)
+    WHERE d.id IN (SELECT id FROM (SELECT id FROM cand LIMIT $4) c)
       AND `+claimableSQL+` AND d.ssl_held IS NOT NULL
     FOR UPDATE OF d SKIP LOCKED
 ), placed AS (
@@ -406,7 +412,7 @@ UPDATE proxy_domains d SET
 FROM placed p
 WHERE d.id = p.id AND d.ssl_held IS DISTINCT FROM
     CASE WHEN p.pause IS NOT NULL THEN p.pause WHEN NOT p.ready THEN 'backoff' END`,
-		q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax), capped, fillBatch)
+		q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax), fillBatch)
 	if err != nil {
 		return 0, fmt.Errorf("bring held rows back in line: %w", err)
 	}
