@@ -56,10 +56,11 @@ func readySQL(x string) string {
 		backoffSQL(x+".ssl_attempts", "$2", "$3") + `))`
 }
 
-// heldByPauseSQL is the pause of a registered domain or of one name that holds row x
+// heldByPauseSQL is a pause of a registered domain or of one name that holds row x
 // back, as ssl_held names it ('registered_domain:KEY', 'domain:KEY'), or NULL. It is
 // looked up among the row's own suffixes (certworker_suffixes), and only while such a
-// pause exists at all.
+// pause exists at all. Which one, when several hold the row, does not matter:
+// ReturnHeld looks again once it has ended.
 func heldByPauseSQL(x string) string {
 	return `CASE WHEN EXISTS (SELECT 1 FROM certworker_pauses WHERE scope <> 'ca' AND paused_until > now()) THEN
          (SELECT p.scope || ':' || p.key FROM certworker_pauses p
@@ -67,7 +68,7 @@ func heldByPauseSQL(x string) string {
             AND p.key = ANY (certworker_suffixes(` + x + `.domain))
             AND (p.scope = 'registered_domain' OR p.key = lower(` + x + `.domain))
             AND p.paused_until > now()
-          ORDER BY p.paused_until DESC LIMIT 1) END`
+          LIMIT 1) END`
 }
 
 // claimSQL claims up to $6 due domains of the tiers $8 to $9 in one statement.
@@ -230,7 +231,7 @@ const maxClaimWindow = 10000
 
 // claimRounds bounds the statements one Claim runs for one part: a claim that came
 // back short reads on while it took rows out of line, or read a full window.
-const claimRounds = 16
+const claimRounds = 8
 
 // Claim takes up to limit due domains for owner (an instance name, for operators and
 // for ReleaseUntracked), from the CA at directory (whose pause it respects). It
