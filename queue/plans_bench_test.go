@@ -228,12 +228,19 @@ func BenchmarkPlansAtAMillion(b *testing.B) {
 	// explained as above.
 	heldBack(b, pool)
 	took := time.Now()
-	if _, err := q.Claim(ctx, "bench", dir, 16); err != nil {
-		b.Fatal(err)
+	claims := 0
+	for inLine := 1; inLine > 0; claims++ {
+		if _, err := q.Claim(ctx, "bench", dir, 16); err != nil {
+			b.Fatal(err)
+		}
+		if err := pool.QueryRow(ctx, `
+SELECT count(*) FROM proxy_domains
+WHERE ssl_status = 'pending' AND ssl_held IS NULL AND (domain LIKE '%.backoff.example' OR domain LIKE '%.paused.example')`).Scan(&inLine); err != nil {
+			b.Fatal(err)
+		}
 	}
-	first := time.Since(took)
-	fmt.Fprintf(&summary, "%9.3f ms  the first claim after those rows appeared (wall time, taking them out of line)\n",
-		float64(first.Microseconds())/1000)
+	fmt.Fprintf(&summary, "%9.3f ms  the %d claims that took those rows out of line (wall time, each a claim of 16)\n",
+		float64(time.Since(took).Microseconds())/1000, claims)
 	// Explained as they are left (the claim's index still holds the entries of the
 	// rows taken out, until a vacuum), then after VACUUM, as autovacuum leaves them.
 	for _, when := range []string{"before a vacuum", "after VACUUM"} {
