@@ -85,16 +85,20 @@ func heldByPauseSQL(x string) string {
 // every row with a failure behind it looked just tried and backoff meant "never retry".
 //
 // The claim reads only what it can take (issue #17). It reads the rows in line, in
-// order of service, from proxy_domains_line_idx: the worker's failure write takes a
-// row out of line (ssl_held), and ReturnHeld brings it back once its backoff has run
-// out. It reads at most $10 of them (head): a row in line that the pause of a
+// order of service, from proxy_domains_line_idx, and locks them as it reads (FOR
+// UPDATE SKIP LOCKED: a row another instance is claiming is passed over, not counted):
+// the worker's failure write takes a row out of line (ssl_held), and ReturnHeld brings
+// it back once its backoff has run out. It reads at most $10 of them (head, as many as
+// it may claim when the queue is in order): a row in line that the pause of a
 // registered domain or of its name holds back, or whose backoff has not run out (a
-// longer --retry-base, a hand edit), is taken out of line by the same statement
-// (out, under SKIP LOCKED), so that no later claim reads it again. A pause of the CA
-// ($7) is one test for the whole statement, and takes nothing out. Two rows whose
-// names differ only in case are never claimed: they are the same name to a CA, and
-// which one the tenant meant is theirs to say. Pauses are conditions of the claim,
-// not checks after it, so a held-back domain is never claimed and handed back again.
+// longer --retry-base, a hand edit), is taken out of line by the same statement (out),
+// so that no later claim reads it again, and Claim reads on with a wider window. A
+// pause of the CA ($7) is one test for the whole statement, and takes nothing out. Two
+// rows whose names differ only in case are never claimed: they are the same name to a
+// CA, and which one the tenant meant is theirs to say (that count, rather than NOT
+// EXISTS, stays one index probe of each row read: the planner turns NOT EXISTS into an
+// anti-join of the whole table). Pauses are conditions of the claim, not checks after
+// it, so a held-back domain is never claimed and handed back again.
 //
 // Order of service (CONTRACT.md §5, issues #13 and #18):
 //  1. ssl_queue_tier 1, renewals close to expiry (a fifth of the lifetime left, or
@@ -129,23 +133,23 @@ func heldByPauseSQL(x string) string {
 var claimSQL = `
 WITH head AS MATERIALIZED (
     SELECT h.*, row_number() OVER () AS rn FROM (
-        SELECT d.id, ` + readySQL("d") + ` AS ready, ` + heldByPauseSQL("d") + ` AS pause
+        SELECT d.id, d.tenant_id, COALESCE(d.ssl_queue_tier, 2) AS tier, COALESCE(d.ssl_queue_seq, 0) AS seq,
+            ` + readySQL("d") + ` AS ready, ` + heldByPauseSQL("d") + ` AS pause
         FROM proxy_domains d
         WHERE ` + inLineSQL + `
           AND COALESCE(d.ssl_queue_tier, 2) BETWEEN $8 AND $9
           AND d.ssl_attempts < $1
           AND NOT EXISTS (SELECT 1 FROM certworker_pauses
                           WHERE scope = 'ca' AND key = $7 AND paused_until > now())
+          AND (SELECT count(*) FROM proxy_domains o WHERE lower(o.domain) = lower(d.domain)) = 1
         ` + claimOrderSQL + `
-        LIMIT $10) h
+        LIMIT $10
+        FOR UPDATE OF d SKIP LOCKED) h
 ), due AS (
-    SELECT d.id, d.tenant_id, COALESCE(d.ssl_queue_tier, 2) AS tier, COALESCE(d.ssl_queue_seq, 0) AS seq, h.rn
-    FROM head h JOIN proxy_domains d ON d.id = h.id
-    WHERE h.ready AND h.pause IS NULL AND ` + inLineSQL + ` AND d.ssl_attempts < $1
-      AND (SELECT count(*) FROM proxy_domains o WHERE lower(o.domain) = lower(d.domain)) = 1
-    ORDER BY h.rn
+    SELECT id, tenant_id, tier, seq, rn FROM head
+    WHERE ready AND pause IS NULL
+    ORDER BY rn
     LIMIT $6
-    FOR UPDATE OF d SKIP LOCKED
 ), turns AS (
     SELECT tenant_id, count(*) AS k FROM due WHERE tier = 1 GROUP BY tenant_id
 ), picks AS (
@@ -177,13 +181,9 @@ WITH head AS MATERIALIZED (
                 FROM picks WHERE id NOT IN (SELECT id FROM due)) b
             ON a.tenant_id = b.tenant_id AND a.r = b.r) m
     WHERE d.id = m.id
-), outl AS (
-    SELECT d.id, h.pause FROM head h JOIN proxy_domains d ON d.id = h.id
-    WHERE (NOT h.ready OR h.pause IS NOT NULL) AND ` + inLineSQL + `
-    FOR UPDATE OF d SKIP LOCKED
 ), out AS (
-    UPDATE proxy_domains d SET ssl_held = COALESCE(o.pause, 'backoff')
-    FROM outl o WHERE d.id = o.id
+    UPDATE proxy_domains d SET ssl_held = COALESCE(h.pause, 'backoff')
+    FROM head h WHERE d.id = h.id AND (NOT h.ready OR h.pause IS NOT NULL)
     RETURNING d.id
 ), claimed AS (
     UPDATE proxy_domains d SET
@@ -211,14 +211,14 @@ FROM (SELECT (SELECT count(*) FROM out) AS taken_out, (SELECT count(*) FROM head
 LEFT JOIN (claimed c JOIN take t ON t.id = c.id) ON true
 ORDER BY t.rn`
 
-// claimWindow is how many rows in line one claim statement reads for n slots: a few
-// more than n, so that rows another instance holds locked, or that are taken out of
-// line, do not leave the claim short. Each round after one that came back short reads
-// four times as many, up to maxClaimWindow: rows held back meet the claim in runs (a pause
-// of a registered domain holds back all its names at once), and taking them out 40 at
+// claimWindow is how many rows in line one claim statement reads for n slots: n at
+// first, since the rows it reads are locked as they are read and a row another
+// instance holds is passed over. Each round after one that came back short reads four
+// times as many, up to maxClaimWindow: rows held back meet the claim in runs (a pause
+// of a registered domain holds back all its names at once), and taking them out n at
 // a time would leave the queue idle behind them.
 func claimWindow(n, round int) int {
-	w := n + 4 + n/4
+	w := n
 	for range round {
 		w = min(4*w, maxClaimWindow)
 	}

@@ -59,7 +59,7 @@ func claimStatement(order string) string {
 func claimWith(ctx context.Context, pool *pgxpool.Pool, sql string, n int) (int, error) {
 	cfg := queue.DefaultConfig()
 	rows, err := pool.Query(ctx, sql, cfg.MaxAttempts, cfg.RetryBase.Seconds(), cfg.RetryMax.Seconds(),
-		"bench", cfg.Lease.Seconds(), n, testDirectory, 1, 3, n+4+n/4)
+		"bench", cfg.Lease.Seconds(), n, testDirectory, 1, 3, n)
 	if err != nil {
 		return 0, err
 	}
