@@ -39,7 +39,8 @@ SELECT (SELECT count(*) FROM proxy_domains WHERE ssl_profile IS NOT NULL OR ssl_
 	require.NoError(t, err)
 	require.Zero(t, n, "a certificate with no recorded profile matches any")
 
-	_, err = conn.Exec(ctx, `DELETE FROM goose_db_version WHERE version_id = 14`)
+	// 00014 and every migration after it, which goose then runs again in order.
+	_, err = conn.Exec(ctx, `DELETE FROM goose_db_version WHERE version_id >= 14`)
 	require.NoError(t, err)
 	proxy := connect(t, url)
 	_, err = proxy.Exec(ctx, `BEGIN`)
@@ -49,8 +50,9 @@ SELECT (SELECT count(*) FROM proxy_domains WHERE ssl_profile IS NOT NULL OR ssl_
 	_, err = proxy.Exec(ctx, `UPDATE proxy_certificates SET updated_at = updated_at WHERE false`)
 	require.NoError(t, err)
 	results, err := migrations.Up(ctx, openDB(t, url), migrations.Options{LockTimeout: 200 * time.Millisecond, Attempts: 1})
-	require.NoError(t, err, "00014 run again waited for a lock on a table the proxy writes")
-	require.Len(t, results, 1)
+	require.NoError(t, err, "00014 (or a later migration) run again waited for a lock on a table the proxy writes")
+	require.NotEmpty(t, results)
+	require.EqualValues(t, 14, results[0].Version)
 	_, err = proxy.Exec(ctx, `ROLLBACK`)
 	require.NoError(t, err)
 }
