@@ -41,11 +41,11 @@ GRANT SELECT (id, tenant_id, domain, verification_status, ssl_status, ssl_provid
               ssl_last_attempt_at, ssl_error, ssl_expires_at, updated_at, ssl_claim_token,
               ssl_claimed_by, ssl_lease_expires_at, ssl_queued_at, ssl_claim_prev_attempt_at,
               ssl_queue_seq, ssl_queue_tier, ssl_renew_by, ssl_profile, ssl_profile_refused,
-              ssl_ca_directory, ssl_ca_cause, ssl_ca_refused),
+              ssl_ca_directory, ssl_ca_cause, ssl_ca_refused, ssl_held),
       UPDATE (ssl_status, ssl_attempts, ssl_last_attempt_at, ssl_error, ssl_expires_at, updated_at,
               ssl_claim_token, ssl_claimed_by, ssl_lease_expires_at, ssl_claim_prev_attempt_at,
-              ssl_queue_tier, ssl_renew_by, ssl_profile_refused,
-              ssl_ca_directory, ssl_ca_cause, ssl_ca_refused)
+              ssl_queue_seq, ssl_queue_tier, ssl_renew_by, ssl_profile_refused,
+              ssl_ca_directory, ssl_ca_cause, ssl_ca_refused, ssl_held)
    ON proxy_domains TO :"role";
 
 -- Stored certificates: written and replaced on issuance (INSERT ... ON CONFLICT),
@@ -94,9 +94,9 @@ GRANT SELECT, INSERT (directory, domain_id, name, registered_domain, renewal, ex
 -- an issued order, pruned with their domain.
 GRANT SELECT, INSERT (directory, name, issued_at), UPDATE (issued_at), DELETE
    ON certworker_issued_names TO :"role";
--- The order of service: the claim moves the queue's position (the tenants' counters
--- are written by the wake trigger's SECURITY DEFINER function, and pruned).
-GRANT SELECT, UPDATE (vtime) ON certworker_queue_clock TO :"role";
+-- The tenants' counters of migration 00005, unused since 00015 (the wake trigger only
+-- reads the queue's index now): pruned. certworker_queue_clock is read and written by
+-- no one any more, so the workers hold no right on it.
 GRANT SELECT, DELETE ON certworker_tenants TO :"role";
 -- The fleet's budget of renewal-information requests, one row per CA (created by the
 -- first taker).

@@ -32,10 +32,9 @@ type Claim struct {
 	// CertProfile is the profile the stored certificate was issued under, or "" when
 	// none is recorded (no certificate, one issued before migration 00014, an upload).
 	CertProfile string
-	// Notice is what ssl_error says of the domain once its certificate is stored
-	// (MarkActive), or "" for nothing: set by the worker when it renewed under the
-	// certificate's profile because the CA does not offer the domain's own.
-	Notice string
+	// FirstIssuance: the row was claimed from the first issuances' tier (2): the
+	// domain holds no certificate certworker renews (its first issuance, or a retry).
+	FirstIssuance bool
 	// Directory is the ACME directory of the CA the order goes to, as the claim
 	// decided (fallback.go); FallbackCause is why it is the second CA (Fallback*), or
 	// "" for the first.
@@ -48,12 +47,46 @@ type Claim struct {
 	// "" when none is recorded (no certificate, one stored before migration 00017, an
 	// upload): the first CA's, then.
 	CertDirectory string
+	// Notice is what ssl_error says of the domain once its certificate is stored
+	// (MarkActive), or "" for nothing: set by the worker when it renewed under the
+	// certificate's profile because the CA does not offer the domain's own.
+	Notice string
 }
 
 // claimOrderSQL is the claim's order of service (see claimSQL).
 const claimOrderSQL = `ORDER BY COALESCE(d.ssl_queue_tier, 2), COALESCE(d.ssl_queue_seq, 0), d.ssl_queued_at DESC NULLS LAST`
 
-// claimSQL claims up to $6 due domains in one statement.
+// inLineSQL is the set the claim reads (proxy_domains_line_idx): claimable rows that
+// no failure, pause or backoff has taken out of line (ssl_held, migration 00015).
+const inLineSQL = `d.verification_status = 'verified' AND d.ssl_provider = 'acme' AND d.ssl_status = 'pending'
+      AND d.ssl_held IS NULL`
+
+// readySQL: the backoff of CONTRACT.md §5 has run out for row x, computed from its
+// own ssl_attempts with the same parameters as Config.Backoff ($2, $3).
+func readySQL(x string) string {
+	return `(` + x + `.ssl_last_attempt_at IS NULL OR ` + x + `.ssl_last_attempt_at < now() - make_interval(secs => ` +
+		backoffSQL(x+".ssl_attempts", "$2", "$3") + `))`
+}
+
+// heldByPauseSQL is a pause of a registered domain or of one name that holds row x
+// back, as ssl_held names it ('registered_domain:KEY', 'domain:KEY'), or NULL. It is
+// looked up among the row's own suffixes (certworker_suffixes), and only while such a
+// pause exists at all. Which one, when several hold the row, does not matter:
+// ReturnHeld looks again once it has ended.
+func heldByPauseSQL(x, dir string) string {
+	return `CASE WHEN EXISTS (SELECT 1 FROM certworker_pauses
+                   WHERE (scope <> 'ca' OR (key = ` + dir + ` AND source = 'ledger')) AND paused_until > now()) THEN
+         (SELECT p.scope || ':' || p.key FROM certworker_pauses p
+          WHERE ((p.scope IN ('registered_domain', 'domain') AND p.directory IN (` + dir + `, '')
+                  AND p.key = ANY (certworker_suffixes(` + x + `.domain))
+                  AND (p.scope = 'registered_domain' OR p.key = lower(` + x + `.domain)))
+                 OR (p.scope = 'ca' AND p.key = ` + dir + ` AND p.source = 'ledger'))
+            AND p.paused_until > now()
+            AND NOT ` + ledgerExemptSQL("p", x, dir) + `
+          LIMIT 1) END`
+}
+
+// claimSQL claims up to $6 due domains of the tiers $8 to $9 in one statement.
 //
 // FOR UPDATE SKIP LOCKED inside the statement that flips the status is what makes
 // several instances safe: two cannot claim the same row, and neither blocks on the
@@ -66,67 +99,107 @@ const claimOrderSQL = `ORDER BY COALESCE(d.ssl_queue_tier, 2), COALESCE(d.ssl_qu
 // the backoff in a second query, against the timestamp it had just overwritten, so
 // every row with a failure behind it looked just tried and backoff meant "never retry".
 //
-// Pauses (certworker_pauses) are conditions of the claim, not checks after it, so a
-// held-back domain is never claimed and handed back again: a pause of the CA ($7) is
-// one test for the whole statement; a pause of a registered domain or of one name is
-// looked up among the row's own suffixes (certworker_suffixes), and only while such a
-// pause exists at all. Two rows whose names differ only in case are never claimed:
-// they are the same name to a CA, and which one the tenant meant is theirs to say.
-// That test is a count, not NOT EXISTS, on purpose: the planner turns NOT EXISTS into
-// an anti-join of the whole table before the ORDER BY and LIMIT, 100 times slower at
-// 10,000 due rows, where a count stays one index probe of each row the claim reads.
+// The claim reads only what it can take (issue #17). It reads the rows in line, in
+// order of service, from proxy_domains_line_idx, and locks them as it reads (FOR
+// UPDATE SKIP LOCKED: a row another instance is claiming is passed over, not counted):
+// the worker's failure write takes a row out of line (ssl_held), and ReturnHeld brings
+// it back once its backoff has run out. It reads at most $10 of them (head, as many as
+// it may claim when the queue is in order): a row in line that the pause of a
+// registered domain or of its name holds back, or whose backoff has not run out (a
+// longer --retry-base, a hand edit), is taken out of line by the same statement (out),
+// so that no later claim reads it again, and Claim reads on with a wider window. A
+// pause of the CA ($7) is one test for the whole statement, and takes nothing out. Two
+// rows whose names differ only in case are never claimed: they are the same name to a
+// CA, and which one the tenant meant is theirs to say (that count, rather than NOT
+// EXISTS, stays one index probe of each row read: the planner turns NOT EXISTS into an
+// anti-join of the whole table). Pauses are conditions of the claim, not checks after
+// it, so a held-back domain is never claimed and handed back again.
 //
-// The ledger's own pauses (source 'ledger') hold back only what their limit covers
-// (see ledger.go): a renewal the CA knows as one (renewalSQL) passes a pause of the
-// account's orders or of its registered domain, and an ARI renewal (ariExemptSQL)
-// passes every ledger pause. Those tests run only for a row under such a pause: the
-// uncorrelated test before each OR is evaluated once, and the OR stops there while
-// no pause exists.
-//
-// Order of service (CONTRACT.md §5, issue #13), read in order from
-// proxy_domains_queue_idx, so that the claim's cost follows the rows it takes, not the
-// queue's length (ranking every due row on each claim would not):
+// Order of service (CONTRACT.md §5, issues #13 and #18):
 //  1. ssl_queue_tier 1, renewals close to expiry (a fifth of the lifetime left, or
 //     past the CA's renewal window): a certificate about to expire hurts a tenant
-//     who is already served, and waiting behind a backlog could let it lapse;
+//     who is already served, and waiting behind a backlog could let it lapse.
+//     Tenants take turns here too: ssl_queue_seq is a turn of the row's tenant, and
+//     the claim serves each turn with that tenant's due urgent renewal of earliest
+//     ssl_renew_by (picks), handing the turn's place to the row it did not take
+//     (moved), so that a tenant with 500 urgent renewals gets one a round, earliest
+//     expiry first;
 //  2. tier 2, first issuances and retries, shared between tenants: ssl_queue_seq is
-//     the row's place in its tenant's line, drawn from the tenant's own counter and
-//     never behind the place the queue is serving (migration 00005), so a tenant
-//     with 2,000 rows queued gets one turn a round, and a tenant that verifies one
-//     domain later is served in the next round, not after the 2,000; on a tied
-//     place, the row queued last goes first, the tenant who has just arrived;
+//     the row's place in its tenant's line, one past the tenant's last place in the
+//     tier and never before the tier's clock, the first place in line in that tier
+//     (the wake trigger, migration 00015), so a tenant with 2,000 rows queued gets
+//     one turn a round, and a tenant that verifies one domain later is served in
+//     the next round, not after the 2,000; on a tied place, the row queued last goes
+//     first, the tenant who has just arrived;
 //  3. tier 3, renewals with time to spare: they can wait behind a tenant's first
 //     certificate, and become tier 1 when their time runs short.
 //
-// Within a tenant, its rows are served in the order they entered the queue, so the
-// oldest attempt first and a retry behind the rows queued before its failure.
+// Within a tenant, its rows are served in the order they entered the queue (tier 1:
+// earliest expiry), so the oldest attempt first and a retry behind the rows queued
+// before its failure. Each tier's clock follows only that tier, and nothing writes it:
+// it is read from the index (the claim of old moved one clock row for every tier, so
+// one urgent renewal of a tenant with a backlog put a newcomer behind it).
 //
 // The claim stamps ssl_last_attempt_at and updated_at with the transaction's time, as
 // the reference does, and keeps the previous attempt time in ssl_claim_prev_attempt_at
-// for a hand-back. It moves the queue's clock to the place it served, so that a row
-// queued later is never placed before it.
-//
-// Which CA a row goes to, and which pauses hold it back, is r's (claimRoute, in
-// fallback.go): the first CA's pauses alone, or with a second CA the decision between
-// the two, recorded on the row.
-var claimSQL = claimSQLWith(unroutedClaim)
-
-func claimSQLWith(r claimRoute) string {
-	return `
-WITH due AS (
-    SELECT d.id` + r.due + `
-    FROM proxy_domains d` + r.join + `
-    WHERE d.verification_status = 'verified'
-      AND d.ssl_provider = 'acme'
-      AND d.ssl_status = 'pending'
-      AND d.ssl_attempts < $1
-      AND (d.ssl_last_attempt_at IS NULL
-           OR d.ssl_last_attempt_at < now() - make_interval(secs => ` + backoffSQL("d.ssl_attempts", "$2", "$3") + `))
-      AND ` + r.free + `
-      AND (SELECT count(*) FROM proxy_domains o WHERE lower(o.domain) = lower(d.domain)) = 1
-    ` + claimOrderSQL + `
+// for a hand-back. It returns the claims in order of service, and one row at least:
+// the rows it took out of line and the rows it read, for Claim to know whether to
+// read on.
+var claimSQL = `
+WITH head AS MATERIALIZED (
+    SELECT h.*, row_number() OVER () AS rn FROM (
+        SELECT d.id, d.tenant_id, COALESCE(d.ssl_queue_tier, 2) AS tier, COALESCE(d.ssl_queue_seq, 0) AS seq,
+            ` + readySQL("d") + ` AS ready, ` + heldByPauseSQL("d", "$7") + ` AS pause
+        FROM proxy_domains d
+        WHERE ` + inLineSQL + `
+          AND COALESCE(d.ssl_queue_tier, 2) BETWEEN $8 AND $9
+          AND d.ssl_attempts < $1
+          AND NOT EXISTS (SELECT 1 FROM certworker_pauses
+                          WHERE scope = 'ca' AND key = $7 AND paused_until > now() AND source <> 'ledger')
+          AND (SELECT count(*) FROM proxy_domains o WHERE lower(o.domain) = lower(d.domain)) = 1
+        ` + claimOrderSQL + `
+        LIMIT $10
+        FOR UPDATE OF d SKIP LOCKED) h
+), due AS (
+    SELECT id, tenant_id, tier, seq, rn FROM head
+    WHERE ready AND pause IS NULL
+    ORDER BY rn
     LIMIT $6
-    FOR UPDATE OF d SKIP LOCKED
+), turns AS (
+    SELECT tenant_id, count(*) AS k FROM due WHERE tier = 1 GROUP BY tenant_id
+), picks AS (
+    SELECT e.id, e.tenant_id, e.seq, row_number() OVER (PARTITION BY e.tenant_id ORDER BY e.renew_by, e.id) AS r
+    FROM turns t CROSS JOIN LATERAL (
+        SELECT x.id, x.tenant_id, COALESCE(x.ssl_queue_seq, 0) AS seq, x.ssl_renew_by AS renew_by
+        FROM proxy_domains x
+        WHERE x.tenant_id = t.tenant_id AND x.ssl_queue_tier = 1
+          AND x.verification_status = 'verified' AND x.ssl_provider = 'acme' AND x.ssl_status = 'pending'
+          AND x.ssl_held IS NULL AND x.ssl_attempts < $1 AND ` + readySQL("x") + `
+          AND ` + heldByPauseSQL("x", "$7") + ` IS NULL
+          AND (SELECT count(*) FROM proxy_domains o WHERE lower(o.domain) = lower(x.domain)) = 1
+        ORDER BY x.ssl_renew_by, x.id
+        LIMIT t.k
+        FOR UPDATE OF x SKIP LOCKED) e
+), take AS (
+    SELECT id, rn FROM due WHERE tier <> 1
+    UNION ALL
+    SELECT p.id, u.rn
+    FROM picks p
+    JOIN (SELECT tenant_id, rn, row_number() OVER (PARTITION BY tenant_id ORDER BY rn) AS r
+          FROM due WHERE tier = 1) u ON u.tenant_id = p.tenant_id AND u.r = p.r
+), moved AS (
+    UPDATE proxy_domains d SET ssl_queue_seq = m.seq
+    FROM (SELECT a.id, b.seq
+          FROM (SELECT id, tenant_id, row_number() OVER (PARTITION BY tenant_id ORDER BY seq, id) AS r
+                FROM due WHERE tier = 1 AND id NOT IN (SELECT id FROM picks)) a
+          JOIN (SELECT tenant_id, seq, row_number() OVER (PARTITION BY tenant_id ORDER BY seq, id) AS r
+                FROM picks WHERE id NOT IN (SELECT id FROM due)) b
+            ON a.tenant_id = b.tenant_id AND a.r = b.r) m
+    WHERE d.id = m.id
+), out AS (
+    UPDATE proxy_domains d SET ssl_held = COALESCE(h.pause, 'backoff')
+    FROM head h WHERE d.id = h.id AND (NOT h.ready OR h.pause IS NOT NULL)
+    RETURNING d.id
 ), claimed AS (
     UPDATE proxy_domains d SET
         ssl_status = 'provisioning',
@@ -135,63 +208,249 @@ WITH due AS (
         updated_at = now(),
         ssl_claim_token = gen_random_uuid(),
         ssl_claimed_by = $4,
-        ssl_lease_expires_at = now() + make_interval(secs => $5)` + r.set + `
-    FROM due
-    WHERE d.id = due.id
+        ssl_lease_expires_at = now() + make_interval(secs => $5)
+    FROM take
+    WHERE d.id = take.id
     RETURNING d.id, d.tenant_id, d.domain, d.ssl_attempts, d.ssl_claim_token, d.ssl_last_attempt_at,
-        d.ssl_claim_prev_attempt_at, d.ssl_queued_at, d.ssl_queue_seq,
-        d.ssl_profile, d.ssl_profile_refused` + r.returning + `
-), clock AS (
-    UPDATE certworker_queue_clock SET vtime = GREATEST(vtime, (SELECT max(ssl_queue_seq) FROM claimed))
-    WHERE id AND EXISTS (SELECT 1 FROM claimed WHERE ssl_queue_seq IS NOT NULL)
+        d.ssl_claim_prev_attempt_at, d.ssl_queued_at, d.ssl_profile, d.ssl_profile_refused,
+        COALESCE(d.ssl_queue_tier, 2) = 2 AS first
 )
 SELECT c.id::text, c.tenant_id::text, c.domain, c.ssl_attempts, c.ssl_claim_token::text, c.ssl_last_attempt_at,
     GREATEST(c.ssl_queued_at,
              c.ssl_claim_prev_attempt_at + make_interval(secs => ` + backoffSQL("c.ssl_attempts", "$2", "$3") + `)),
     COALESCE((SELECT p.certificate_pem FROM proxy_certificates p WHERE p.domain = c.domain), ''),
-    c.ssl_profile, COALESCE(c.ssl_profile_refused, ''),
-    COALESCE((SELECT p.profile FROM proxy_certificates p WHERE p.domain = c.domain), ''),
-    ` + r.decision + `,
-    COALESCE((SELECT p.issuer_directory FROM proxy_certificates p WHERE p.domain = c.domain), '')
-FROM claimed c`
+    c.ssl_profile, c.ssl_profile_refused,
+    (SELECT p.profile FROM proxy_certificates p WHERE p.domain = c.domain),
+    c.first, CASE WHEN c.id IS NOT NULL THEN $7::text END, ''::text, ''::text,
+    (SELECT p.issuer_directory FROM proxy_certificates p WHERE p.domain = c.domain),
+    n.taken_out, n.read
+FROM (SELECT (SELECT count(*) FROM out) AS taken_out, (SELECT count(*) FROM head) AS read) n
+LEFT JOIN (claimed c JOIN take t ON t.id = c.id) ON true
+ORDER BY t.rn`
+
+// claimWindow is how many rows in line one claim statement reads for n slots: n at
+// first, since the rows it reads are locked as they are read and a row another
+// instance holds is passed over. Each round after one that came back short reads four
+// times as many, up to maxClaimWindow: rows held back meet the claim in runs (a pause
+// of a registered domain holds back all its names at once), and taking them out n at
+// a time would leave the queue idle behind them.
+func claimWindow(n, round int) int {
+	w := n
+	for range round {
+		w = min(4*w, maxClaimWindow)
+	}
+	return w
 }
 
+// maxClaimWindow bounds the rows one claim statement reads, and so what it may take
+// out of line at once (a few hundred milliseconds of writes).
+const maxClaimWindow = 10000
+
+// claimRounds bounds the statements one Claim runs for one part: a claim that came
+// back short reads on while it took rows out of line, or read a full window. Eight
+// take out some 38,000 rows at most, a few seconds of writes, well within a step's
+// timeout; a claim left short by more is followed by the worker's next pass, since
+// the queue still says something is due.
+const claimRounds = 8
+
 // Claim takes up to limit due domains for owner (an instance name, for operators and
-// for ReleaseUntracked), from the CA at directory (whose pause it respects), or, with
-// a second CA (Config.Fallback), from whichever each row goes to (Claim.Directory).
-// It returns none when nothing is due.
+// for ReleaseUntracked), from the CA at directory (whose pause it respects). It
+// returns none when nothing is due.
 func (q *Queue) Claim(ctx context.Context, owner, directory string, limit int) ([]Claim, error) {
+	return q.ClaimShared(ctx, owner, directory, limit, 0)
+}
+
+// ClaimShared is Claim with up to newcomers of the limit claimed first among first
+// issuances and their retries (tier 2), whatever the urgent renewals ahead of them:
+// the worker keeps a quarter of its slots for them while any are due (CONTRACT.md §5,
+// issue #18), so that a tenant who verifies during a mass revocation is served among
+// the next --concurrency claims. What the newcomers leave is claimed in order of
+// service. Rows held out of line whose time has come are brought back first
+// (ReturnHeld).
+func (q *Queue) ClaimShared(ctx context.Context, owner, directory string, limit, newcomers int) ([]Claim, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
+	if _, err := q.ReturnHeld(ctx, directory); err != nil {
+		return nil, err
+	}
+	var claims []Claim
+	if newcomers > 0 {
+		got, err := q.claimTiers(ctx, owner, directory, min(newcomers, limit), 2, 2)
+		if err != nil {
+			return got, err
+		}
+		claims = got
+	}
+	got, err := q.claimTiers(ctx, owner, directory, limit-len(claims), 1, 3)
+	return append(claims, got...), err
+}
+
+// claimTiers claims up to limit due domains of tiers lo to hi, reading on while a
+// statement came back short but took rows out of line or read a full window.
+func (q *Queue) claimTiers(ctx context.Context, owner, directory string, limit, lo, hi int) ([]Claim, error) {
+	var claims []Claim
+	grow := 0
+	for round := 0; round < claimRounds && len(claims) < limit; round++ {
+		n := limit - len(claims)
+		window := claimWindow(n, grow)
+		got, takenOut, read, err := q.claimOnce(ctx, owner, directory, n, lo, hi, window)
+		claims = append(claims, got...)
+		if err != nil {
+			return claims, err
+		}
+		if len(got) == n || (takenOut == 0 && read < window) {
+			break
+		}
+		grow++
+	}
+	return claims, nil
+}
+
+func (q *Queue) claimOnce(ctx context.Context, owner, directory string, n, lo, hi, window int) (claims []Claim, takenOut, read int, err error) {
 	sql, args := claimSQL, []any{q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax),
-		owner, seconds(q.cfg.Lease), limit, directory}
+		owner, seconds(q.cfg.Lease), n, directory, lo, hi, window}
 	if q.cfg.Fallback != nil {
-		sql, args = claimRoutedSQL, append(args, q.cfg.Fallback.args()...)
+		sql, args = claimRoutedSQL, append([]any{q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax),
+			owner, seconds(q.cfg.Lease), n, directory}, append(q.cfg.Fallback.args(), lo, hi)...)
 	}
 	rows, err := q.db.Query(ctx, sql, args...)
 	if err != nil {
-		return nil, fmt.Errorf("claim: %w", err)
+		return nil, 0, 0, fmt.Errorf("claim: %w", err)
 	}
 	defer rows.Close()
-	var claims []Claim
 	for rows.Next() {
 		var c Claim
-		var due *time.Time
-		if err := rows.Scan(&c.ID, &c.TenantID, &c.Domain, &c.Attempts, &c.Token,
-			&c.ClaimedAt, &due, &c.CurrentPEM, &c.Profile, &c.ProfileRefused, &c.CertProfile,
-			&c.Directory, &c.FallbackCause, &c.RefusedBy, &c.CertDirectory); err != nil {
-			return nil, fmt.Errorf("claim: %w", err)
+		var id, tenant, domain, token, pem, refused, certProfile, dir, cause, refusedBy, certDir *string
+		var attempts *int
+		var first *bool
+		var claimedAt, due *time.Time
+		if err := rows.Scan(&id, &tenant, &domain, &attempts, &token,
+			&claimedAt, &due, &pem, &c.Profile, &refused, &certProfile, &first,
+			&dir, &cause, &refusedBy, &certDir, &takenOut, &read); err != nil {
+			return nil, 0, 0, fmt.Errorf("claim: %w", err)
 		}
+		if id == nil {
+			continue // nothing claimed: the counts only
+		}
+		c.ID, c.TenantID, c.Domain, c.Attempts, c.Token, c.ClaimedAt = *id, *tenant, *domain, *attempts, *token, *claimedAt
+		c.CurrentPEM, c.ProfileRefused, c.CertProfile = deref(pem), deref(refused), deref(certProfile)
+		c.FirstIssuance = first != nil && *first
+		c.Directory, c.FallbackCause, c.RefusedBy, c.CertDirectory = deref(dir), deref(cause), deref(refusedBy), deref(certDir)
 		if due != nil {
 			c.DueAt = *due
 		}
 		claims = append(claims, c)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("claim: %w", err)
+		return nil, 0, 0, fmt.Errorf("claim: %w", err)
 	}
-	return claims, nil
+	return claims, takenOut, read, nil
+}
+
+// placeSQL is the place of a row of tenant entering tier in line: one past the
+// tenant's last place in the tier, and never before the tier's clock, its first place
+// in line. The wake trigger (migration 00015) computes the same.
+func placeSQL(tenant, tier string) string {
+	return `GREATEST(
+            COALESCE((SELECT COALESCE(d.ssl_queue_seq, 0) FROM proxy_domains d
+                      WHERE ` + inLineSQL + ` AND COALESCE(d.ssl_queue_tier, 2) = ` + tier + `
+                      ORDER BY COALESCE(d.ssl_queue_tier, 2), COALESCE(d.ssl_queue_seq, 0) LIMIT 1), 0),
+            COALESCE((SELECT COALESCE(d.ssl_queue_seq, 0) + 1 FROM proxy_domains d
+                      WHERE ` + inLineSQL + ` AND d.tenant_id = ` + tenant + ` AND COALESCE(d.ssl_queue_tier, 2) = ` + tier + `
+                      ORDER BY d.tenant_id DESC, COALESCE(d.ssl_queue_tier, 2) DESC, COALESCE(d.ssl_queue_seq, 0) DESC
+                      LIMIT 1), 0))`
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// ReturnHeld brings back in line the rows held out whose time has come (for the CA at
+// directory, whose ledger's pauses some rows pass), and returns how many: a row held for its backoff once the backoff by the current formula
+// (CONTRACT.md §5: --retry-base, --retry-max, from its own ssl_attempts) has run out,
+// and a row held under a pause once that pause has ended; a row still held back for
+// the other reason is held for that one instead. So a changed --retry-base, a hand
+// edit of ssl_attempts or ssl_last_attempt_at, or a pause lifted early takes effect at
+// the next claim.
+//
+// Like NextDue it reads per attempt count (below --max-attempts) the rows never tried
+// and those tried before that count's backoff, two index ranges of
+// proxy_domains_held_backoff_idx, and the pauses rows are held under once each (a
+// skip scan of proxy_domains_held_pause_idx): its cost follows the rows it brings
+// back, not the rows held. Rows locked by someone else (the proxy's open transaction) are
+// skipped and left for the next call; no more than fillBatch rows a call. A row back
+// in line takes its place as a row entering the queue does (the wake trigger): one
+// past its tenant's last in its tier, and never before the tier's clock; its tenant's
+// rows coming back together take consecutive places.
+func (q *Queue) ReturnHeld(ctx context.Context, directory string) (int64, error) {
+	// With a second CA a row held back at the first is not held out of line: it
+	// may go to the second once it has waited (claimRoutedSQL).
+	pause := heldByPauseSQL("d", "$5")
+	args := []any{q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax), fillBatch, directory}
+	if q.cfg.Fallback != nil {
+		pause, args = "NULL::text", args[:4]
+	}
+	tag, err := q.db.Exec(ctx, `
+WITH RECURSIVE keys AS (
+    (SELECT ssl_held AS k FROM proxy_domains
+     WHERE `+claimableSQL+` AND ssl_held <> 'backoff' ORDER BY ssl_held LIMIT 1)
+    UNION ALL
+    SELECT (SELECT ssl_held FROM proxy_domains
+            WHERE `+claimableSQL+` AND ssl_held <> 'backoff' AND ssl_held > keys.k
+            ORDER BY ssl_held LIMIT 1)
+    FROM keys WHERE keys.k IS NOT NULL
+), cand AS (
+    SELECT r.id FROM generate_series(0, $1 - 1) AS k
+    CROSS JOIN LATERAL (
+        (SELECT id FROM proxy_domains
+         WHERE `+claimableSQL+` AND ssl_held = 'backoff' AND ssl_attempts = k AND ssl_last_attempt_at IS NULL
+         LIMIT $4)
+        UNION ALL
+        (SELECT id FROM proxy_domains
+         WHERE `+claimableSQL+` AND ssl_held = 'backoff' AND ssl_attempts = k
+           AND ssl_last_attempt_at < now() - make_interval(secs => `+backoffSQL("k", "$2", "$3")+`)
+         ORDER BY ssl_last_attempt_at LIMIT $4)) r
+    UNION ALL
+    (SELECT id FROM proxy_domains d
+     WHERE `+claimableSQL+` AND ssl_held = 'backoff' AND ssl_attempts < 0 AND `+readySQL("d")+`
+     LIMIT $4)
+    UNION ALL
+    SELECT r.id FROM keys
+    CROSS JOIN LATERAL (
+        SELECT id FROM proxy_domains
+        WHERE `+claimableSQL+` AND ssl_held = keys.k
+        LIMIT $4) r
+    WHERE keys.k IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM certworker_pauses p
+        WHERE p.scope || ':' || p.key = keys.k AND p.paused_until > now())
+), locked AS (
+    SELECT d.id, d.tenant_id, COALESCE(d.ssl_queue_tier, 2) AS tier, COALESCE(d.ssl_queue_seq, 0) AS seq,
+        `+readySQL("d")+` AS ready, `+pause+` AS pause
+    FROM proxy_domains d
+    WHERE d.id IN (SELECT id FROM (SELECT id FROM cand LIMIT $4) c)
+      AND `+claimableSQL+` AND d.ssl_held IS NOT NULL
+    FOR UPDATE OF d SKIP LOCKED
+), placed AS (
+    SELECT l.id, l.ready, l.pause,
+        `+placeSQL("l.tenant_id", "l.tier")+`
+        + row_number() OVER (PARTITION BY l.tenant_id, l.tier, (l.ready AND l.pause IS NULL) ORDER BY l.seq, l.id) - 1 AS seq
+    FROM locked l
+)
+UPDATE proxy_domains d SET
+    ssl_held = CASE WHEN p.pause IS NOT NULL THEN p.pause WHEN NOT p.ready THEN 'backoff' END,
+    ssl_queue_seq = CASE WHEN p.ready AND p.pause IS NULL THEN p.seq ELSE d.ssl_queue_seq END
+FROM placed p
+WHERE d.id = p.id AND d.ssl_held IS DISTINCT FROM
+    CASE WHEN p.pause IS NOT NULL THEN p.pause WHEN NOT p.ready THEN 'backoff' END`,
+		args...)
+	if err != nil {
+		return 0, fmt.Errorf("bring held rows back in line: %w", err)
+	}
+	return tag.RowsAffected(), nil
 }
 
 // Untracked is a claim handed back by ReleaseUntracked.

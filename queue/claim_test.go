@@ -212,13 +212,13 @@ FROM generate_series(1, 100000) g`, tn)
 	_, err = b.pool.Exec(b.ctx, `ANALYZE proxy_domains`)
 	require.NoError(t, err)
 	plan := b.explainClaim(t)
-	require.Contains(t, plan, "proxy_domains_queue_idx", "the claim does not use its index:\n%s", plan)
+	require.Contains(t, plan, "proxy_domains_line_idx", "the claim does not use its index:\n%s", plan)
 	require.NotContains(t, plan, "Seq Scan on proxy_domains", "the claim scans the table:\n%s", plan)
 }
 
 func (b *bundle) explainClaim(t *testing.T) string {
 	t.Helper()
-	rows, err := b.pool.Query(b.ctx, `EXPLAIN `+queue.ClaimSQLForTest, 10, 60.0, 14400.0, "explain", 60.0, 4, testDirectory)
+	rows, err := b.pool.Query(b.ctx, `EXPLAIN `+queue.ClaimSQLForTest, 10, 60.0, 14400.0, "explain", 60.0, 4, testDirectory, 1, 3, 16)
 	require.NoError(t, err)
 	defer rows.Close()
 	var plan string

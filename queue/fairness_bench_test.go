@@ -31,10 +31,11 @@ const (
 )
 
 // fifoIndex is the index the FIFO claim read its order from (migration 00002's, which
-// 00005 replaced): without it the FIFO claim would sort the queue, and the comparison
-// would be with a claim nobody ran.
+// 00005 replaced), over the rows in line as the claim reads them since 00015: without
+// it the FIFO claim would sort the queue, and the comparison would be with a claim
+// nobody ran.
 const fifoIndex = `CREATE INDEX IF NOT EXISTS proxy_domains_claimable_idx ON proxy_domains (ssl_last_attempt_at NULLS FIRST)
-    WHERE verification_status = 'verified' AND ssl_provider = 'acme' AND ssl_status = 'pending'`
+    WHERE verification_status = 'verified' AND ssl_provider = 'acme' AND ssl_status = 'pending' AND ssl_held IS NULL`
 
 // withOrderIndex gives a database the index the order reads from.
 func withOrderIndex(b *testing.B, pool *pgxpool.Pool, order string) {
@@ -54,12 +55,23 @@ func claimStatement(order string) string {
 	return queue.ClaimSQLForTest
 }
 
-// claimWith claims up to n rows with the statement, as Queue.Claim does.
+// claimWith claims up to n rows with the statement, as Queue.Claim does (every tier,
+// its first window), and returns how many it claimed.
 func claimWith(ctx context.Context, pool *pgxpool.Pool, sql string, n int) (int, error) {
 	cfg := queue.DefaultConfig()
-	tag, err := pool.Exec(ctx, sql, cfg.MaxAttempts, cfg.RetryBase.Seconds(), cfg.RetryMax.Seconds(),
-		"bench", cfg.Lease.Seconds(), n, testDirectory)
-	return int(tag.RowsAffected()), err
+	rows, err := pool.Query(ctx, sql, cfg.MaxAttempts, cfg.RetryBase.Seconds(), cfg.RetryMax.Seconds(),
+		"bench", cfg.Lease.Seconds(), n, testDirectory, 1, 3, n)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	claimed := 0
+	for rows.Next() {
+		if rows.RawValues()[0] != nil {
+			claimed++
+		}
+	}
+	return claimed, rows.Err()
 }
 
 // lateTenantWait runs 16 slots that claim one domain, hold it for an order's time and

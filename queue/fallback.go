@@ -147,39 +147,18 @@ var pauseOfFirstSQL = `p.paused_until > now()
     OR (p.scope IN ('registered_domain', 'domain') AND p.directory IN ($7, '')
         AND p.key = ANY (certworker_suffixes(d.domain))
         AND (p.scope = 'registered_domain' OR p.key = lower(d.domain))))
-  AND NOT ` + ledgerExemptSQL("p", "$7")
+  AND NOT ` + ledgerExemptSQL("p", "d", "$7")
 
 // ledgerExemptSQL is true when pause p is a ledger's pause of the CA at directory that
 // does not hold row d back (ledger.go): a renewal the CA knows as one passes a pause of
 // the account's orders (scope 'ca') or of its registered domain, and an ARI renewal
 // passes every ledger pause.
-func ledgerExemptSQL(p, directory string) string {
+func ledgerExemptSQL(p, d, directory string) string {
 	return `(` + p + `.source = 'ledger' AND CASE WHEN ` + p + `.scope IN ('ca', 'registered_domain')
-                                         THEN ` + renewalSQL("d.domain", directory) + `
-                                         ELSE ` + ariExemptSQL("d.domain", directory) + ` END)`
+                                         THEN ` + renewalSQL(d+".domain", directory) + `
+                                         ELSE ` + ariExemptSQL(d+".domain", directory) + ` END)`
 }
 
-// unroutedClaim is the claim of a fleet with one CA: a row held back by the CA's
-// pauses is not claimed. The CA's own pause is one test for the whole statement; a
-// pause of a registered domain or of one name is looked up among the row's own
-// suffixes (certworker_suffixes), and only while such a pause exists at all.
-var unroutedClaim = claimRoute{
-	free: `NOT EXISTS (SELECT 1 FROM certworker_pauses
-                      WHERE scope = 'ca' AND key = $7 AND paused_until > now() AND source <> 'ledger')
-      AND (NOT EXISTS (SELECT 1 FROM certworker_pauses
-                       WHERE scope = 'ca' AND key = $7 AND paused_until > now() AND source = 'ledger')
-           OR ` + renewalSQL("d.domain", "$7") + `)
-      AND (NOT EXISTS (SELECT 1 FROM certworker_pauses
-                       WHERE scope <> 'ca' AND paused_until > now())
-           OR NOT EXISTS (SELECT 1 FROM certworker_pauses p
-                          WHERE p.scope IN ('registered_domain', 'domain')
-                            AND p.directory IN ($7, '')
-                            AND p.key = ANY (certworker_suffixes(d.domain))
-                            AND (p.scope = 'registered_domain' OR p.key = lower(d.domain))
-                            AND p.paused_until > now()
-                            AND NOT ` + ledgerExemptSQL("p", "$7") + `))`,
-	decision: `$7::text, ''::text, ''::text`,
-}
 
 // routeCauseSQL is, for row d, why the routed claim sends it to the second CA ($8,
 // asked after $9 seconds: Fallback.After), NULL for the first ($7), or 'held' for
@@ -214,7 +193,7 @@ var routeCauseSQL = `(SELECT CASE
 
 // heldAtSecondSQL: a pause in force of the second CA ($8) holds row d back.
 var heldAtSecondSQL = `EXISTS (SELECT 1 FROM certworker_pauses p
-        WHERE p.paused_until > now() AND p.directory = $8 AND NOT ` + ledgerExemptSQL("p", "$8") + `
+        WHERE p.paused_until > now() AND p.directory = $8 AND NOT ` + ledgerExemptSQL("p", "d", "$8") + `
           AND ((p.scope = 'ca' AND p.key = $8)
             OR (p.scope IN ('registered_domain', 'domain')
                 AND p.key = ANY (certworker_suffixes(d.domain))
@@ -230,8 +209,63 @@ var routedClaim = claimRoute{
 	decision:  `c.ssl_ca_directory, COALESCE(c.ssl_ca_cause, ''), COALESCE(c.ssl_ca_refused, '')`,
 }
 
-// claimRoutedSQL is claimSQL with the second CA's routing.
+// claimRoutedSQL is the claim of a fleet with a second CA (Config.Fallback): one
+// statement decides for each row which CA its order goes to, and which CA's pauses
+// hold it back (routeCauseSQL). It takes rows of tiers $10 to $11 in order of service
+// (claimOrderSQL) from the rows in line, as claimSQL does, and takes nothing out of
+// line: a row held back at the first CA may go to the second once it has waited
+// --acme-fallback-after, which only a claim reading it can tell (with a second CA,
+// ReturnHeld holds rows out for their backoff only, never for a pause). Its cost follows the
+// rows held back ahead of the due ones, as the one-CA claim's did before issue #17
+// (bench/claim-routed.txt). Its columns are claimSQL's.
 var claimRoutedSQL = claimSQLWith(routedClaim)
+
+func claimSQLWith(r claimRoute) string {
+	return `
+WITH due AS (
+    SELECT d.id` + r.due + `
+    FROM proxy_domains d` + r.join + `
+    WHERE d.verification_status = 'verified'
+      AND d.ssl_provider = 'acme'
+      AND d.ssl_status = 'pending'
+      AND d.ssl_held IS NULL
+      AND d.ssl_attempts < $1
+      AND COALESCE(d.ssl_queue_tier, 2) BETWEEN $10 AND $11
+      AND (d.ssl_last_attempt_at IS NULL
+           OR d.ssl_last_attempt_at < now() - make_interval(secs => ` + backoffSQL("d.ssl_attempts", "$2", "$3") + `))
+      AND ` + r.free + `
+      AND (SELECT count(*) FROM proxy_domains o WHERE lower(o.domain) = lower(d.domain)) = 1
+    ` + claimOrderSQL + `
+    LIMIT $6
+    FOR UPDATE OF d SKIP LOCKED
+), claimed AS (
+    UPDATE proxy_domains d SET
+        ssl_status = 'provisioning',
+        ssl_claim_prev_attempt_at = d.ssl_last_attempt_at,
+        ssl_last_attempt_at = now(),
+        updated_at = now(),
+        ssl_claim_token = gen_random_uuid(),
+        ssl_claimed_by = $4,
+        ssl_lease_expires_at = now() + make_interval(secs => $5)` + r.set + `
+    FROM due
+    WHERE d.id = due.id
+    RETURNING d.id, d.tenant_id, d.domain, d.ssl_attempts, d.ssl_claim_token, d.ssl_last_attempt_at,
+        d.ssl_claim_prev_attempt_at, d.ssl_queued_at, d.ssl_queue_tier, d.ssl_queue_seq,
+        d.ssl_profile, d.ssl_profile_refused` + r.returning + `
+)
+SELECT c.id::text, c.tenant_id::text, c.domain, c.ssl_attempts, c.ssl_claim_token::text, c.ssl_last_attempt_at,
+    GREATEST(c.ssl_queued_at,
+             c.ssl_claim_prev_attempt_at + make_interval(secs => ` + backoffSQL("c.ssl_attempts", "$2", "$3") + `)),
+    COALESCE((SELECT p.certificate_pem FROM proxy_certificates p WHERE p.domain = c.domain), ''),
+    c.ssl_profile, COALESCE(c.ssl_profile_refused, ''),
+    COALESCE((SELECT p.profile FROM proxy_certificates p WHERE p.domain = c.domain), ''),
+    COALESCE(c.ssl_queue_tier, 2) = 2,
+    ` + r.decision + `,
+    COALESCE((SELECT p.issuer_directory FROM proxy_certificates p WHERE p.domain = c.domain), ''),
+    0::bigint, 0::bigint
+FROM claimed c
+ORDER BY COALESCE(c.ssl_queue_tier, 2), COALESCE(c.ssl_queue_seq, 0), c.ssl_queued_at DESC NULLS LAST`
+}
 
 // fallbackArgs are the routed claim's parameters after claimSQL's seven.
 func (f *Fallback) args() []any {

@@ -179,7 +179,9 @@ type Failure struct {
 // A negative count in a hand-edited row counts as 0.
 //
 // It is the worker's own failure write (CONTRACT.md §2): the row goes back inside its
-// backoff, which the worker's timer covers, so the wake trigger keeps quiet.
+// backoff, which the worker's timer covers, so the wake trigger keeps quiet; and out
+// of line (ssl_held 'backoff'), so that no claim reads it before ReturnHeld brings
+// it back.
 func (q *Queue) MarkFailed(ctx context.Context, c Claim, reason string) (Failure, error) {
 	var f Failure
 	var status string
@@ -189,6 +191,7 @@ UPDATE proxy_domains SET
     ssl_status = CASE WHEN `+nextAttemptSQL+` >= $4 THEN 'failed' ELSE 'pending' END,
     ssl_error = $3,
     ssl_attempts = `+nextAttemptSQL+`,
+    ssl_held = CASE WHEN `+nextAttemptSQL+` >= $4 THEN NULL ELSE 'backoff' END,
     updated_at = now(), `+releaseClaimSQL+`
 WHERE `+heldSQL+`
 RETURNING ssl_attempts, ssl_status,

@@ -220,8 +220,77 @@ func BenchmarkPlansAtAMillion(b *testing.B) {
 			fmt.Fprintf(&out, "## %s%s: %.3f ms\n%s\n\n", s.name, statementSuffix(i), ms, plan)
 		}
 	}
+	// Issue #17: the claim reads only what it can take. 50,000 rows whose backoff has
+	// not run out and 50,000 under one registered domain's pause, all at the head of
+	// the queue (placed before every due row), in line as a hand edit, a longer
+	// --retry-base or a pause that just started leaves them. The first claim after
+	// takes them out of line (its wall time is reported); the claim of 16 is then
+	// explained as above.
+	heldBack(b, pool)
+	took := time.Now()
+	claims := 0
+	for inLine := 1; inLine > 0; claims++ {
+		if _, err := q.Claim(ctx, "bench", dir, 16); err != nil {
+			b.Fatal(err)
+		}
+		if err := pool.QueryRow(ctx, `
+SELECT count(*) FROM proxy_domains
+WHERE ssl_status = 'pending' AND ssl_held IS NULL AND (domain LIKE '%.backoff.example' OR domain LIKE '%.paused.example')`).Scan(&inLine); err != nil {
+			b.Fatal(err)
+		}
+	}
+	fmt.Fprintf(&summary, "%9.3f ms  the %d claims that took those rows out of line (wall time, each a claim of 16)\n",
+		float64(time.Since(took).Microseconds())/1000, claims)
+	// Explained as they are left (the claim's index still holds the entries of the
+	// rows taken out, until a vacuum), then after VACUUM, as autovacuum leaves them.
+	for _, when := range []string{"before a vacuum", "after VACUUM"} {
+		if when == "after VACUUM" {
+			if _, err := pool.Exec(ctx, `VACUUM proxy_domains`); err != nil {
+				b.Fatal(err)
+			}
+		}
+		rec.take()
+		if _, err := q.Claim(ctx, "bench", dir, 16); err != nil {
+			b.Fatal(err)
+		}
+		heldName := "claim, 16 at a time, behind 50,000 rows in backoff and 50,000 under a pause, " + when
+		for i, r := range rec.take() {
+			plan, ms := explain(b, pool, r)
+			b.ReportMetric(ms, "claim-held-back-"+strings.Fields(when)[0]+fmt.Sprint(i)+"-ms")
+			fmt.Fprintf(&summary, "%9.3f ms  %s%s\n", ms, heldName, statementSuffix(i))
+			fmt.Fprintf(&out, "## %s%s: %.3f ms\n%s\n\n", heldName, statementSuffix(i), ms, plan)
+		}
+	}
 	b.StopTimer()
 	writeBenchFile(b, "plans.txt", summary.String()+"\n"+out.String())
+}
+
+// heldBack adds 100,000 pending rows at the head of the queue that the claim cannot
+// take: 50,000 tried a minute ago with 3 attempts behind them (backoff 8 minutes), and
+// 50,000 names under paused.example, whose registered domain is paused for an hour.
+func heldBack(tb testing.TB, pool *pgxpool.Pool) {
+	tb.Helper()
+	ctx := context.Background()
+	for _, sql := range []string{
+		`INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_status,
+             ssl_provider, ssl_attempts, ssl_last_attempt_at)
+         SELECT t.id,
+                CASE WHEN g <= 50000 THEN 'b' || g || '.backoff.example' ELSE 'p' || g || '.paused.example' END,
+                'verified', 'tok', 'pending', 'acme',
+                CASE WHEN g <= 50000 THEN 3 ELSE 0 END,
+                CASE WHEN g <= 50000 THEN now() - interval '1 minute' END
+         FROM generate_series(1, 100000) g
+         JOIN (SELECT id, row_number() OVER () - 1 AS n FROM proxy_tenants) t ON t.n = g % 10000`,
+		`UPDATE proxy_domains SET ssl_queue_tier = 2, ssl_queue_seq = -1
+         WHERE domain LIKE '%.backoff.example' OR domain LIKE '%.paused.example'`,
+		`INSERT INTO certworker_pauses (scope, key, source, paused_until, reason)
+         VALUES ('registered_domain', 'paused.example', 'rate_limit', now() + interval '1 hour', 'bench')`,
+		`VACUUM ANALYZE proxy_domains`,
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			tb.Fatalf("held back: %v\n%s", err, sql)
+		}
+	}
 }
 
 func statementSuffix(i int) string {

@@ -124,12 +124,31 @@ func optionalDuration(secs *float64) *time.Duration {
 // PromoteUrgentRenewals moves renewals that waited behind first issuances until
 // their renewal became urgent (ssl_renew_by passed) to the front tier, and returns
 // how many. The tier is set when a row enters the queue; time alone changes this one.
+// A promoted row takes its tenant's next turn in tier 1 (placeSQL), earliest expiry
+// first among the tenant's rows promoted together; rows locked by someone else (the
+// proxy's open transaction) are skipped and promoted by the next run.
 func (q *Queue) PromoteUrgentRenewals(ctx context.Context) (int64, error) {
-	tag, err := q.db.Exec(ctx, `
-UPDATE proxy_domains SET ssl_queue_tier = 1
-WHERE ssl_queue_tier = 3 AND `+claimableSQL+` AND ssl_renew_by <= now()`)
-	if err != nil {
-		return 0, fmt.Errorf("promote urgent renewals: %w", err)
+	var total int64
+	for {
+		tag, err := q.db.Exec(ctx, `
+WITH due AS (
+    SELECT id, tenant_id, ssl_renew_by FROM proxy_domains
+    WHERE ssl_queue_tier = 3 AND `+claimableSQL+` AND ssl_renew_by <= now()
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+), placed AS (
+    SELECT l.id, `+placeSQL("l.tenant_id", "1")+`
+        + row_number() OVER (PARTITION BY l.tenant_id ORDER BY l.ssl_renew_by, l.id) - 1 AS seq
+    FROM due l
+)
+UPDATE proxy_domains d SET ssl_queue_tier = 1, ssl_queue_seq = p.seq
+FROM placed p WHERE d.id = p.id`, fillBatch)
+		if err != nil {
+			return total, fmt.Errorf("promote urgent renewals: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < fillBatch {
+			return total, nil
+		}
 	}
-	return tag.RowsAffected(), nil
 }

@@ -137,7 +137,7 @@ func (w *Worker) claim(ctx context.Context, n int) (claims []queue.Claim, sent t
 	cctx, cancel := w.step(ctx, true)
 	defer cancel()
 	sent = time.Now()
-	claims, err := w.q.Claim(cctx, w.owner, w.cfg.Directory, n)
+	claims, err := w.q.ClaimShared(cctx, w.owner, w.cfg.Directory, n, w.newcomerSlots(n))
 	if err != nil {
 		w.health.failed()
 		w.untracked = true
@@ -147,6 +147,17 @@ func (w *Worker) claim(ctx context.Context, n int) (claims []queue.Claim, sent t
 	w.health.ok()
 	admitted, ok := w.admit(ctx, claims)
 	return admitted, sent, ok && len(claims) == n
+}
+
+// newcomerSlots is how many of n free slots the claim offers first issuances first
+// (CONTRACT.md §5, issue #18): a quarter of --concurrency, rounded up, less the first
+// issuances already in flight. While first issuances are due they get these slots
+// whatever the urgent renewals ahead of them, so a tenant who verifies during a mass
+// revocation is among the next --concurrency claims; when none are due, the claim
+// gives the slots to the order of service.
+func (w *Worker) newcomerSlots(n int) int {
+	quarter := (w.cfg.Concurrency + 3) / 4
+	return min(n, max(quarter-w.orders.firstIssuances(), 0))
 }
 
 // releaseUntracked hands back, uncharged, the rows this instance holds but does not

@@ -59,3 +59,40 @@ FROM proxy_domains a, proxy_domains bd WHERE a.tenant_id = $1 AND bd.id = $2`, a
 		})
 	}
 }
+
+// During a mass revocation, 1,000 urgent renewals of tenant A are queued (their
+// renewal windows moved to "now"); a second later tenant B verifies one domain. B's
+// first issuance is among the next --concurrency claims (issue #18): while first
+// issuances are due, a quarter of each instance's slots, rounded up, goes to them
+// whatever the urgent renewals ahead. Without that share B waited for all of them.
+func TestWorker_ANewcomerDuringAMassRenewalIsAmongTheNextClaims(t *testing.T) {
+	t.Parallel()
+	const concurrency = 4
+	b := setup(t)
+	fake := fakeissuer.New(1)
+	fake.Delay = 20 * time.Millisecond
+	b.start(t, "w", worker.Config{Issuer: fake, Concurrency: concurrency, PollInterval: time.Hour})
+	a, other := b.tenant(t), b.tenant(t)
+	_, err := b.pool.Exec(b.ctx, `
+INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_status, ssl_provider, ssl_renew_by)
+SELECT $1, 'r' || g || '.example', 'verified', 'tok', 'active', 'acme', now() - make_interval(mins => g)
+FROM generate_series(1, 1000) g`, a)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `UPDATE proxy_domains SET ssl_status = 'pending' WHERE tenant_id = $1`, a)
+	require.NoError(t, err)
+	time.Sleep(time.Second)
+	id, _ := b.unverified(t, other)
+	_, err = b.pool.Exec(b.ctx, `UPDATE proxy_domains SET verification_status = 'verified' WHERE id = $1`, id)
+	require.NoError(t, err)
+	var visible time.Time
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT now()`).Scan(&visible))
+	workertest.Eventually(t, 20*time.Second, "B's claim", func() bool { return b.status(t, id) != "pending" })
+	var before, backlog int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `
+SELECT count(*) FILTER (WHERE a.ssl_last_attempt_at >= $3 AND a.ssl_last_attempt_at < bd.ssl_last_attempt_at),
+       count(*) FILTER (WHERE a.ssl_status = 'pending')
+FROM proxy_domains a, proxy_domains bd WHERE a.tenant_id = $1 AND bd.id = $2`, a, id, visible).Scan(&before, &backlog))
+	t.Logf("%d of A's renewals claimed after B's verify was visible and before B's claim; %d still queued then", before, backlog)
+	require.Positive(t, backlog, "A's renewals were all done before B arrived: the test shows nothing")
+	require.Less(t, before, concurrency, "B waited behind the urgent renewals")
+}

@@ -82,6 +82,19 @@ func (s *orderSet) len() int {
 	return len(s.m)
 }
 
+// firstIssuances is how many orders in flight are first issuances or their retries.
+func (s *orderSet) firstIssuances() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, o := range s.m {
+		if o.claim.FirstIssuance {
+			n++
+		}
+	}
+	return n
+}
+
 func (s *orderSet) tokens() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
