@@ -316,8 +316,8 @@ func TestDecide(t *testing.T) {
 	}
 }
 
-// With a second CA the claim still reads the claimable set through its index, in
-// order, and does not scan the table: the routing is looked up for the rows it reads
+// With a second CA the claim still reads the rows in line through their index
+// (proxy_domains_line_idx, migration 00015), in order, and does not scan the table: the routing is looked up for the rows it reads
 // (the pauses' key, proxy_certificates' for a renewal held back), not for the queue.
 func TestClaimRouted_UsesThePartialIndexAt100kDomains(t *testing.T) {
 	t.Parallel()
@@ -330,7 +330,7 @@ SELECT $1, 'bulk' || g || '.example', 'verified', 'tok',
 FROM generate_series(1, 100000) g`, tn)
 	b.exec(t, `ANALYZE proxy_domains`)
 	rows, err := b.pool.Query(b.ctx, `EXPLAIN `+queue.ClaimRoutedSQLForTest, 10, 60.0, 14400.0, "explain", 60.0, 4,
-		testDirectory, secondDirectory, 600.0)
+		testDirectory, secondDirectory, 600.0, 1, 3)
 	require.NoError(t, err)
 	defer rows.Close()
 	var plan string
@@ -340,6 +340,6 @@ FROM generate_series(1, 100000) g`, tn)
 		plan += line + "\n"
 	}
 	require.NoError(t, rows.Err())
-	require.Contains(t, plan, "proxy_domains_queue_idx", "the routed claim does not use its index:\n%s", plan)
+	require.Contains(t, plan, "proxy_domains_line_idx", "the routed claim does not use the line's index:\n%s", plan)
 	require.NotContains(t, plan, "Seq Scan on proxy_domains", "the routed claim scans the table:\n%s", plan)
 }
