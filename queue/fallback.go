@@ -149,17 +149,6 @@ var pauseOfFirstSQL = `p.paused_until > now()
         AND (p.scope = 'registered_domain' OR p.key = lower(d.domain))))
   AND NOT ` + ledgerExemptSQL("p", "d", "$7")
 
-// ledgerExemptSQL is true when pause p is a ledger's pause of the CA at directory that
-// does not hold row d back (ledger.go): a renewal the CA knows as one passes a pause of
-// the account's orders (scope 'ca') or of its registered domain, and an ARI renewal
-// passes every ledger pause.
-func ledgerExemptSQL(p, d, directory string) string {
-	return `(` + p + `.source = 'ledger' AND CASE WHEN ` + p + `.scope IN ('ca', 'registered_domain')
-                                         THEN ` + renewalSQL(d+".domain", directory) + `
-                                         ELSE ` + ariExemptSQL(d+".domain", directory) + ` END)`
-}
-
-
 // routeCauseSQL is, for row d, why the routed claim sends it to the second CA ($8,
 // asked after $9 seconds: Fallback.After), NULL for the first ($7), or 'held' for
 // neither now (the package comment above). hp is the first CA's hold on the row that

@@ -225,6 +225,16 @@ func ariExemptSQL(domain, directory string) string {
 	return `(` + renewalSQL(domain, directory) + ` AND ` + ariWindowSQL(domain) + `)`
 }
 
+// ledgerExemptSQL is true when pause p is a ledger's pause of the CA at directory that
+// does not hold row d back (the rules above): a renewal the CA knows as one passes a pause of
+// the account's orders (scope 'ca') or of its registered domain, and an ARI renewal
+// passes every ledger pause.
+func ledgerExemptSQL(p, d, directory string) string {
+	return `(` + p + `.source = 'ledger' AND CASE WHEN ` + p + `.scope IN ('ca', 'registered_domain')
+                                         THEN ` + renewalSQL(d+".domain", directory) + `
+                                         ELSE ` + ariExemptSQL(d+".domain", directory) + ` END)`
+}
+
 // The ledger's lock: how long one try waits for it, and the pause between tries.
 const (
 	// ledgerLockWait: the lock is held for a few milliseconds (a count and an insert)
