@@ -266,7 +266,7 @@ var (
 func (q *Queue) inLedger(ctx context.Context, directory string, fn func(pgx.Tx) error) error {
 	for try := 1; ; try++ {
 		locked, err := q.ledgerTx(ctx, directory, fn)
-		if locked || err == nil || !isLockTimeout(err) && ctx.Err() == nil {
+		if locked || err == nil || !isLockTimeout(err) && !isStatementTimeout(err) && ctx.Err() == nil {
 			return err
 		}
 		t := time.NewTimer(ledgerRetryPause + rand.N(ledgerRetryPause))
@@ -316,6 +316,15 @@ func (q *Queue) ledgerTx(ctx context.Context, directory string, fn func(pgx.Tx) 
 func isLockTimeout(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
+// isStatementTimeout reports whether err is a statement the server cancelled
+// (SQLSTATE 57014): while the lock is waited for, the statement_timeout that mirrors
+// the caller's deadline, which the server may reach a moment before the caller's
+// context says it is over. Such a wait is retried like a lock timeout until ctx ends.
+func isStatementTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "57014"
 }
 
 // milliseconds is d as a setting's value in milliseconds, at least 1 (0 turns a

@@ -252,3 +252,35 @@ VALUES (now() - interval '20 minutes', $1, 'stale.example', 'stale.example', '11
 	require.NoError(t, b.q.SettleLedger(b.ctx, testDirectory, "11111111-1111-1111-1111-111111111111", queue.LedgerFailed, limits))
 	require.Equal(t, []string{"stale.example failed", "young.example pending"}, b.ledgerOutcomes(t))
 }
+
+// earlyDeadline is a context whose deadline comes before it is done: the server's
+// statement_timeout (set from the deadline) then ends the lock's wait while the
+// context still says it is not over, as happens when the deadline's timer runs late.
+type earlyDeadline struct {
+	context.Context
+	at time.Time
+}
+
+func (c earlyDeadline) Deadline() (time.Time, bool) { return c.at, true }
+
+// A wait for the ledger's lock that the server cancels at the caller's deadline
+// (SQLSTATE 57014, a moment before the caller's context is done) is ErrLedgerBusy,
+// not a database error. It used to pass through as "canceling statement due to
+// statement timeout" (seen once in CI).
+func TestAdmit_AStatementTimeoutAtTheDeadlineIsABusyLedger(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tn := b.tenant(t)
+	b.named(t, tn, "a.early.example")
+	limits := queue.Limits{OrdersPerAccount: queue.Limit{Count: 10, Window: time.Hour}}
+	as := b.admissions(t, false)
+	release := b.holdLedgerLock(t)
+	defer release()
+
+	done, cancel := context.WithTimeout(b.ctx, 1500*time.Millisecond)
+	defer cancel()
+	ctx := earlyDeadline{Context: done, at: time.Now().Add(300 * time.Millisecond)}
+	_, _, err := b.q.Admit(ctx, testDirectory, limits, as)
+	require.ErrorIs(t, err, queue.ErrLedgerBusy)
+	require.Empty(t, b.ledgerOutcomes(t))
+}
