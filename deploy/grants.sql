@@ -101,5 +101,7 @@ GRANT SELECT, DELETE ON certworker_tenants TO :"role";
 -- The fleet's budget of renewal-information requests, one row per CA (created by the
 -- first taker).
 GRANT SELECT, INSERT, UPDATE ON certworker_ari_buckets TO :"role";
--- `run` refuses to start on a schema that is behind or ahead of it.
+-- `run` refuses to start on a schema that is behind or ahead of it, and on functions
+-- that are not the ones it was built with.
 GRANT SELECT ON goose_db_version TO :"role";
+GRANT SELECT ON certworker_functions TO :"role";

@@ -55,6 +55,10 @@ type Options struct {
 	Attempts int
 	// OnRetry, when set, hears of every retry before its wait.
 	OnRetry func(Retry)
+	// OnNotice, when set, hears of what Up chose not to do and of what the operator
+	// should know (the database's functions left alone because a newer binary
+	// applied them).
+	OnNotice func(string)
 }
 
 // Retry is a statement that gave up waiting for a lock and is about to be retried.
@@ -198,7 +202,7 @@ WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type 
 }
 
 // runOnce drops what an earlier attempt left half-built, then runs every pending
-// migration. A new goose provider each time: goose remembers that it has created its
+// migration, then the functions step. A new goose provider each time: goose remembers that it has created its
 // version table even when that failed.
 func runOnce(ctx context.Context, db *sql.DB, guard *sql.Conn, opts Options) ([]Result, error) {
 	if err := dropInvalidIndexes(ctx, guard); err != nil {
@@ -218,7 +222,13 @@ func runOnce(ctx context.Context, db *sql.DB, guard *sql.Conn, opts Options) ([]
 	for _, r := range results {
 		out = append(out, Result{Version: r.Source.Version, Source: r.Source.Path, Duration: r.Duration.String()})
 	}
-	return out, err
+	if err != nil {
+		return out, err
+	}
+	// Then the current definition of every function (functions.go), whatever the
+	// numbered migrations left.
+	replaced, err := applyFunctions(ctx, guard, opts.OnNotice)
+	return append(out, replaced...), err
 }
 
 // gaveUpWaiting reports whether err is a statement that gave up waiting for a lock

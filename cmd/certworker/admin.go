@@ -43,6 +43,7 @@ func (c *migrateCmd) Run(g *globals) error {
 			fmt.Fprintf(g.stderr, "certworker: a statement gave up waiting for a lock after %s (%s); retrying in %s (attempt %d)\n",
 				c.LockTimeout, oneLine(redact(r.Err.Error(), c.DatabaseURL)), r.Wait.Round(time.Millisecond), r.Attempt+1)
 		},
+		OnNotice: func(s string) { fmt.Fprintf(g.stderr, "certworker: %s\n", s) },
 	})
 	for _, r := range results {
 		fmt.Fprintf(g.stdout, "applied %s (%s)\n", r.Source, r.Duration)
@@ -62,7 +63,8 @@ func (c *migrateCmd) Run(g *globals) error {
 func schemaError(err error, databaseURL string) error {
 	var behind *migrations.BehindError
 	var ahead *migrations.AheadError
-	if errors.As(err, &behind) || errors.As(err, &ahead) {
+	var functions *migrations.FunctionsError
+	if errors.As(err, &behind) || errors.As(err, &ahead) || errors.As(err, &functions) {
 		return usagef("%s", err)
 	}
 	return usagef("--database-url: %s", redact(err.Error(), databaseURL))
