@@ -8,25 +8,37 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
+
+	"github.com/certworker/certworker/queue"
 )
 
 // loadSQL reads what serving name takes: its domain row's verification, and the
 // certificate stored under that row's exact name (as the worker pairs them). $2 is
 // the version already held: when the row still has it, the certificate and key are
-// not sent again. Two rows come back when two domain rows differ only in case; the
-// name is then not served, as either could be another tenant's.
-const loadSQL = `
-SELECT d.verification_status, c.domain IS NOT NULL, COALESCE(c.version, 0),
+// not sent again.
+//
+// Two rows whose names differ only in case (case twins) are served by the rule the
+// claim applies (queue.KeepsNameSQL, CONTRACT.md §5): only verified acme rows count,
+// so a twin that is unverified or not acme never stops the verified one being
+// served; of verified acme twins only the one that keeps the name comes back, first.
+// Without a verified acme row, the verified rows come first: two of them (two
+// uploads, say) are not served, as either could be another tenant's.
+var loadSQL = `
+SELECT d.verification_status, d.verification_status = 'verified' AND d.ssl_provider = 'acme',
+       c.domain IS NOT NULL, COALESCE(c.version, 0),
        CASE WHEN COALESCE(c.version, 0) = $2 THEN NULL ELSE c.certificate_pem END,
        CASE WHEN COALESCE(c.version, 0) = $2 THEN NULL ELSE c.private_key_pem END
 FROM proxy_domains d
 LEFT JOIN proxy_certificates c ON c.domain = d.domain
 WHERE lower(d.domain) = $1
+  AND NOT (d.verification_status = 'verified' AND d.ssl_provider = 'acme' AND NOT ` + queue.KeepsNameSQL("d") + `)
+ORDER BY d.verification_status = 'verified' AND d.ssl_provider = 'acme' DESC, d.verification_status = 'verified' DESC
 LIMIT 2`
 
 // row is one result of loadSQL.
 type row struct {
 	verification string
+	acme         bool
 	hasCert      bool
 	version      int64
 	chainPEM     *string
@@ -75,7 +87,7 @@ func (s *Store) query(ctx context.Context, name string, held int64) ([]row, erro
 	}
 	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (row, error) {
 		var x row
-		err := r.Scan(&x.verification, &x.hasCert, &x.version, &x.chainPEM, &x.keyStored)
+		err := r.Scan(&x.verification, &x.acme, &x.hasCert, &x.version, &x.chainPEM, &x.keyStored)
 		return x, err
 	})
 	if err != nil {
@@ -91,8 +103,8 @@ func (s *Store) interpret(name string, rows []row, cur *entry, now time.Time) *e
 	switch {
 	case len(rows) == 0:
 		return miss(ErrUnknownName)
-	case len(rows) > 1:
-		s.log.Warn("two domain rows differ only in case; neither is served", zap.String("domain", name))
+	case len(rows) > 1 && !rows[0].acme && rows[1].verification == "verified":
+		s.log.Warn("two verified domain rows differ only in case, neither from ACME; neither is served", zap.String("domain", name))
 		return miss(fmt.Errorf("%w: two domain rows differ only in case", ErrUnknownName))
 	case rows[0].verification != "verified":
 		return miss(ErrNotVerified)

@@ -338,3 +338,31 @@ func TestStore_OpenFailsFastAndCloseIsIdempotent(t *testing.T) {
 	b.store.Close()
 	require.False(t, b.store.Connected())
 }
+
+// Case twins: another tenant's row of the same name in another case, unverified or
+// not acme, never stops the verified row's certificate being served, and a verified
+// acme twin that lost the name is not served in its place. Guards against the rule of
+// old ("two rows in different case: serve neither"), under which any tenant could take
+// a name off the air by adding it in capitals.
+func TestStore_ACaseTwinThatDoesNotKeepTheNameStopsNothing(t *testing.T) {
+	t.Parallel()
+	for _, twin := range []struct{ verification, provider, status string }{
+		{"pending", "none", "pending"},
+		{"verified", "manual", "active"},
+		{"verified", "acme", "pending"},
+	} {
+		t.Run(twin.verification+" "+twin.provider, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, certstore.Options{TTL: long, MissTTL: long})
+			c := b.served(t, "twin.example")
+			var other string
+			require.NoError(t, b.admin.QueryRow(b.ctx, `INSERT INTO proxy_tenants (name, slug, email)
+VALUES ('other', 'other-twin', 'o@example.com') RETURNING id::text`).Scan(&other))
+			_, err := b.admin.Exec(b.ctx, `
+INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_provider, ssl_status)
+VALUES ($1, 'TWIN.EXAMPLE', $2, 'tok', $3, $4)`, other, twin.verification, twin.provider, twin.status)
+			require.NoError(t, err)
+			b.requireServes(t, "twin.example", c.serial)
+		})
+	}
+}

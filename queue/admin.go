@@ -16,9 +16,10 @@ type RefusedError struct{ Reason string }
 
 func (e *RefusedError) Error() string { return e.Reason }
 
-// AmbiguousError is a name that matches several domains when looked up in any case:
-// rows that differ only in case (MarkCaseDuplicates). The operator commands refuse to
-// choose between them.
+// AmbiguousError is a name that matches several domains when looked up in any case
+// (rows that differ only in case) of which none is spelled so and none is a verified
+// acme row that keeps the name (pickTwin). The operator commands refuse to choose
+// between them.
 type AmbiguousError struct {
 	Name    string
 	Matches []NameMatch
@@ -39,38 +40,69 @@ func (e *AmbiguousError) Error() string {
 // named is one row of a look-up by name.
 type named struct {
 	id, tenantID, domain, verification, provider, status string
+	keeps                                                bool
 }
 
 // lookUp finds the one domain called name, in any case (operators type names as a
 // browser shows them), through the index on lower(domain) of migration 00006, locking
-// it for the rest of tx. It returns ErrNotFound for none, and an *AmbiguousError, naming them all, for
-// several.
+// it for the rest of tx. It returns ErrNotFound for none, and an *AmbiguousError,
+// naming them all, for several that pickTwin cannot choose between.
 func lookUp(ctx context.Context, tx pgx.Tx, name string) (named, error) {
 	rows, err := tx.Query(ctx, `
-SELECT id::text, tenant_id::text, domain, verification_status, ssl_provider, ssl_status
-FROM proxy_domains WHERE lower(domain) = lower($1) ORDER BY domain FOR UPDATE`, name)
+SELECT id::text, tenant_id::text, domain, verification_status, ssl_provider, ssl_status,
+    `+twinCountsSQL("d")+` AND `+KeepsNameSQL("d")+`
+FROM proxy_domains d WHERE lower(domain) = lower($1) ORDER BY domain FOR UPDATE`, name)
 	if err != nil {
 		return named{}, fmt.Errorf("look up %s: %w", name, err)
 	}
 	found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (named, error) {
 		var n named
-		err := r.Scan(&n.id, &n.tenantID, &n.domain, &n.verification, &n.provider, &n.status)
+		err := r.Scan(&n.id, &n.tenantID, &n.domain, &n.verification, &n.provider, &n.status, &n.keeps)
 		return n, err
 	})
 	if err != nil {
 		return named{}, fmt.Errorf("look up %s: %w", name, err)
 	}
-	switch len(found) {
-	case 0:
+	if len(found) == 0 {
 		return named{}, ErrNotFound
-	case 1:
-		return found[0], nil
+	}
+	i, err := pickTwin(name, len(found), func(i int) (string, string, bool) {
+		return found[i].id, found[i].domain, found[i].keeps
+	})
+	if err != nil {
+		return named{}, err
+	}
+	return found[i], nil
+}
+
+// pickTwin chooses which of n rows matching name in any case an operator means (at
+// gives each row's id, its name as stored, and whether it is verified, acme and keeps its name:
+// KeepsNameSQL). The one row there is; else the row spelled exactly as name; else the
+// verified acme row that keeps the name, since twins that are unverified or not acme
+// count for nothing (CONTRACT.md §5). Else an *AmbiguousError naming them all.
+func pickTwin(name string, n int, at func(i int) (id, domain string, keeps bool)) (int, error) {
+	if n == 1 {
+		return 0, nil
+	}
+	keeper := -1
+	for i := range n {
+		_, domain, keeps := at(i)
+		if domain == name {
+			return i, nil
+		}
+		if keeps {
+			keeper = i
+		}
+	}
+	if keeper >= 0 {
+		return keeper, nil
 	}
 	amb := &AmbiguousError{Name: name}
-	for _, n := range found {
-		amb.Matches = append(amb.Matches, NameMatch{ID: n.id, Domain: n.domain})
+	for i := range n {
+		id, domain, _ := at(i)
+		amb.Matches = append(amb.Matches, NameMatch{ID: id, Domain: domain})
 	}
-	return named{}, amb
+	return 0, amb
 }
 
 // Retry puts a failed or backing-off domain back in the queue now, by name in any

@@ -108,11 +108,10 @@ func heldByPauseSQL(x, dir string) string {
 // registered domain or of its name holds back, or whose backoff has not run out (a
 // longer --retry-base, a hand edit), is taken out of line by the same statement (out),
 // so that no later claim reads it again, and Claim reads on with a wider window. A
-// pause of the CA ($7) is one test for the whole statement, and takes nothing out. Two
-// rows whose names differ only in case are never claimed: they are the same name to a
-// CA, and which one the tenant meant is theirs to say (that count, rather than NOT
-// EXISTS, stays one index probe of each row read: the planner turns NOT EXISTS into an
-// anti-join of the whole table). Pauses are conditions of the claim, not checks after
+// pause of the CA ($7) is one test for the whole statement, and takes nothing out. Of
+// two rows whose names differ only in case, only the one that keeps the name
+// (KeepsNameSQL, twins.go) is claimed: the other is failed by the same statement
+// (lost), so that it never holds the keeper back and is not read again. Pauses are conditions of the claim, not checks after
 // it, so a held-back domain is never claimed and handed back again.
 //
 // Order of service (CONTRACT.md §5, issues #13 and #18):
@@ -149,20 +148,19 @@ var claimSQL = `
 WITH head AS MATERIALIZED (
     SELECT h.*, row_number() OVER () AS rn FROM (
         SELECT d.id, d.tenant_id, COALESCE(d.ssl_queue_tier, 2) AS tier, COALESCE(d.ssl_queue_seq, 0) AS seq,
-            ` + readySQL("d") + ` AS ready, ` + heldByPauseSQL("d", "$7") + ` AS pause
+            ` + readySQL("d") + ` AS ready, ` + heldByPauseSQL("d", "$7") + ` AS pause, ` + KeepsNameSQL("d") + ` AS keeps
         FROM proxy_domains d
         WHERE ` + inLineSQL + `
           AND COALESCE(d.ssl_queue_tier, 2) BETWEEN $8 AND $9
           AND d.ssl_attempts < $1
           AND NOT EXISTS (SELECT 1 FROM certworker_pauses
                           WHERE scope = 'ca' AND key = $7 AND paused_until > now() AND source <> 'ledger')
-          AND (SELECT count(*) FROM proxy_domains o WHERE lower(o.domain) = lower(d.domain)) = 1
         ` + claimOrderSQL + `
         LIMIT $10
         FOR UPDATE OF d SKIP LOCKED) h
 ), due AS (
     SELECT id, tenant_id, tier, seq, rn FROM head
-    WHERE ready AND pause IS NULL
+    WHERE ready AND pause IS NULL AND keeps
     ORDER BY rn
     LIMIT $6
 ), turns AS (
@@ -176,7 +174,7 @@ WITH head AS MATERIALIZED (
           AND x.verification_status = 'verified' AND x.ssl_provider = 'acme' AND x.ssl_status = 'pending'
           AND x.ssl_held IS NULL AND x.ssl_attempts < $1 AND ` + readySQL("x") + `
           AND ` + heldByPauseSQL("x", "$7") + ` IS NULL
-          AND (SELECT count(*) FROM proxy_domains o WHERE lower(o.domain) = lower(x.domain)) = 1
+          AND ` + KeepsNameSQL("x") + `
         ORDER BY x.ssl_renew_by, x.id
         LIMIT t.k
         FOR UPDATE OF x SKIP LOCKED) e
@@ -198,8 +196,10 @@ WITH head AS MATERIALIZED (
     WHERE d.id = m.id
 ), out AS (
     UPDATE proxy_domains d SET ssl_held = COALESCE(h.pause, 'backoff')
-    FROM head h WHERE d.id = h.id AND (NOT h.ready OR h.pause IS NOT NULL)
+    FROM head h WHERE d.id = h.id AND h.keeps AND (NOT h.ready OR h.pause IS NOT NULL)
     RETURNING d.id
+), lost AS (
+    ` + failTwinsSQL("head h", "h.id", "NOT h.keeps", "d.id") + `
 ), claimed AS (
     UPDATE proxy_domains d SET
         ssl_status = 'provisioning',
@@ -224,7 +224,7 @@ SELECT c.id::text, c.tenant_id::text, c.domain, c.ssl_attempts, c.ssl_claim_toke
     c.first, CASE WHEN c.id IS NOT NULL THEN $7::text END, ''::text, ''::text,
     (SELECT p.issuer_directory FROM proxy_certificates p WHERE p.domain = c.domain),
     n.taken_out, n.read
-FROM (SELECT (SELECT count(*) FROM out) AS taken_out, (SELECT count(*) FROM head) AS read) n
+FROM (SELECT (SELECT count(*) FROM out) + (SELECT count(*) FROM lost) AS taken_out, (SELECT count(*) FROM head) AS read) n
 LEFT JOIN (claimed c JOIN take t ON t.id = c.id) ON true
 ORDER BY t.rn`
 

@@ -7,66 +7,77 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// duplicateError starts the ssl_error of a domain whose name another row holds in
-// another case, as "invalid domain:" starts one no CA can issue for.
-const duplicateError = "duplicate domain: "
-
-// MarkCaseDuplicates marks 'failed' every acme domain whose name another row of
-// proxy_domains holds in another case ("Shop.example" and "shop.example"), each with
-// an ssl_error naming the others, and returns the rows it marked (a row already
-// marked so is not returned again).
+// MarkCaseDuplicates applies the case twins' rule (twins.go) to the rows the claim
+// does not read: it marks 'failed' every verified acme domain that a twin keeps the
+// name from (an active one, one in 'provisioning', whose claim is dropped and whose
+// result is not stored, one held out of line), and puts back in the queue every
+// domain failed as a duplicate that keeps its name now (its twin was deleted,
+// unverified or switched from acme, or it was failed by the rule of old, which
+// counted every row of the name whatever its state). It returns the rows it marked
+// (a row already marked so is not returned again) and those it put back.
 //
-// The proxy's unique constraint is on the name as written, and a database that has
-// years of rows may hold such a pair. Certificates are ordered for the name in lower
-// case, so both rows would order the same certificate, twice the CA's rate limit for
-// one name, and each would overwrite the other's: neither is ordered until an
-// operator deletes one and retries the other. A claim under way is dropped with its
-// claim (its result is not stored).
+// Certificates are ordered for the name in lower case, so two rows would order the
+// same certificate, twice the CA's rate limit for one name, and each would overwrite
+// the other's.
 //
 // Finding them reads the whole table once (about 0.1 s at 100,000 domains, joined on
 // lower(domain)), so it belongs on a maintenance timer or the renewal pass, not on
 // every wake-up. Marking them is a second statement, on their ids only: one statement
 // doing both is planned for a third of the table and spends longer compiling it (JIT)
 // than running it.
-func (q *Queue) MarkCaseDuplicates(ctx context.Context) ([]BadRow, error) {
+func (q *Queue) MarkCaseDuplicates(ctx context.Context) (marked, restored []BadRow, err error) {
 	rows, err := q.db.Query(ctx, `
 SELECT a.id::text FROM proxy_domains a
-WHERE a.ssl_provider = 'acme'
-  AND EXISTS (SELECT 1 FROM proxy_domains b WHERE lower(b.domain) = lower(a.domain) AND b.id <> a.id)`)
+WHERE `+twinCountsSQL("a")+`
+  AND (EXISTS (SELECT 1 FROM proxy_domains b WHERE lower(b.domain) = lower(a.domain) AND b.id <> a.id)
+       OR (a.ssl_status = 'failed' AND a.ssl_error LIKE '`+duplicateError+`%'))`)
 	if err != nil {
-		return nil, fmt.Errorf("find case duplicates: %w", err)
+		return nil, nil, fmt.Errorf("find case duplicates: %w", err)
 	}
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return nil, fmt.Errorf("find case duplicates: %w", err)
+		return nil, nil, fmt.Errorf("find case duplicates: %w", err)
 	}
 	if len(ids) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	rows, err = q.db.Query(ctx, `
-WITH marked AS (
-    SELECT d.id, '`+duplicateError+`' || string_agg(o.domain || ' (' || o.id || ')', ', ' ORDER BY o.domain)
-           || ' has the same name in another case; neither is ordered until one is deleted' AS reason
-    FROM proxy_domains d JOIN proxy_domains o ON lower(o.domain) = lower(d.domain) AND o.id <> d.id
-    WHERE d.id = ANY ($1::uuid[])
-    GROUP BY d.id
+WITH judged AS (
+    SELECT d.id, `+KeepsNameSQL("d")+` AS keeps
+    FROM proxy_domains d
+    WHERE d.id = ANY ($1::uuid[]) AND `+twinCountsSQL("d")+`
+    FOR UPDATE OF d SKIP LOCKED
+), lost AS (
+    `+failTwinsSQL("judged j", "j.id", "NOT j.keeps AND (d.ssl_status <> 'failed' OR d.ssl_error IS DISTINCT FROM '"+duplicateReason+"')",
+		"d.id, d.domain, d.ssl_error, false AS back")+`
+), back AS (
+    UPDATE proxy_domains d SET
+        ssl_status = 'pending', ssl_attempts = 0, ssl_error = NULL, ssl_last_attempt_at = NULL, updated_at = now()
+    FROM judged j
+    WHERE d.id = j.id AND j.keeps AND d.ssl_status = 'failed' AND d.ssl_error LIKE '`+duplicateError+`%'
+    RETURNING d.id, d.domain, 'the name is its own again: back in the queue' AS ssl_error, true AS back
 )
-UPDATE proxy_domains d SET
-    ssl_status = 'failed', ssl_error = marked.reason, updated_at = now(), `+releaseClaimSQL+`
-FROM marked
-WHERE d.id = marked.id
-  AND (d.ssl_status <> 'failed' OR d.ssl_error IS DISTINCT FROM marked.reason)
-RETURNING d.id::text, d.domain, d.ssl_error`, ids)
+SELECT id::text, domain, ssl_error, back FROM lost
+UNION ALL
+SELECT id::text, domain, ssl_error, back FROM back`, ids)
 	if err != nil {
-		return nil, fmt.Errorf("mark case duplicates: %w", err)
+		return nil, nil, fmt.Errorf("mark case duplicates: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (BadRow, error) {
+	defer rows.Close()
+	for rows.Next() {
 		var b BadRow
-		err := r.Scan(&b.ID, &b.Domain, &b.Reason)
-		return b, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("mark case duplicates: %w", err)
+		var back bool
+		if err := rows.Scan(&b.ID, &b.Domain, &b.Reason, &back); err != nil {
+			return nil, nil, fmt.Errorf("mark case duplicates: %w", err)
+		}
+		if back {
+			restored = append(restored, b)
+		} else {
+			marked = append(marked, b)
+		}
 	}
-	return out, nil
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("mark case duplicates: %w", err)
+	}
+	return marked, restored, nil
 }

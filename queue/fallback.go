@@ -212,7 +212,7 @@ var claimRoutedSQL = claimSQLWith(routedClaim)
 func claimSQLWith(r claimRoute) string {
 	return `
 WITH due AS (
-    SELECT d.id` + r.due + `
+    SELECT d.id, ` + KeepsNameSQL("d") + ` AS keeps` + r.due + `
     FROM proxy_domains d` + r.join + `
     WHERE d.verification_status = 'verified'
       AND d.ssl_provider = 'acme'
@@ -223,10 +223,11 @@ WITH due AS (
       AND (d.ssl_last_attempt_at IS NULL
            OR d.ssl_last_attempt_at < now() - make_interval(secs => ` + backoffSQL("d.ssl_attempts", "$2", "$3") + `))
       AND ` + r.free + `
-      AND (SELECT count(*) FROM proxy_domains o WHERE lower(o.domain) = lower(d.domain)) = 1
     ` + claimOrderSQL + `
     LIMIT $6
     FOR UPDATE OF d SKIP LOCKED
+), lost AS (
+    ` + failTwinsSQL("due", "due.id", "NOT due.keeps", "d.id") + `
 ), claimed AS (
     UPDATE proxy_domains d SET
         ssl_status = 'provisioning',
@@ -237,7 +238,7 @@ WITH due AS (
         ssl_claimed_by = $4,
         ssl_lease_expires_at = now() + make_interval(secs => $5)` + r.set + `
     FROM due
-    WHERE d.id = due.id
+    WHERE d.id = due.id AND due.keeps
     RETURNING d.id, d.tenant_id, d.domain, d.ssl_attempts, d.ssl_claim_token, d.ssl_last_attempt_at,
         d.ssl_claim_prev_attempt_at, d.ssl_queued_at, d.ssl_queue_tier, d.ssl_queue_seq,
         d.ssl_profile, d.ssl_profile_refused` + r.returning + `
@@ -251,8 +252,9 @@ SELECT c.id::text, c.tenant_id::text, c.domain, c.ssl_attempts, c.ssl_claim_toke
     COALESCE(c.ssl_queue_tier, 2) = 2,
     ` + r.decision + `,
     COALESCE((SELECT p.issuer_directory FROM proxy_certificates p WHERE p.domain = c.domain), ''),
-    0::bigint, 0::bigint
-FROM claimed c
+    n.taken_out, 0::bigint
+FROM (SELECT count(*) AS taken_out FROM lost) n
+LEFT JOIN claimed c ON true
 ORDER BY COALESCE(c.ssl_queue_tier, 2), COALESCE(c.ssl_queue_seq, 0), c.ssl_queued_at DESC NULLS LAST`
 }
 

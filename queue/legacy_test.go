@@ -53,10 +53,12 @@ WHERE d.ssl_status = 'active' AND d.ssl_provider = 'acme' AND d.verification_sta
 		"the old worker's live claims were taken")
 
 	start := time.Now()
-	dups, err := b.q.MarkCaseDuplicates(ctx)
+	dups, back, err := b.q.MarkCaseDuplicates(ctx)
 	dupTime := time.Since(start)
 	require.NoError(t, err)
-	require.ElementsMatch(t, []string{legacydb.CaseDuplicate, legacydb.CaseDuplicateUpper}, domainsOf(dups))
+	require.Len(t, dups, 1, "of two twins, one keeps the name")
+	require.Subset(t, []string{legacydb.CaseDuplicate, legacydb.CaseDuplicateUpper}, domainsOf(dups))
+	require.Empty(t, back)
 
 	activeBefore := count(activeSQL)
 	start = time.Now()
@@ -75,9 +77,10 @@ WHERE d.ssl_status = 'active' AND d.ssl_provider = 'acme' AND d.verification_sta
 	require.EqualValues(t, legacydb.DeletedDomains, pruned.Certificates)
 	t.Logf("on 100,000 domains: MarkCaseDuplicates %s, first MarkRenewals %s (%d marked)", dupTime, renewTime, pass.Marked)
 
-	dups, err = b.q.MarkCaseDuplicates(ctx)
+	dups, back, err = b.q.MarkCaseDuplicates(ctx)
 	require.NoError(t, err)
 	require.Empty(t, dups)
+	require.Empty(t, back)
 	pass, err = b.q.MarkRenewals(ctx)
 	require.NoError(t, err)
 	require.Zero(t, pass.Marked)

@@ -324,12 +324,15 @@ type DomainState struct {
 	CADirectory *string `json:"ca_directory"`
 	CACause     *string `json:"ca_cause"`
 	CARefused   *string `json:"ca_refused"`
+
+	// keeps: verified, acme, and no case twin keeps the name from it (pickTwin).
+	keeps bool
 }
 
 // State is one domain's whole state and its certificate, by name in any case. It
 // returns ErrNotFound for an unknown name, and an *AmbiguousError naming them all when
-// rows that differ only in case match it: showing one of them would answer for the
-// wrong one.
+// rows that differ only in case match it and pickTwin cannot tell which is meant:
+// showing one of them would answer for the wrong one.
 func (q *Queue) State(ctx context.Context, domain string) (*DomainState, error) {
 	cfg, err := q.curve(ctx)
 	if err != nil {
@@ -342,7 +345,8 @@ SELECT d.id::text, d.tenant_id::text, d.domain, d.verification_status, d.ssl_sta
     d.ssl_expires_at, d.ssl_claimed_by, d.ssl_lease_expires_at, d.ssl_profile, d.ssl_profile_refused,
     c.id IS NOT NULL, c.issuer, c.serial, c.not_before, c.expires_at,
     CASE WHEN c.expires_at IS NULL THEN c.certificate_pem END, c.renew_at, COALESCE(c.auto_renew, false),
-    c.profile, c.issuer_directory, d.ssl_ca_directory, d.ssl_ca_cause, d.ssl_ca_refused
+    c.profile, c.issuer_directory, d.ssl_ca_directory, d.ssl_ca_cause, d.ssl_ca_refused,
+    `+twinCountsSQL("d")+` AND `+KeepsNameSQL("d")+`
 FROM proxy_domains d LEFT JOIN proxy_certificates c ON c.domain = d.domain `+pauseSQL+`
 WHERE lower(d.domain) = lower($1)
 ORDER BY d.domain`, domain,
@@ -354,17 +358,16 @@ ORDER BY d.domain`, domain,
 	if err != nil {
 		return nil, fmt.Errorf("read domain: %w", err)
 	}
-	switch len(states) {
-	case 0:
+	if len(states) == 0 {
 		return nil, ErrNotFound
-	case 1:
-		return states[0], nil
 	}
-	amb := &AmbiguousError{Name: domain}
-	for _, s := range states {
-		amb.Matches = append(amb.Matches, NameMatch{ID: s.ID, Domain: s.Domain})
+	i, err := pickTwin(domain, len(states), func(i int) (string, string, bool) {
+		return states[i].ID, states[i].Domain, states[i].keeps
+	})
+	if err != nil {
+		return nil, err
 	}
-	return nil, amb
+	return states[i], nil
 }
 
 func scanState(row pgx.CollectableRow) (*DomainState, error) {
@@ -378,7 +381,7 @@ func scanState(row pgx.CollectableRow) (*DomainState, error) {
 		&s.SSLAttempts, &s.SSLError, &s.LastAttempt, &s.NextAttempt, &s.PausedUntil, &s.PauseReason,
 		&s.ExpiresAt, &s.ClaimedBy, &s.LeaseExpiresAt, &s.Profile, &s.ProfileRefused,
 		&hasCert, &c.Issuer, &c.Serial, &c.NotBefore, &notAfter, &chain, &c.RenewAt, &c.AutoRenew,
-		&c.Profile, &c.Directory, &s.CADirectory, &s.CACause, &s.CARefused)
+		&c.Profile, &c.Directory, &s.CADirectory, &s.CACause, &s.CARefused, &s.keeps)
 	if err != nil {
 		return nil, err
 	}

@@ -200,12 +200,13 @@ func (w *Worker) settleStaleLedger(ctx context.Context) {
 // housekeepingEvery is how often the steps that read whole tables run (a second or
 // two at a million domains): finding domains that differ only in case or stuck at the
 // attempt limit, certificates of another profile than their domain's, and pruning
-// what the worker keeps. None is urgent: the claim never takes a case twin or a row at
-// the limit, certworker_set_profile queues a changed profile's replacement itself,
+// what the worker keeps. None is urgent: the claim fails a case twin that lost its name
+// itself (housekeeping finds those it does not read: active ones, held ones), never
+// takes a row at the limit, certworker_set_profile queues a changed profile's replacement itself,
 // and what is pruned only takes space.
 const housekeepingEvery = 10 * time.Minute
 
-// housekeeping marks case twins failed, fails domains stuck at or above the attempt
+// housekeeping applies the case twins' rule (queue/twins.go), fails domains stuck at or above the attempt
 // limit, and prunes what the worker keeps, once every housekeepingEvery.
 func (w *Worker) housekeeping(ctx context.Context) {
 	if time.Since(w.lastHousekeeping) < housekeepingEvery {
@@ -214,11 +215,15 @@ func (w *Worker) housekeeping(ctx context.Context) {
 	w.lastHousekeeping = time.Now()
 	hctx, cancel := context.WithTimeout(ctx, w.cfg.PollInterval)
 	defer cancel()
-	twins, err := w.q.MarkCaseDuplicates(hctx)
+	twins, back, err := w.q.MarkCaseDuplicates(hctx)
 	if err != nil {
 		w.logDBError("mark domains that differ only in case", err)
 	}
-	w.badRows("two domains differ only in case; neither is ordered, both marked failed", twins)
+	w.badRows("another domain keeps this name in another case; marked failed", twins)
+	for _, r := range back {
+		w.log.Info("a domain failed as a case twin keeps its name now; back in the queue",
+			zap.String("domain", r.Domain), zap.String("domain_id", r.ID))
+	}
 	exhausted, err := w.q.FailExhausted(hctx)
 	if err != nil {
 		w.logDBError("fail domains at the attempt limit", err)

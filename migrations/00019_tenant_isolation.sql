@@ -1,0 +1,165 @@
+-- No tenant can harm another (CONTRACT.md §5, §6).
+--
+-- 1. Case twins: of two verified acme rows whose names differ only in case, the one
+--    holding the name's certificate keeps it, else the one that became verified and
+--    acme first (queue/twins.go has the rule). That moment is recorded once, in
+--    proxy_domains.ssl_eligible_at, by a BEFORE trigger keyed on the proxy's columns,
+--    and backfilled here. Rows failed as duplicates by the rule of old (which counted
+--    every row of the name, whatever its state) get their name back.
+-- 2. The ledger records the tenant of each order (certworker_ledger.tenant_id), so that
+--    a tenant's share of an account-wide limit is counted even for the domains it has
+--    deleted since (--limit-tenant-reserve).
+--
+-- Online, as 00014: NO TRANSACTION, every statement can run twice, the new columns are
+-- nullable without a default (a catalogue change, no rewrite), ALTER TABLE on a proxy
+-- table runs only when the column is missing, every lock is taken under migrate's
+-- --lock-timeout, and the backfill of the proxy's table goes in batches of 1,000 rows,
+-- each its own transaction, so that no write of the proxy's waits behind it for longer
+-- than one batch takes.
+
+-- +goose NO TRANSACTION
+-- +goose Up
+
+-- ssl_eligible_at: when the row last entered verification_status 'verified' with
+-- ssl_provider 'acme'; NULL outside that state. Written only by the trigger below (and
+-- the backfill): ssl_queued_at is stamped again by every failure and hand-back, and
+-- created_at is the insert, so neither tells which of two twins was verified first.
+-- +goose StatementBegin
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                   WHERE attrelid = 'proxy_domains'::regclass AND NOT attisdropped
+                     AND attname = 'ssl_eligible_at') THEN
+        ALTER TABLE proxy_domains ADD COLUMN IF NOT EXISTS ssl_eligible_at timestamptz;
+    END IF;
+END
+$$;
+-- +goose StatementEnd
+
+-- The trigger's function: it assigns NEW only, and needs no rights of its own
+-- (SECURITY INVOKER); it compares the proxy's columns as text, so that pg_catalog's
+-- operators are the exact match whatever their type.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION public.certworker_eligible_since() RETURNS trigger
+LANGUAGE plpgsql SET search_path = public, pg_temp AS $$
+BEGIN
+    IF NEW.verification_status::text = 'verified' AND NEW.ssl_provider::text = 'acme' THEN
+        IF TG_OP = 'INSERT'
+           OR OLD.verification_status::text IS DISTINCT FROM 'verified'
+           OR OLD.ssl_provider::text IS DISTINCT FROM 'acme' THEN
+            NEW.ssl_eligible_at := pg_catalog.clock_timestamp();
+        ELSE
+            -- Inside the state already: the moment it entered stands. A row with none
+            -- (written before this migration, and not backfilled yet) takes the
+            -- backfill's value, or now.
+            NEW.ssl_eligible_at := COALESCE(OLD.ssl_eligible_at, NEW.ssl_eligible_at, pg_catalog.clock_timestamp());
+        END IF;
+    ELSE
+        NEW.ssl_eligible_at := NULL;
+    END IF;
+    RETURN NEW;
+END
+$$;
+-- +goose StatementEnd
+REVOKE ALL ON FUNCTION public.certworker_eligible_since() FROM PUBLIC;
+COMMENT ON FUNCTION public.certworker_eligible_since() IS
+    'certworker: records in ssl_eligible_at when a domain enters verified + acme (the case twins'' rule)';
+
+-- Keyed on the proxy's columns, and on ssl_eligible_at itself, so that a write of it
+-- by anyone is undone (assigning NEW.x needs no column privilege: the proxy's role
+-- needs none on certworker's columns). A BEFORE trigger takes no lock of its own.
+-- +goose StatementBegin
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger
+                   WHERE tgrelid = 'proxy_domains'::regclass AND tgname = 'certworker_eligible_since') THEN
+        CREATE TRIGGER certworker_eligible_since
+            BEFORE INSERT OR UPDATE OF verification_status, ssl_provider, ssl_eligible_at ON proxy_domains
+            FOR EACH ROW EXECUTE FUNCTION public.certworker_eligible_since();
+    END IF;
+END
+$$;
+-- +goose StatementEnd
+
+-- The backfill: a row verified and acme before this migration entered that state at
+-- some time after its insert, which is the best that is known of it; the order of the
+-- inserts is the order in which two twins were most likely verified. Batches of 1,000,
+-- each committed on its own.
+-- +goose StatementBegin
+DO $$
+DECLARE
+    n bigint;
+BEGIN
+    LOOP
+        UPDATE proxy_domains d SET ssl_eligible_at = COALESCE(d.created_at, now())
+        WHERE d.id IN (SELECT id FROM proxy_domains
+                       WHERE verification_status = 'verified' AND ssl_provider = 'acme' AND ssl_eligible_at IS NULL
+                       LIMIT 1000
+                       FOR UPDATE SKIP LOCKED);
+        GET DIAGNOSTICS n = ROW_COUNT;
+        COMMIT;
+        EXIT WHEN n = 0;
+    END LOOP;
+END
+$$;
+-- +goose StatementEnd
+
+-- Rows failed as duplicates by the rule of old: the one that keeps its name by the
+-- new rule goes back in the queue, as if retried; the other keeps its failure, in the
+-- new words, which no longer name the other row. The same rule as queue/twins.go.
+-- +goose StatementBegin
+WITH judged AS (
+    SELECT d.id,
+        (SELECT count(*) FROM proxy_domains o
+         WHERE lower(o.domain) = lower(d.domain) AND o.id <> d.id
+           AND o.verification_status = 'verified' AND o.ssl_provider = 'acme'
+           AND (CASE WHEN EXISTS (SELECT 1 FROM proxy_certificates c WHERE c.domain = o.domain) THEN 0 ELSE 1 END,
+                COALESCE(o.ssl_eligible_at, 'infinity'::timestamptz), o.id)
+             < (CASE WHEN EXISTS (SELECT 1 FROM proxy_certificates c WHERE c.domain = d.domain) THEN 0 ELSE 1 END,
+                COALESCE(d.ssl_eligible_at, 'infinity'::timestamptz), d.id)) = 0 AS keeps
+    FROM proxy_domains d
+    WHERE d.verification_status = 'verified' AND d.ssl_provider = 'acme'
+      AND d.ssl_status = 'failed' AND d.ssl_error LIKE 'duplicate domain: %'
+)
+UPDATE proxy_domains d SET
+    ssl_status = CASE WHEN j.keeps THEN 'pending' ELSE 'failed' END,
+    ssl_attempts = CASE WHEN j.keeps THEN 0 ELSE d.ssl_attempts END,
+    ssl_last_attempt_at = CASE WHEN j.keeps THEN NULL ELSE d.ssl_last_attempt_at END,
+    ssl_error = CASE WHEN j.keeps THEN NULL
+                     ELSE 'duplicate domain: the name is held, in another case, by another domain that keeps it; '
+                          || 'no certificate is ordered for this one' END,
+    updated_at = now()
+FROM judged j
+WHERE d.id = j.id;
+-- +goose StatementEnd
+
+-- certworker_ledger.tenant_id: the tenant of the domain the order was for, as it was
+-- when the order was admitted. certworker's own table, no foreign key: a tenant's
+-- orders count for the whole window, whatever it deletes meanwhile.
+-- +goose StatementBegin
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                   WHERE attrelid = 'certworker_ledger'::regclass AND NOT attisdropped
+                     AND attname = 'tenant_id') THEN
+        ALTER TABLE certworker_ledger ADD COLUMN IF NOT EXISTS tenant_id uuid;
+    END IF;
+END
+$$;
+-- +goose StatementEnd
+
+-- What was known before this migration: the tenant of each domain still there.
+UPDATE certworker_ledger l SET tenant_id = d.tenant_id
+FROM proxy_domains d
+WHERE l.tenant_id IS NULL AND d.id = l.domain_id;
+
+-- Admit counts a tenant's orders in the account's window.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS certworker_ledger_tenant_idx
+    ON certworker_ledger (directory, tenant_id, at);
+
+-- +goose Down
+DROP INDEX CONCURRENTLY IF EXISTS certworker_ledger_tenant_idx;
+ALTER TABLE certworker_ledger DROP COLUMN IF EXISTS tenant_id;
+DROP TRIGGER IF EXISTS certworker_eligible_since ON proxy_domains;
+DROP FUNCTION IF EXISTS public.certworker_eligible_since();
+ALTER TABLE proxy_domains DROP COLUMN IF EXISTS ssl_eligible_at;
