@@ -109,7 +109,7 @@ func newPreflight(pool *pgxpool.Pool, log *zap.Logger, cfg Config) *preflight {
 func (p *preflight) check(ctx context.Context, domain string) error {
 	ctx, cancel := context.WithTimeout(ctx, preflightTimeout)
 	defer cancel()
-	run := &probeRun{p: p, addrs: map[string][]netip.Addr{}}
+	run := &probeRun{p: p, domain: domain, addrs: map[string][]netip.Addr{}}
 	err := p.run(ctx, run, domain)
 	if errors.Is(err, errResolverSilent) {
 		p.log.Warn("preflight skipped: the DNS resolver did not answer",
@@ -176,16 +176,48 @@ var errResolverSilent = errors.New("the DNS resolver did not answer")
 // it last connected to or tried, for its message.
 type probeRun struct {
 	p *preflight
+	// domain is the name checked: the tenant's own. Any other host the probe meets
+	// is a redirect's, whose addresses ssl_error never shows (redirectUnreachable).
+	domain string
 
 	mu    sync.Mutex // guards the fields below
 	addrs map[string][]netip.Addr
 	last  string
+	// lastHost is the host whose address last is.
+	lastHost string
 }
 
 // resolve looks host up with the preflight's resolver, once per run. A host with a
 // reserved address among its answers is refused, whatever the others are: the CA
 // might pick that one, and the preflight must not connect to it (reserved.go).
+//
+// The name is looked up fully qualified (a trailing dot in the query, never in the
+// Host header), so the resolver's search list never applies: a tenant's redirect to
+// "db" or "db.internal" must not find the operator's own names. A redirect's host
+// that does not resolve, or resolves to a reserved address, or whose lookup fails, is
+// refused in the same words (redirectUnreachable): what the operator's resolver says
+// of a name the tenant does not own is the operator's, and different words would let
+// a tenant tell its internal names from names that do not exist. The detail goes to
+// the log.
 func (r *probeRun) resolve(ctx context.Context, host string) ([]netip.Addr, error) {
+	addrs, err := r.lookUp(ctx, host)
+	var pe *queue.PreflightError
+	if host != r.domain && errors.As(err, &pe) {
+		r.p.log.Info("preflight: a redirect's host has no public address", zap.String("domain", r.domain),
+			zap.String("redirect_host", host), zap.String("reason", pe.Msg))
+		return nil, redirectUnreachable(r.domain, host)
+	}
+	return addrs, err
+}
+
+// redirectUnreachable is the preflight's one verdict on a redirect's host that the CA
+// could not reach: unknown, reserved, or failing to resolve alike (resolve).
+func redirectUnreachable(domain, host string) error {
+	return &queue.PreflightError{Msg: fmt.Sprintf("%s redirects to %s, which has no public address the CA could reach", domain, host)}
+}
+
+// lookUp is resolve's look-up, with what the tenant may be told of its own name.
+func (r *probeRun) lookUp(ctx context.Context, host string) ([]netip.Addr, error) {
 	r.mu.Lock()
 	cached, ok := r.addrs[host]
 	r.mu.Unlock()
@@ -200,7 +232,7 @@ func (r *probeRun) resolve(ctx context.Context, host string) ([]netip.Addr, erro
 	}
 	lctx, cancel := context.WithTimeout(ctx, r.p.dnsTimeout)
 	defer cancel()
-	addrs, err := r.p.resolver.LookupNetIP(lctx, "ip", host)
+	addrs, err := r.p.resolver.LookupNetIP(lctx, "ip", fullyQualified(host))
 	var dnsErr *net.DNSError
 	switch {
 	case err != nil && ctx.Err() != nil:
@@ -224,6 +256,15 @@ func (r *probeRun) resolve(ctx context.Context, host string) ([]netip.Addr, erro
 	r.addrs[host] = addrs
 	r.mu.Unlock()
 	return addrs, nil
+}
+
+// fullyQualified is host with a trailing dot, for a DNS query that no search list
+// applies to.
+func fullyQualified(host string) string {
+	if strings.HasSuffix(host, ".") {
+		return host
+	}
+	return host + "."
 }
 
 // dial connects to a host of the probe the way Boulder's VA does: the first IPv6
@@ -260,7 +301,7 @@ func (r *probeRun) dial(ctx context.Context, network, addr string) (net.Conn, er
 	for _, ip := range tries {
 		target := net.JoinHostPort(ip.String(), port)
 		r.mu.Lock()
-		r.last = target
+		r.last, r.lastHost = target, host
 		r.mu.Unlock()
 		var conn net.Conn
 		if conn, err = d.DialContext(ctx, network, target); err == nil {
@@ -268,6 +309,11 @@ func (r *probeRun) dial(ctx context.Context, network, addr string) (net.Conn, er
 		}
 		var re *reservedDialError
 		if errors.As(err, &re) {
+			if host != r.domain {
+				r.p.log.Info("preflight: a redirect's host has no public address", zap.String("domain", r.domain),
+					zap.String("redirect_host", host), zap.String("reason", re.Error()))
+				return nil, redirectUnreachable(r.domain, host)
+			}
 			return nil, reservedAnswer(host, re.addr)
 		}
 	}
@@ -303,10 +349,15 @@ func reservedAnswer(host string, addr netip.Addr) error {
 	return &queue.PreflightError{Msg: fmt.Sprintf("%s resolves to a reserved address (%s)", host, addr.Unmap().WithZone(""))}
 }
 
-// lastAddr is the address the probe last connected to, or tried.
+// lastAddr is the address the probe last connected to, or tried, as ssl_error may
+// show it: an address of the tenant's own name, or else the redirect's host it
+// belongs to, never what the operator's resolver answered for that host.
 func (r *probeRun) lastAddr() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.last != "" && r.lastHost != r.domain {
+		return "the redirect's host " + r.lastHost
+	}
 	return r.last
 }
 
@@ -459,6 +510,12 @@ func (r *probeRun) checkRedirect(req *http.Request, via []*http.Request) error {
 		return refuse("the host looks like a path that lost its leading '/'")
 	case len(req.URL.Path) > maxRedirectPath:
 		return refuse(fmt.Sprintf("a path longer than %d bytes", maxRedirectPath))
+	}
+	// A redirect's host passes the rules of a domain's name (Boulder's VA refuses an
+	// IP literal or a single label too): a single label would be looked up through
+	// the resolver's search list, inside the operator's network.
+	if _, err := queue.CheckName(strings.TrimSuffix(host, ".")); err != nil {
+		return refuse("not a public host name: " + err.Error())
 	}
 	for _, v := range via {
 		if v.URL.String() == req.URL.String() {

@@ -45,11 +45,12 @@ func TestPreflight_SilentResolverLetsTheOrderGo(t *testing.T) {
 
 // The preflight follows redirects by the CA's rules (Boulder's VA): 301, 302, 307
 // and 308 only, http or https, the HTTP-01 port or 443, a host that is not a lost
-// path, no loop, at most 10. Guards against a preflight that passes a name the CA
+// path, no loop, at most 10, and a host that passes a domain's name rules (no IP
+// literal, no single label, which the resolver's search list would complete). Guards against a preflight that passes a name the CA
 // will fail, or fails one the CA will pass.
 func TestPreflight_RedirectRules(t *testing.T) {
 	t.Parallel()
-	r := &probeRun{p: &preflight{port: 80}}
+	r := &probeRun{p: &preflight{port: 80, log: zap.NewNop()}, domain: "shop.example"}
 	start := mustURL(t, "http://shop.example/.well-known/acme-challenge/t")
 	for _, tc := range []struct {
 		name   string
@@ -67,6 +68,10 @@ func TestPreflight_RedirectRules(t *testing.T) {
 		{"loop", start.String(), http.StatusFound, 1, "a redirect loop"},
 		{"eleventh", "http://www.shop.example/x", http.StatusFound, 11, "more than 10 redirects"},
 		{"long path", "http://www.shop.example/" + strings.Repeat("a", 2001), http.StatusFound, 1, "a path longer than 2000 bytes"},
+		{"single label", "http://internaldb/x", http.StatusFound, 1, "not a public host name: a single label"},
+		{"IPv4 literal", "http://10.0.0.1/x", http.StatusFound, 1, "not a public host name: an IP address"},
+		{"IPv6 literal", "http://[fd00::1]/x", http.StatusFound, 1, "not a public host name: an IP address"},
+		{"numeric last label", "http://10.0.0.010/x", http.StatusFound, 1, "not a public host name: the last label is numeric"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -176,7 +181,7 @@ func TestPreflight_DialerRefusesAReservedAddressItIsHanded(t *testing.T) {
 	}()
 	port := ln.Addr().(*net.TCPAddr).Port
 	for _, addr := range []string{"127.0.0.1", "::ffff:127.0.0.1"} {
-		r := &probeRun{p: &preflight{port: port}, addrs: map[string][]netip.Addr{
+		r := &probeRun{p: &preflight{port: port, log: zap.NewNop()}, domain: "changed.example", addrs: map[string][]netip.Addr{
 			"changed.example": {netip.MustParseAddr(addr)},
 		}}
 		_, err := r.dial(context.Background(), "tcp", net.JoinHostPort("changed.example", strconv.Itoa(port)))
@@ -187,8 +192,8 @@ func TestPreflight_DialerRefusesAReservedAddressItIsHanded(t *testing.T) {
 	require.Zero(t, accepted.Load(), "the dialer connected")
 
 	// Allowed, the same address is dialed.
-	r := &probeRun{p: &preflight{port: port, allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}},
-		addrs: map[string][]netip.Addr{"changed.example": {netip.MustParseAddr("127.0.0.1")}}}
+	r := &probeRun{p: &preflight{port: port, log: zap.NewNop(), allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}},
+		domain: "changed.example", addrs: map[string][]netip.Addr{"changed.example": {netip.MustParseAddr("127.0.0.1")}}}
 	conn, err := r.dial(context.Background(), "tcp", net.JoinHostPort("changed.example", strconv.Itoa(port)))
 	require.NoError(t, err)
 	_ = conn.Close()

@@ -69,9 +69,13 @@ func (b *bed) countConns(t *testing.T, ip string, h http.Handler) *atomic.Int32 
 // The preflight never connects to a reserved address (loopback, private, link-local,
 // ...) that --preflight-allow-cidr does not allow: not when the name resolves there,
 // not when one of its answers does, not when a redirect leads to a name or an address
-// there; ssl_error says which name and address. Nothing reaches the CA. Guards
-// against tenants using the worker to probe the operator's network: its own admin
-// port, the cloud's metadata service, the database.
+// there. ssl_error names the tenant's own name and its addresses, never an address
+// resolved for a redirect's host: a redirect's host that resolves to a reserved
+// address and one that does not resolve at all get the same words, and a redirect to
+// an IP literal or a single label is refused by the name rules before any look-up.
+// Nothing reaches the CA. Guards against tenants using the worker to probe the
+// operator's network (its own admin port, the cloud's metadata service, the database)
+// or to read what the operator's resolver says of internal names.
 func TestIssue_PreflightNeverConnectsToAReservedAddress(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -98,21 +102,36 @@ func TestIssue_PreflightNeverConnectsToAReservedAddress(t *testing.T) {
 				http.Redirect(w, r, "http://"+other+":"+strconv.Itoa(b.ca.HTTPPort)+r.URL.Path, http.StatusFound)
 			}))
 			return []*atomic.Int32{b.countConns(t, "127.0.0.3", http.NotFoundHandler())}
-		}, want: "preflight: OTHER resolves to a reserved address (127.0.0.3)"},
+		}, want: "preflight: NAME redirects to OTHER, which has no public address the CA could reach"},
+		{name: "a redirect to a name that does not resolve", allow: "127.0.0.2/32", arrange: func(t *testing.T, b *bed, name, other string) []*atomic.Int32 {
+			pointAt(t, name, "127.0.0.2")
+			b.serveAt(t, "127.0.0.2", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				http.Redirect(w, r, "http://"+other+":"+strconv.Itoa(b.ca.HTTPPort)+r.URL.Path, http.StatusFound)
+			}))
+			return nil
+		}, want: "preflight: NAME redirects to OTHER, which has no public address the CA could reach"},
+		{name: "a redirect to a single label", allow: "127.0.0.2/32", arrange: func(t *testing.T, b *bed, name, _ string) []*atomic.Int32 {
+			pointAt(t, name, "127.0.0.2")
+			b.serveAt(t, "127.0.0.2", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Location", "http://internaldb/x")
+				w.WriteHeader(http.StatusFound)
+			}))
+			return nil
+		}, want: "preflight: redirected to http://internaldb/x, which the CA does not follow: not a public host name: a single label; a public name has at least two"},
 		{name: "a redirect to a loopback address", allow: "127.0.0.2/32", arrange: func(t *testing.T, b *bed, name, _ string) []*atomic.Int32 {
 			pointAt(t, name, "127.0.0.2")
 			b.serveAt(t, "127.0.0.2", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				http.Redirect(w, r, "http://127.0.0.3:"+strconv.Itoa(b.ca.HTTPPort)+r.URL.Path, http.StatusFound)
+				http.Redirect(w, r, "http://127.0.0.3:"+strconv.Itoa(b.ca.HTTPPort)+"/x", http.StatusFound)
 			}))
 			return []*atomic.Int32{b.countConns(t, "127.0.0.3", http.NotFoundHandler())}
-		}, want: "preflight: 127.0.0.3 is a reserved address"},
+		}, want: "preflight: redirected to http://127.0.0.3:PORT/x, which the CA does not follow: not a public host name: an IP address, not a host name"},
 		{name: "a redirect to the cloud's metadata service", allow: "127.0.0.2/32", arrange: func(t *testing.T, b *bed, name, _ string) []*atomic.Int32 {
 			pointAt(t, name, "127.0.0.2")
 			b.serveAt(t, "127.0.0.2", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				http.Redirect(w, r, "http://169.254.169.254/latest/meta-data/", http.StatusFound)
 			}))
 			return nil
-		}, want: "preflight: 169.254.169.254 is a reserved address"},
+		}, want: "preflight: redirected to http://169.254.169.254/latest/meta-data/, which the CA does not follow: not a public host name: an IP address, not a host name"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -124,7 +143,10 @@ func TestIssue_PreflightNeverConnectsToAReservedAddress(t *testing.T) {
 			_, err := newIssuer(t, b.pool, nil, cfg).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: name})
 			var pe *queue.PreflightError
 			require.ErrorAs(t, err, &pe, "%T: %v", err, err)
-			require.Equal(t, strings.NewReplacer("NAME", name, "OTHER", other).Replace(tc.want), err.Error())
+			require.Equal(t, strings.NewReplacer("NAME", name, "OTHER", other, "PORT", strconv.Itoa(b.ca.HTTPPort)).Replace(tc.want), err.Error())
+			if strings.Contains(tc.want, "OTHER") {
+				require.NotContains(t, err.Error(), "127.0.0.3", "ssl_error shows an address resolved for a redirect's host")
+			}
 			for i, n := range untouched {
 				require.Zero(t, n.Load(), "listener %d was connected to", i)
 			}
@@ -263,12 +285,14 @@ func TestIssue_PreflightSendsNothingToTheCAForANameItWouldFail(t *testing.T) {
 		}},
 		{name: "redirect to the responder under another name", arrange: func(t *testing.T, b *bed, name string) {
 			// The CA sends the other name as Host, and the responder answers a token
-			// only for its own name (lego's challenge server does the same).
+			// only for its own name (lego's challenge server does the same). The
+			// address the other name resolved to is the operator's resolver's
+			// answer for a name the tenant may not own: not shown.
 			pointAt(t, name, "127.0.0.2")
 			b.serveAt(t, "127.0.0.2", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				http.Redirect(w, r, "http://other-"+name+":"+strconv.Itoa(b.ca.HTTPPort)+r.URL.Path, http.StatusMovedPermanently)
 			}))
-		}, want: "preflight: answered by something else at 127.0.0.1:PORT (after redirects, http://other-NAME:PORT/.well-known/acme-challenge/"},
+		}, want: "preflight: answered by something else at the redirect's host other-NAME (after redirects, http://other-NAME:PORT/.well-known/acme-challenge/"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
