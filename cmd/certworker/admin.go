@@ -1,16 +1,20 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os/signal"
 	"runtime"
 	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -113,14 +117,14 @@ func (c *statusCmd) Run(g *globals) error {
 	if len(o.Pauses) > 0 {
 		fmt.Fprintln(tw, "\nPAUSED\tKEY\tBY\tUNTIL\tCA\tREASON")
 		for _, p := range o.Pauses {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.Scope, p.Key, p.Source, p.PausedUntil.UTC().Format(time.RFC3339),
-				pauseCA(p), p.Reason)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.Scope, shown(p.Key), p.Source, p.PausedUntil.UTC().Format(time.RFC3339),
+				shown(pauseCA(p)), shown(p.Reason))
 		}
 	}
 	if len(o.Profiles) > 0 {
 		fmt.Fprintln(tw, "\nPROFILE\tDOMAINS\tREFUSED BY THE CA")
 		for _, p := range o.Profiles {
-			fmt.Fprintf(tw, "%s\t%d\t%d\n", p.Profile, p.Domains, p.Refused)
+			fmt.Fprintf(tw, "%s\t%d\t%d\n", shown(p.Profile), p.Domains, p.Refused)
 		}
 	}
 	if len(o.Issuers) > 0 {
@@ -130,7 +134,7 @@ func (c *statusCmd) Run(g *globals) error {
 			if dir == "" {
 				dir = "(not recorded)"
 			}
-			fmt.Fprintf(tw, "%s\t%d\n", dir, c.Certificates)
+			fmt.Fprintf(tw, "%s\t%d\n", shown(dir), c.Certificates)
 		}
 	}
 	if len(o.Domains) > 0 {
@@ -144,8 +148,8 @@ func (c *statusCmd) Run(g *globals) error {
 			if d.SSLStatus == "active" {
 				next = "-" // renewing under its certificate's profile, on its own schedule
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", d.Domain, d.SSLStatus, d.SSLAttempts,
-				next, profileOf(d.Profile), str(d.CertificateProfile), why)
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", shown(d.Domain), shown(d.SSLStatus), d.SSLAttempts,
+				next, shown(profileOf(d.Profile)), shown(str(d.CertificateProfile)), shown(why))
 		}
 	}
 	return tw.Flush()
@@ -187,7 +191,8 @@ func profileOf(p *string) string {
 
 func printState(g *globals, s *queue.DomainState) {
 	tw := tabwriter.NewWriter(g.stdout, 2, 4, 2, ' ', 0)
-	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
+	// Every value is shown escaped: most are the tenant's, or quote it.
+	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, shown(v)) }
 	row("domain", s.Domain)
 	row("domain_id", s.ID)
 	row("tenant_id", s.TenantID)
@@ -257,10 +262,35 @@ func str(s *string) string {
 	return *s
 }
 
+// writeJSON prints v as indented JSON. encoding/json escapes control characters; the
+// format characters it leaves (a bidirectional override, a zero-width space) are
+// escaped too, as \uXXXX, which reads back as the same string: they can only stand
+// inside a JSON string, where that escape means them.
 func writeJSON(g *globals, v any) error {
-	enc := json.NewEncoder(g.stdout)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
 	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	out := buf.String()
+	if strings.IndexFunc(out, func(r rune) bool { return r != '\n' && needsEscape(r) }) >= 0 {
+		var b strings.Builder
+		for _, r := range out {
+			if r != '\n' && needsEscape(r) {
+				if r1, r2 := utf16.EncodeRune(r); r1 != utf8.RuneError {
+					fmt.Fprintf(&b, `\u%04x\u%04x`, r1, r2)
+				} else {
+					fmt.Fprintf(&b, `\u%04x`, r)
+				}
+				continue
+			}
+			b.WriteRune(r)
+		}
+		out = b.String()
+	}
+	_, err := io.WriteString(g.stdout, out)
+	return err
 }
 
 type retryCmd struct {

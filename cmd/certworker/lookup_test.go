@@ -17,7 +17,7 @@ func TestCLI_StatusAndRetryRefuseANameTwoDomainsHold(t *testing.T) {
 	execSQL(t, dsn, `
 WITH t AS (INSERT INTO proxy_tenants (name, slug, email) VALUES ('t', 't', 't@example.com') RETURNING id)
 INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_status, ssl_provider, ssl_attempts)
-SELECT id, d, 'verified', 'tok', 'failed', 'manual', 10 FROM t, (VALUES ('shop.example'), ('Shop.Example')) AS v(d)`)
+SELECT id, d, 'pending', 'tok', 'failed', 'acme', 10 FROM t, (VALUES ('shop.example'), ('Shop.Example')) AS v(d)`)
 	for _, args := range [][]string{
 		{"status", "SHOP.example", "--database-url", dsn},
 		{"retry", "shop.EXAMPLE", "--database-url", dsn},

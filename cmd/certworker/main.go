@@ -89,7 +89,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	if err := kctx.Run(); err != nil {
-		fmt.Fprintf(stderr, "certworker: %s\n", oneLine(err.Error()))
+		fmt.Fprintf(stderr, "certworker: %s\n", shown(oneLine(err.Error())))
 		var ue *usageError
 		if errors.As(err, &ue) {
 			return exitUsage
