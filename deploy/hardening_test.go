@@ -275,3 +275,30 @@ func TestImage_SetsGOMEMLIMIT(t *testing.T) {
 	dep := kubernetes(t)["Deployment"][0].get("spec", "template", "spec", "containers", 0)
 	require.Equal(t, string(m[1]), envOf(dep)["GOMEMLIMIT"].get("value").str())
 }
+
+// The image keeps the contract's admin address, loopback: it sets no
+// CERTWORKER_ADMIN_LISTEN, while compose and Kubernetes, whose probes and Prometheus
+// need it on every interface, set :9090 themselves. Guards against an image that
+// exposes /metrics to whatever network a container is started on.
+func TestImage_AdminListensOnLoopbackUnlessTheDeploymentSaysSo(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("Dockerfile")
+	require.NoError(t, err)
+	require.NotRegexp(t, `(?m)^[^#]*CERTWORKER_ADMIN_LISTEN`, string(b), "the image sets the admin address")
+	require.Equal(t, ":9090", docs(t, "compose.yaml")[0].get("services", "certworker", "environment", "CERTWORKER_ADMIN_LISTEN").str())
+	dep := kubernetes(t)["Deployment"][0].get("spec", "template", "spec", "containers", 0)
+	require.Equal(t, ":9090", envOf(dep)["CERTWORKER_ADMIN_LISTEN"].get("value").str())
+}
+
+// The compose instructions write the key file so that only the workers' uid may read
+// it, as `run` requires (seal.ReadKeyringFile): umask 077 and owned by 65532. Guards
+// against the instructions of old (umask 022: mode 0644, readable by every account on
+// the host), which `run` now refuses.
+func TestCompose_WritesTheKeyFileForItsReaderOnly(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("compose.yaml")
+	require.NoError(t, err)
+	require.Contains(t, string(b), "(umask 077; openssl rand -base64 32 > deploy/secrets/key-encryption-key)")
+	require.Contains(t, string(b), "chown 65532:65532 deploy/secrets/key-encryption-key")
+	require.NotContains(t, string(b), "umask 022")
+}

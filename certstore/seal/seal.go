@@ -88,11 +88,18 @@ func ReadKeyringFile(path string) (Keyring, error) {
 		return nil, fmt.Errorf("%s: %w", fileFlag, err)
 	}
 	defer f.Close()
+	name := fileFlag + " " + path
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", fileFlag, err)
+	}
+	if err := checkKeyFileMode(name, fi); err != nil {
+		return nil, err
+	}
 	b, err := io.ReadAll(io.LimitReader(f, maxKeyringFile+1))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", fileFlag, err)
 	}
-	name := fileFlag + " " + path
 	if len(b) > maxKeyringFile {
 		return nil, fmt.Errorf("%s: larger than %d KiB, which no list of keys is", name, maxKeyringFile>>10)
 	}

@@ -46,6 +46,8 @@ func TestKeyEncryptionKeyFile_ReadsTheListAndRefusesWhatIsWrong(t *testing.T) {
 	short := writeKeyFile(t, "c2hvcnQ=\n")
 	empty := writeKeyFile(t, "\n")
 	missing := filepath.Join(t.TempDir(), "missing")
+	readable := writeKeyFile(t, b.flag()+"\n")
+	require.NoError(t, os.Chmod(readable, 0o644))
 	// Nothing is reached: every refusal comes before the connection.
 	const nowhere = "postgres://x:y@127.0.0.1:1/none"
 	for _, cmd := range []string{"run", "rekey"} {
@@ -58,6 +60,7 @@ func TestKeyEncryptionKeyFile_ReadsTheListAndRefusesWhatIsWrong(t *testing.T) {
 			{"missing", nil, []string{"--key-encryption-key-file", missing}, "--key-encryption-key-file: open " + missing + ": no such file or directory"},
 			{"malformed", nil, []string{"--key-encryption-key-file", short}, "--key-encryption-key-file " + short + ": key 1 of 1: must be base64 of 32 bytes"},
 			{"empty", nil, []string{"--key-encryption-key-file", empty}, "--key-encryption-key-file " + empty + ": the file holds no key"},
+			{"readable by others", nil, []string{"--key-encryption-key-file", readable}, "--key-encryption-key-file " + readable + ": mode 0644"},
 			{"both flags", nil, []string{"--key-encryption-key", secret, "--key-encryption-key-file", good}, "--key-encryption-key and --key-encryption-key-file are both set"},
 			{"flag and variable", map[string]string{"CERTWORKER_KEY_ENCRYPTION_KEY": secret}, []string{"--key-encryption-key-file", good}, "are both set"},
 			{"variables", map[string]string{"CERTWORKER_KEY_ENCRYPTION_KEY": secret, "CERTWORKER_KEY_ENCRYPTION_KEY_FILE": good}, nil, "are both set"},
