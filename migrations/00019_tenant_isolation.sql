@@ -36,41 +36,19 @@ END
 $$;
 -- +goose StatementEnd
 
--- The trigger's function: it assigns NEW only, and needs no rights of its own
--- (SECURITY INVOKER); it compares the proxy's columns as text, so that pg_catalog's
--- operators are the exact match whatever their type.
--- +goose StatementBegin
-CREATE OR REPLACE FUNCTION public.certworker_eligible_since() RETURNS trigger
-LANGUAGE plpgsql SET search_path = public, pg_temp AS $$
-BEGIN
-    IF NEW.verification_status::text = 'verified' AND NEW.ssl_provider::text = 'acme' THEN
-        IF TG_OP = 'INSERT'
-           OR OLD.verification_status::text IS DISTINCT FROM 'verified'
-           OR OLD.ssl_provider::text IS DISTINCT FROM 'acme' THEN
-            NEW.ssl_eligible_at := pg_catalog.clock_timestamp();
-        ELSE
-            -- Inside the state already: the moment it entered stands. A row with none
-            -- (written before this migration, and not backfilled yet) takes the
-            -- backfill's value, or now.
-            NEW.ssl_eligible_at := COALESCE(OLD.ssl_eligible_at, NEW.ssl_eligible_at, pg_catalog.clock_timestamp());
-        END IF;
-    ELSE
-        NEW.ssl_eligible_at := NULL;
-    END IF;
-    RETURN NEW;
-END
-$$;
--- +goose StatementEnd
-REVOKE ALL ON FUNCTION public.certworker_eligible_since() FROM PUBLIC;
-COMMENT ON FUNCTION public.certworker_eligible_since() IS
-    'certworker: records in ssl_eligible_at when a domain enters verified + acme (the case twins'' rule)';
-
--- Keyed on the proxy's columns, and on ssl_eligible_at itself, so that a write of it
--- by anyone is undone (assigning NEW.x needs no column privilege: the proxy's role
--- needs none on certworker's columns). A BEFORE trigger takes no lock of its own.
+-- The trigger: its function is migrations/functions/certworker_eligible_since.sql,
+-- which the functions step puts in place of this stub. Keyed on the proxy's columns,
+-- and on ssl_eligible_at itself, so that a write of it by anyone is undone (assigning
+-- NEW.x needs no column privilege: the proxy's role needs none on certworker's
+-- columns). A BEFORE trigger takes no lock of its own.
 -- +goose StatementBegin
 DO $$
 BEGIN
+    IF to_regprocedure('public.certworker_eligible_since()') IS NULL THEN
+        CREATE FUNCTION public.certworker_eligible_since() RETURNS trigger
+        LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END';
+        REVOKE ALL ON FUNCTION public.certworker_eligible_since() FROM PUBLIC;
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_trigger
                    WHERE tgrelid = 'proxy_domains'::regclass AND tgname = 'certworker_eligible_since') THEN
         CREATE TRIGGER certworker_eligible_since
