@@ -80,7 +80,8 @@ func heldByPauseSQL(x, dir string) string {
           WHERE ((p.scope IN ('registered_domain', 'domain') AND p.directory IN (` + dir + `, '')
                   AND p.key = ANY (certworker_suffixes(` + x + `.domain))
                   AND (p.scope = 'registered_domain' OR p.key = lower(` + x + `.domain)))
-                 OR (p.scope = 'ca' AND p.key = ` + dir + ` AND p.source = 'ledger'))
+                 OR (p.scope = 'ca' AND p.key = ` + dir + ` AND p.source = 'ledger')
+                 OR ` + tenantReservePauseSQL("p", x, dir) + `)
             AND p.paused_until > now()
             AND NOT ` + ledgerExemptSQL("p", x, dir) + `
           LIMIT 1) END`

@@ -146,7 +146,8 @@ var pauseOfFirstSQL = `p.paused_until > now()
   AND ((p.scope = 'ca' AND p.key = $7)
     OR (p.scope IN ('registered_domain', 'domain') AND p.directory IN ($7, '')
         AND p.key = ANY (certworker_suffixes(d.domain))
-        AND (p.scope = 'registered_domain' OR p.key = lower(d.domain))))
+        AND (p.scope = 'registered_domain' OR p.key = lower(d.domain)))
+    OR ` + tenantReservePauseSQL("p", "d", "$7") + `)
   AND NOT ` + ledgerExemptSQL("p", "d", "$7")
 
 // routeCauseSQL is, for row d, why the routed claim sends it to the second CA ($8,
@@ -186,7 +187,8 @@ var heldAtSecondSQL = `EXISTS (SELECT 1 FROM certworker_pauses p
           AND ((p.scope = 'ca' AND p.key = $8)
             OR (p.scope IN ('registered_domain', 'domain')
                 AND p.key = ANY (certworker_suffixes(d.domain))
-                AND (p.scope = 'registered_domain' OR p.key = lower(d.domain)))))`
+                AND (p.scope = 'registered_domain' OR p.key = lower(d.domain)))
+            OR ` + tenantReservePauseSQL("p", "d", "$8") + `))`
 
 // routedClaim is the claim of a fleet with a second CA: routeCauseSQL decides, the
 // row's decision is recorded with the claim.

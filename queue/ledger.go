@@ -130,6 +130,9 @@ func (q *Queue) Admit(ctx context.Context, directory string, limits Limits, as [
 		if err != nil {
 			return err
 		}
+		if err := reserveCounts(ctx, tx, directory, limits, as, counts); err != nil {
+			return err
+		}
 		d := ledgerDecision{limits: limits, directory: directory, counts: counts}
 		for _, a := range as {
 			if why := d.admit(a); why != "" {
@@ -424,12 +427,13 @@ func (d *ledgerDecision) admit(a Admission) string {
 			return why
 		}
 	}
-	return ""
+	return d.reserveHolds(a)
 }
 
 // record counts an admitted claim; a key it brings to its limit is paused.
 func (d *ledgerDecision) record(a Admission) {
 	d.rows = append(d.rows, a)
+	d.recordReserve(a)
 	for _, c := range d.checks(a) {
 		if c.limit.Off() || c.k.kind == "failed_authz" {
 			continue
@@ -453,7 +457,7 @@ func (d *ledgerDecision) markFull(k ledgerKey, why string) {
 // window is the window of a limit kind.
 func (d *ledgerDecision) window(kind string) time.Duration {
 	switch kind {
-	case "account":
+	case "account", ScopeTenant:
 		return d.limits.OrdersPerAccount.Window
 	case "registered_domain":
 		return d.limits.CertsPerRegisteredDomain.Window
@@ -471,8 +475,9 @@ func (d *ledgerDecision) write(ctx context.Context, tx pgx.Tx, refused []Refusal
 	b.Queue(`SELECT set_config('certworker.quiet', 'on', true)`)
 	for _, a := range d.rows {
 		b.Queue(`
-INSERT INTO certworker_ledger (directory, domain_id, name, registered_domain, renewal, exempt, claim_token)
-VALUES ($1, $2, $3, $4, $5, $6, $7)`, d.directory, a.Claim.ID, a.Name, a.RegisteredDomain, a.Renewal, a.exempt, a.Claim.Token)
+INSERT INTO certworker_ledger (directory, domain_id, name, registered_domain, renewal, exempt, claim_token, tenant_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, '')::uuid)`, d.directory, a.Claim.ID, a.Name, a.RegisteredDomain, a.Renewal, a.exempt,
+			a.Claim.Token, a.Claim.TenantID)
 	}
 	for _, r := range refused {
 		b.Queue(`
@@ -488,6 +493,8 @@ WHERE `+heldSQL, r.Claim.ID, r.Claim.Token)
 			scope = ScopeCA
 		case "registered_domain":
 			scope = ScopeRegisteredDomain
+		case ScopeTenant:
+			scope = ScopeTenant
 		}
 		var frees *time.Time
 		if c, ok := d.counts[k]; ok {
@@ -522,7 +529,7 @@ func (q *Queue) SettleLedger(ctx context.Context, directory, token, outcome stri
 		_, err := tx.Exec(ctx, `
 WITH l AS (
     UPDATE certworker_ledger SET outcome = $2 WHERE claim_token = $1 AND outcome IN ('pending', 'unknown')
-    RETURNING name, registered_domain
+    RETURNING name, registered_domain, tenant_id
 ), issued AS (
     INSERT INTO certworker_issued_names AS n (directory, name)
     SELECT $3, name FROM l WHERE $2 = 'issued'
@@ -532,7 +539,8 @@ WITH l AS (
     WHERE p.source = 'ledger' AND $2 NOT IN ('pending', 'issued') AND p.directory IN ($3, '')
       AND ((p.scope = 'registered_domain' AND p.key = l.registered_domain)
         OR (p.scope = 'domain' AND p.key = l.name AND $2 <> 'failed_authz')
-        OR (p.scope = 'ca' AND p.key = $3 AND $2 = 'not_sent'))
+        OR (p.scope = 'ca' AND p.key = $3 AND $2 = 'not_sent')
+        OR (p.scope = 'tenant' AND p.key = l.tenant_id::text AND $2 = 'not_sent'))
 ), authz AS (
     SELECT l.name, count(*) AS n, min(c.at) + make_interval(secs => $5) AS frees
     FROM l JOIN certworker_ledger c ON c.name = l.name AND c.directory = $3

@@ -108,6 +108,9 @@ type Limits struct {
 	CertsPerRegisteredDomain Limit
 	CertsPerExactSet         Limit
 	FailedAuthzPerName       Limit
+	// TenantReserve is --limit-tenant-reserve, the share of OrdersPerAccount kept for
+	// the other tenants (reserve.go); 0 is off.
+	TenantReserve float64
 }
 
 // Any reports whether any limit is on.
@@ -155,6 +158,7 @@ type jsonLimits struct {
 	CertsPerRegisteredDomain *jsonLimit `json:"certs_per_registered_domain"`
 	CertsPerExactSet         *jsonLimit `json:"certs_per_exact_set"`
 	FailedAuthzPerName       *jsonLimit `json:"failed_authz_per_name"`
+	TenantReserve            float64    `json:"tenant_reserve,omitempty"`
 }
 
 // MarshalJSON is the form certworker_settings.limits stores (a limit that is off is
@@ -162,7 +166,7 @@ type jsonLimits struct {
 func (l Limits) MarshalJSON() ([]byte, error) {
 	return json.Marshal(jsonLimits{
 		l.OrdersPerAccount.toJSON(), l.CertsPerRegisteredDomain.toJSON(),
-		l.CertsPerExactSet.toJSON(), l.FailedAuthzPerName.toJSON(),
+		l.CertsPerExactSet.toJSON(), l.FailedAuthzPerName.toJSON(), l.TenantReserve,
 	})
 }
 
@@ -173,7 +177,7 @@ func (l *Limits) UnmarshalJSON(b []byte) error {
 		return err
 	}
 	*l = Limits{j.OrdersPerAccount.limit(), j.CertsPerRegisteredDomain.limit(),
-		j.CertsPerExactSet.limit(), j.FailedAuthzPerName.limit()}
+		j.CertsPerExactSet.limit(), j.FailedAuthzPerName.limit(), j.TenantReserve}
 	return nil
 }
 

@@ -80,7 +80,8 @@ LEFT JOIN LATERAL (
     SELECT p.scope, p.paused_until, p.reason FROM certworker_pauses p
     WHERE p.paused_until > now()
       AND (p.scope = 'ca'
-           OR (p.key = ANY (certworker_suffixes(d.domain))
+           OR (p.scope = '`+ScopeTenant+`' AND p.key = d.tenant_id::text)
+           OR (p.scope IN ('registered_domain', 'domain') AND p.key = ANY (certworker_suffixes(d.domain))
                AND (p.scope = 'registered_domain' OR p.key = lower(d.domain))))
     ORDER BY p.paused_until DESC LIMIT 1) pz ON true`
 
@@ -111,7 +112,7 @@ func (q *Queue) curve(ctx context.Context) (Config, error) {
 // lists, named rather than *: the workers' role may read only the columns certworker
 // uses (deploy/grants.sql), and `status` works under it. id makes UNION keep two rows
 // apart, as whole rows did.
-const troubleColumnsSQL = `id, domain, verification_status, ssl_provider, ssl_status, ssl_attempts, ssl_error,
+const troubleColumnsSQL = `id, tenant_id, domain, verification_status, ssl_provider, ssl_status, ssl_attempts, ssl_error,
         ssl_last_attempt_at, ssl_profile`
 
 // counts is the number of acme domains in each ssl_status.
@@ -177,9 +178,11 @@ FROM (
     WHERE `+claimableSQL+`
       AND EXISTS (SELECT 1 FROM certworker_pauses WHERE scope <> 'ca' AND paused_until > now())
       AND EXISTS (SELECT 1 FROM certworker_pauses p
-                  WHERE p.scope IN ('registered_domain', 'domain') AND p.paused_until > now()
-                    AND p.key = ANY (certworker_suffixes(x.domain))
-                    AND (p.scope = 'registered_domain' OR p.key = lower(x.domain)))
+                  WHERE p.paused_until > now()
+                    AND ((p.scope IN ('registered_domain', 'domain')
+                          AND p.key = ANY (certworker_suffixes(x.domain))
+                          AND (p.scope = 'registered_domain' OR p.key = lower(x.domain)))
+                         OR (p.scope = '`+ScopeTenant+`' AND p.key = x.tenant_id::text)))
     UNION
     SELECT `+troubleColumnsSQL+` FROM proxy_domains
     WHERE ssl_profile_refused IS NOT NULL AND ssl_profile = ssl_profile_refused

@@ -175,3 +175,15 @@ func TestRun_ExitsTwoWhenTheSecondCAsAccountKeyDoesNotOpen(t *testing.T) {
 	require.Equal(t, "pending", status)
 	require.Nil(t, claimedBy, "run claimed before it checked the second account's key")
 }
+
+// --limit-tenant-reserve takes a percentage from 0 (off) to 50%; anything else exits
+// 2 naming the flag, before connecting.
+func TestCLI_BadTenantReserveExitsTwoNamingTheFlag(t *testing.T) {
+	t.Setenv("CERTWORKER_DATABASE_URL", "postgres://x:y@127.0.0.1:1/none")
+	for _, v := range []string{"60%", "lots", "-5%"} {
+		code, _, stderr := invoke(t, "run", "--limit-tenant-reserve", v)
+		require.Equal(t, exitUsage, code, "%s: %s", v, stderr)
+		require.Contains(t, stderr, "--limit-tenant-reserve: ", v)
+		require.NotContains(t, stderr, "--database-url", "%s: checked before connecting", v)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -283,5 +284,6 @@ func settingsFields(s queue.FleetSettings) map[string]string {
 		"limit_certs_per_registered_domain": s.Limits.CertsPerRegisteredDomain.String(),
 		"limit_certs_per_exact_set":         s.Limits.CertsPerExactSet.String(),
 		"limit_failed_authz_per_name":       s.Limits.FailedAuthzPerName.String(),
+		"limit_tenant_reserve":              strconv.FormatFloat(s.Limits.TenantReserve*100, 'f', -1, 64) + "%",
 	}
 }
