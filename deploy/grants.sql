@@ -15,14 +15,14 @@
 -- the right of SET, an upsert's EXCLUDED) needs SELECT on it; SELECT ... FOR UPDATE
 -- needs UPDATE on some column; a column set needs UPDATE, one inserted needs INSERT.
 --
--- One place for every grant: README.md ("Least privilege") lists them in a table that
+-- One place for every grant: docs/security.md ("Least privilege") lists them in a table that
 -- cmd/certworker/grants_test.go checks against this file, together with the columns
 -- the workers may not read; a column added by a migration must appear in one or the
 -- other, or that test fails naming it. The same file runs `run` under a role holding
 -- exactly these rights and issues a certificate; a statement that starts touching
--- another column or table adds its grant here and in the README.
+-- another column or table adds its grant here and in docs/security.md.
 --
--- `--wake logical` also needs the REPLICATION attribute (README: "Least privilege"
+-- `--wake logical` also needs the REPLICATION attribute (docs/security.md: "Least privilege"
 -- says what it allows, and why it belongs on a role of its own,
 -- --replication-database-url).
 --
@@ -41,7 +41,7 @@ GRANT SELECT (id, tenant_id, domain, verification_status, ssl_status, ssl_provid
               ssl_last_attempt_at, ssl_error, ssl_expires_at, updated_at, ssl_claim_token,
               ssl_claimed_by, ssl_lease_expires_at, ssl_queued_at, ssl_claim_prev_attempt_at,
               ssl_queue_seq, ssl_queue_tier, ssl_renew_by, ssl_profile, ssl_profile_refused,
-              ssl_ca_directory, ssl_ca_cause, ssl_ca_refused, ssl_held),
+              ssl_ca_directory, ssl_ca_cause, ssl_ca_refused, ssl_held, ssl_eligible_at),
       UPDATE (ssl_status, ssl_attempts, ssl_last_attempt_at, ssl_error, ssl_expires_at, updated_at,
               ssl_claim_token, ssl_claimed_by, ssl_lease_expires_at, ssl_claim_prev_attempt_at,
               ssl_queue_seq, ssl_queue_tier, ssl_renew_by, ssl_profile_refused,
@@ -87,7 +87,7 @@ GRANT SELECT, INSERT (directory, scope, key, source, paused_until, reason, failu
    ON certworker_pauses TO :"role";
 -- The limit ledger: an order recorded before it is sent, its outcome when it ends,
 -- rows older than the longest window pruned.
-GRANT SELECT, INSERT (directory, domain_id, name, registered_domain, renewal, exempt, claim_token),
+GRANT SELECT, INSERT (directory, domain_id, name, registered_domain, renewal, exempt, claim_token, tenant_id),
       UPDATE (outcome), DELETE
    ON certworker_ledger TO :"role";
 -- The names each CA has issued for (which makes their orders renewals), recorded with

@@ -144,6 +144,11 @@ CREATE INDEX IF NOT EXISTS certworker_ledger_claim_idx ON certworker_ledger (cla
 -- the wake trigger calls it with the privileges of whoever writes proxy_domains (the
 -- proxy's role), which need not have any right on certworker_tenants.
 -- +goose StatementBegin
+-- Created and revoked from PUBLIC in one DO block (NO TRANSACTION runs each statement
+-- on its own): a definer function is never executable by PUBLIC, not even between two
+-- statements of a fresh install.
+DO $do$
+BEGIN
 CREATE OR REPLACE FUNCTION certworker_enqueue(p_tenant uuid) RETURNS bigint
 LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
     INSERT INTO certworker_tenants AS t (tenant_id, vtime)
@@ -152,6 +157,9 @@ LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
         SET vtime = GREATEST(t.vtime, COALESCE((SELECT vtime FROM certworker_queue_clock WHERE id), 0)) + 1
     RETURNING vtime
 $$;
+REVOKE ALL ON FUNCTION certworker_enqueue(uuid) FROM PUBLIC;
+END
+$do$;
 -- +goose StatementEnd
 
 -- Every suffix of a name with at least two labels, the name first: the keys under
@@ -175,6 +183,11 @@ $$;
 -- row handed back (leaving 'provisioning' with its attempts unchanged) keeps its
 -- place: it was at the front, and a hand-back costs it nothing.
 -- +goose StatementBegin
+-- Created and revoked from PUBLIC in one DO block (NO TRANSACTION runs each statement
+-- on its own): a definer function is never executable by PUBLIC, not even between two
+-- statements of a fresh install.
+DO $do$
+BEGIN
 CREATE OR REPLACE FUNCTION certworker_queued() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 BEGIN
@@ -194,6 +207,9 @@ BEGIN
     RETURN NEW;
 END
 $$;
+REVOKE ALL ON FUNCTION certworker_queued() FROM PUBLIC;
+END
+$do$;
 -- +goose StatementEnd
 
 -- CONTRACT.md §2: an update that moves a row into the claimable set from outside it

@@ -53,6 +53,11 @@ $$;
 -- delivered once per transaction per distinct name, at commit, and not at all if the
 -- transaction rolls back.
 -- +goose StatementBegin
+-- Created and revoked from PUBLIC in one DO block (NO TRANSACTION runs each statement
+-- on its own): a definer function is never executable by PUBLIC, not even between two
+-- statements of a fresh install.
+DO $do$
+BEGIN
 CREATE OR REPLACE FUNCTION certworker_certificate_changed() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 BEGIN
@@ -68,6 +73,9 @@ BEGIN
     RETURN NEW;
 END
 $$;
+REVOKE ALL ON FUNCTION certworker_certificate_changed() FROM PUBLIC;
+END
+$do$;
 -- +goose StatementEnd
 
 -- The domain row's: a verified domain that stops being verified, is renamed, or is

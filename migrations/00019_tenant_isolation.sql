@@ -131,11 +131,38 @@ UPDATE certworker_ledger l SET tenant_id = d.tenant_id
 FROM proxy_domains d
 WHERE l.tenant_id IS NULL AND d.id = l.domain_id;
 
+-- The tenant reserve's pauses: scope 'tenant', key the tenant's id. certworker_pauses
+-- is certworker's own and small: the constraint is swapped in one transaction, and
+-- validated in it.
+-- +goose StatementBegin
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_constraint
+                   WHERE conrelid = 'certworker_pauses'::regclass AND conname = 'certworker_pauses_scope_check'
+                     AND pg_get_constraintdef(oid) LIKE '%tenant%') THEN
+        ALTER TABLE certworker_pauses DROP CONSTRAINT IF EXISTS certworker_pauses_scope_check;
+        ALTER TABLE certworker_pauses ADD CONSTRAINT certworker_pauses_scope_check
+            CHECK (scope IN ('ca', 'registered_domain', 'domain', 'tenant'));
+    END IF;
+END
+$$;
+-- +goose StatementEnd
+
 -- Admit counts a tenant's orders in the account's window.
 CREATE INDEX CONCURRENTLY IF NOT EXISTS certworker_ledger_tenant_idx
     ON certworker_ledger (directory, tenant_id, at);
 
 -- +goose Down
+-- +goose StatementBegin
+DO $$
+BEGIN
+    DELETE FROM certworker_pauses WHERE scope = 'tenant';
+    ALTER TABLE certworker_pauses DROP CONSTRAINT IF EXISTS certworker_pauses_scope_check;
+    ALTER TABLE certworker_pauses ADD CONSTRAINT certworker_pauses_scope_check
+        CHECK (scope IN ('ca', 'registered_domain', 'domain'));
+END
+$$;
+-- +goose StatementEnd
 DROP INDEX CONCURRENTLY IF EXISTS certworker_ledger_tenant_idx;
 ALTER TABLE certworker_ledger DROP COLUMN IF EXISTS tenant_id;
 DROP TRIGGER IF EXISTS certworker_eligible_since ON proxy_domains;

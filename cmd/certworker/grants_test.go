@@ -30,11 +30,11 @@ import (
 	"github.com/certworker/certworker/queue"
 )
 
-// grantsFile holds every grant `run` needs (README, "Least privilege").
+// grantsFile holds every grant `run` needs (docs/security.md, "Least privilege").
 const grantsFile = "../../deploy/grants.sql"
 
 // readmeFile lists the same grants in a table, with the columns `run` may not read.
-const readmeFile = "../../README.md"
+const readmeFile = "../../docs/security.md"
 
 // `run` works under a role that holds only deploy/grants.sql's rights: it starts,
 // reports ready, issues a certificate from Pebble and stops cleanly. With --wake
