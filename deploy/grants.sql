@@ -105,3 +105,42 @@ GRANT SELECT, INSERT, UPDATE ON certworker_ari_buckets TO :"role";
 -- that are not the ones it was built with.
 GRANT SELECT ON goose_db_version TO :"role";
 GRANT SELECT ON certworker_functions TO :"role";
+
+-- The proxy's role (optional: psql -v proxy_role=NAME, as the owner, after migrate).
+-- The proxy owns its tables and may do with its own columns what it always did, but
+-- certworker's own columns of proxy_domains (the queue's places and holds, the claim,
+-- the CA's decisions, ssl_eligible_at) are certworker's: the proxy's role may read
+-- them, never write them. A value written there by hand or by a bug of the proxy's
+-- could hold a domain back, jump the line or end a claim (CONTRACT.md §6). The tenant
+-- operations (SECURITY INVOKER) run with these rights: what they change of
+-- certworker's columns, BEFORE triggers keyed on the proxy's columns change
+-- (migrations/functions/certworker_follow_proxy.sql). docs/security.md ("The proxy's
+-- role") says the same.
+\if :{?proxy_role}
+GRANT USAGE ON SCHEMA public TO :"proxy_role";
+GRANT SELECT, INSERT, UPDATE, DELETE ON proxy_tenants TO :"proxy_role";
+GRANT SELECT,
+      INSERT (id, tenant_id, domain, verification_status, verification_method, verification_token,
+              ssl_status, ssl_provider, ssl_attempts, ssl_last_attempt_at, ssl_error, ssl_expires_at,
+              ssl_profile, created_at, updated_at),
+      UPDATE (tenant_id, domain, verification_status, verification_method, verification_token,
+              ssl_status, ssl_provider, ssl_attempts, ssl_last_attempt_at, ssl_error, ssl_expires_at,
+              ssl_profile, created_at, updated_at),
+      DELETE
+   ON proxy_domains TO :"proxy_role";
+-- Certificates: the proxy serves them, and may upload its own (ssl_provider 'manual');
+-- what certworker records about a certificate (renewal time, issuer, ARI window,
+-- profile, issuing CA, version) is cleared by its triggers when someone else writes
+-- one, and is not the proxy's to write.
+GRANT SELECT,
+      INSERT (id, domain, certificate_pem, private_key_pem, expires_at, auto_renew, created_at, updated_at),
+      UPDATE (domain, certificate_pem, private_key_pem, expires_at, auto_renew, created_at, updated_at),
+      DELETE
+   ON proxy_certificates TO :"proxy_role";
+-- certworker_queue_for_issuance reads the wake mode.
+GRANT SELECT ON certworker_settings TO :"proxy_role";
+GRANT EXECUTE ON FUNCTION certworker_queue_for_issuance(uuid, uuid),
+                          certworker_update_domain(uuid, uuid, text, text),
+                          certworker_set_profile(uuid, uuid, text)
+   TO :"proxy_role";
+\endif

@@ -59,6 +59,48 @@ END
 $$;
 -- +goose StatementEnd
 
+-- certworker's own columns follow the proxy's writes (functions/certworker_follow_proxy.sql):
+-- three triggers keyed on the proxy's columns, so that the tenant operations
+-- (SECURITY INVOKER) and the proxy's own updates work under a role that holds no
+-- right on certworker's columns (deploy/grants.sql). The WHEN conditions compare the
+-- proxy's columns as text, so that they resolve to pg_catalog's operators whatever
+-- their type and whatever has been created in public.
+-- +goose StatementBegin
+DO $$
+BEGIN
+    IF to_regprocedure('public.certworker_follow_proxy()') IS NULL THEN
+        CREATE FUNCTION public.certworker_follow_proxy() RETURNS trigger
+        LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END';
+        REVOKE ALL ON FUNCTION public.certworker_follow_proxy() FROM PUBLIC;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger
+                   WHERE tgrelid = 'proxy_domains'::regclass AND tgname = 'certworker_provider_switched') THEN
+        CREATE TRIGGER certworker_provider_switched
+            BEFORE UPDATE OF ssl_provider ON proxy_domains
+            FOR EACH ROW WHEN (OLD.ssl_provider::text IS DISTINCT FROM NEW.ssl_provider::text)
+            EXECUTE FUNCTION public.certworker_follow_proxy('provider');
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger
+                   WHERE tgrelid = 'proxy_domains'::regclass AND tgname = 'certworker_profile_set') THEN
+        CREATE TRIGGER certworker_profile_set
+            BEFORE UPDATE OF ssl_profile ON proxy_domains
+            FOR EACH ROW EXECUTE FUNCTION public.certworker_follow_proxy('profile');
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger
+                   WHERE tgrelid = 'proxy_domains'::regclass AND tgname = 'certworker_retried') THEN
+        CREATE TRIGGER certworker_retried
+            BEFORE UPDATE OF ssl_status, ssl_attempts, ssl_error, ssl_last_attempt_at ON proxy_domains
+            FOR EACH ROW WHEN (NEW.ssl_status::text = 'pending' AND NEW.ssl_attempts = 0
+                               AND NEW.ssl_error IS NULL AND NEW.ssl_last_attempt_at IS NULL
+                               AND OLD.ssl_status::text IN ('failed', 'pending')
+                               AND (OLD.ssl_status::text = 'failed' OR OLD.ssl_attempts <> 0
+                                    OR OLD.ssl_error IS NOT NULL OR OLD.ssl_last_attempt_at IS NOT NULL))
+            EXECUTE FUNCTION public.certworker_follow_proxy('retry');
+    END IF;
+END
+$$;
+-- +goose StatementEnd
+
 -- The backfill: a row verified and acme before this migration entered that state at
 -- some time after its insert, which is the best that is known of it; the order of the
 -- inserts is the order in which two twins were most likely verified. Batches of 1,000,
@@ -165,6 +207,10 @@ $$;
 -- +goose StatementEnd
 DROP INDEX CONCURRENTLY IF EXISTS certworker_ledger_tenant_idx;
 ALTER TABLE certworker_ledger DROP COLUMN IF EXISTS tenant_id;
+DROP TRIGGER IF EXISTS certworker_retried ON proxy_domains;
+DROP TRIGGER IF EXISTS certworker_profile_set ON proxy_domains;
+DROP TRIGGER IF EXISTS certworker_provider_switched ON proxy_domains;
+DROP FUNCTION IF EXISTS public.certworker_follow_proxy();
 DROP TRIGGER IF EXISTS certworker_eligible_since ON proxy_domains;
 DROP FUNCTION IF EXISTS public.certworker_eligible_since();
 ALTER TABLE proxy_domains DROP COLUMN IF EXISTS ssl_eligible_at;

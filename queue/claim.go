@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -217,8 +218,8 @@ WITH head AS MATERIALIZED (
         COALESCE(d.ssl_queue_tier, 2) = 2 AS first
 )
 SELECT c.id::text, c.tenant_id::text, c.domain, c.ssl_attempts, c.ssl_claim_token::text, c.ssl_last_attempt_at,
-    GREATEST(c.ssl_queued_at,
-             c.ssl_claim_prev_attempt_at + make_interval(secs => ` + backoffSQL("c.ssl_attempts", "$2", "$3") + `)),
+    ` + finiteSQL(`GREATEST(c.ssl_queued_at,
+             c.ssl_claim_prev_attempt_at + make_interval(secs => `+backoffSQL("c.ssl_attempts", "$2", "$3")+`))`) + `,
     COALESCE((SELECT p.certificate_pem FROM proxy_certificates p WHERE p.domain = c.domain), ''),
     c.ssl_profile, c.ssl_profile_refused,
     (SELECT p.profile FROM proxy_certificates p WHERE p.domain = c.domain),
@@ -266,8 +267,9 @@ func (q *Queue) Claim(ctx context.Context, owner, directory string, limit int) (
 // the worker keeps a quarter of its slots for them while any are due (CONTRACT.md §5,
 // issue #18), so that a tenant who verifies during a mass revocation is served among
 // the next --concurrency claims. What the newcomers leave is claimed in order of
-// service. Rows held out of line whose time has come are brought back first
-// (ReturnHeld).
+// service (every tier: 1 to 3, and any other value ssl_queue_tier holds, which a hand
+// edit may have put there, so that no row is left out of every claim). Rows held out
+// of line whose time has come are brought back first (ReturnHeld).
 func (q *Queue) ClaimShared(ctx context.Context, owner, directory string, limit, newcomers int) ([]Claim, error) {
 	if limit <= 0 {
 		return nil, nil
@@ -283,7 +285,7 @@ func (q *Queue) ClaimShared(ctx context.Context, owner, directory string, limit,
 		}
 		claims = got
 	}
-	got, err := q.claimTiers(ctx, owner, directory, limit-len(claims), 1, 3)
+	got, err := q.claimTiers(ctx, owner, directory, limit-len(claims), math.MinInt16, math.MaxInt16)
 	return append(claims, got...), err
 }
 
@@ -349,15 +351,20 @@ func (q *Queue) claimOnce(ctx context.Context, owner, directory string, n, lo, h
 	return claims, takenOut, read, nil
 }
 
+// maxPlaceSQL is the top of bigint, the last place in line there is.
+const maxPlaceSQL = `9223372036854775807`
+
 // placeSQL is the place of a row of tenant entering tier in line: one past the
 // tenant's last place in the tier, and never before the tier's clock, its first place
-// in line. The wake trigger (migration 00015) computes the same.
+// in line. The wake trigger (migrations/functions/certworker_queued.sql) computes the
+// same. Places are clamped at maxPlaceSQL: a hand-edited place at the top of bigint
+// must not make the arithmetic fail (22003), which would stop every claim.
 func placeSQL(tenant, tier string) string {
 	return `GREATEST(
             COALESCE((SELECT COALESCE(d.ssl_queue_seq, 0) FROM proxy_domains d
                       WHERE ` + inLineSQL + ` AND COALESCE(d.ssl_queue_tier, 2) = ` + tier + `
                       ORDER BY COALESCE(d.ssl_queue_tier, 2), COALESCE(d.ssl_queue_seq, 0) LIMIT 1), 0),
-            COALESCE((SELECT COALESCE(d.ssl_queue_seq, 0) + 1 FROM proxy_domains d
+            COALESCE((SELECT LEAST(COALESCE(d.ssl_queue_seq, 0), ` + maxPlaceSQL + ` - 1) + 1 FROM proxy_domains d
                       WHERE ` + inLineSQL + ` AND d.tenant_id = ` + tenant + ` AND COALESCE(d.ssl_queue_tier, 2) = ` + tier + `
                       ORDER BY d.tenant_id DESC, COALESCE(d.ssl_queue_tier, 2) DESC, COALESCE(d.ssl_queue_seq, 0) DESC
                       LIMIT 1), 0))`
@@ -437,8 +444,9 @@ WITH RECURSIVE keys AS (
     FOR UPDATE OF d SKIP LOCKED
 ), placed AS (
     SELECT l.id, l.ready, l.pause,
-        `+placeSQL("l.tenant_id", "l.tier")+`
-        + row_number() OVER (PARTITION BY l.tenant_id, l.tier, (l.ready AND l.pause IS NULL) ORDER BY l.seq, l.id) - 1 AS seq
+        LEAST(`+placeSQL("l.tenant_id", "l.tier")+`::numeric
+              + row_number() OVER (PARTITION BY l.tenant_id, l.tier, (l.ready AND l.pause IS NULL) ORDER BY l.seq, l.id) - 1,
+              `+maxPlaceSQL+`)::bigint AS seq
     FROM locked l
 )
 UPDATE proxy_domains d SET

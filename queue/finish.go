@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,14 +23,43 @@ const heldSQL = `id = $1 AND ssl_claim_token = $2 AND ssl_status = 'provisioning
 // secondsUntilSQL is the time from now to the timestamp expression ts, in seconds, on
 // the database's clock: every delay the worker waits for is computed where the time
 // it compares with lives.
+//
+// The two times are turned into seconds before they are subtracted: a certworker
+// column may hold 'infinity' (a hand edit), and subtracting infinite timestamps is an
+// error on PostgreSQL before 17, which would stop every pass that reads the row.
+// Infinity comes back as +Inf seconds, which durationFromSeconds caps.
 func secondsUntilSQL(ts string) string {
-	return "EXTRACT(epoch FROM (" + ts + ") - clock_timestamp())::float8"
+	return "(EXTRACT(epoch FROM (" + ts + ")) - EXTRACT(epoch FROM clock_timestamp()))::float8"
 }
 
 // durationFromSeconds turns a delay computed by secondsUntilSQL into a duration (a
-// time already past is 0).
+// time already past is 0, one too far to hold in a Duration, infinity included, the
+// longest Duration).
 func durationFromSeconds(s float64) time.Duration {
-	return max(time.Duration(s*float64(time.Second)), 0)
+	switch {
+	case math.IsNaN(s) || s <= 0:
+		return 0
+	case s >= float64(math.MaxInt64)/float64(time.Second):
+		return time.Duration(math.MaxInt64)
+	}
+	return time.Duration(s * float64(time.Second))
+}
+
+// finiteSQL is the timestamp expression ts, or NULL when it is infinite: what a row
+// hands to Go, which has no infinite time.Time (pgx refuses to scan one), so that a
+// hand-edited 'infinity' reads as unknown instead of failing the statement.
+func finiteSQL(ts string) string {
+	return `(CASE WHEN isfinite(` + ts + `) THEN ` + ts + ` END)`
+}
+
+// leaseEndSQL is when the lease of row x (an alias of proxy_domains) runs out, for the
+// reclaim: its ssl_lease_expires_at, but '-infinity', run out already, when that is
+// later than now plus a whole lease (lease, an SQL expression of seconds). certworker
+// never writes a lease longer than one from now, so such a value is a hand edit or a
+// bug; 'infinity' would otherwise never be reclaimed.
+func leaseEndSQL(x, lease string) string {
+	return `(CASE WHEN ` + x + `.ssl_lease_expires_at > now() + make_interval(secs => ` + lease + `)
+             THEN '-infinity'::timestamptz ELSE ` + x + `.ssl_lease_expires_at END)`
 }
 
 // MarkActive stores the certificate and turns the domain active in one statement (so

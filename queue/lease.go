@@ -41,14 +41,14 @@ func (q *Queue) Heartbeat(ctx context.Context, tokens []string) (Leases, error) 
 	// snapshot (a reclaim that committed meanwhile) against its latest version.
 	rows, err := q.db.Query(ctx, `
 WITH mine AS (
-    SELECT id, ssl_claim_token, COALESCE(ssl_lease_expires_at > now(), false) AS unexpired
+    SELECT id, ssl_claim_token, COALESCE(`+leaseEndSQL("proxy_domains", "$2")+` > now(), false) AS unexpired
     FROM proxy_domains
     WHERE ssl_status = 'provisioning' AND ssl_claim_token = ANY($1::uuid[])
 ), live AS (
     SELECT d.id FROM proxy_domains d
     WHERE d.id IN (SELECT id FROM mine WHERE unexpired)
       AND d.ssl_status = 'provisioning' AND d.ssl_claim_token = ANY($1::uuid[])
-      AND d.ssl_lease_expires_at > now()
+      AND `+leaseEndSQL("d", "$2")+` > now()
     FOR NO KEY UPDATE OF d SKIP LOCKED
 ), renewed AS (
     UPDATE proxy_domains d SET ssl_lease_expires_at = now() + make_interval(secs => $2)

@@ -43,7 +43,8 @@ const unleasedGrace = 15 * time.Minute
 // claim was abandoned claimable again within 2 minutes of it, while the backoff after
 // one attempt is twice --retry-base.
 //
-// A live order is never taken: its instance renews the lease every third of it.
+// A live order is never taken: its instance renews the lease every third of it. A
+// lease later than a whole lease from now counts as run out (leaseEndSQL).
 func (q *Queue) ReclaimAbandoned(ctx context.Context) ([]Reclaimed, error) {
 	rows, err := q.db.Query(ctx, `
 UPDATE proxy_domains SET
@@ -54,10 +55,10 @@ UPDATE proxy_domains SET
     updated_at = now(), `+releaseClaimSQL+`
 WHERE ssl_status = 'provisioning'
   AND ssl_provider = 'acme'
-  AND COALESCE(ssl_lease_expires_at,
+  AND COALESCE(`+leaseEndSQL("proxy_domains", "$4")+`,
                COALESCE(ssl_last_attempt_at, updated_at) + make_interval(secs => $2)) < now()
 RETURNING id::text, domain, ssl_attempts, ssl_status = 'failed'`,
-		q.cfg.MaxAttempts, seconds(unleasedGrace), interruptedError)
+		q.cfg.MaxAttempts, seconds(unleasedGrace), interruptedError, seconds(q.cfg.Lease))
 	if err != nil {
 		return nil, fmt.Errorf("reclaim abandoned: %w", err)
 	}

@@ -103,10 +103,10 @@ SELECT `+secondsUntilSQL(`LEAST(
       ORDER BY c.renew_at LIMIT 1),
     (SELECT min(ssl_renew_by) FROM proxy_domains WHERE ssl_queue_tier = 3 AND `+claimableSQL+`))`)+`,
     `+secondsUntilSQL(`
-    (SELECT min(COALESCE(ssl_lease_expires_at,
+    (SELECT min(COALESCE(`+leaseEndSQL("proxy_domains", "$2")+`,
                          COALESCE(ssl_last_attempt_at, updated_at) + make_interval(secs => $1)))
        FROM proxy_domains WHERE ssl_status = 'provisioning' AND ssl_provider = 'acme')`),
-		seconds(unleasedGrace)).Scan(&renewals, &reclaim)
+		seconds(unleasedGrace), seconds(q.cfg.Lease)).Scan(&renewals, &reclaim)
 	if err != nil {
 		return Maintenance{}, fmt.Errorf("next maintenance: %w", err)
 	}

@@ -345,7 +345,7 @@ func (q *Queue) State(ctx context.Context, domain string) (*DomainState, error) 
 SELECT d.id::text, d.tenant_id::text, d.domain, d.verification_status, d.ssl_status, d.ssl_provider,
     d.ssl_attempts, d.ssl_error, d.ssl_last_attempt_at, `+nextAttemptAtSQL("$2", "$3", "$4")+`,
     pz.paused_until, pz.reason,
-    d.ssl_expires_at, d.ssl_claimed_by, d.ssl_lease_expires_at, d.ssl_profile, d.ssl_profile_refused,
+    d.ssl_expires_at, d.ssl_claimed_by, `+finiteSQL("d.ssl_lease_expires_at")+`, d.ssl_profile, d.ssl_profile_refused,
     c.id IS NOT NULL, c.issuer, c.serial, c.not_before, c.expires_at,
     CASE WHEN c.expires_at IS NULL THEN c.certificate_pem END, c.renew_at, COALESCE(c.auto_renew, false),
     c.profile, c.issuer_directory, d.ssl_ca_directory, d.ssl_ca_cause, d.ssl_ca_refused,

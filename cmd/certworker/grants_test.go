@@ -110,10 +110,22 @@ func newRole(t *testing.T, adminDSN, prefix, attrs string) (string, string) {
 func leastPrivilegeRole(t *testing.T, adminDSN string) string {
 	t.Helper()
 	role, runDSN := newRole(t, adminDSN, "certworker_run", "")
-	grants, err := os.ReadFile(grantsFile)
-	require.NoError(t, err)
-	execSQL(t, adminDSN, strings.ReplaceAll(string(grants), `:"role"`, `"`+role+`"`))
+	workers, _ := grantsSections(t)
+	execSQL(t, adminDSN, strings.ReplaceAll(workers, `:"role"`, `"`+role+`"`))
 	return runDSN
+}
+
+// grantsSections are deploy/grants.sql's two parts: the workers' grants (:"role"), and
+// the proxy's role's (:"proxy_role"), which psql runs only when proxy_role is set.
+func grantsSections(t *testing.T) (workers, proxy string) {
+	t.Helper()
+	text, err := os.ReadFile(grantsFile)
+	require.NoError(t, err)
+	workers, rest, ok := strings.Cut(string(text), "\n\\if :{?proxy_role}\n")
+	require.True(t, ok, "%s has no section \\if :{?proxy_role} for the proxy's role", grantsFile)
+	proxy, _, ok = strings.Cut(rest, "\n\\endif")
+	require.True(t, ok, "%s: the proxy's section has no \\endif", grantsFile)
+	return workers, proxy
 }
 
 // The workers' role may not change what the proxy owns, nor read what certworker
@@ -340,12 +352,11 @@ func parseREADMETable(t *testing.T, text string) (granted, unreadable map[grant]
 
 func readGrants(t *testing.T) (sqlGrants, readmeGrants, unreadable map[grant]bool) {
 	t.Helper()
-	sqlText, err := os.ReadFile(grantsFile)
-	require.NoError(t, err)
+	sqlText, _ := grantsSections(t)
 	readme, err := os.ReadFile(readmeFile)
 	require.NoError(t, err)
 	readmeGrants, unreadable = parseREADMETable(t, string(readme))
-	return parseGrantsSQL(t, string(sqlText)), readmeGrants, unreadable
+	return parseGrantsSQL(t, sqlText), readmeGrants, unreadable
 }
 
 // missing lists what a has and b lacks, sorted.
@@ -419,9 +430,8 @@ ORDER BY 1, a.attnum`)
 	}
 
 	role, _ := newRole(t, adminDSN, "certworker_run", "")
-	text, err := os.ReadFile(grantsFile)
-	require.NoError(t, err)
-	_, err = admin.Exec(ctx, strings.ReplaceAll(string(text), `:"role"`, `"`+role+`"`))
+	text, _ := grantsSections(t)
+	_, err = admin.Exec(ctx, strings.ReplaceAll(text, `:"role"`, `"`+role+`"`))
 	require.NoError(t, err)
 	rows, err = admin.Query(ctx, `
 SELECT c.relname::text, p.privilege_type, '' FROM pg_class c, aclexplode(c.relacl) p

@@ -13,13 +13,13 @@ CREATE OR REPLACE FUNCTION public.certworker_certificate_changed() RETURNS trigg
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
-        PERFORM public.certworker_notify_certificate(OLD.domain);
+        PERFORM public.certworker_notify_certificate(OLD.domain::text);
         RETURN OLD;
     END IF;
     NEW.version := pg_catalog.nextval('public.certworker_certificate_version_seq');
-    PERFORM public.certworker_notify_certificate(NEW.domain);
-    IF TG_OP = 'UPDATE' AND lower(OLD.domain) <> lower(NEW.domain) THEN
-        PERFORM public.certworker_notify_certificate(OLD.domain);
+    PERFORM public.certworker_notify_certificate(NEW.domain::text);
+    IF TG_OP = 'UPDATE' AND pg_catalog.lower(OLD.domain::text) <> pg_catalog.lower(NEW.domain::text) THEN
+        PERFORM public.certworker_notify_certificate(OLD.domain::text);
     END IF;
     RETURN NEW;
 END

@@ -5,8 +5,8 @@
 CREATE OR REPLACE FUNCTION certworker_notify_certificate(p_domain text) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF octet_length(p_domain) < 8000 THEN
-        PERFORM pg_notify('certworker_certificate', lower(p_domain));
+    IF pg_catalog.octet_length(p_domain) < 8000 THEN
+        PERFORM pg_catalog.pg_notify('certworker_certificate', pg_catalog.lower(p_domain));
     END IF;
 END
 $$;

@@ -9,7 +9,9 @@
 --
 -- Whether the CA offers the profile is not checked here (the database does not know
 -- the CA); the worker checks before it orders, and says so in ssl_error. Setting it
--- clears what the worker recorded of a refused profile: a domain that failed because
+-- clears what the worker recorded of a refused profile (the trigger
+-- certworker_profile_set, certworker_follow_proxy.sql, since this function runs with
+-- the proxy's rights, which need not include certworker's columns): a domain that failed because
 -- the CA does not offer its profile is queued again, and an active one loses the note
 -- in ssl_error. An active, verified acme domain whose certificate was issued under
 -- another profile is queued at once to replace it (the worker orders it naming the
@@ -42,7 +44,6 @@ LANGUAGE sql SECURITY INVOKER AS $$
     )
     UPDATE public.proxy_domains x SET
         ssl_profile = p_profile,
-        ssl_profile_refused = NULL,
         ssl_status = CASE WHEN d.queue THEN 'pending' ELSE x.ssl_status END,
         ssl_attempts = CASE WHEN d.queue THEN 0 ELSE x.ssl_attempts END,
         ssl_last_attempt_at = CASE WHEN d.queue THEN NULL ELSE x.ssl_last_attempt_at END,

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/certworker/certworker/internal/pgtest"
+)
+
+// The proxy's role of deploy/grants.sql: the proxy's own inserts, verifies, updates
+// and deletes, and the tenant operations (SECURITY INVOKER), all work under it, and
+// what they change of certworker's columns the BEFORE triggers change (a retry
+// forgets a CA's refusal and a hold, a provider switch drops the claim, a profile set
+// forgets the refused one); a write of certworker's own columns is refused (42501).
+// Guards against a proxy role that may move a domain in line, end a claim or clear a
+// CA's refusal by hand, and against tenant operations that stop working under a role
+// without those rights.
+func TestGrants_TheProxysRoleLeavesCertworkersColumnsToCertworker(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	adminDSN := pgtest.NewDB(t)
+	role, proxyDSN := newRole(t, adminDSN, "proxy", "")
+	_, proxySection := grantsSections(t)
+	execSQL(t, adminDSN, strings.ReplaceAll(proxySection, `:"proxy_role"`, `"`+role+`"`))
+	admin, err := pgx.Connect(ctx, adminDSN)
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	proxy, err := pgx.Connect(ctx, proxyDSN)
+	require.NoError(t, err)
+	defer proxy.Close(ctx)
+
+	var tenant string
+	require.NoError(t, proxy.QueryRow(ctx, `INSERT INTO proxy_tenants (name, slug, email)
+VALUES ('shop', 'shop', 'shop@example.com') RETURNING id::text`).Scan(&tenant))
+	insert := func(name string) string {
+		t.Helper()
+		var id string
+		require.NoError(t, proxy.QueryRow(ctx, `INSERT INTO proxy_domains (tenant_id, domain, verification_token)
+VALUES ($1, $2, 'tok') RETURNING id::text`, tenant, name).Scan(&id))
+		_, err := proxy.Exec(ctx, `UPDATE proxy_domains SET verification_status = 'verified', updated_at = now() WHERE id = $1`, id)
+		require.NoError(t, err, "the proxy's verify")
+		return id
+	}
+	retried, switched, profiled := insert("retried.example"), insert("switched.example"), insert("profiled.example")
+
+	_, err = admin.Exec(ctx, `UPDATE proxy_domains SET ssl_status = 'failed', ssl_attempts = 10, ssl_error = 'caa',
+    ssl_ca_refused = 'https://ca.invalid/dir', ssl_held = 'backoff' WHERE id = $1`, retried)
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, `UPDATE proxy_domains SET ssl_status = 'provisioning', ssl_claim_token = gen_random_uuid(),
+    ssl_claimed_by = 'w', ssl_lease_expires_at = now() + interval '1 minute' WHERE id = $1`, switched)
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, `UPDATE proxy_domains SET ssl_profile_refused = 'gone' WHERE id = $1`, profiled)
+	require.NoError(t, err)
+
+	for _, op := range []struct{ sql, id string }{
+		{`SELECT count(*) FROM certworker_queue_for_issuance($1, $2)`, retried},
+		{`SELECT count(*) FROM certworker_update_domain($1, $2, NULL, 'manual')`, switched},
+		{`SELECT count(*) FROM certworker_set_profile($1, $2, 'classic')`, profiled},
+	} {
+		var n int
+		require.NoError(t, proxy.QueryRow(ctx, op.sql, op.id, tenant).Scan(&n), op.sql)
+		require.Equal(t, 1, n, op.sql)
+	}
+	var refused, held, token, refusedProfile *string
+	require.NoError(t, admin.QueryRow(ctx, `SELECT ssl_ca_refused, ssl_held FROM proxy_domains WHERE id = $1`, retried).Scan(&refused, &held))
+	require.Nil(t, refused, "the proxy's retry did not forget the CA's refusal")
+	require.Nil(t, held, "the proxy's retry did not lift the hold")
+	require.NoError(t, admin.QueryRow(ctx, `SELECT ssl_claim_token::text FROM proxy_domains WHERE id = $1`, switched).Scan(&token))
+	require.Nil(t, token, "a provider switched kept the claim")
+	require.NoError(t, admin.QueryRow(ctx, `SELECT ssl_profile_refused FROM proxy_domains WHERE id = $1`, profiled).Scan(&refusedProfile))
+	require.Nil(t, refusedProfile, "a profile set kept the refused one")
+
+	// The proxy's own certificate upload, and its deletes.
+	_, err = proxy.Exec(ctx, `INSERT INTO proxy_certificates (domain, certificate_pem, private_key_pem) VALUES ('switched.example', 'pem', 'key')`)
+	require.NoError(t, err)
+	_, err = proxy.Exec(ctx, `UPDATE proxy_certificates SET certificate_pem = 'pem2', updated_at = now() WHERE domain = 'switched.example'`)
+	require.NoError(t, err)
+
+	for _, stmt := range []string{
+		`UPDATE proxy_domains SET ssl_queue_seq = 1`,
+		`UPDATE proxy_domains SET ssl_queue_tier = 1`,
+		`UPDATE proxy_domains SET ssl_held = NULL`,
+		`UPDATE proxy_domains SET ssl_claim_token = NULL`,
+		`UPDATE proxy_domains SET ssl_lease_expires_at = 'infinity'`,
+		`UPDATE proxy_domains SET ssl_ca_refused = NULL`,
+		`UPDATE proxy_domains SET ssl_eligible_at = now()`,
+		`UPDATE proxy_certificates SET renew_at = now()`,
+		`INSERT INTO proxy_domains (tenant_id, domain, verification_token, ssl_queue_seq) VALUES (gen_random_uuid(), 'x.example', 't', 1)`,
+	} {
+		_, err := proxy.Exec(ctx, stmt)
+		var pgErr *pgconn.PgError
+		require.True(t, errors.As(err, &pgErr), "%s: want permission denied, got %v", stmt, err)
+		require.Equal(t, "42501", pgErr.Code, "%s: %s", stmt, pgErr.Message)
+	}
+	_, err = proxy.Exec(ctx, `DELETE FROM proxy_domains WHERE id = $1`, profiled)
+	require.NoError(t, err)
+	_, err = proxy.Exec(ctx, `DELETE FROM proxy_certificates WHERE domain = 'switched.example'`)
+	require.NoError(t, err)
+}

@@ -1,0 +1,39 @@
+-- certworker's own columns follow the proxy's writes, set by BEFORE triggers on
+-- proxy_domains keyed on the proxy's columns (migration 00019), so that the proxy's
+-- role needs no right on certworker's columns (deploy/grants.sql, the proxy's section):
+-- assigning NEW.x needs no column privilege, while the tenant operations, which run
+-- with the proxy's rights (SECURITY INVOKER), could not UPDATE them. TG_ARGV[0] says
+-- which write the trigger follows:
+--
+--   'provider' (certworker_provider_switched, the provider changed): the claim is
+--     dropped, so that an order running for a domain switched away from acme cannot
+--     store its result, and a domain switched to acme starts from no claim;
+--   'profile' (certworker_profile_set, ssl_profile written): what the worker recorded
+--     of a refused profile is forgotten, for the next order to try the one now set;
+--   'retry' (certworker_retried, the row's history cleared as the proxy's retry and
+--     `certworker retry` clear it: pending, attempts 0, no error, no last attempt,
+--     from a failed or backing-off row): every CA's recorded refusal of the name is
+--     forgotten, and a hold is lifted, so that the next claim asks again at once.
+--
+-- It assigns NEW only and reads no table: SECURITY INVOKER, with nothing of the
+-- caller's it could run.
+CREATE OR REPLACE FUNCTION public.certworker_follow_proxy() RETURNS trigger
+LANGUAGE plpgsql SET search_path = public, pg_temp AS $$
+BEGIN
+    CASE TG_ARGV[0]
+        WHEN 'provider' THEN
+            NEW.ssl_claim_token := NULL;
+            NEW.ssl_claimed_by := NULL;
+            NEW.ssl_lease_expires_at := NULL;
+        WHEN 'profile' THEN
+            NEW.ssl_profile_refused := NULL;
+        WHEN 'retry' THEN
+            NEW.ssl_ca_refused := NULL;
+            NEW.ssl_held := NULL;
+    END CASE;
+    RETURN NEW;
+END
+$$;
+REVOKE ALL ON FUNCTION public.certworker_follow_proxy() FROM PUBLIC;
+COMMENT ON FUNCTION public.certworker_follow_proxy() IS
+    'certworker: its own columns follow the proxy''s writes (a provider switched, a profile set, a retry), so the proxy''s role needs no right on them';
