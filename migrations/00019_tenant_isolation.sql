@@ -194,7 +194,28 @@ $$;
 CREATE INDEX CONCURRENTLY IF NOT EXISTS certworker_ledger_tenant_idx
     ON certworker_ledger (directory, tenant_id, at);
 
+-- certworker_enqueue: a SECURITY DEFINER function nothing calls since 00015 (the wake
+-- trigger computes places from the rows in line). A definer function is a door: one
+-- that is not needed is closed. The Down below creates it again, for 00015's Down,
+-- whose wake trigger calls it.
+DROP FUNCTION IF EXISTS public.certworker_enqueue(uuid);
+
 -- +goose Down
+-- +goose StatementBegin
+DO $do$
+BEGIN
+CREATE OR REPLACE FUNCTION public.certworker_enqueue(p_tenant uuid) RETURNS bigint
+LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    INSERT INTO public.certworker_tenants AS t (tenant_id, vtime)
+    VALUES (p_tenant, COALESCE((SELECT vtime FROM public.certworker_queue_clock WHERE id), 0) + 1)
+    ON CONFLICT (tenant_id) DO UPDATE
+        SET vtime = GREATEST(t.vtime, COALESCE((SELECT vtime FROM public.certworker_queue_clock WHERE id), 0)) + 1
+    RETURNING vtime
+$$;
+REVOKE ALL ON FUNCTION public.certworker_enqueue(uuid) FROM PUBLIC;
+END
+$do$;
+-- +goose StatementEnd
 -- +goose StatementBegin
 DO $$
 BEGIN

@@ -7,6 +7,7 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
+	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/migrations"
 )
 
@@ -36,4 +37,30 @@ func TestMigrations_DefinerFunctionsAreNeverExecutableByPublic(t *testing.T) {
 			require.False(t, public, "after migration %d, PUBLIC may execute the definer function %s", step.version, f)
 		}
 	}
+}
+
+// certworker_enqueue, a definer function nothing has called since 00015, is gone from
+// a migrated database, and going back down through 00015 (whose wake trigger called
+// it) still works: 00019's Down creates it again. Guards against a definer function
+// left in the proxy's database for nothing, and against a Down that a drop broke.
+func TestMigrations_EnqueueIsDroppedAndDownStillWorks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.NewDB(t)
+	db := openDB(t, url)
+	var exists bool
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT to_regprocedure('public.certworker_enqueue(uuid)') IS NOT NULL`).Scan(&exists))
+	require.False(t, exists, "certworker_enqueue is still in the database")
+
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS)
+	require.NoError(t, err)
+	_, err = provider.DownTo(ctx, 14)
+	require.NoError(t, err, "down through 00015")
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT to_regprocedure('public.certworker_enqueue(uuid)') IS NOT NULL`).Scan(&exists))
+	require.True(t, exists, "below 00015 the wake trigger needs certworker_enqueue")
+	_, err = db.ExecContext(ctx, `
+WITH t AS (INSERT INTO proxy_tenants (name, slug, email) VALUES ('t', 't', 't@example.com') RETURNING id)
+INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_status, ssl_provider)
+SELECT id, 'down.example', 'verified', 'tok', 'pending', 'acme' FROM t`)
+	require.NoError(t, err, "the wake trigger of 00014 fires")
 }

@@ -162,7 +162,7 @@ INSERT INTO proxy_certificates (domain, certificate_pem, private_key_pem) VALUES
 		`TRUNCATE proxy_certificates`,
 		`SELECT count(*) FROM proxy_tenants`,
 		`UPDATE proxy_tenants SET name = name`,
-		`SELECT certworker_enqueue(gen_random_uuid())`,
+		`SELECT certworker_queued()`,
 		`CREATE TABLE certworker_scratch (id int)`,
 		`ALTER TABLE proxy_domains ADD COLUMN scratch int`,
 		`TRUNCATE certworker_http01_tokens`,
