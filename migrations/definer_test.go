@@ -151,6 +151,72 @@ VALUES ('planted.example', 'pem', 'key') RETURNING version`).Scan(&version))
 	require.NotEqual(t, int64(1), version, "the version came from the planted nextval")
 }
 
+// The same attack where the proxy's column is varchar, not text (a schema of its own
+// making): for lower(varchar_column) a planted public.lower(varchar) is an exact match,
+// and beats pg_catalog.lower(text), which needs a cast, whatever the search_path. The
+// certificate trigger's lower(OLD.domain) took it, and ran the attacker's code as the
+// owner. Definer bodies qualify pg_catalog.lower and cast the proxy's columns to text,
+// so that pg_catalog's function and operators are the exact match.
+func TestDefinerFunctions_IgnoreOverloadsPlantedForAVarcharColumn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	adminURL := pgtest.NewDB(t)
+	admin := connect(t, adminURL)
+	_, err := admin.Exec(ctx, `
+GRANT CREATE ON SCHEMA public TO PUBLIC; -- PostgreSQL 13 and 14 as installed
+-- A trigger that names the column keeps its type from being changed: off and on again.
+DO $$
+DECLARE
+    r record;
+    defs text[] := '{}';
+    d text;
+BEGIN
+    FOR r IN SELECT tgname, pg_get_triggerdef(oid) AS def FROM pg_trigger
+             WHERE tgrelid = 'proxy_certificates'::regclass AND NOT tgisinternal LOOP
+        defs := defs || r.def;
+        EXECUTE format('DROP TRIGGER %I ON proxy_certificates', r.tgname);
+    END LOOP;
+    ALTER TABLE proxy_certificates ALTER COLUMN domain TYPE varchar(253);
+    FOREACH d IN ARRAY defs LOOP
+        EXECUTE d;
+    END LOOP;
+END
+$$;
+INSERT INTO proxy_certificates (domain, certificate_pem, private_key_pem) VALUES ('victim.example', 'pem', '`+sentinelKey+`')`)
+	require.NoError(t, err)
+	proxy := loginRole(t, admin, adminURL, proxyGrants)
+
+	a := startAttack(t, roleURL(t, adminURL, proxy), nil, "")
+	_, err = a.conn.Exec(ctx, `
+CREATE FUNCTION public.lower(varchar) RETURNS text LANGUAGE plpgsql AS $f$
+BEGIN
+    PERFORM pg_temp.steal();
+    RETURN pg_catalog.lower($1::text);
+END
+$f$;
+CREATE FUNCTION public.planted_ne(varchar, varchar) RETURNS boolean LANGUAGE plpgsql AS $f$
+BEGIN
+    PERFORM pg_temp.steal();
+    RETURN $1::text OPERATOR(pg_catalog.<>) $2::text;
+END
+$f$;
+CREATE OPERATOR public.<> (LEFTARG = varchar, RIGHTARG = varchar, FUNCTION = public.planted_ne)`)
+	require.NoError(t, err)
+	_, err = a.conn.Exec(ctx, `INSERT INTO public.proxy_certificates (domain, certificate_pem, private_key_pem)
+VALUES ('Planted.example', 'pem', 'key')`)
+	require.NoError(t, err)
+	_, err = a.conn.Exec(ctx, `UPDATE public.proxy_certificates SET domain = 'planted.example' WHERE domain = 'Planted.example'`)
+	require.NoError(t, err)
+	_, err = a.conn.Exec(ctx, `DELETE FROM public.proxy_certificates WHERE domain = 'planted.example'`)
+	require.NoError(t, err)
+	a.requireNoLeak(t, proxy)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, n := range a.steals {
+		require.Equal(t, proxy, n.Detail, "the planted overload ran as the owner")
+	}
+}
+
 // The convention of migrations/embed.go, checked on every definer function in the
 // catalogue: search_path pinned with pg_temp last, not executable by PUBLIC, every
 // relation and function of schema public it names written public.x, nextval and its

@@ -133,6 +133,9 @@ func Up(ctx context.Context, db *sql.DB, opts Options) ([]Result, error) {
 	if err := Preflight(ctx, guard); err != nil {
 		return nil, err
 	}
+	if err := warnPublicCreate(ctx, guard, opts.OnNotice); err != nil {
+		return nil, err
+	}
 	var out []Result
 	for attempt := 1; ; attempt++ {
 		applied, err := runOnce(ctx, db, guard, opts)
@@ -267,4 +270,26 @@ func HasPending(ctx context.Context, db *sql.DB) (bool, error) {
 		return false, fmt.Errorf("read schema version: %w", err)
 	}
 	return pending, nil
+}
+
+// PublicCreateWarning is what Up says (Options.OnNotice) when PUBLIC may create
+// objects in schema public.
+const PublicCreateWarning = "warning: every role may CREATE in schema public (the default of a database " +
+	"created before PostgreSQL 15): any role the proxy's database lets in can put functions and operators " +
+	"there that other roles' statements may pick over the built-in ones (certworker's own functions " +
+	"qualify what they call, and compare as text, but the proxy's statements may not); " +
+	"unless something needs it, run: REVOKE CREATE ON SCHEMA public FROM PUBLIC"
+
+// warnPublicCreate tells onNotice when PUBLIC may create in schema public (PostgreSQL
+// 14 and older create every database so, and an upgrade keeps it): certworker cannot
+// revoke it (the schema's rights are the operator's), but can say so at every migrate.
+func warnPublicCreate(ctx context.Context, conn *sql.Conn, onNotice func(string)) error {
+	var may bool
+	if err := conn.QueryRowContext(ctx, `SELECT has_schema_privilege('public', 'public', 'CREATE')`).Scan(&may); err != nil {
+		return fmt.Errorf("read the rights on schema public: %w", err)
+	}
+	if may && onNotice != nil {
+		onNotice(PublicCreateWarning)
+	}
+	return nil
 }

@@ -64,3 +64,24 @@ INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_
 SELECT id, 'down.example', 'verified', 'tok', 'pending', 'acme' FROM t`)
 	require.NoError(t, err, "the wake trigger of 00014 fires")
 }
+
+// migrate says, at every run, when PUBLIC may create objects in schema public (every
+// database created before PostgreSQL 15, and each upgraded since): the rights are the
+// operator's to revoke, and the operator has to hear of it. Guards against a database
+// where any role can plant an operator the proxy's statements pick, silently.
+func TestMigrate_WarnsWhenPublicMayCreateInSchemaPublic(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.NewDB(t)
+	db := openDB(t, url)
+	up := func() []string {
+		var notices []string
+		_, err := migrations.Up(ctx, db, migrations.Options{OnNotice: func(s string) { notices = append(notices, s) }})
+		require.NoError(t, err)
+		return notices
+	}
+	require.NotContains(t, up(), migrations.PublicCreateWarning, "warned with CREATE revoked (PostgreSQL 15's default)")
+	_, err := db.ExecContext(ctx, `GRANT CREATE ON SCHEMA public TO PUBLIC`)
+	require.NoError(t, err)
+	require.Contains(t, up(), migrations.PublicCreateWarning)
+}
