@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -66,6 +67,15 @@ func TestTenantReserve_ABulkImportOfOneTenantAloneIsCappedAtLMinusR(t *testing.T
 	require.NoError(t, err)
 	require.NotNil(t, s.PauseReason, "status does not say why the domain waits")
 	require.Contains(t, *s.PauseReason, "--limit-tenant-reserve")
+	o, err := b.q.Overview(b.ctx)
+	require.NoError(t, err)
+	listed := 0
+	for _, d := range o.Domains {
+		if d.PauseReason != nil && strings.Contains(*d.PauseReason, "--limit-tenant-reserve") {
+			listed++
+		}
+	}
+	require.Equal(t, 4, listed, "status does not list the domains the tenant reserve holds back, with why")
 	require.Len(t, ids, 10)
 }
 
