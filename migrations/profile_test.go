@@ -53,7 +53,15 @@ WITH d AS (DELETE FROM goose_db_version WHERE version_id >= 14 RETURNING 1) SELE
 	require.NoError(t, err)
 	results, err := migrations.Up(ctx, openDB(t, url), migrations.Options{LockTimeout: 200 * time.Millisecond, Attempts: 1})
 	require.NoError(t, err, "00014 (or a later one) run again waited for a lock on a table the proxy writes")
-	require.Len(t, results, again)
+	// The numbered ones; the functions step then puts back the function files whose
+	// bodies the old migrations replaced (Version 0).
+	numbered := 0
+	for _, r := range results {
+		if r.Version > 0 {
+			numbered++
+		}
+	}
+	require.Equal(t, again, numbered)
 	require.Equal(t, int64(14), results[0].Version)
 	_, err = proxy.Exec(ctx, `ROLLBACK`)
 	require.NoError(t, err)
