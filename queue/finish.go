@@ -164,12 +164,16 @@ func nullTime(t time.Time) *time.Time {
 	return &t
 }
 
-// whyNotHeld tells a lost claim (ErrClaimLost) from a row still held by it that is no
-// longer an ACME domain (ErrNotACME), after a finishing write matched nothing.
+// whyNotHeld tells a lost claim (ErrClaimLost) from a row that is no longer an ACME
+// domain (ErrNotACME), still held by the claim or with its claim dropped by the
+// switch, after a finishing write matched nothing.
 func (q *Queue) whyNotHeld(ctx context.Context, c Claim) error {
+	// The provider first: a switch away from acme drops the claim with it (the
+	// trigger certworker_provider_switched), and the reason to give is the switch.
 	var provider string
 	err := q.db.QueryRow(ctx, `
-SELECT ssl_provider FROM proxy_domains WHERE id = $1 AND ssl_claim_token = $2`, c.ID, c.Token).Scan(&provider)
+SELECT ssl_provider FROM proxy_domains WHERE id = $1 AND (ssl_claim_token = $2 OR ssl_claim_token IS NULL)`,
+		c.ID, c.Token).Scan(&provider)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return ErrClaimLost

@@ -20,16 +20,26 @@
 CREATE OR REPLACE FUNCTION public.certworker_follow_proxy() RETURNS trigger
 LANGUAGE plpgsql SET search_path = public, pg_temp AS $$
 BEGIN
+    -- A column the same statement writes itself is left as written (the owner, or
+    -- certworker, setting both at once).
     CASE TG_ARGV[0]
         WHEN 'provider' THEN
-            NEW.ssl_claim_token := NULL;
-            NEW.ssl_claimed_by := NULL;
-            NEW.ssl_lease_expires_at := NULL;
+            IF NEW.ssl_claim_token IS NOT DISTINCT FROM OLD.ssl_claim_token THEN
+                NEW.ssl_claim_token := NULL;
+                NEW.ssl_claimed_by := NULL;
+                NEW.ssl_lease_expires_at := NULL;
+            END IF;
         WHEN 'profile' THEN
-            NEW.ssl_profile_refused := NULL;
+            IF NEW.ssl_profile_refused IS NOT DISTINCT FROM OLD.ssl_profile_refused THEN
+                NEW.ssl_profile_refused := NULL;
+            END IF;
         WHEN 'retry' THEN
-            NEW.ssl_ca_refused := NULL;
-            NEW.ssl_held := NULL;
+            IF NEW.ssl_ca_refused IS NOT DISTINCT FROM OLD.ssl_ca_refused THEN
+                NEW.ssl_ca_refused := NULL;
+            END IF;
+            IF NEW.ssl_held IS NOT DISTINCT FROM OLD.ssl_held THEN
+                NEW.ssl_held := NULL;
+            END IF;
     END CASE;
     RETURN NEW;
 END
