@@ -195,7 +195,8 @@ func TestUpdateDomainSQL_SwitchingAwayFromAcmeDropsTheClaim(t *testing.T) {
 	require.Nil(t, r.Token)
 	require.Nil(t, r.Lease)
 	err := b.markActive(c, mintCertificate(t, name, nowSecond(), nowSecond().Add(90*day)))
-	require.ErrorIs(t, err, queue.ErrClaimLost)
+	require.ErrorIs(t, err, queue.ErrNotACME, "the result's refusal says why: the switch")
+	require.Empty(t, b.certRows(t, name), "the result of an order for a domain no longer acme was stored")
 }
 
 // A value outside the contract's sets is the constraint's error, and changes nothing.
