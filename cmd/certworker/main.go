@@ -1,5 +1,5 @@
 // Command certworker obtains and renews TLS certificates over ACME for the domains a
-// multi-tenant proxy keeps in PostgreSQL. See README.md and CONTRACT.md.
+// multi-tenant proxy keeps in PostgreSQL. docs/running.md has its commands and flags.
 package main
 
 import (
@@ -67,7 +67,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	exitCode := -1
 	parser, err := kong.New(&c,
 		kong.Name("certworker"),
-		kong.Description("Obtains and renews TLS certificates over ACME for a multi-tenant proxy's domains, woken by PostgreSQL LISTEN/NOTIFY.\n\nEvery flag can also be set by the environment variable CERTWORKER_ + the flag name in upper case with - as _ (--poll-interval is CERTWORKER_POLL_INTERVAL). A flag beats its variable; an empty variable counts as unset."),
+		kong.Description("Obtains and renews TLS certificates over ACME for a multi-tenant proxy's domains, woken by PostgreSQL LISTEN/NOTIFY.\n\nEvery flag can also be set by the environment variable CERTWORKER_ + the flag name in upper case with - as _ (--poll-interval is CERTWORKER_POLL_INTERVAL). A flag beats its variable; an empty variable counts as unset.\n\ndocs/running.md describes every command, flag, endpoint, log line and metric."),
 		kong.UsageOnError(),
 		kong.Writers(stdout, stderr),
 		kong.Exit(func(code int) { exitCode = code }),

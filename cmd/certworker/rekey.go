@@ -79,7 +79,7 @@ type keyTable struct {
 	update string
 }
 
-// keyTables are the two places keys are stored (README.md, "Private keys at rest").
+// keyTables are the two places keys are stored (docs/security.md, "Private keys at rest").
 // Certificates are paged by their primary key; ACME accounts are one per directory,
 // a handful, and need no index.
 var keyTables = []keyTable{{

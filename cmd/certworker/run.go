@@ -46,7 +46,7 @@ type runCmd struct {
 	ACMEEABHMAC       string        `name:"acme-eab-hmac" env:"CERTWORKER_ACME_EAB_HMAC" placeholder:"KEY" help:"External account binding HMAC key (base64url)."`
 	KeyType           string        `name:"key-type" env:"CERTWORKER_KEY_TYPE" default:"ec256" enum:"ec256,ec384,rsa2048,rsa4096" help:"Certificate key type: ec256, ec384, rsa2048 or rsa4096."`
 	HTTP01Listen      string        `name:"http01-listen" env:"CERTWORKER_HTTP01_LISTEN" default:":80" placeholder:"ADDR" help:"HTTP-01 responder address; empty turns it off."`
-	HTTP01MaxConns    int           `name:"http01-max-connections" env:"CERTWORKER_HTTP01_MAX_CONNECTIONS" default:"4096" help:"Connections the HTTP-01 responder holds open at most; at the cap a new one closes the one that has waited longest without a request being answered. At the default, a flood of 20,000 slow connections held the process at 132 MiB (README, Benchmarks)."`
+	HTTP01MaxConns    int           `name:"http01-max-connections" env:"CERTWORKER_HTTP01_MAX_CONNECTIONS" default:"4096" help:"Connections the HTTP-01 responder holds open at most; at the cap a new one closes the one that has waited longest without a request being answered. At the default, a flood of 20,000 slow connections held the process at 132 MiB (docs/testing.md, Benchmarks)."`
 	AdminListen       string        `name:"admin-listen" env:"CERTWORKER_ADMIN_LISTEN" default:"127.0.0.1:9090" placeholder:"ADDR" help:"Address of /healthz, /readyz and /metrics; empty turns it off."`
 	Concurrency       int           `name:"concurrency" env:"CERTWORKER_CONCURRENCY" default:"4" help:"Orders in flight on this instance."`
 	PollInterval      time.Duration `name:"poll-interval" env:"CERTWORKER_POLL_INTERVAL" default:"30s" help:"Safety-net pass interval."`
@@ -69,7 +69,7 @@ type runCmd struct {
 	LimitFailedAuthz  string        `name:"limit-failed-authz-per-name" env:"CERTWORKER_LIMIT_FAILED_AUTHZ_PER_NAME" default:"5/1h" placeholder:"COUNT/DURATION" help:"Ledger limit on failed authorizations per name: COUNT/DURATION or off."`
 	// ReplicationDatabaseURL is not in CONTRACT.md: it lets the REPLICATION attribute
 	// that --wake logical needs sit on a role of its own, holding no other right,
-	// instead of on the role that writes the certificates (README, "Least privilege").
+	// instead of on the role that writes the certificates (docs/security.md, "Least privilege").
 	ReplicationDatabaseURL string `name:"replication-database-url" env:"CERTWORKER_REPLICATION_DATABASE_URL" placeholder:"URL" help:"With --wake logical: connection string of the replication connection, for a role of its own that holds REPLICATION, on the same database (default: --database-url)."`
 	// Lease is not in CONTRACT.md: the claim's lease, for tests that stop the
 	// database for longer than it without waiting minutes.
