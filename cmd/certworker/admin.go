@@ -21,7 +21,7 @@ import (
 
 type migrateCmd struct {
 	dbFlags
-	LockTimeout time.Duration `name:"lock-timeout" default:"2s" env:"CERTWORKER_LOCK_TIMEOUT" help:"Longest any statement waits for a lock on the proxy's tables before it gives up and is retried with backoff: the longest a proxy write waits behind migrate (also CERTWORKER_LOCK_TIMEOUT)."`
+	LockTimeout time.Duration `name:"lock-timeout" default:"2s" env:"CERTWORKER_LOCK_TIMEOUT" group:"database" help:"Longest any statement waits for a lock on the proxy's tables before it gives up and is retried with backoff: the longest a proxy write waits behind migrate (also CERTWORKER_LOCK_TIMEOUT)."`
 }
 
 func (c *migrateCmd) Run(g *globals) error {

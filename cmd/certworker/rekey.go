@@ -17,7 +17,7 @@ import (
 type rekeyCmd struct {
 	dbFlags
 	keyFlags
-	BatchSize int `name:"batch-size" env:"CERTWORKER_BATCH_SIZE" default:"100" help:"Keys re-sealed per transaction."`
+	BatchSize int `name:"batch-size" env:"CERTWORKER_BATCH_SIZE" default:"100" group:"keys" help:"Keys re-sealed per transaction."`
 }
 
 // rekeyRounds is how many times a key that changed while rekey read it is read and
