@@ -149,8 +149,8 @@ func (c *statusCmd) Run(g *globals) error {
 	return tw.Flush()
 }
 
-// replaceLine is status's line on the certificates whose renewal window has started
-// (issue #18): "replace now: N, at the current pace done by T".
+// replaceLine is status's line on the certificates whose renewal window has started (a
+// mass revocation, or its rehearsal): "replace now: N, at the current pace done by T".
 func replaceLine(p queue.ReplaceProgress) string {
 	line := fmt.Sprintf("replace now: %d, at the current pace done by ", p.Due)
 	var notes []string
