@@ -76,12 +76,12 @@ func TestOrderTransport_SendsNothingPastTheLeaseDeadline(t *testing.T) {
 func TestFinalizeAllowed_NotWithLessThanAThirdOfTheLeaseLeft(t *testing.T) {
 	t.Parallel()
 	const lease = 3 * time.Second
-	require.NoError(t, finalizeAllowed(nil))
-	require.NoError(t, finalizeAllowed(queue.NewDeadline(time.Now(), lease)), "a freshly renewed lease")
+	require.NoError(t, finalizeAllowed(context.Background(), nil, nil))
+	require.NoError(t, finalizeAllowed(context.Background(), queue.NewDeadline(time.Now(), lease), nil), "a freshly renewed lease")
 	// The last renewal two thirds of a lease ago: one renewal missed.
 	late := queue.NewDeadline(time.Now().Add(-2*lease/3), lease)
-	require.ErrorIs(t, finalizeAllowed(late), queue.ErrLeaseDeadline)
-	require.ErrorIs(t, finalizeAllowed(queue.NewDeadline(time.Now().Add(-lease), lease)), queue.ErrLeaseDeadline)
+	require.ErrorIs(t, finalizeAllowed(context.Background(), late, nil), queue.ErrLeaseDeadline)
+	require.ErrorIs(t, finalizeAllowed(context.Background(), queue.NewDeadline(time.Now().Add(-lease), lease), nil), queue.ErrLeaseDeadline)
 }
 
 // HTTP-01 token writes are fenced by the claim (issue #17). A CA reuses a pending
