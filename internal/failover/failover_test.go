@@ -100,7 +100,7 @@ func TestFailover_PromotedAfter20sEveryInstanceIsReadyWithin5s(t *testing.T) {
 
 			readyIn := probeReadiness(promoted, promoted.Add(readyBound), a, b)
 			t.Logf("--wake %s: promoted %s after the primary died; ready again %s (a) and %s (b) after the promotion",
-				wake, promoted.Sub(died).Round(time.Millisecond), readyIn[a], readyIn[b])
+				wake, promoted.Sub(died).Round(time.Millisecond), readyIn.of(a), readyIn.of(b))
 			for _, p := range []*proc{a, b} {
 				require.Contains(t, readyIn, p, "%s was not ready within %s of the promotion", p.name, readyBound)
 			}
@@ -118,12 +118,22 @@ func TestFailover_PromotedAfter20sEveryInstanceIsReadyWithin5s(t *testing.T) {
 	}
 }
 
+// readiness is how long after the promotion each process first answered 200.
+type readiness map[*proc]time.Duration
+
+func (r readiness) of(p *proc) string {
+	if d, ok := r[p]; ok {
+		return d.String()
+	}
+	return "not ready"
+}
+
 // probeReadiness asks each process's /readyz every 100 ms, each probe in a goroutine
 // of its own so that a slow answer delays no other, until deadline, and returns how
 // long after from each process first answered 200 (absent: not before deadline).
-func probeReadiness(from, deadline time.Time, procs ...*proc) map[*proc]time.Duration {
+func probeReadiness(from, deadline time.Time, procs ...*proc) readiness {
 	var mu sync.Mutex
-	first := map[*proc]time.Duration{}
+	first := readiness{}
 	var probes sync.WaitGroup
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
