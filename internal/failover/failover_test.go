@@ -23,9 +23,10 @@ const hadOutage = 20 * time.Second
 
 // A standby that has received everything, promoted at once: no domain is lost and
 // none is finalized twice. Three orders are in flight when the primary dies (their
-// challenges validated, their answers held by the front), and two instances carry
-// on against the promoted standby through the multi-host URL: each order confirms
-// its claim there before its finalize, finds it held, and finishes; each domain has
+// challenges validated, their answers held by the front, and let go as it dies), and
+// two instances carry on against the promoted standby through the multi-host URL:
+// each order confirms its claim there before its finalize (trying again while there
+// is no primary), finds it held, and finishes; each domain has
 // one order and one finalize at the CA, and nothing was charged. A domain verified
 // after the promotion is issued too.
 func TestFailover_CaughtUpStandbyLosesNothingAndFinalizesNothingTwice(t *testing.T) {
@@ -45,8 +46,10 @@ func TestFailover_CaughtUpStandbyLosesNothingAndFinalizesNothingTwice(t *testing
 	w.waitValidated(t, names...)
 	w.pair.WaitCaughtUp(t)
 	w.pair.KillPrimary(t, false)
-	promoted := w.pair.Promote(t)
+	// Released before the promotion: the orders reach their finalize while there is
+	// no primary, and confirm their claims once there is one again.
 	release()
+	promoted := w.pair.Promote(t)
 
 	workertest.Eventually(t, 2*time.Minute, "the three domains active", func() bool {
 		for _, id := range ids {

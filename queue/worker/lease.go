@@ -154,7 +154,7 @@ const confirmRetry = 250 * time.Millisecond
 func (w *Worker) confirmClaim(ctx context.Context, o *order) error {
 	third := w.cfg.Queue.Lease / 3
 	log := w.log.With(zap.String("domain", o.claim.Domain), zap.String("domain_id", o.claim.ID))
-	for {
+	for try := 1; ; try++ {
 		budget := o.deadline.Left() - third
 		if budget <= 0 {
 			return fmt.Errorf("the claim could not be confirmed before the finalize with a third of the lease left: %w", queue.ErrLeaseDeadline)
@@ -188,7 +188,13 @@ func (w *Worker) confirmClaim(ctx context.Context, o *order) error {
 		if !errors.Is(err, queue.ErrClaimBusy) {
 			w.health.failed()
 		}
-		log.Info("could not confirm the claim before the finalize; trying again", zap.Error(err),
+		// The first failure says so; the tries after it, every confirmRetry through
+		// an outage, are for debugging.
+		logTry := log.Debug
+		if try == 1 {
+			logTry = log.Info
+		}
+		logTry("could not confirm the claim before the finalize; trying again", zap.Error(err), zap.Int("attempt", try),
 			zap.Duration("retry_in", confirmRetry), zap.Duration("deadline_in", o.deadline.Left()))
 		t := time.NewTimer(confirmRetry)
 		select {
