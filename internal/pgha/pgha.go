@@ -145,10 +145,10 @@ func start(ctx context.Context) (_ *Pair, err error) {
 	}()
 	for i, name := range []string{"pg-a", "pg-b"} {
 		n, err := p.startNode(ctx, name)
+		p.nodes[i] = n // also when partly made: close removes what there is
 		if err != nil {
 			return nil, err
 		}
-		p.nodes[i] = n
 	}
 	if err := p.initPrimary(ctx, p.nodes[0]); err != nil {
 		return nil, err
