@@ -175,6 +175,7 @@ func (i *Issuer) issue(ctx context.Context, req queue.Request) (*queue.Certifica
 		tokens:          &tokenStore{pool: i.pool, log: log, ctx: ctx, claim: req.ClaimToken},
 		finalizeTimeout: max(30*time.Second, i.cfg.httpTimeout()),
 		authz:           map[string]string{},
+		confirm:         req.ConfirmClaim,
 	}
 	log.Debug("placing ACME order", zap.Bool("renewal", replaces != ""), zap.String("profile", profile))
 	chainPEM, err := o.run(key, replaces, profile)
@@ -362,6 +363,9 @@ func (i *Issuer) fail(ctx context.Context, err error, tr *orderTransport) error 
 	}
 	if derr := tr.deadline.Check(); derr != nil {
 		return fmt.Errorf("acme: order stopped: %w", derr)
+	}
+	if errors.Is(err, queue.ErrLeaseDeadline) || errors.Is(err, queue.ErrClaimLost) {
+		return fmt.Errorf("acme: order stopped: %w", err) // the claim could not be confirmed
 	}
 	return classify(err, tr)
 }

@@ -59,6 +59,9 @@ type order struct {
 	log             *zap.Logger
 	domain          string
 	finalizeTimeout time.Duration
+	// confirm is the worker's check that the claim is still held (queue.Request's
+	// ConfirmClaim), or nil.
+	confirm func(context.Context) error
 
 	// placed is the CA's order, once accepted.
 	placed legoacme.ExtendedOrder
@@ -235,7 +238,7 @@ func (o *order) finalize(key crypto.PrivateKey) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("acme: create CSR: %w", err)
 	}
-	if err := finalizeAllowed(o.tr.deadline); err != nil {
+	if err := finalizeAllowed(o.ctx, o.tr.deadline, o.confirm); err != nil {
 		return nil, err
 	}
 	state, err := o.core.Orders.UpdateForCSR(o.placed.Finalize, csr)
@@ -275,7 +278,17 @@ func (o *order) finalize(key crypto.PrivateKey) ([]byte, error) {
 // every third, and the deadline keeps back a twentieth), so less than a third left
 // means renewals are failing, and the order stops here instead, handed back
 // uncharged, with a third of the lease (20 s of the default 60) unused.
-func finalizeAllowed(d *queue.Deadline) error {
+//
+// The local deadline cannot tell that the database itself no longer holds the claim:
+// after a failover to a standby that had not received it, the row is pending again
+// and another instance may be ordering it. So confirm, the worker's renewal of the
+// lease under the claim's token, runs first, and its renewal moves the deadline.
+func finalizeAllowed(ctx context.Context, d *queue.Deadline, confirm func(context.Context) error) error {
+	if confirm != nil {
+		if err := confirm(ctx); err != nil {
+			return fmt.Errorf("acme: not finalizing: %w", err)
+		}
+	}
 	if d == nil {
 		return nil
 	}
