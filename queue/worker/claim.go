@@ -27,6 +27,10 @@ type loopState struct {
 	// untracked: a claim's statement failed after it may have committed. Until the
 	// instance has handed back what it holds but does not track, every pass tries.
 	untracked bool
+	// returnHeld: a pass found something due that it did not claim (a held row whose
+	// time has come, perhaps), so the next claim brings held rows back first, whatever
+	// woke it: wake-ups coming faster than the timer's retry must not hold them off.
+	returnHeld bool
 }
 
 const (
@@ -113,7 +117,7 @@ func (w *Worker) fill(ctx context.Context, source string) (claimed int, full boo
 		if ctx.Err() != nil || w.halted() {
 			return claimed, false
 		}
-		claims, sent, full := w.claim(ctx, free)
+		claims, sent, full := w.claim(ctx, free, source)
 		for _, c := range claims {
 			w.start(ctx, c, source, sent)
 		}
@@ -125,7 +129,13 @@ func (w *Worker) fill(ctx context.Context, source string) (claimed int, full boo
 	}
 }
 
-// claim runs the claim statement for n slots, and the ledger on what it took. It is
+// claim runs the claim statement for n slots, and the ledger on what it took. A pass
+// woken by a notification claims from the rows in line as they stand
+// (queue.ClaimInLine): the row it was woken for is in line already. The rows held out
+// of line come back first on every other pass (queue.ClaimShared): the timer's, set
+// for when the next of them falls due (NextDue), the poll's, a reconnection's and a
+// refill's; and on the pass after one that found something due it did not claim
+// (returnHeld). It is
 // not cancelled by the worker's context: a claim whose statement committed is never
 // dropped, so the shutdown that SIGTERM starts waits for it, and then runs or hands
 // back what it took. When it fails all the same (its timeout, a lost connection), the
@@ -133,11 +143,15 @@ func (w *Worker) fill(ctx context.Context, source string) (claimed int, full boo
 // claim took all n (more may be due), whatever the ledger let go, and that the ledger
 // answered (a ledger that did not ends the fill); sent is when the statement was
 // sent, where the claims' lease deadlines start.
-func (w *Worker) claim(ctx context.Context, n int) (claims []queue.Claim, sent time.Time, full bool) {
+func (w *Worker) claim(ctx context.Context, n int, source string) (claims []queue.Claim, sent time.Time, full bool) {
 	cctx, cancel := w.step(ctx, true)
 	defer cancel()
 	sent = time.Now()
-	claims, err := w.q.ClaimShared(cctx, w.owner, w.cfg.Directory, n, w.newcomerSlots(n))
+	claimFrom, returning := w.q.ClaimShared, true
+	if source == listener.SourceNotify && !w.returnHeld {
+		claimFrom, returning = w.q.ClaimInLine, false
+	}
+	claims, err := claimFrom(cctx, w.owner, w.cfg.Directory, n, w.newcomerSlots(n))
 	if err != nil {
 		w.health.failed()
 		w.untracked = true
@@ -145,6 +159,9 @@ func (w *Worker) claim(ctx context.Context, n int) (claims []queue.Claim, sent t
 		return nil, sent, false
 	}
 	w.health.ok()
+	if returning {
+		w.returnHeld = false
+	}
 	admitted, ok := w.admit(ctx, claims)
 	return admitted, sent, ok && len(claims) == n
 }
@@ -186,6 +203,10 @@ func (w *Worker) schedule(ctx context.Context, source string, claimed int) {
 	sctx, cancel := w.step(ctx, false)
 	d, ok, err := w.q.NextDue(sctx, w.cfg.Directory)
 	cancel()
+	if err == nil && ok && d <= 0 {
+		// Due now and not claimed: it may be a held row whose time has come.
+		w.returnHeld = true
+	}
 	switch {
 	case err != nil:
 		// Not known: look again soon rather than at the next poll, so that a due
