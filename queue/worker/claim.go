@@ -31,6 +31,8 @@ type loopState struct {
 	// time has come, perhaps), so the next claim brings held rows back first, whatever
 	// woke it: wake-ups coming faster than the timer's retry must not hold them off.
 	returnHeld bool
+	// heldReturnedAt is when a claim last brought held rows back first.
+	heldReturnedAt time.Time
 }
 
 const (
@@ -49,6 +51,11 @@ const (
 	// untrackedRetry is how soon a pass tries again to hand back claims whose answer
 	// was lost.
 	untrackedRetry = time.Second
+	// returnHeldEvery bounds how often refills bring held rows back first: while the
+	// queue stays full every finished order claims again, and a statement before each
+	// of those claims would slow the drain itself. A held row whose time has come
+	// waits at most this long behind a full queue.
+	returnHeldEvery = time.Second
 )
 
 // pass looks at the queue: claims into the free slots and, when the queue ran dry
@@ -132,10 +139,10 @@ func (w *Worker) fill(ctx context.Context, source string) (claimed int, full boo
 // claim runs the claim statement for n slots, and the ledger on what it took. A pass
 // woken by a notification claims from the rows in line as they stand
 // (queue.ClaimInLine): the row it was woken for is in line already. The rows held out
-// of line come back first on every other pass (queue.ClaimShared): the timer's, set
-// for when the next of them falls due (NextDue), the poll's, a reconnection's and a
-// refill's; and on the pass after one that found something due it did not claim
-// (returnHeld). It is
+// of line come back first (queue.ClaimShared) on the passes of the timer, set for
+// when the next of them falls due (NextDue), of the poll and of a reconnection; on a
+// refill's once every returnHeldEvery; and on the pass after one that found something
+// due it did not claim (returnHeld). It is
 // not cancelled by the worker's context: a claim whose statement committed is never
 // dropped, so the shutdown that SIGTERM starts waits for it, and then runs or hands
 // back what it took. When it fails all the same (its timeout, a lost connection), the
@@ -147,9 +154,9 @@ func (w *Worker) claim(ctx context.Context, n int, source string) (claims []queu
 	cctx, cancel := w.step(ctx, true)
 	defer cancel()
 	sent = time.Now()
-	claimFrom, returning := w.q.ClaimShared, true
-	if source == listener.SourceNotify && !w.returnHeld {
-		claimFrom, returning = w.q.ClaimInLine, false
+	claimFrom, returning := w.q.ClaimInLine, w.bringsHeldBack(source)
+	if returning {
+		claimFrom = w.q.ClaimShared
 	}
 	claims, err := claimFrom(cctx, w.owner, w.cfg.Directory, n, w.newcomerSlots(n))
 	if err != nil {
@@ -160,10 +167,24 @@ func (w *Worker) claim(ctx context.Context, n int, source string) (claims []queu
 	}
 	w.health.ok()
 	if returning {
-		w.returnHeld = false
+		w.returnHeld, w.heldReturnedAt = false, time.Now()
 	}
 	admitted, ok := w.admit(ctx, claims)
 	return admitted, sent, ok && len(claims) == n
+}
+
+// bringsHeldBack says whether the claim of a pass woken by source brings held rows
+// back first (see claim).
+func (w *Worker) bringsHeldBack(source string) bool {
+	switch {
+	case w.returnHeld:
+		return true
+	case source == listener.SourceNotify:
+		return false
+	case source == listener.SourceRefill:
+		return time.Since(w.heldReturnedAt) >= returnHeldEvery
+	}
+	return true
 }
 
 // newcomerSlots is how many of n free slots the claim offers first issuances first

@@ -17,10 +17,11 @@ import (
 // held out of line whose backoff has run out is not brought back by it. The pass
 // after one that found something due it did not claim brings held rows back first,
 // whatever woke it, so that wake-ups coming faster than the timer's retry (each pass
-// sets the timer again) cannot hold a retry off. Guards against a notification's
-// pass that runs the statement bringing held rows back (a round trip, most of it
-// planning, before the claim a tenant waits for), and against a held row left out
-// for as long as notifications keep coming.
+// sets the timer again) cannot hold a retry off; a refill does once every
+// returnHeldEvery. Guards against a notification's pass, or each refill of a full
+// queue, running the statement bringing held rows back (a round trip, most of it
+// planning, before the claim), and against a held row left out for as long as
+// notifications keep coming.
 func TestClaim_ANotificationsPassClaimsInLineAndTheNextAfterADueRowBringsHeldRowsBack(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -47,4 +48,15 @@ VALUES ($1, 'held.example', 'verified', 'tok', 'pending', 'acme') RETURNING id::
 	claims, _, _ = w.claim(ctx, 4, listener.SourceNotify)
 	require.Len(t, claims, 1, "the pass after one that found the row due did not bring it back")
 	require.Equal(t, id, claims[0].ID)
+
+	// A refill brings held rows back once every returnHeldEvery, not before each of
+	// the claims that follow finished orders while the queue stays full.
+	_, err = pool.Exec(ctx, `UPDATE proxy_domains SET ssl_status = 'pending', ssl_held = 'backoff',
+        ssl_last_attempt_at = now() - interval '1 hour' WHERE id = $1`, id)
+	require.NoError(t, err)
+	claims, _, _ = w.claim(ctx, 4, listener.SourceRefill)
+	require.Empty(t, claims, "a refill brought held rows back again within returnHeldEvery")
+	w.heldReturnedAt = time.Now().Add(-returnHeldEvery)
+	claims, _, _ = w.claim(ctx, 4, listener.SourceRefill)
+	require.Len(t, claims, 1, "a refill after returnHeldEvery did not bring the held row back")
 }
