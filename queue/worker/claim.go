@@ -188,7 +188,7 @@ func (w *Worker) bringsHeldBack(source string) bool {
 }
 
 // newcomerSlots is how many of n free slots the claim offers first issuances first
-// (CONTRACT.md §5, issue #18): a quarter of --concurrency, rounded up, less the first
+// (CONTRACT.md §5): a quarter of --concurrency, rounded up, less the first
 // issuances already in flight. While first issuances are due they get these slots
 // whatever the urgent renewals ahead of them, so a tenant who verifies during a mass
 // revocation is among the next --concurrency claims; when none are due, the claim
