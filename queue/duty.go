@@ -52,3 +52,13 @@ WHERE duty = $1 AND NOT EXISTS (SELECT 1 FROM taken)`, duty, holder, seconds(ttl
 	}
 	return false, max(durationFromSeconds(secs), 0), nil
 }
+
+// ReleaseDuty gives up holder's duty, if it holds it, so that another instance takes
+// it over at its next look rather than when the lease runs out: an instance that stops
+// cleanly (a rolling restart) hands its duties on.
+func (q *Queue) ReleaseDuty(ctx context.Context, duty, holder string) error {
+	if _, err := q.db.Exec(ctx, `DELETE FROM certworker_fleet_duties WHERE duty = $1 AND holder = $2`, duty, holder); err != nil {
+		return fmt.Errorf("release fleet duty %s: %w", duty, err)
+	}
+	return nil
+}

@@ -40,4 +40,13 @@ func TestTakeDuty_OneHolderAtATimeTakenOverWhenItsLeaseRunsOut(t *testing.T) {
 	var n int
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM certworker_fleet_duties`).Scan(&n))
 	require.Equal(t, 1, n)
+
+	// Released by its holder (a clean stop), the duty is the next asker's at once; a
+	// release by another than the holder releases nothing.
+	require.NoError(t, b.q.ReleaseDuty(b.ctx, "maintenance", "a"))
+	held, _ = take("a")
+	require.False(t, held, "released by one that did not hold it")
+	require.NoError(t, b.q.ReleaseDuty(b.ctx, "maintenance", "b"))
+	held, _ = take("a")
+	require.True(t, held, "the released duty is the next asker's")
 }

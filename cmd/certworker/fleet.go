@@ -90,6 +90,7 @@ func (f *fleet) Stop() {
 
 func (f *fleet) loop(ctx context.Context, done chan struct{}) {
 	defer close(done)
+	defer f.release(ctx)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -120,6 +121,16 @@ func (f *fleet) refresh(ctx context.Context) time.Duration {
 	}
 	f.read(ctx, rctx)
 	return f.interval
+}
+
+// release hands the statistics duty on when the reads stop (ctx ended), so that
+// another instance takes it at its next look instead of when the lease runs out.
+func (f *fleet) release(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fleetTimeout)
+	defer cancel()
+	if err := f.q.ReleaseDuty(rctx, queue.DutyFleetStats+f.directory, f.holder); err != nil {
+		f.log.Warn("fleet statistics duty not released; another instance takes it when its lease runs out", zap.Error(err))
+	}
 }
 
 // read reads the statistics once, within rctx, and keeps them, or keeps the last ones

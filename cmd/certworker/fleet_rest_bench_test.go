@@ -139,8 +139,11 @@ ORDER BY 2 DESC`)
 		if len(q) > 110 {
 			q = q[:110] + "..."
 		}
-		fmt.Fprintf(tw, "%.2f\t%.1f\t%.2f\t%.2f\t%s\t\n", perHour(s.totalMS), perMinute(s.calls),
-			s.totalMS/float64(s.calls), s.planMS/float64(s.calls), q)
+		mean, plan := "-", "-" // planned, not yet run to its end
+		if s.calls > 0 {
+			mean, plan = fmt.Sprintf("%.2f", s.totalMS/float64(s.calls)), fmt.Sprintf("%.2f", s.planMS/float64(s.calls))
+		}
+		fmt.Fprintf(tw, "%.2f\t%.1f\t%s\t%s\t%s\t\n", perHour(s.totalMS), perMinute(s.calls), mean, plan, q)
 	}
 	require.NoError(b, tw.Flush())
 	b.Log("\n" + sb.String())

@@ -137,12 +137,14 @@ func (w *Worker) fill(ctx context.Context, source string) (claimed int, full boo
 }
 
 // claim runs the claim statement for n slots, and the ledger on what it took. A pass
-// woken by a notification claims from the rows in line as they stand
-// (queue.ClaimInLine): the row it was woken for is in line already. The rows held out
-// of line come back first (queue.ClaimShared) on the passes of the timer, set for
-// when the next of them falls due (NextDue), of the poll and of a reconnection; on a
-// refill's once every returnHeldEvery; and on the pass after one that found something
-// due it did not claim (returnHeld). It is
+// woken by a notification or by the poll claims from the rows in line as they stand
+// (queue.ClaimInLine): the row a notification announces is in line already, and the
+// poll is the safety net for a notification lost. The rows held out of line come back
+// first (queue.ClaimShared) on the passes of the timer, set for when the next of them
+// falls due (NextDue), and of a reconnection; on a refill's once every
+// returnHeldEvery; and on the pass after one that found something due it did not
+// claim (returnHeld): a held row whose time has come is due to NextDue, whatever
+// brought it back early or late (a pause lifted, a changed --retry-base). It is
 // not cancelled by the worker's context: a claim whose statement committed is never
 // dropped, so the shutdown that SIGTERM starts waits for it, and then runs or hands
 // back what it took. When it fails all the same (its timeout, a lost connection), the
@@ -179,7 +181,7 @@ func (w *Worker) bringsHeldBack(source string) bool {
 	switch {
 	case w.returnHeld:
 		return true
-	case source == listener.SourceNotify:
+	case source == listener.SourceNotify, source == listener.SourcePoll:
 		return false
 	case source == listener.SourceRefill:
 		return time.Since(w.heldReturnedAt) >= returnHeldEvery

@@ -26,6 +26,7 @@ import (
 func (w *Worker) maintenanceLoop(ctx context.Context) {
 	t := time.NewTimer(0)
 	defer t.Stop()
+	defer w.releaseMaintenanceDuty(ctx)
 	var at time.Time
 	wanted := false
 	for {
@@ -77,6 +78,17 @@ func (w *Worker) maintenanceDuty(ctx context.Context) (held bool, left time.Dura
 	}
 	w.health.ok()
 	return held, left
+}
+
+// releaseMaintenanceDuty hands the maintenance duty on when the loop stops (ctx
+// ended: a shutdown), so that another instance takes it at its next look instead of
+// when the lease runs out.
+func (w *Worker) releaseMaintenanceDuty(ctx context.Context) {
+	rctx, cancel := w.step(ctx, true)
+	defer cancel()
+	if err := w.q.ReleaseDuty(rctx, queue.DutyMaintenance, w.owner); err != nil {
+		w.logDBError("release the maintenance duty", err)
+	}
 }
 
 // kickPass starts a pass, unless one is asked for already.

@@ -13,15 +13,15 @@ import (
 	"github.com/certworker/certworker/listener"
 )
 
-// A pass woken by a notification claims from the rows in line as they stand: a row
-// held out of line whose backoff has run out is not brought back by it. The pass
+// A pass woken by a notification or by the poll claims from the rows in line as they
+// stand: a row held out of line whose backoff has run out is not brought back by it. The pass
 // after one that found something due it did not claim brings held rows back first,
 // whatever woke it, so that wake-ups coming faster than the timer's retry (each pass
 // sets the timer again) cannot hold a retry off; a refill does once every
 // returnHeldEvery. Guards against a notification's pass, or each refill of a full
 // queue, running the statement bringing held rows back (a round trip, most of it
-// planning, before the claim), and against a held row left out for as long as
-// notifications keep coming.
+// planning, before the claim; at rest, the poll's every 30 s on every instance), and
+// against a held row left out for as long as notifications keep coming.
 func TestClaim_ANotificationsPassClaimsInLineAndTheNextAfterADueRowBringsHeldRowsBack(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -44,6 +44,8 @@ VALUES ($1, 'held.example', 'verified', 'tok', 'pending', 'acme') RETURNING id::
 
 	claims, _, _ := w.claim(ctx, 4, listener.SourceNotify)
 	require.Empty(t, claims, "a notification's pass brought a held row back")
+	claims, _, _ = w.claim(ctx, 4, listener.SourcePoll)
+	require.Empty(t, claims, "the poll's pass brought a held row back")
 	w.schedule(ctx, listener.SourceNotify, 0)
 	claims, _, _ = w.claim(ctx, 4, listener.SourceNotify)
 	require.Len(t, claims, 1, "the pass after one that found the row due did not bring it back")
