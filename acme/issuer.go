@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	legoacme "github.com/go-acme/lego/v4/acme"
@@ -44,6 +45,11 @@ type Issuer struct {
 
 	accountMu sync.Mutex // held while the account is loaded or registered
 	account   *account   // guarded by accountMu; nil until the first order needs it
+
+	// usualPaceOnly drops the early looks (authzEarly, orderEarly) from the orders
+	// that start while it is set: set only by a benchmark that compares the two
+	// (export_test.go).
+	usualPaceOnly atomic.Bool
 }
 
 var _ queue.Issuer = (*Issuer)(nil)
@@ -176,6 +182,11 @@ func (i *Issuer) issue(ctx context.Context, req queue.Request) (*queue.Certifica
 		finalizeTimeout: max(30*time.Second, i.cfg.httpTimeout()),
 		authz:           map[string]string{},
 		confirm:         req.ConfirmClaim,
+		authzEarly:      authzEarly,
+		orderEarly:      orderEarly,
+	}
+	if i.usualPaceOnly.Load() {
+		o.authzEarly, o.orderEarly = nil, nil
 	}
 	log.Debug("placing ACME order", zap.Bool("renewal", replaces != ""), zap.String("profile", profile))
 	chainPEM, err := o.run(key, replaces, profile)
