@@ -12,7 +12,8 @@
 // where a statement must run outside a transaction (CREATE INDEX CONCURRENTLY),
 // IF NOT EXISTS and catalogue checks, constraints added NOT VALID and then validated,
 // and DO blocks for statements that must take effect together. 00001 and 00002 were
-// made so after their release (issue #10), before any production database had run
+// made so after their release, for the proxy's live database (internal/legacydb),
+// before any production database had run
 // them; what they leave behind is unchanged, but for proxy_certificates.expires_at,
 // which is nullable as the reference had it (00006 drops NOT NULL where the old 00001
 // set it).
@@ -22,7 +23,7 @@
 // A definer function runs with the rights of the role that ran migrate, for every role
 // that calls it or fires its trigger, the proxy's included; and every role may create
 // temporary tables, which PostgreSQL looks up FIRST unless the search_path names
-// pg_temp. So every definer function (00009 set the rule; issue 16):
+// pg_temp. So every definer function (00009 set the rule):
 //
 //   - is created with SET search_path = public, pg_temp: pg_temp named, and last;
 //   - writes every table, sequence and certworker function it touches as public.x,

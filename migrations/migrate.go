@@ -109,7 +109,7 @@ func ApplyDB(ctx context.Context, db *sql.DB) ([]Result, error) {
 //     breaks them.
 //   - Every statement runs under the lock timeout. A migration whose statement gives
 //     up is run again, after a backoff, from its first statement: every migration file
-//     is idempotent (see README), so what it did before is skipped, and an interrupted
+//     is idempotent (see the package doc, embed.go), so what it did before is skipped, and an interrupted
 //     run is finished the same way by the next one. A retry first waits (15 s at most)
 //     for the transactions older than the lock timeout to end, so as not to queue
 //     behind the same one again. Before each run, any INVALID index left by a

@@ -101,7 +101,8 @@ func heldByPauseSQL(x, dir string) string {
 // the backoff in a second query, against the timestamp it had just overwritten, so
 // every row with a failure behind it looked just tried and backoff meant "never retry".
 //
-// The claim reads only what it can take (issue #17). It reads the rows in line, in
+// The claim reads only what it can take, so that a claim costs what it takes, not
+// the queue's length nor the rows held back. It reads the rows in line, in
 // order of service, from proxy_domains_line_idx, and locks them as it reads (FOR
 // UPDATE SKIP LOCKED: a row another instance is claiming is passed over, not counted):
 // the worker's failure write takes a row out of line (ssl_held), and ReturnHeld brings
@@ -116,7 +117,7 @@ func heldByPauseSQL(x, dir string) string {
 // (lost), so that it never holds the keeper back and is not read again. Pauses are conditions of the claim, not checks after
 // it, so a held-back domain is never claimed and handed back again.
 //
-// Order of service (CONTRACT.md §5, issues #13 and #18):
+// Order of service (CONTRACT.md §5):
 //  1. ssl_queue_tier 1, renewals close to expiry (a fifth of the lifetime left, or
 //     past the CA's renewal window): a certificate about to expire hurts a tenant
 //     who is already served, and waiting behind a backlog could let it lapse.
@@ -264,18 +265,31 @@ func (q *Queue) Claim(ctx context.Context, owner, directory string, limit int) (
 
 // ClaimShared is Claim with up to newcomers of the limit claimed first among first
 // issuances and their retries (tier 2), whatever the urgent renewals ahead of them:
-// the worker keeps a quarter of its slots for them while any are due (CONTRACT.md §5,
-// issue #18), so that a tenant who verifies during a mass revocation is served among
-// the next --concurrency claims. What the newcomers leave is claimed in order of
-// service (every tier: 1 to 3, and any other value ssl_queue_tier holds, which a hand
-// edit may have put there, so that no row is left out of every claim). Rows held out
-// of line whose time has come are brought back first (ReturnHeld).
+// the worker keeps a quarter of its slots for them while any are due (CONTRACT.md §5),
+// so that a tenant who verifies during a mass revocation is served among the next
+// --concurrency claims. What the newcomers leave is claimed in order of service (every
+// tier: 1 to 3, and any other value ssl_queue_tier holds, which a hand edit may have
+// put there, so that no row is left out of every claim). Rows held out of line whose
+// time has come are brought back first (ReturnHeld).
 func (q *Queue) ClaimShared(ctx context.Context, owner, directory string, limit, newcomers int) ([]Claim, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
 	if _, err := q.ReturnHeld(ctx, directory); err != nil {
 		return nil, err
+	}
+	return q.ClaimInLine(ctx, owner, directory, limit, newcomers)
+}
+
+// ClaimInLine is ClaimShared without bringing held rows back first: it claims from
+// the rows in line as they stand. It is the claim of a pass woken for a row that has
+// just entered the queue, which the wake trigger has put in line: bringing held rows
+// back costs a statement (most of it planning) before the claim, on the path from a
+// tenant's "verify" to its order, and a held row's time is known in advance
+// (NextDue), so the worker's timer brings it back when it comes.
+func (q *Queue) ClaimInLine(ctx context.Context, owner, directory string, limit, newcomers int) ([]Claim, error) {
+	if limit <= 0 {
+		return nil, nil
 	}
 	var claims []Claim
 	if newcomers > 0 {

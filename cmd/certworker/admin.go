@@ -25,7 +25,7 @@ import (
 
 type migrateCmd struct {
 	dbFlags
-	LockTimeout time.Duration `name:"lock-timeout" default:"2s" env:"CERTWORKER_LOCK_TIMEOUT" help:"Longest any statement waits for a lock on the proxy's tables before it gives up and is retried with backoff: the longest a proxy write waits behind migrate (also CERTWORKER_LOCK_TIMEOUT)."`
+	LockTimeout time.Duration `name:"lock-timeout" default:"2s" env:"CERTWORKER_LOCK_TIMEOUT" group:"database" help:"Longest any statement waits for a lock on the proxy's tables before it gives up and is retried with backoff: the longest a proxy write waits behind migrate (also CERTWORKER_LOCK_TIMEOUT)."`
 }
 
 func (c *migrateCmd) Run(g *globals) error {
@@ -155,8 +155,8 @@ func (c *statusCmd) Run(g *globals) error {
 	return tw.Flush()
 }
 
-// replaceLine is status's line on the certificates whose renewal window has started
-// (issue #18): "replace now: N, at the current pace done by T".
+// replaceLine is status's line on the certificates whose renewal window has started (a
+// mass revocation, or its rehearsal): "replace now: N, at the current pace done by T".
 func replaceLine(p queue.ReplaceProgress) string {
 	line := fmt.Sprintf("replace now: %d, at the current pace done by ", p.Due)
 	var notes []string
