@@ -40,23 +40,59 @@ WHERE a.ssl_provider = 'acme'
 	if err != nil {
 		return nil, fmt.Errorf("find case duplicates: %w", err)
 	}
-	if len(ids) == 0 {
-		return nil, nil
+	var out []BadRow
+	for len(ids) > 0 {
+		n := min(len(ids), fillBatch)
+		marked, err := q.markCaseDuplicates(ctx, ids[:n])
+		out = append(out, marked...)
+		if err != nil {
+			return out, err
+		}
+		ids = ids[n:]
+	}
+	return out, nil
+}
+
+// markCaseDuplicates marks the rows of ids failed, each with an ssl_error naming the
+// rows whose name it shares in another case. The reasons are worked out first and
+// written through errorText (a name is the tenant's text). A row another transaction
+// holds locked is passed over, and marked by a later run.
+func (q *Queue) markCaseDuplicates(ctx context.Context, ids []string) ([]BadRow, error) {
+	rows, err := q.db.Query(ctx, `
+SELECT d.id::text, '`+duplicateError+`' || string_agg(o.domain || ' (' || o.id || ')', ', ' ORDER BY o.domain)
+       || ' has the same name in another case; neither is ordered until one is deleted'
+FROM proxy_domains d JOIN proxy_domains o ON lower(o.domain) = lower(d.domain) AND o.id <> d.id
+WHERE d.id = ANY ($1::uuid[])
+GROUP BY d.id`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("mark case duplicates: %w", err)
+	}
+	type mark struct{ id, reason string }
+	found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (mark, error) {
+		var m mark
+		err := r.Scan(&m.id, &m.reason)
+		return m, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("mark case duplicates: %w", err)
+	}
+	marked, reasons := make([]string, len(found)), make([]string, len(found))
+	for i, m := range found {
+		marked[i], reasons[i] = m.id, q.errorText(ctx, m.reason)
 	}
 	rows, err = q.db.Query(ctx, `
 WITH marked AS (
-    SELECT d.id, '`+duplicateError+`' || string_agg(o.domain || ' (' || o.id || ')', ', ' ORDER BY o.domain)
-           || ' has the same name in another case; neither is ordered until one is deleted' AS reason
-    FROM proxy_domains d JOIN proxy_domains o ON lower(o.domain) = lower(d.domain) AND o.id <> d.id
-    WHERE d.id = ANY ($1::uuid[])
-    GROUP BY d.id
-)
+    SELECT * FROM unnest($1::uuid[], $2::text[]) AS m (id, reason)
+), free AS (
+    SELECT d.id FROM proxy_domains d
+    WHERE d.id IN (SELECT id FROM marked)
+    FOR UPDATE SKIP LOCKED)
 UPDATE proxy_domains d SET
     ssl_status = 'failed', ssl_error = marked.reason, updated_at = now(), `+releaseClaimSQL+`
-FROM marked
+FROM marked JOIN free USING (id)
 WHERE d.id = marked.id
   AND (d.ssl_status <> 'failed' OR d.ssl_error IS DISTINCT FROM marked.reason)
-RETURNING d.id::text, d.domain, d.ssl_error`, ids)
+RETURNING d.id::text, d.domain, d.ssl_error`, marked, reasons)
 	if err != nil {
 		return nil, fmt.Errorf("mark case duplicates: %w", err)
 	}

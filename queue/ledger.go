@@ -568,12 +568,25 @@ ON CONFLICT (directory, scope, key, source) DO UPDATE SET
 // if that arrives late. No pause changes (the counts do not), so the ledger's lock is
 // not taken. It returns how many rows it settled.
 func (q *Queue) SettleStaleLedger(ctx context.Context, directory string, olderThan time.Duration) (int64, error) {
-	tag, err := q.db.Exec(ctx, `
-UPDATE certworker_ledger SET outcome = 'unknown'
-WHERE directory = $1 AND outcome = 'pending' AND at < now() - make_interval(secs => $2)`,
-		directory, seconds(olderThan))
-	if err != nil {
-		return 0, fmt.Errorf("settle stale ledger rows: %w", err)
+	// A row another transaction holds locked (its late settle) is passed over, not
+	// waited for; fillBatch rows a statement.
+	var total int64
+	for {
+		tag, err := q.db.Exec(ctx, `
+WITH stale AS (
+    SELECT ctid FROM certworker_ledger
+    WHERE directory = $1 AND outcome = 'pending' AND at < now() - make_interval(secs => $2)
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED)
+UPDATE certworker_ledger l SET outcome = 'unknown'
+FROM stale WHERE l.ctid = stale.ctid`,
+			directory, seconds(olderThan), fillBatch)
+		if err != nil {
+			return total, fmt.Errorf("settle stale ledger rows: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < fillBatch {
+			return total, nil
+		}
 	}
-	return tag.RowsAffected(), nil
 }

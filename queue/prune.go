@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -54,6 +55,7 @@ const (
 // case, as the proxy looks certificates up.
 func (q *Queue) Prune(ctx context.Context) (PruneResult, error) {
 	var r PruneResult
+	var errs []error
 	for _, step := range []struct {
 		what  string
 		count *int64
@@ -89,21 +91,24 @@ WHERE n.issued_at < now() - make_interval(secs => $1)
 		n, err := q.deleteInBatches(ctx, step.table, step.sql, step.args)
 		*step.count = n
 		if err != nil {
-			return r, fmt.Errorf("prune %s: %w", step.what, err)
+			// The other kinds do not wait on this one.
+			errs = append(errs, fmt.Errorf("prune %s: %w", step.what, err))
 		}
 	}
-	return r, nil
+	return r, errors.Join(errs...)
 }
 
 // deleteInBatches deletes the rows of table that match (a query of their ctids),
 // pruneBatch at a time, and returns how many. A row that changed between the
 // query and the delete has another ctid and is left for the next run: it was
-// written, so it may be needed (a tenant's counter taken by a new domain).
+// written, so it may be needed (a tenant's counter taken by a new domain). A row
+// another transaction holds locked (the proxy's open write to a certificate row) is
+// passed over and left for the next run, not waited for.
 func (q *Queue) deleteInBatches(ctx context.Context, table, match string, args []any) (int64, error) {
 	var total int64
 	for {
 		tag, err := q.db.Exec(ctx, fmt.Sprintf(`
-DELETE FROM %s WHERE ctid = ANY (ARRAY(%s LIMIT %d))`, table, match, pruneBatch), args...)
+DELETE FROM %s WHERE ctid = ANY (ARRAY(%s LIMIT %d FOR UPDATE SKIP LOCKED))`, table, match, pruneBatch), args...)
 		if err != nil {
 			return total, err
 		}

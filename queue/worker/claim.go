@@ -162,7 +162,7 @@ func (w *Worker) claim(ctx context.Context, n int, source string) (claims []queu
 	}
 	claims, err := claimFrom(cctx, w.owner, w.cfg.Directory, n, w.newcomerSlots(n))
 	if err != nil {
-		w.health.failed()
+		w.health.failed(err)
 		w.untracked = true
 		w.logDBError("claim", err)
 		return nil, sent, false
@@ -207,7 +207,7 @@ func (w *Worker) releaseUntracked(ctx context.Context) {
 	defer cancel()
 	released, err := w.q.ReleaseUntracked(rctx, w.owner, w.orders.tokens())
 	if err != nil {
-		w.health.failed()
+		w.health.failed(err)
 		w.logDBError("hand back untracked claims", err)
 		return
 	}
@@ -234,7 +234,7 @@ func (w *Worker) schedule(ctx context.Context, source string, claimed int) {
 	case err != nil:
 		// Not known: look again soon rather than at the next poll, so that a due
 		// retry is not held up by a failed query.
-		w.health.failed()
+		w.health.failed(err)
 		w.logDBError("compute next due time", err)
 		d, ok = w.nextIdleRetry(), true
 	case ok && d > 0:

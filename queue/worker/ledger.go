@@ -69,7 +69,7 @@ func (w *Worker) admitAt(ctx context.Context, at *ca, claims []queue.Claim) (adm
 	admitted, refused, err := w.q.Admit(actx, at.directory, at.limits, asks)
 	if err != nil {
 		if !errors.Is(err, queue.ErrLedgerBusy) {
-			w.health.failed()
+			w.health.failed(err)
 		}
 		if errors.Is(err, queue.ErrCommitUnknown) {
 			for _, a := range asks {

@@ -353,7 +353,7 @@ func (w *Worker) record(o *order, log *zap.Logger, what string, write func(conte
 		case o.lost.Load():
 			return errLost
 		}
-		w.health.failed()
+		w.health.failed(err)
 		log.Warn("could not record the result, retrying", zap.String("step", what), zap.Error(err),
 			zap.Duration("retry_in", delay))
 		select {
