@@ -82,7 +82,7 @@ func heldByPauseSQL(x, dir string) string {
                   AND (p.scope = 'registered_domain' OR p.key = lower(` + x + `.domain)))
                  OR (p.scope = 'ca' AND p.key = ` + dir + ` AND p.source = 'ledger'))
             AND p.paused_until > now()
-            AND NOT ` + ledgerExemptSQL("p", x, dir) + `
+            AND NOT ` + ledgerExemptSQL("p", x, dir, "") + `
           LIMIT 1) END`
 }
 

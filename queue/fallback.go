@@ -147,7 +147,7 @@ var pauseOfFirstSQL = `p.paused_until > now()
     OR (p.scope IN ('registered_domain', 'domain') AND p.directory IN ($7, '')
         AND p.key = ANY (certworker_suffixes(d.domain))
         AND (p.scope = 'registered_domain' OR p.key = lower(d.domain))))
-  AND NOT ` + ledgerExemptSQL("p", "d", "$7")
+  AND NOT ` + ledgerExemptSQL("p", "d", "$7", "$8")
 
 // routeCauseSQL is, for row d, why the routed claim sends it to the second CA ($8,
 // asked after $9 seconds: Fallback.After), NULL for the first ($7), or 'held' for
@@ -182,7 +182,7 @@ var routeCauseSQL = `(SELECT CASE
 
 // heldAtSecondSQL: a pause in force of the second CA ($8) holds row d back.
 var heldAtSecondSQL = `EXISTS (SELECT 1 FROM certworker_pauses p
-        WHERE p.paused_until > now() AND p.directory = $8 AND NOT ` + ledgerExemptSQL("p", "d", "$8") + `
+        WHERE p.paused_until > now() AND p.directory = $8 AND NOT ` + ledgerExemptSQL("p", "d", "$8", "$8") + `
           AND ((p.scope = 'ca' AND p.key = $8)
             OR (p.scope IN ('registered_domain', 'domain')
                 AND p.key = ANY (certworker_suffixes(d.domain))

@@ -149,8 +149,8 @@ func (w *Worker) fill(ctx context.Context, source string) (claimed int, full boo
 // dropped, so the shutdown that SIGTERM starts waits for it, and then runs or hands
 // back what it took. When it fails all the same (its timeout, a lost connection), the
 // rows it may have claimed are handed back by the next pass. full reports that the
-// claim took all n (more may be due), whatever the ledger let go, and that the ledger
-// answered (a ledger that did not ends the fill); sent is when the statement was
+// claim took all n (more may be due), that the ledger answered (a ledger that did not
+// ends the fill) and let at least one go; sent is when the statement was
 // sent, where the claims' lease deadlines start.
 func (w *Worker) claim(ctx context.Context, n int, source string) (claims []queue.Claim, sent time.Time, full bool) {
 	cctx, cancel := w.step(ctx, true)
@@ -172,7 +172,11 @@ func (w *Worker) claim(ctx context.Context, n int, source string) (claims []queu
 		w.returnHeld, w.heldReturnedAt = false, time.Now()
 	}
 	admitted, ok := w.admit(ctx, claims)
-	return admitted, sent, ok && len(claims) == n
+	// A claim the ledger refused entirely ends the fill too: claiming again at once
+	// would take the same rows and be refused again (the claim and the ledger agree
+	// by construction, renewalSQL, but a fill must not spin on a disagreement it
+	// cannot see). The pause the refusal wrote ends the wait, or the next wake-up.
+	return admitted, sent, ok && len(claims) == n && len(admitted) > 0
 }
 
 // bringsHeldBack says whether the claim of a pass woken by source brings held rows
