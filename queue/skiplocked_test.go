@@ -129,3 +129,28 @@ INSERT INTO certworker_issued_names (directory, name, issued_at) VALUES ('d', 'g
 	require.Equal(t, int64(1), r.Certificates)
 	require.Equal(t, int64(1), r.IssuedNames)
 }
+
+// A due row the proxy holds locked in an open transaction is passed over: the claim
+// returns the other due rows at once. Without SKIP LOCKED nothing is claimed twice
+// (PostgreSQL re-checks a locked row once it is free), so only this shows it: the
+// claim waited for the lock, and with the worker's lock timeout took nothing at all.
+func TestClaim_ALockedDueRowIsPassedOverAndTheOthersClaimedAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tn := b.tenant(t)
+	locked, _ := b.domain(t, tn, "pending", 0, nil)
+	x, _ := b.domain(t, tn, "pending", 0, nil)
+	y, _ := b.domain(t, tn, "pending", 0, nil)
+	tx := b.proxyTx(t)
+	_, err := tx.Exec(b.ctx, `SELECT 1 FROM proxy_domains WHERE id = $1 FOR UPDATE`, locked)
+	require.NoError(t, err)
+
+	claims, err := b.workerQueue(t).Claim(b.ctx, "test", testDirectory, 10)
+	require.NoError(t, err, "the claim waited for the locked row")
+	var ids []string
+	for _, c := range claims {
+		ids = append(ids, c.ID)
+	}
+	require.ElementsMatch(t, []string{x, y}, ids)
+	require.Equal(t, "pending", b.status(t, locked))
+}

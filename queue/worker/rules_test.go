@@ -1,0 +1,65 @@
+package worker_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/certworker/certworker/internal/fakeissuer"
+	"github.com/certworker/certworker/internal/workertest"
+	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/worker"
+)
+
+// validationFailure is an order whose authorization failed at the CA.
+type validationFailure struct{}
+
+func (validationFailure) Error() string {
+	return "acme: urn:ietf:params:acme:error:unauthorized: invalid response from http://NAME/.well-known/acme-challenge/x: 404"
+}
+func (validationFailure) AuthorizationFailed() bool { return true }
+
+// A validation failure at the first CA is the domain's, not the CA's: it is charged,
+// and retried at the first CA, never at the second (CONTRACT.md §5: "a validation
+// failure never moves a domain to the other CA"). Until now only the end-to-end tests
+// said so.
+func TestWorker_AValidationFailureIsNeverRetriedAtTheSecondCA(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, name := b.domain(t, b.tenant(t))
+	first := fakeissuer.New(10)
+	first.Fail = func(string, int) error { return validationFailure{} }
+	second := fakeissuer.New(10)
+	b.start(t, "w", worker.Config{Issuer: first, Concurrency: 1, PollInterval: time.Second,
+		Queue:    queue.Config{RetryBase: 200 * time.Millisecond, RetryMax: time.Second},
+		Fallback: &worker.FallbackCA{Issuer: second, Directory: secondDirectory, After: time.Millisecond}})
+	workertest.Eventually(t, 30*time.Second, "three tries at the first CA", func() bool { return first.Count(name) >= 3 })
+	require.Zero(t, second.Count(name), "a validation failure moved the domain to the second CA")
+	r := b.row(t, id)
+	require.GreaterOrEqual(t, r.Attempts, 2, "the validation failures were not charged")
+	require.Contains(t, *r.Error, "unauthorized")
+}
+
+// A domain without a certificate whose own profile the CA does not offer fails at
+// once, charged one attempt, with nothing retried (CONTRACT.md §5). Until now only the
+// end-to-end tests said so.
+func TestWorker_AnUnofferedProfileFailsAFirstIssuanceAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, name := b.domain(t, b.tenant(t))
+	_, err := b.pool.Exec(b.ctx, `UPDATE proxy_domains SET ssl_profile = 'tlsserver' WHERE id = $1`, id)
+	require.NoError(t, err)
+	fake := fakeissuer.New(10)
+	fake.Fail = func(string, int) error {
+		return &queue.ProfileError{Profile: "tlsserver", Offered: []string{"classic", "shortlived"}}
+	}
+	b.start(t, "w", worker.Config{Issuer: fake, Concurrency: 1, PollInterval: time.Second,
+		Queue: queue.Config{RetryBase: 100 * time.Millisecond}})
+	b.waitStatus(t, id, "failed", 30*time.Second)
+	r := b.row(t, id)
+	require.Equal(t, 1, r.Attempts)
+	require.True(t, strings.HasPrefix(*r.Error, queue.ProfilePrefix), *r.Error)
+	require.Equal(t, 1, fake.Count(name), "the refused profile was ordered again")
+}
