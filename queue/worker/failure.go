@@ -137,6 +137,11 @@ func (w *Worker) keyMissing(o *order, log *zap.Logger, ke *queue.KeyError) strin
 // state for the fleet if this instance saw it. With a second CA, every answer of the
 // first ends it, whoever saw it down: while its outage pause stays, the claim sends
 // domains to the second, and an instance that saw the outage may have been restarted.
+//
+// "CA reachable again" is logged by the one caller whose delete ended the state
+// (ClearUnreachable reports it to one statement only, fleet-wide): two orders
+// finishing together both logged it, one because it won the local flag and the other
+// because its delete found the pause.
 func (w *Worker) caAnswered(at *ca) {
 	if !at.down.Load() && (w.second == nil || at != w.first) {
 		return
@@ -148,8 +153,10 @@ func (w *Worker) caAnswered(at *ca) {
 		w.logDBError("clear the CA's unreachable state", err)
 		return
 	}
-	if at.down.CompareAndSwap(true, false) || ended {
+	if at.down.Swap(false) || ended {
 		w.m.setCAUnreachable(at.label, false)
+	}
+	if ended {
 		w.log.Info("CA reachable again; ordering resumes", zap.String("directory", at.directory), zap.String("ca", at.label))
 	}
 }

@@ -1,6 +1,7 @@
 package worker_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -62,4 +63,35 @@ func TestWorker_AnUnofferedProfileFailsAFirstIssuanceAtOnce(t *testing.T) {
 	require.Equal(t, 1, r.Attempts)
 	require.True(t, strings.HasPrefix(*r.Error, queue.ProfilePrefix), *r.Error)
 	require.Equal(t, 1, fake.Count(name), "the refused profile was ordered again")
+}
+
+// Two orders finishing together after the CA's outage log "CA reachable again" once,
+// for the one change of state. Both logged it, at the same millisecond: the first to
+// delete the outage pause had its answer arrive late, and meanwhile the other found
+// no pause but won the instance's flag; each logged for its own reason. Here the
+// first delete's answer is held for a second, which makes that order of events
+// certain.
+func TestWorker_CAReachableAgainIsLoggedOncePerChangeOfState(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tn := b.tenant(t)
+	x, _ := b.domain(t, tn)
+	y, _ := b.domain(t, tn)
+	fake := fakeissuer.New(10)
+	fake.Fail = func(_ string, call int) error {
+		if call == 1 {
+			return &queue.CAUnavailableError{Err: errors.New("acme: dial tcp: connection refused")}
+		}
+		return nil
+	}
+	db := &faultDB{Pool: b.pool}
+	db.slowNext("source = 'unreachable'", time.Second)
+	in := b.start(t, "w", worker.Config{DB: db, Issuer: fake, Concurrency: 2, PollInterval: time.Second})
+	b.waitStatus(t, x, "active", 60*time.Second)
+	b.waitStatus(t, y, "active", 10*time.Second)
+	// Logged after the CA's answer is recorded, the late one included.
+	in.WaitForLog(t, "certificate issued", 2, 10*time.Second)
+	require.Equal(t, 0.0, in.Metric(t, "certworker_ca_unreachable"))
+	require.Len(t, in.Logs.FilterMessage("CA unreachable; ordering paused for every instance, nothing charged").All(), 1)
+	require.Len(t, in.Logs.FilterMessage("CA reachable again; ordering resumes").All(), 1)
 }
