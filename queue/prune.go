@@ -7,6 +7,13 @@ import (
 	"time"
 )
 
+// LedgerWindow is how long the ledger rows of the CA at Directory are kept (Prune):
+// the longest window of its limits.
+type LedgerWindow struct {
+	Directory string
+	Window    time.Duration
+}
+
 // PruneResult is how many rows Prune deleted, by kind.
 type PruneResult struct {
 	// Tokens: HTTP-01 challenge tokens past their expiry (left by an instance that
@@ -53,7 +60,17 @@ const (
 // the row was last written: the proxy deletes the domain (proxy_certificates has no
 // foreign key to it), and the key should not outlive it. The name is compared in any
 // case, as the proxy looks certificates up.
-func (q *Queue) Prune(ctx context.Context) (PruneResult, error) {
+//
+// A ledger row is kept for the longest window of its own CA's limits: keep gives
+// them, by directory (the worker passes each CA's, whose --acme-fallback-limit-* may
+// be longer than the first CA's). A row is never pruned before the longest window
+// certworker_settings records either, which is the first CA's as the fleet last
+// recorded it; a CA keep does not name has only that.
+func (q *Queue) Prune(ctx context.Context, keep ...LedgerWindow) (PruneResult, error) {
+	dirs, windows := make([]string, len(keep)), make([]float64, len(keep))
+	for i, k := range keep {
+		dirs[i], windows[i] = k.Directory, seconds(k.Window)
+	}
 	var r PruneResult
 	var errs []error
 	for _, step := range []struct {
@@ -69,11 +86,12 @@ SELECT ctid FROM certworker_http01_tokens WHERE expires_at < now()`, nil},
 SELECT ctid FROM certworker_pauses WHERE paused_until < now() - make_interval(secs => $1)`,
 			[]any{seconds(pauseKeep)}},
 		{"old ledger rows", &r.Ledger, "certworker_ledger", `
-SELECT ctid FROM certworker_ledger WHERE at < now() - make_interval(secs => COALESCE(
+SELECT g.ctid FROM certworker_ledger g WHERE g.at < now() - make_interval(secs => GREATEST(COALESCE(
     (SELECT max((l.value->>'window_seconds')::double precision)
      FROM certworker_settings s, jsonb_each(s.limits) AS l
      WHERE s.id AND jsonb_typeof(s.limits) = 'object' AND jsonb_typeof(l.value) = 'object'),
-    $1))`, []any{seconds(defaultLedgerWindow)}},
+    $1), (SELECT max(k.secs) FROM unnest($2::text[], $3::float8[]) AS k (directory, secs)
+          WHERE k.directory = g.directory)))`, []any{seconds(defaultLedgerWindow), dirs, windows}},
 		{"counters of tenants without domains", &r.Tenants, "certworker_tenants", `
 SELECT t.ctid FROM certworker_tenants t
 WHERE NOT EXISTS (SELECT 1 FROM proxy_domains d WHERE d.tenant_id = t.tenant_id)`, nil},

@@ -291,7 +291,11 @@ func (w *Worker) housekeeping(ctx context.Context) {
 	}
 	w.badRows("domain at or above --max-attempts, which no claim takes; marked failed", exhausted)
 	w.requeueProfileChanges(hctx)
-	pruned, err := w.q.Prune(hctx)
+	var keep []queue.LedgerWindow
+	for _, at := range w.cas() {
+		keep = append(keep, queue.LedgerWindow{Directory: at.directory, Window: at.limits.Longest()})
+	}
+	pruned, err := w.q.Prune(hctx, keep...)
 	if err != nil {
 		w.logDBError("prune", err)
 		return
