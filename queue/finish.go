@@ -69,7 +69,7 @@ WITH d AS (
         ssl_error = CASE WHEN ssl_profile = $14
                          THEN CASE WHEN ssl_error LIKE '`+ProfilePrefix+`%' THEN ssl_error ELSE $15 END END,
         ssl_profile_refused = CASE WHEN ssl_profile = $14 THEN $14 END,
-        ssl_ca_refused = NULL,
+        ssl_ca_refused = NULL, ssl_ca_refused_cause = NULL,
         ssl_renew_by = $10, updated_at = now(), `+releaseClaimSQL+`
     WHERE `+heldSQL+`
     RETURNING domain

@@ -189,6 +189,10 @@ type PermanentError struct {
 	// unsupportedIdentifier), which another CA may not: with a second CA, it is asked
 	// at once, and the domain fails only when both have refused.
 	Refused bool
+	// CAA: the refusal is the CA's reading of the name's CAA records (its caa
+	// problem), which the tenant may change: a later look-up that allows the CA
+	// overrides it (RefusedByCAA).
+	CAA bool
 }
 
 func (e *PermanentError) Error() string { return e.Err.Error() }

@@ -1,7 +1,10 @@
 -- The proxy's "retry" for a tenant (the reference's saas::db::queue_for_issuance):
 -- puts the tenant's domain back in the queue with its history cleared (pending,
 -- attempts 0, error and last attempt cleared, so that the next pass takes it rather
--- than waiting out a backoff computed for a cause the tenant has just fixed). One row,
+-- than waiting out a backoff computed for a cause the tenant has just fixed), and every
+-- CA's recorded refusal of the name forgotten (ssl_ca_refused and its cause), as
+-- `certworker retry` forgets it (CONTRACT.md §5): the tenant may have changed the CAA
+-- records that caused it, and the CAs are asked afresh. One row,
 -- the domain as it now is, when it was queued; no row, and nothing changed, when it is
 -- refused: another tenant's domain (a tenant never touches another's), one that is not
 -- verified (an order for a name nobody has proved control of spends a rate limit for
@@ -28,7 +31,8 @@ BEGIN
     RETURN QUERY
         UPDATE proxy_domains SET
             ssl_status = 'pending', ssl_attempts = 0, ssl_error = NULL,
-            ssl_last_attempt_at = NULL, updated_at = now()
+            ssl_last_attempt_at = NULL, ssl_ca_refused = NULL, ssl_ca_refused_cause = NULL,
+            updated_at = now()
         WHERE id = p_domain_id
         RETURNING *;
     IF v_status = 'pending'
