@@ -1,6 +1,7 @@
 package worker_test
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -94,4 +95,27 @@ func TestWorker_CAReachableAgainIsLoggedOncePerChangeOfState(t *testing.T) {
 	require.Equal(t, 0.0, in.Metric(t, "certworker_ca_unreachable"))
 	require.Len(t, in.Logs.FilterMessage("CA unreachable; ordering paused for every instance, nothing charged").All(), 1)
 	require.Len(t, in.Logs.FilterMessage("CA reachable again; ordering resumes").All(), 1)
+}
+
+// A name whose CAA records allowed only the second CA had the first recorded as
+// refusing it (for CAA). The tenant changed the records to allow the first: its
+// refusal is forgotten, since CAA caused it, and the first CA issues. The domain
+// failed at once with "no CA certworker orders from", nothing sent: the claim sent it
+// to the second for the first's refusal, and the records now forbade the second.
+func TestWorker_ACAARecordThatNowAllowsTheCAOverridesTheRefusalCAACaused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, name := b.domain(t, b.tenant(t))
+	_, err := b.pool.Exec(b.ctx, `UPDATE proxy_domains SET ssl_ca_refused = $2, ssl_ca_refused_cause = 'caa' WHERE id = $1`,
+		id, workertest.Directory)
+	require.NoError(t, err)
+	first, second := fakeissuer.New(10), fakeissuer.New(10)
+	onlyFirst := func(context.Context, string) (queue.Verdict, string, error) {
+		return func(dir string) bool { return dir == workertest.Directory }, "first.example", nil
+	}
+	b.start(t, "w", worker.Config{Issuer: first, Concurrency: 1, PollInterval: time.Second, CAA: onlyFirst,
+		Fallback: &worker.FallbackCA{Issuer: second, Directory: secondDirectory, After: time.Hour}})
+	b.waitStatus(t, id, "active", 30*time.Second)
+	require.Equal(t, 1, first.Count(name))
+	require.Zero(t, second.Count(name))
 }
