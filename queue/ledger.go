@@ -524,6 +524,41 @@ ON CONFLICT (directory, scope, key, source) DO UPDATE SET
 	return tx.SendBatch(ctx, b).Close()
 }
 
+// Readmit asks the ledger again, as a new order (not a renewal, not exempt), about a
+// claim Admit admitted as a renewal, whose order is about to go without "replaces"
+// (Request.Readmit): the CA counts it as a new order then, and the ledger must not let
+// it past a limit it admitted it past as a renewal. Under the ledger's lock, the
+// claim's own row is left out of the counts and written again as what it now is. A
+// refusal returns a *LedgerRefusedError, pauses what the order hit, as Admit does, and
+// leaves no row for the claim (the order is not sent).
+func (q *Queue) Readmit(ctx context.Context, directory string, limits Limits, a Admission) error {
+	a.Renewal, a.exempt = false, false
+	var why string
+	err := q.inLedger(ctx, directory, func(tx pgx.Tx) error {
+		why = ""
+		if _, err := tx.Exec(ctx, `
+DELETE FROM certworker_ledger WHERE directory = $1 AND claim_token = $2`, directory, a.Claim.Token); err != nil {
+			return err
+		}
+		counts, err := ledgerCounts(ctx, tx, directory, limits, []Admission{a})
+		if err != nil {
+			return err
+		}
+		d := ledgerDecision{limits: limits, directory: directory, counts: counts}
+		if why = d.admit(a); why == "" {
+			d.record(a)
+		}
+		return d.write(ctx, tx, nil)
+	})
+	if err != nil {
+		return fmt.Errorf("ledger: %w", err)
+	}
+	if why != "" {
+		return &LedgerRefusedError{Reason: why}
+	}
+	return nil
+}
+
 // SettleLedger records how the order of claim token ended, under the ledger's lock:
 // the pauses it lifts or writes are the ledger's, which Admit writes under the same
 // lock, and a lift that raced an Admit could leave a pause the counts no longer

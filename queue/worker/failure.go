@@ -29,6 +29,13 @@ func (w *Worker) failed(o *order, log *zap.Logger, name string, err error) (stri
 	if errors.As(err, &keyErr) {
 		return w.keyMissing(o, log, keyErr), 0
 	}
+	var held *queue.LedgerRefusedError
+	if errors.As(err, &held) {
+		// Nothing more was sent; the ledger's pause holds the domain, uncharged.
+		log.Info("order held back by the ledger: without \"replaces\" it is a new order, which the CA would refuse; the domain waits, not charged",
+			zap.String("reason", held.Reason), zap.String("ca", w.caOf(o.claim.Directory).label))
+		return w.handBack(o, log, true, "ledger_held"), 0
+	}
 	at := w.caOf(o.claim.Directory)
 	if rl, ok := queue.IsRateLimit(err); ok {
 		w.caAnswered(at)

@@ -232,9 +232,13 @@ func (w *Worker) issue(ctx context.Context, o *order, name, profile string) (cer
 		}
 	}()
 	at := w.caOf(c.Directory)
-	cert, err = at.issuer.Issue(ctx, queue.Request{DomainID: c.ID, Domain: name, CurrentPEM: w.replacesPEM(c),
+	req := queue.Request{DomainID: c.ID, Domain: name, CurrentPEM: w.replacesPEM(c),
 		Profile: profile, Deadline: o.deadline, ClaimToken: c.Token,
-		ConfirmClaim: func(ctx context.Context) error { return w.confirmClaim(ctx, o) }})
+		ConfirmClaim: func(ctx context.Context) error { return w.confirmClaim(ctx, o) }}
+	if req.CurrentPEM != "" && at.limits.Any() {
+		req.Readmit = func(ctx context.Context) error { return w.readmit(ctx, at, c, name) }
+	}
+	cert, err = at.issuer.Issue(ctx, req)
 	if err == nil && cert != nil {
 		cert.Directory = at.directory
 		if at != w.first {

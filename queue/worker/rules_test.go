@@ -119,3 +119,58 @@ func TestWorker_ACAARecordThatNowAllowsTheCAOverridesTheRefusalCAACaused(t *test
 	require.Equal(t, 1, first.Count(name))
 	require.Zero(t, second.Count(name))
 }
+
+// A renewal admitted as one (exempt from the orders per account), whose order the CA
+// refuses for its "replaces" and which is to go again without it, is a new order to
+// the CA: the ledger is asked again before it is sent, and with the account's orders
+// used up it is held back, uncharged, under the ledger's pause. It was sent as the
+// renewal it no longer was, past the limit the ledger exists to keep.
+func TestWorker_ARenewalRetriedWithoutReplacesIsAdmittedAgainAsANewOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, name := b.domain(t, b.tenant(t))
+	fake := fakeissuer.New(10)
+	cert, err := fake.Issue(context.Background(), queue.Request{DomainID: id, Domain: name})
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `
+INSERT INTO proxy_certificates (domain, certificate_pem, private_key_pem, expires_at) VALUES ($1, $2, 'key', now() + interval '30 days')`,
+		name, cert.ChainPEM)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `INSERT INTO certworker_issued_names (directory, name) VALUES ($1, $2)`,
+		workertest.Directory, name)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `
+INSERT INTO certworker_ledger (directory, name, registered_domain, outcome) VALUES ($1, 'other.example', 'other.example', 'issued')`,
+		workertest.Directory)
+	require.NoError(t, err)
+	sent := make(chan struct{}, 10)
+	withoutReplaces := &readmitting{Issuer: fake, sent: sent}
+	limits := queue.Limits{OrdersPerAccount: queue.Limit{Count: 1, Window: time.Hour}}
+	b.start(t, "w", worker.Config{Issuer: withoutReplaces, Limits: limits, Concurrency: 1, PollInterval: time.Second})
+	workertest.Eventually(t, 30*time.Second, "the ledger's pause of the account", func() bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(b.ctx, `
+SELECT count(*) FROM certworker_pauses WHERE scope = 'ca' AND source = 'ledger' AND paused_until > now()`).Scan(&n))
+		return n == 1
+	})
+	b.waitStatus(t, id, "pending", 10*time.Second)
+	require.Zero(t, b.row(t, id).Attempts, "the ledger's refusal was charged")
+	require.Empty(t, sent, "the order went without replaces past the account's limit")
+}
+
+// readmitting is an issuer whose CA refuses every order's "replaces": it asks the
+// ledger again (Request.Readmit) and, if let, sends the order without it.
+type readmitting struct {
+	*fakeissuer.Issuer
+	sent chan struct{}
+}
+
+func (r *readmitting) Issue(ctx context.Context, req queue.Request) (*queue.Certificate, error) {
+	if req.CurrentPEM != "" && req.Readmit != nil {
+		if err := req.Readmit(ctx); err != nil {
+			return nil, err
+		}
+	}
+	r.sent <- struct{}{}
+	return r.Issuer.Issue(ctx, req)
+}
