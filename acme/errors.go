@@ -185,7 +185,7 @@ func classifyProblem(pd *legoacme.ProblemDetails, retryAfter time.Duration, auth
 		return &queue.CAUnavailableError{Err: e}
 	}
 	if isPermanent(pd) {
-		return &queue.PermanentError{Err: e, Refused: true}
+		return &queue.PermanentError{Err: e, Refused: true, CAA: hasProblem(pd, problemCAA)}
 	}
 	return e
 }
@@ -198,6 +198,19 @@ func isPermanent(pd *legoacme.ProblemDetails) bool {
 	}
 	for _, sub := range pd.SubProblems {
 		if permanentProblems[sub.Type] {
+			return true
+		}
+	}
+	return false
+}
+
+// hasProblem reports whether pd, or one of its subproblems, is of type typ.
+func hasProblem(pd *legoacme.ProblemDetails, typ string) bool {
+	if pd.Type == typ {
+		return true
+	}
+	for _, sub := range pd.SubProblems {
+		if sub.Type == typ {
 			return true
 		}
 	}

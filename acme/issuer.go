@@ -184,6 +184,7 @@ func (i *Issuer) issue(ctx context.Context, req queue.Request) (*queue.Certifica
 		confirm:         req.ConfirmClaim,
 		authzEarly:      authzEarly,
 		orderEarly:      orderEarly,
+		readmit:         req.Readmit,
 	}
 	if i.usualPaceOnly.Load() {
 		o.authzEarly, o.orderEarly = nil, nil

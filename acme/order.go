@@ -90,6 +90,8 @@ type order struct {
 	// wasted counts the early looks that found the CA still at work
 	// (earlyLooksWasted).
 	wasted int
+	// readmit is the request's Readmit (queue.Request), or nil.
+	readmit func(context.Context) error
 }
 
 // run places the order, answers its challenge and returns the certificate chain
@@ -118,6 +120,13 @@ func (o *order) place(replaces, profile string) error {
 	if err != nil && replaces != "" && o.tr.newOrderRequests() == 1 && refusesReplaces(err) {
 		o.log.Info("CA refused the order naming the certificate it replaces; ordering without",
 			zap.String("error", classify(err, o.tr).Error()))
+		if o.readmit != nil {
+			// Without "replaces" it is a new order to the CA's limits: the ledger
+			// admits it again as one before it is sent, and records it so.
+			if rerr := o.readmit(o.ctx); rerr != nil {
+				return rerr
+			}
+		}
 		opts.ReplacesCertID = ""
 		placed, err = o.core.Orders.NewWithOptions([]string{o.domain}, opts)
 	}

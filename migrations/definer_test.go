@@ -563,8 +563,8 @@ func valueOf(typ string) string {
 
 // proxyWrites makes, in one transaction, the writes of the proxy that fire
 // certworker's triggers: a tenant and a pending domain added, the domain verified
-// (it enters the claimable set), a certificate stored, replaced and deleted, the
-// domain deleted. Each runs in a savepoint, so that one that fails leaves the rest
+// (it enters the claimable set), a certificate stored, the domain's profile changed
+// while active, the certificate replaced and deleted, the domain deleted. Each runs in a savepoint, so that one that fails leaves the rest
 // to run. It returns the ones that failed, and how often each function of schema
 // public ran (track_functions, set for the role).
 func (a *attack) proxyWrites(t *testing.T) (failed []string, fired map[string]int64) {
@@ -584,6 +584,10 @@ func (a *attack) proxyWrites(t *testing.T) (failed []string, fired map[string]in
 		{`INSERT INTO public.proxy_domains (id, tenant_id, domain, verification_token) VALUES ($1, $2, $3, 'tok')`, []any{domain, tenant, name}},
 		{`UPDATE public.proxy_domains SET verification_status = 'verified' WHERE id = $1`, []any{domain}},
 		{`INSERT INTO public.proxy_certificates (domain, certificate_pem, private_key_pem) VALUES ($1, 'pem', 'key')`, []any{name}},
+		// The tenant's profile set by a plain UPDATE on an active domain
+		// (certworker_profile_changed).
+		{`UPDATE public.proxy_domains SET ssl_status = 'active' WHERE id = $1`, []any{domain}},
+		{`UPDATE public.proxy_domains SET ssl_profile = 'shortlived' WHERE id = $1`, []any{domain}},
 		{`UPDATE public.proxy_certificates SET certificate_pem = 'pem2' WHERE domain = $1`, []any{name}},
 		{`DELETE FROM public.proxy_certificates WHERE domain = $1`, []any{name}},
 		{`DELETE FROM public.proxy_domains WHERE id = $1`, []any{domain}},

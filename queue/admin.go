@@ -108,7 +108,8 @@ func pickTwin(name string, n int, at func(i int) (id, domain string, keeps bool)
 // Retry puts a failed or backing-off domain back in the queue now, by name in any
 // case: pending, attempts 0, error and last attempt cleared (so the next pass takes it
 // rather than waiting out a backoff computed for a cause the operator has just
-// fixed), and a CA's refusal of the name forgotten (ssl_ca_refused). It refuses, with a *RefusedError saying why, a domain that is unknown, not
+// fixed), and every CA's refusal of the name forgotten (ssl_ca_refused, which the
+// function forgets for the proxy's retry too). It refuses, with a *RefusedError saying why, a domain that is unknown, not
 // verified, not acme, active, or being issued, and, with an *AmbiguousError, a name
 // two rows hold in different cases. The requeue is certworker_queue_for_issuance's,
 // the proxy's own, which wakes a running worker within milliseconds.
@@ -138,12 +139,6 @@ func (q *Queue) Retry(ctx context.Context, domain string) error {
 		}
 		if queued != 1 {
 			return fmt.Errorf("retry %s: the domain was not queued", d.domain)
-		}
-		// A CA's refusal of the name (caa, rejectedIdentifier) is asked again: the
-		// operator retries after the tenant changed what it was about.
-		if _, err := tx.Exec(ctx, `UPDATE proxy_domains SET ssl_ca_refused = NULL WHERE id = $1 AND ssl_ca_refused IS NOT NULL`,
-			d.id); err != nil {
-			return fmt.Errorf("retry %s: %w", d.domain, err)
 		}
 		return nil
 	})

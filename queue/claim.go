@@ -42,8 +42,9 @@ type Claim struct {
 	Directory     string
 	FallbackCause string
 	// RefusedBy is the directory of the CA that refused the name for good
-	// (ssl_ca_refused), or "".
-	RefusedBy string
+	// (ssl_ca_refused), or "", and RefusedCause why (ssl_ca_refused_cause:
+	// RefusedByCAA, RefusedByCA, or "" for a refusal recorded before it was kept).
+	RefusedBy, RefusedCause string
 	// CertDirectory is the directory of the CA that issued the stored certificate, or
 	// "" when none is recorded (no certificate, one stored before migration 00017, an
 	// upload): the first CA's, then.
@@ -82,9 +83,9 @@ func heldByPauseSQL(x, dir string) string {
                   AND p.key = ANY (certworker_suffixes(` + x + `.domain))
                   AND (p.scope = 'registered_domain' OR p.key = lower(` + x + `.domain)))
                  OR (p.scope = 'ca' AND p.key = ` + dir + ` AND p.source = 'ledger')
-                 OR ` + tenantReservePauseSQL("p", x, dir) + `)
+                 OR ` + tenantReservePauseSQL("p", x, dir, "") + `)
             AND p.paused_until > now()
-            AND NOT ` + ledgerExemptSQL("p", x, dir) + `
+            AND NOT ` + ledgerExemptSQL("p", x, dir, "") + `
           LIMIT 1) END`
 }
 
@@ -224,7 +225,7 @@ SELECT c.id::text, c.tenant_id::text, c.domain, c.ssl_attempts, c.ssl_claim_toke
     COALESCE((SELECT p.certificate_pem FROM proxy_certificates p WHERE p.domain = c.domain), ''),
     c.ssl_profile, c.ssl_profile_refused,
     (SELECT p.profile FROM proxy_certificates p WHERE p.domain = c.domain),
-    c.first, CASE WHEN c.id IS NOT NULL THEN $7::text END, ''::text, ''::text,
+    c.first, CASE WHEN c.id IS NOT NULL THEN $7::text END, ''::text, ''::text, ''::text,
     (SELECT p.issuer_directory FROM proxy_certificates p WHERE p.domain = c.domain),
     n.taken_out, n.read
 FROM (SELECT (SELECT count(*) FROM out) + (SELECT count(*) FROM lost) AS taken_out, (SELECT count(*) FROM head) AS read) n
@@ -338,13 +339,13 @@ func (q *Queue) claimOnce(ctx context.Context, owner, directory string, n, lo, h
 	defer rows.Close()
 	for rows.Next() {
 		var c Claim
-		var id, tenant, domain, token, pem, refused, certProfile, dir, cause, refusedBy, certDir *string
+		var id, tenant, domain, token, pem, refused, certProfile, dir, cause, refusedBy, refusedCause, certDir *string
 		var attempts *int
 		var first *bool
 		var claimedAt, due *time.Time
 		if err := rows.Scan(&id, &tenant, &domain, &attempts, &token,
 			&claimedAt, &due, &pem, &c.Profile, &refused, &certProfile, &first,
-			&dir, &cause, &refusedBy, &certDir, &takenOut, &read); err != nil {
+			&dir, &cause, &refusedBy, &refusedCause, &certDir, &takenOut, &read); err != nil {
 			return nil, 0, 0, fmt.Errorf("claim: %w", err)
 		}
 		if id == nil {
@@ -354,6 +355,7 @@ func (q *Queue) claimOnce(ctx context.Context, owner, directory string, n, lo, h
 		c.CurrentPEM, c.ProfileRefused, c.CertProfile = deref(pem), deref(refused), deref(certProfile)
 		c.FirstIssuance = first != nil && *first
 		c.Directory, c.FallbackCause, c.RefusedBy, c.CertDirectory = deref(dir), deref(cause), deref(refusedBy), deref(certDir)
+		c.RefusedCause = deref(refusedCause)
 		if due != nil {
 			c.DueAt = *due
 		}

@@ -43,6 +43,10 @@ type Deadline struct {
 
 	mu sync.Mutex
 	at time.Time // carries a monotonic reading: only time.Now() and Add make it
+
+	// ended is cancelled by Expire: the deadline has passed whatever at says.
+	ended  context.Context
+	expire context.CancelFunc
 }
 
 // NewDeadline is the deadline of a claim whose statement was sent at sent (a
@@ -50,7 +54,26 @@ type Deadline struct {
 func NewDeadline(sent time.Time, lease time.Duration) *Deadline {
 	d := &Deadline{lease: lease, life: lease - LeaseMargin(lease)}
 	d.at = sent.Add(d.life)
+	d.ended, d.expire = context.WithCancel(context.Background())
 	return d
+}
+
+// Expire ends the deadline now, for good: no renewal moves it again, Check fails, and
+// every context Bound made ends. The shutdown calls it on an order it hands back
+// itself, before the hand-back commits: the order, still running, then sends the CA
+// nothing more (a deactivation of its authorizations included), which after the
+// hand-back could reach an authorization another instance's new order for the name
+// reuses.
+func (d *Deadline) Expire() {
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	if now := time.Now(); now.Before(d.at) {
+		d.at = now
+	}
+	d.mu.Unlock()
+	d.expire()
 }
 
 // Renewed moves the deadline to a lease from sent, the send time of a renewal the
@@ -60,7 +83,7 @@ func (d *Deadline) Renewed(sent time.Time) {
 	at := sent.Add(d.life)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if at.After(d.at) {
+	if at.After(d.at) && d.ended.Err() == nil {
 		d.at = at
 	}
 }
@@ -82,7 +105,7 @@ func (d *Deadline) Left() time.Duration { return time.Until(d.At()) }
 // Check returns ErrLeaseDeadline once the deadline has passed, and nil before it or
 // for a nil Deadline. An issuer calls it before every request to the CA.
 func (d *Deadline) Check() error {
-	if d == nil || d.Left() > 0 {
+	if d == nil || d.Left() > 0 && d.ended.Err() == nil {
 		return nil
 	}
 	return ErrLeaseDeadline
@@ -115,11 +138,13 @@ func (d *Deadline) Bound(ctx context.Context) (context.Context, context.CancelFu
 	mu.Lock()
 	t = time.AfterFunc(d.Left(), check)
 	mu.Unlock()
+	stopExpired := context.AfterFunc(d.ended, func() { cancel(ErrLeaseDeadline) })
 	return bounded, func() {
 		mu.Lock()
 		done = true
 		t.Stop()
 		mu.Unlock()
+		stopExpired()
 		cancel(context.Canceled)
 	}
 }

@@ -3,6 +3,8 @@ package queue
 import (
 	"context"
 	"fmt"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // givenUpFormat ends the ssl_error of a domain FailExhausted gave up on, after what
@@ -21,41 +23,59 @@ const givenUpFormat = "(given up: %s attempts, at or above --max-attempts %s; `c
 // Rows locked by someone else (a transaction of the proxy's) are skipped, not waited
 // for, and left for the next run; fillBatch rows a statement. The rows leave the
 // claimable set, so the wake trigger says nothing.
+//
+// The new ssl_error is composed here, not in SQL, so that it goes through errorText
+// like every other (the last attempt's words stay, cut to leave room for why it
+// stopped): read, then written, in one short transaction that holds the rows it read.
 func (q *Queue) FailExhausted(ctx context.Context) ([]BadRow, error) {
 	var out []BadRow
 	for {
-		rows, err := q.db.Query(ctx, `
-WITH x AS (
-    SELECT id FROM proxy_domains
-    WHERE verification_status = 'verified' AND ssl_provider = 'acme' AND ssl_status = 'pending'
-      AND ssl_attempts >= $1
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED)
-UPDATE proxy_domains d SET
-    ssl_status = 'failed',
-    ssl_error = COALESCE(NULLIF(d.ssl_error, '') || ' ', '') || format($3, d.ssl_attempts, $1::int),
-    updated_at = now()
-FROM x
-WHERE d.id = x.id
-RETURNING d.id::text, d.domain, d.ssl_error`, q.cfg.MaxAttempts, fillBatch, givenUpFormat)
+		batch, err := q.failExhausted(ctx)
+		out = append(out, batch...)
 		if err != nil {
 			return out, fmt.Errorf("fail domains at the attempt limit: %w", err)
 		}
-		n := 0
-		for rows.Next() {
-			var b BadRow
-			if err := rows.Scan(&b.ID, &b.Domain, &b.Reason); err != nil {
-				rows.Close()
-				return out, fmt.Errorf("fail domains at the attempt limit: %w", err)
-			}
-			out = append(out, b)
-			n++
-		}
-		if err := rows.Err(); err != nil {
-			return out, fmt.Errorf("fail domains at the attempt limit: %w", err)
-		}
-		if n < fillBatch {
+		if len(batch) < fillBatch {
 			return out, nil
 		}
 	}
+}
+
+// failExhausted is one batch of FailExhausted.
+func (q *Queue) failExhausted(ctx context.Context) ([]BadRow, error) {
+	var out []BadRow
+	ascii := q.asciiOnly(ctx)
+	err := pgx.BeginFunc(ctx, q.db, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `
+SELECT id::text, domain, COALESCE(ssl_error, ''), ssl_attempts FROM proxy_domains
+WHERE verification_status = 'verified' AND ssl_provider = 'acme' AND ssl_status = 'pending'
+  AND ssl_attempts >= $1
+LIMIT $2
+FOR UPDATE SKIP LOCKED`, q.cfg.MaxAttempts, fillBatch)
+		if err != nil {
+			return err
+		}
+		var b BadRow
+		var last string
+		var attempts int
+		var ids, reasons []string
+		_, err = pgx.ForEachRow(rows, []any{&b.ID, &b.Domain, &last, &attempts}, func() error {
+			b.Reason = sanitizeWithTail(last, fmt.Sprintf(givenUpFormat, fmt.Sprint(attempts), fmt.Sprint(q.cfg.MaxAttempts)), ascii)
+			ids, reasons = append(ids, b.ID), append(reasons, b.Reason)
+			out = append(out, b)
+			return nil
+		})
+		if err != nil || len(ids) == 0 {
+			return err
+		}
+		_, err = tx.Exec(ctx, `
+UPDATE proxy_domains d SET ssl_status = 'failed', ssl_error = x.reason, updated_at = now()
+FROM unnest($1::uuid[], $2::text[]) AS x (id, reason)
+WHERE d.id = x.id`, ids, reasons)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }

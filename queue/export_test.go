@@ -1,5 +1,7 @@
 package queue
 
+import "context"
+
 // ClaimSQLForTest is the claim statement, for EXPLAIN in tests.
 var ClaimSQLForTest = claimSQL
 
@@ -9,3 +11,7 @@ const ClaimOrderForTest = claimOrderSQL
 
 // ClaimRoutedSQLForTest is the claim statement with a second CA, for EXPLAIN in tests.
 var ClaimRoutedSQLForTest = claimRoutedSQL
+
+// ErrorTextForTest is what q stores as ssl_error for s (SanitizeError for q's
+// database's encoding).
+func ErrorTextForTest(ctx context.Context, q *Queue, s string) string { return q.errorText(ctx, s) }

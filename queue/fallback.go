@@ -135,8 +135,8 @@ type claimRoute struct {
 	set string
 	// returning are RETURNING's columns after its own, with a leading comma.
 	returning string
-	// decision is the final SELECT's three columns: the directory, the cause, and
-	// the CA that refused the name.
+	// decision is the final SELECT's four columns: the directory, the cause, the CA
+	// that refused the name and why.
 	decision string
 }
 
@@ -147,8 +147,8 @@ var pauseOfFirstSQL = `p.paused_until > now()
     OR (p.scope IN ('registered_domain', 'domain') AND p.directory IN ($7, '')
         AND p.key = ANY (certworker_suffixes(d.domain))
         AND (p.scope = 'registered_domain' OR p.key = lower(d.domain)))
-    OR ` + tenantReservePauseSQL("p", "d", "$7") + `)
-  AND NOT ` + ledgerExemptSQL("p", "d", "$7")
+    OR ` + tenantReservePauseSQL("p", "d", "$7", "$8") + `)
+  AND NOT ` + ledgerExemptSQL("p", "d", "$7", "$8")
 
 // routeCauseSQL is, for row d, why the routed claim sends it to the second CA ($8,
 // asked after $9 seconds: Fallback.After), NULL for the first ($7), or 'held' for
@@ -183,12 +183,12 @@ var routeCauseSQL = `(SELECT CASE
 
 // heldAtSecondSQL: a pause in force of the second CA ($8) holds row d back.
 var heldAtSecondSQL = `EXISTS (SELECT 1 FROM certworker_pauses p
-        WHERE p.paused_until > now() AND p.directory = $8 AND NOT ` + ledgerExemptSQL("p", "d", "$8") + `
+        WHERE p.paused_until > now() AND p.directory = $8 AND NOT ` + ledgerExemptSQL("p", "d", "$8", "$8") + `
           AND ((p.scope = 'ca' AND p.key = $8)
             OR (p.scope IN ('registered_domain', 'domain')
                 AND p.key = ANY (certworker_suffixes(d.domain))
                 AND (p.scope = 'registered_domain' OR p.key = lower(d.domain)))
-            OR ` + tenantReservePauseSQL("p", "d", "$8") + `))`
+            OR ` + tenantReservePauseSQL("p", "d", "$8", "$8") + `))`
 
 // routedClaim is the claim of a fleet with a second CA: routeCauseSQL decides, the
 // row's decision is recorded with the claim.
@@ -196,8 +196,9 @@ var routedClaim = claimRoute{
 	free:      routeCauseSQL + ` IS DISTINCT FROM 'held'`,
 	due:       `, ` + routeCauseSQL + ` AS cause`,
 	set:       `, ssl_ca_directory = CASE WHEN due.cause IS NULL THEN $7 ELSE $8 END, ssl_ca_cause = due.cause`,
-	returning: `, d.ssl_ca_directory, d.ssl_ca_cause, d.ssl_ca_refused`,
-	decision:  `c.ssl_ca_directory, COALESCE(c.ssl_ca_cause, ''), COALESCE(c.ssl_ca_refused, '')`,
+	returning: `, d.ssl_ca_directory, d.ssl_ca_cause, d.ssl_ca_refused, d.ssl_ca_refused_cause`,
+	decision: `c.ssl_ca_directory, COALESCE(c.ssl_ca_cause, ''), COALESCE(c.ssl_ca_refused, ''),
+    COALESCE(c.ssl_ca_refused_cause, '')`,
 }
 
 // claimRoutedSQL is the claim of a fleet with a second CA (Config.Fallback): one
@@ -277,20 +278,47 @@ const nextDueFallbackSQL = `(SELECT min(COALESCE(held_since, created_at)) + make
     FROM certworker_pauses
     WHERE paused_until > now() AND (directory IN ($4, '') OR (scope = 'ca' AND key = $4)))`
 
+// Why a CA refused a name (proxy_domains.ssl_ca_refused_cause).
+const (
+	// RefusedByCAA: the name's CAA records forbade the CA (the worker's own check, or
+	// the CA's caa problem). CAA that allows the CA again overrides it.
+	RefusedByCAA = "caa"
+	// RefusedByCA: the CA's own refusal (rejectedIdentifier, unsupportedIdentifier).
+	RefusedByCA = "refused"
+)
+
 // RecordRefused records, under claim c, that the CA at directory refused c's name for
-// good: from now on its orders go to the second CA at once. The claim stays held (the
-// worker hands it back, uncharged, for the next claim to route).
-func (q *Queue) RecordRefused(ctx context.Context, c Claim, directory string) error {
+// good, and why (RefusedByCAA, RefusedByCA): from now on its orders go to the other CA
+// at once. The claim stays held (the worker hands it back, uncharged, for the next
+// claim to route).
+func (q *Queue) RecordRefused(ctx context.Context, c Claim, directory, cause string) error {
 	var one int
 	err := q.db.QueryRow(ctx, `
-UPDATE proxy_domains SET ssl_ca_refused = $3
+UPDATE proxy_domains SET ssl_ca_refused = $3, ssl_ca_refused_cause = $4
 WHERE `+heldSQL+`
-RETURNING 1`, c.ID, c.Token, directory).Scan(&one)
+RETURNING 1`, c.ID, c.Token, directory, cause).Scan(&one)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return q.whyNotHeld(ctx, c)
 	}
 	if err != nil {
 		return fmt.Errorf("record the CA's refusal: %w", err)
+	}
+	return nil
+}
+
+// ForgetRefused forgets, under claim c, the refusal of c's name recorded for the CA
+// at c.RefusedBy: the name's CAA records caused it, and now allow that CA.
+func (q *Queue) ForgetRefused(ctx context.Context, c Claim) error {
+	var one int
+	err := q.db.QueryRow(ctx, `
+UPDATE proxy_domains SET ssl_ca_refused = NULL, ssl_ca_refused_cause = NULL
+WHERE `+heldSQL+`
+RETURNING 1`, c.ID, c.Token).Scan(&one)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return q.whyNotHeld(ctx, c)
+	}
+	if err != nil {
+		return fmt.Errorf("forget the CA's refusal: %w", err)
 	}
 	return nil
 }

@@ -343,3 +343,34 @@ FROM generate_series(1, 100000) g`, tn)
 	require.Contains(t, plan, "proxy_domains_line_idx", "the routed claim does not use the line's index:\n%s", plan)
 	require.NotContains(t, plan, "Seq Scan on proxy_domains", "the routed claim scans the table:\n%s", plan)
 }
+
+// With a second CA, the next due time is exact whatever the second CA says: a row
+// held back at the first for longer than --acme-fallback-after, while the second is
+// paused too, is due when the earlier of the two pauses lets it go (here the
+// second's, in 10 minutes), and a row in its backoff is due when the backoff ends.
+// Both were "due now" for as long as any pause of the first older than
+// --acme-fallback-after was in force, and the timers fell back to the poll.
+func TestNextDue_WithASecondCAIsExactWithTheSecondsPauses(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tn := b.tenant(t)
+	b.domain(t, tn, "pending", 0, nil)
+	_, err := b.q.PauseAt(b.ctx, testDirectory, queue.ScopeCA, testDirectory, queue.PauseRateLimit, time.Hour, "slow down")
+	require.NoError(t, err)
+	b.exec(t, `UPDATE certworker_pauses SET held_since = now() - interval '1 hour'`)
+	_, err = b.q.PauseAt(b.ctx, secondDirectory, queue.ScopeCA, secondDirectory, queue.PauseRateLimit, 10*time.Minute, "slow down too")
+	require.NoError(t, err)
+	q := b.routed(2 * time.Minute)
+	d, ok, err := q.NextDue(b.ctx, testDirectory)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.InDelta(t, (10 * time.Minute).Seconds(), d.Seconds(), 5, "the second CA's pause")
+
+	b.exec(t, `DELETE FROM certworker_pauses WHERE directory = $1`, secondDirectory)
+	b.exec(t, `UPDATE proxy_domains SET ssl_attempts = 3, ssl_last_attempt_at = now()`)
+	d, ok, err = q.NextDue(b.ctx, testDirectory)
+	require.NoError(t, err)
+	require.True(t, ok)
+	want := queue.DefaultConfig().Backoff(3)
+	require.InDelta(t, want.Seconds(), d.Seconds(), 5, "the row's own backoff")
+}

@@ -99,7 +99,7 @@ WITH d AS (
         ssl_error = CASE WHEN ssl_profile = $14
                          THEN CASE WHEN ssl_error LIKE '`+ProfilePrefix+`%' THEN ssl_error ELSE $15 END END,
         ssl_profile_refused = CASE WHEN ssl_profile = $14 THEN $14 END,
-        ssl_ca_refused = NULL,
+        ssl_ca_refused = NULL, ssl_ca_refused_cause = NULL,
         ssl_renew_by = $10, updated_at = now(), `+releaseClaimSQL+`
     WHERE `+heldSQL+`
     RETURNING domain
@@ -119,7 +119,7 @@ SELECT `+secondsUntilSQL("renew_at")+` FROM c`,
 		c.ID, c.Token, cert.NotAfter, cert.ChainPEM, cert.PrivateKey, cert.NotBefore,
 		cert.Issuer, cert.Serial, renewAt, RenewBy(cert.NotBefore, cert.NotAfter, cert.WindowEnd),
 		nullTime(cert.WindowEnd), nullSeconds(cert.RenewalInfoIn), nullString(cert.Profile),
-		nullString(c.ProfileRefused), nullString(c.Notice), nullTime(cert.WindowStart), nullString(cert.Directory)).Scan(&renewIn)
+		nullString(c.ProfileRefused), nullString(q.errorText(ctx, c.Notice)), nullTime(cert.WindowStart), nullString(cert.Directory)).Scan(&renewIn)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, q.whyNotHeld(ctx, c)
 	}
@@ -230,7 +230,7 @@ UPDATE proxy_domains SET
 WHERE `+heldSQL+`
 RETURNING ssl_attempts, ssl_status,
     `+secondsUntilSQL("ssl_last_attempt_at + make_interval(secs => "+backoffSQL("ssl_attempts", "$5", "$6")+")"),
-		[]any{c.ID, c.Token, reason, q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax)},
+		[]any{c.ID, c.Token, q.errorText(ctx, reason), q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax)},
 		&f.Attempts, &status, &retryIn)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return f, q.whyNotHeld(ctx, c)
@@ -281,7 +281,7 @@ UPDATE proxy_domains SET
     ssl_status = 'failed', ssl_error = $3,
     ssl_attempts = `+nextAttemptSQL+`,
     updated_at = now(), `+releaseClaimSQL+`
-WHERE `+heldSQL, c.ID, c.Token, reason)
+WHERE `+heldSQL, c.ID, c.Token, q.errorText(ctx, reason))
 	if err != nil {
 		return fmt.Errorf("mark failed for good: %w", err)
 	}

@@ -77,7 +77,20 @@ type Request struct {
 	// a second certificate beside the one the new holder orders (CONTRACT.md §5).
 	// nil outside the worker.
 	ConfirmClaim func(ctx context.Context) error
+	// Readmit, when set, is called before a renewal is ordered again without
+	// "replaces" (the CA refused the order naming the certificate): the order is no
+	// longer the renewal the ledger admitted, and is admitted again as a new one. An
+	// error (a *LedgerRefusedError when the ledger refuses it) stops the order: the
+	// issuer sends nothing more and returns it.
+	Readmit func(ctx context.Context) error
 }
+
+// LedgerRefusedError: the ledger refused an order admitted as a renewal once it was
+// to go without "replaces" (Request.Readmit). Not charged: the domain waits, as for
+// any ledger limit, under the pause the refusal wrote.
+type LedgerRefusedError struct{ Reason string }
+
+func (e *LedgerRefusedError) Error() string { return e.Reason }
 
 // Certificate is what an Issuer hands back for storage.
 type Certificate struct {
@@ -189,6 +202,10 @@ type PermanentError struct {
 	// unsupportedIdentifier), which another CA may not: with a second CA, it is asked
 	// at once, and the domain fails only when both have refused.
 	Refused bool
+	// CAA: the refusal is the CA's reading of the name's CAA records (its caa
+	// problem), which the tenant may change: a later look-up that allows the CA
+	// overrides it (RefusedByCAA).
+	CAA bool
 }
 
 func (e *PermanentError) Error() string { return e.Err.Error() }

@@ -180,3 +180,24 @@ func TestDeadline_BoundFollowsRenewals(t *testing.T) {
 	require.ErrorIs(t, context.Cause(ctx), queue.ErrLeaseDeadline)
 	require.False(t, time.Now().Before(d.At()), "the bound ended before the deadline")
 }
+
+// Expire ends a deadline at once and for good: Check fails, a wait Bound made ends
+// with ErrLeaseDeadline, and a renewal confirmed later does not bring it back (the
+// shutdown expires an order it hands back itself).
+func TestDeadline_ExpireEndsItForGood(t *testing.T) {
+	t.Parallel()
+	d := queue.NewDeadline(time.Now(), time.Hour)
+	ctx, cancel := d.Bound(context.Background())
+	defer cancel()
+	require.NoError(t, d.Check())
+	d.Expire()
+	require.ErrorIs(t, d.Check(), queue.ErrLeaseDeadline)
+	select {
+	case <-ctx.Done():
+		require.ErrorIs(t, context.Cause(ctx), queue.ErrLeaseDeadline)
+	case <-time.After(10 * time.Second):
+		t.Fatal("a wait bound by the deadline did not end")
+	}
+	d.Renewed(time.Now())
+	require.ErrorIs(t, d.Check(), queue.ErrLeaseDeadline, "a renewal brought an expired deadline back")
+}

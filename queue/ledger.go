@@ -151,8 +151,9 @@ func (q *Queue) Admit(ctx context.Context, directory string, limits Limits, as [
 	return admitted, refused, nil
 }
 
-// knownRenewals returns as with Renewal cleared where the CA at directory has not
-// issued a certificate for the name before, and exempt set where the renewal falls
+// knownRenewals returns as with Renewal cleared where the order is no renewal to the
+// CA at directory by the claim's own rule (renewalSQL: its certificate is not this
+// CA's, or the CA has not issued for the name before), and exempt set where the renewal falls
 // inside the window last read for its certificate (ariExemptSQL, on the database's
 // clock). Read outside the ledger's lock: a name recorded meanwhile only makes a
 // renewal count as a new order, the safe side; a window read meanwhile, or one that
@@ -167,10 +168,13 @@ func (q *Queue) knownRenewals(ctx context.Context, directory string, as []Admiss
 	if len(names) == 0 {
 		return as, nil
 	}
+	second, args := "", []any{directory, names, domains}
+	if q.cfg.Fallback != nil {
+		second, args = "$4", append(args, q.cfg.Fallback.Directory)
+	}
 	rows, err := q.db.Query(ctx, `
-SELECT r.name, EXISTS (SELECT 1 FROM certworker_issued_names n WHERE n.directory = $1 AND n.name = r.name),
-       `+ariWindowSQL("r.domain")+`
-FROM unnest($2::text[], $3::text[]) AS r(name, domain)`, directory, names, domains)
+SELECT r.name, `+renewalSQL("r.domain", "$1", second)+`, `+ariWindowSQL("r.domain")+`
+FROM unnest($2::text[], $3::text[]) AS r(name, domain)`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("read names issued before: %w", err)
 	}
@@ -208,35 +212,50 @@ func ariWindowSQL(domain string) string {
                AND x.ari_window_start <= now() AND now() < x.ari_window_end)`
 }
 
-// renewalSQL is true when the CA at directory (an SQL parameter) has issued for
-// domain, which holds a stored certificate (one the claim hands over as CurrentPEM,
-// which makes the worker ask for a renewal): an order for it is a renewal to the CA
-// (knownRenewals). ariExemptSQL adds that the certificate is inside its window. The
-// claim lets such rows past the ledger's pauses they are exempt from, and Admit then
-// admits them: the two have to agree, or a row would be claimed and handed back on
-// every pass. The claim compares lower(domain) where Admit compares CheckName's
-// name, which is the same name or one the claim does not find (stricter, never
-// looser).
-func renewalSQL(domain, directory string) string {
+// renewalSQL is the one rule of "is an order for domain a renewal to the CA at
+// directory" (SQL expressions; second is the second CA's directory, "" without one):
+// domain holds a stored certificate that this CA issued (certOfSQL), and the ledger
+// saw this CA issue for the name before (certworker_issued_names). ariExemptSQL adds
+// that the certificate is inside its window. The claim lets such rows past the
+// ledger's pauses they are exempt from (ledgerExemptSQL), and Admit reads the same
+// expression for the claims it is asked about (knownRenewals): the two cannot
+// disagree. When they could, a renewal whose certificate came from the second CA,
+// routed to the first during the first's account-wide pause, was passed by the claim
+// (the first had issued for the name once) and refused by Admit (not the first's
+// certificate), and the fill claimed it again at once, 170 times a second.
+func renewalSQL(domain, directory, second string) string {
 	return `EXISTS (SELECT 1 FROM proxy_certificates x JOIN certworker_issued_names n
                        ON n.directory = ` + directory + ` AND n.name = lower(x.domain)
-               WHERE x.domain = ` + domain + ` AND x.certificate_pem <> '')`
+               WHERE x.domain = ` + domain + ` AND x.certificate_pem <> ''` + certOfSQL("x", directory, second) + `)`
+}
+
+// certOfSQL is the condition (with a leading AND, or nothing without a second CA)
+// that certificate row x was issued by the CA at directory: the second CA's
+// certificates are recorded as such (issuer_directory); any other, one with no
+// recorded CA included, is the first's. The worker's replacesPEM applies the same
+// rule to decide whether the order names the certificate.
+func certOfSQL(x, directory, second string) string {
+	if second == "" {
+		return ""
+	}
+	return `
+                 AND (` + x + `.issuer_directory IS NOT DISTINCT FROM ` + second + `) = (` + directory + ` = ` + second + `)`
 }
 
 // ariExemptSQL is true for an ARI renewal: a renewal (renewalSQL) whose certificate
 // is inside the window last read for it (ariWindowSQL).
-func ariExemptSQL(domain, directory string) string {
-	return `(` + renewalSQL(domain, directory) + ` AND ` + ariWindowSQL(domain) + `)`
+func ariExemptSQL(domain, directory, second string) string {
+	return `(` + renewalSQL(domain, directory, second) + ` AND ` + ariWindowSQL(domain) + `)`
 }
 
 // ledgerExemptSQL is true when pause p is a ledger's pause of the CA at directory that
 // does not hold row d back (the rules above): a renewal the CA knows as one passes a pause of
 // the account's orders (scope 'ca') or of its registered domain, and an ARI renewal
-// passes every ledger pause.
-func ledgerExemptSQL(p, d, directory string) string {
+// passes every ledger pause. second is renewalSQL's.
+func ledgerExemptSQL(p, d, directory, second string) string {
 	return `(` + p + `.source = 'ledger' AND CASE WHEN ` + p + `.scope IN ('ca', 'registered_domain')
-                                         THEN ` + renewalSQL(d+".domain", directory) + `
-                                         ELSE ` + ariExemptSQL(d+".domain", directory) + ` END)`
+                                         THEN ` + renewalSQL(d+".domain", directory, second) + `
+                                         ELSE ` + ariExemptSQL(d+".domain", directory, second) + ` END)`
 }
 
 // The ledger's lock: how long one try waits for it, and the pause between tries.
@@ -512,6 +531,41 @@ ON CONFLICT (directory, scope, key, source) DO UPDATE SET
 	return tx.SendBatch(ctx, b).Close()
 }
 
+// Readmit asks the ledger again, as a new order (not a renewal, not exempt), about a
+// claim Admit admitted as a renewal, whose order is about to go without "replaces"
+// (Request.Readmit): the CA counts it as a new order then, and the ledger must not let
+// it past a limit it admitted it past as a renewal. Under the ledger's lock, the
+// claim's own row is left out of the counts and written again as what it now is. A
+// refusal returns a *LedgerRefusedError, pauses what the order hit, as Admit does, and
+// leaves no row for the claim (the order is not sent).
+func (q *Queue) Readmit(ctx context.Context, directory string, limits Limits, a Admission) error {
+	a.Renewal, a.exempt = false, false
+	var why string
+	err := q.inLedger(ctx, directory, func(tx pgx.Tx) error {
+		why = ""
+		if _, err := tx.Exec(ctx, `
+DELETE FROM certworker_ledger WHERE directory = $1 AND claim_token = $2`, directory, a.Claim.Token); err != nil {
+			return err
+		}
+		counts, err := ledgerCounts(ctx, tx, directory, limits, []Admission{a})
+		if err != nil {
+			return err
+		}
+		d := ledgerDecision{limits: limits, directory: directory, counts: counts}
+		if why = d.admit(a); why == "" {
+			d.record(a)
+		}
+		return d.write(ctx, tx, nil)
+	})
+	if err != nil {
+		return fmt.Errorf("ledger: %w", err)
+	}
+	if why != "" {
+		return &LedgerRefusedError{Reason: why}
+	}
+	return nil
+}
+
 // SettleLedger records how the order of claim token ended, under the ledger's lock:
 // the pauses it lifts or writes are the ledger's, which Admit writes under the same
 // lock, and a lift that raced an Admit could leave a pause the counts no longer
@@ -576,12 +630,25 @@ ON CONFLICT (directory, scope, key, source) DO UPDATE SET
 // if that arrives late. No pause changes (the counts do not), so the ledger's lock is
 // not taken. It returns how many rows it settled.
 func (q *Queue) SettleStaleLedger(ctx context.Context, directory string, olderThan time.Duration) (int64, error) {
-	tag, err := q.db.Exec(ctx, `
-UPDATE certworker_ledger SET outcome = 'unknown'
-WHERE directory = $1 AND outcome = 'pending' AND at < now() - make_interval(secs => $2)`,
-		directory, seconds(olderThan))
-	if err != nil {
-		return 0, fmt.Errorf("settle stale ledger rows: %w", err)
+	// A row another transaction holds locked (its late settle) is passed over, not
+	// waited for; fillBatch rows a statement.
+	var total int64
+	for {
+		tag, err := q.db.Exec(ctx, `
+WITH stale AS (
+    SELECT ctid FROM certworker_ledger
+    WHERE directory = $1 AND outcome = 'pending' AND at < now() - make_interval(secs => $2)
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED)
+UPDATE certworker_ledger l SET outcome = 'unknown'
+FROM stale WHERE l.ctid = stale.ctid`,
+			directory, seconds(olderThan), fillBatch)
+		if err != nil {
+			return total, fmt.Errorf("settle stale ledger rows: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < fillBatch {
+			return total, nil
+		}
 	}
-	return tag.RowsAffected(), nil
 }

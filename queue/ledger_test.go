@@ -101,6 +101,8 @@ func TestAdmit_RenewalsAreExemptOnlyWhereTheCAExemptsThem(t *testing.T) {
 	// renewals there.
 	b.exec(t, `INSERT INTO certworker_issued_names (directory, name)
 SELECT $1, 'r' || g || '.shop.example' FROM generate_series(0, 3) g`, testDirectory)
+	// And hold the certificate the renewal replaces (the claim's rule, renewalSQL).
+	b.exec(t, `INSERT INTO proxy_certificates (domain, certificate_pem, private_key_pem) SELECT domain, 'pem', 'key' FROM proxy_domains`)
 	limits := queue.Limits{
 		OrdersPerAccount:         queue.Limit{Count: 1, Window: time.Hour},
 		CertsPerRegisteredDomain: queue.Limit{Count: 1, Window: time.Hour},

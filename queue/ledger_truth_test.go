@@ -213,6 +213,7 @@ func TestAdmit_AForeignCertificateDoesNotMakeARenewal(t *testing.T) {
 		`ssl_claim_token = NULL, ssl_claimed_by = NULL, ssl_lease_expires_at = NULL`)
 	b.exec(t, `DELETE FROM certworker_pauses`)
 	b.named(t, tn, "uploaded.example")
+	b.exec(t, `INSERT INTO proxy_certificates (domain, certificate_pem, private_key_pem) SELECT domain, 'pem', 'key' FROM proxy_domains`)
 
 	admitted, refused, err := b.q.Admit(b.ctx, testDirectory, limits, b.admissions(t, true))
 	require.NoError(t, err)

@@ -52,7 +52,7 @@ ON CONFLICT (directory, scope, key, source) DO UPDATE SET
     paused_until = GREATEST(p.paused_until, EXCLUDED.paused_until),
     reason = CASE WHEN EXCLUDED.paused_until > p.paused_until THEN EXCLUDED.reason ELSE p.reason END,
     updated_at = now()
-RETURNING `+secondsUntilSQL("paused_until"), scope, key, source, seconds(wait), reason, directory).Scan(&left)
+RETURNING `+secondsUntilSQL("paused_until"), scope, key, source, seconds(wait), q.errorText(ctx, reason), directory).Scan(&left)
 	if err != nil {
 		return 0, fmt.Errorf("pause %s %s: %w", scope, key, err)
 	}
@@ -104,7 +104,7 @@ ON CONFLICT (directory, scope, key, source) DO UPDATE SET
     reason = EXCLUDED.reason,
     updated_at = now()
 RETURNING failures, `+secondsUntilSQL("paused_until"),
-		directory, reason, seconds(base), seconds(limit), seconds(outageForgotten)).Scan(&u.Failures, &left)
+		directory, q.errorText(ctx, reason), seconds(base), seconds(limit), seconds(outageForgotten)).Scan(&u.Failures, &left)
 	if err != nil {
 		return u, fmt.Errorf("pause unreachable CA: %w", err)
 	}

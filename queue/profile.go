@@ -118,7 +118,7 @@ UPDATE proxy_domains SET
     updated_at = now()
 FROM cert
 WHERE `+heldSQL+`
-RETURNING ssl_status = 'provisioning'`, c.ID, c.Token, profile, reasonNone, reasonKept).Scan(&renew)
+RETURNING ssl_status = 'provisioning'`, c.ID, c.Token, profile, q.errorText(ctx, reasonNone), q.errorText(ctx, reasonKept)).Scan(&renew)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, q.whyNotHeld(ctx, c)
 	}

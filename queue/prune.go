@@ -2,9 +2,17 @@ package queue
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
+
+// LedgerWindow is how long the ledger rows of the CA at Directory are kept (Prune):
+// the longest window of its limits.
+type LedgerWindow struct {
+	Directory string
+	Window    time.Duration
+}
 
 // PruneResult is how many rows Prune deleted, by kind.
 type PruneResult struct {
@@ -52,8 +60,19 @@ const (
 // the row was last written: the proxy deletes the domain (proxy_certificates has no
 // foreign key to it), and the key should not outlive it. The name is compared in any
 // case, as the proxy looks certificates up.
-func (q *Queue) Prune(ctx context.Context) (PruneResult, error) {
+//
+// A ledger row is kept for the longest window of its own CA's limits: keep gives
+// them, by directory (the worker passes each CA's, whose --acme-fallback-limit-* may
+// be longer than the first CA's). A row is never pruned before the longest window
+// certworker_settings records either, which is the first CA's as the fleet last
+// recorded it; a CA keep does not name has only that.
+func (q *Queue) Prune(ctx context.Context, keep ...LedgerWindow) (PruneResult, error) {
+	dirs, windows := make([]string, len(keep)), make([]float64, len(keep))
+	for i, k := range keep {
+		dirs[i], windows[i] = k.Directory, seconds(k.Window)
+	}
 	var r PruneResult
+	var errs []error
 	for _, step := range []struct {
 		what  string
 		count *int64
@@ -67,11 +86,12 @@ SELECT ctid FROM certworker_http01_tokens WHERE expires_at < now()`, nil},
 SELECT ctid FROM certworker_pauses WHERE paused_until < now() - make_interval(secs => $1)`,
 			[]any{seconds(pauseKeep)}},
 		{"old ledger rows", &r.Ledger, "certworker_ledger", `
-SELECT ctid FROM certworker_ledger WHERE at < now() - make_interval(secs => COALESCE(
+SELECT g.ctid FROM certworker_ledger g WHERE g.at < now() - make_interval(secs => GREATEST(COALESCE(
     (SELECT max((l.value->>'window_seconds')::double precision)
      FROM certworker_settings s, jsonb_each(s.limits) AS l
      WHERE s.id AND jsonb_typeof(s.limits) = 'object' AND jsonb_typeof(l.value) = 'object'),
-    $1))`, []any{seconds(defaultLedgerWindow)}},
+    $1), (SELECT max(k.secs) FROM unnest($2::text[], $3::float8[]) AS k (directory, secs)
+          WHERE k.directory = g.directory)))`, []any{seconds(defaultLedgerWindow), dirs, windows}},
 		{"counters of tenants without domains", &r.Tenants, "certworker_tenants", `
 SELECT t.ctid FROM certworker_tenants t
 WHERE NOT EXISTS (SELECT 1 FROM proxy_domains d WHERE d.tenant_id = t.tenant_id)`, nil},
@@ -89,21 +109,24 @@ WHERE n.issued_at < now() - make_interval(secs => $1)
 		n, err := q.deleteInBatches(ctx, step.table, step.sql, step.args)
 		*step.count = n
 		if err != nil {
-			return r, fmt.Errorf("prune %s: %w", step.what, err)
+			// The other kinds do not wait on this one.
+			errs = append(errs, fmt.Errorf("prune %s: %w", step.what, err))
 		}
 	}
-	return r, nil
+	return r, errors.Join(errs...)
 }
 
 // deleteInBatches deletes the rows of table that match (a query of their ctids),
 // pruneBatch at a time, and returns how many. A row that changed between the
 // query and the delete has another ctid and is left for the next run: it was
-// written, so it may be needed (a tenant's counter taken by a new domain).
+// written, so it may be needed (a tenant's counter taken by a new domain). A row
+// another transaction holds locked (the proxy's open write to a certificate row) is
+// passed over and left for the next run, not waited for.
 func (q *Queue) deleteInBatches(ctx context.Context, table, match string, args []any) (int64, error) {
 	var total int64
 	for {
 		tag, err := q.db.Exec(ctx, fmt.Sprintf(`
-DELETE FROM %s WHERE ctid = ANY (ARRAY(%s LIMIT %d))`, table, match, pruneBatch), args...)
+DELETE FROM %s WHERE ctid = ANY (ARRAY(%s LIMIT %d FOR UPDATE SKIP LOCKED))`, table, match, pruneBatch), args...)
 		if err != nil {
 			return total, err
 		}

@@ -3,6 +3,7 @@ package queue_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -96,6 +97,29 @@ func TestPrune_KeepsTheLedgerForTheLongestLimitWindow(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, r.Ledger)
 	require.Equal(t, []string{"recent.example"}, b.strings(t, `SELECT name FROM certworker_ledger`))
+}
+
+// Each CA's ledger rows are kept for its own longest window: a second CA whose
+// --acme-fallback-limit-* window (a week here) is longer than the first's (3 hours,
+// which certworker_settings records) keeps its rows of 4 hours ago, and the first's
+// go. Only the first CA's windows were read, so the second's longer window
+// undercounted.
+func TestPrune_KeepsEachCAsLedgerForItsOwnLongestWindow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.exec(t, `INSERT INTO certworker_settings (id, limits) VALUES (true,
+    '{"orders_per_account": {"count": 300, "window_seconds": 10800}}')
+    ON CONFLICT (id) DO UPDATE SET limits = EXCLUDED.limits`)
+	b.exec(t, `INSERT INTO certworker_ledger (at, directory, name, registered_domain) VALUES
+    (now() - interval '4 hours', 'first', 'first-old.example', 'first-old.example'),
+    (now() - interval '4 hours', 'second', 'second-old.example', 'second-old.example'),
+    (now() - interval '200 hours', 'second', 'second-older.example', 'second-older.example')`)
+	r, err := b.q.Prune(b.ctx,
+		queue.LedgerWindow{Directory: "first", Window: 3 * time.Hour},
+		queue.LedgerWindow{Directory: "second", Window: 168 * time.Hour})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, r.Ledger)
+	require.Equal(t, []string{"second-old.example"}, b.strings(t, `SELECT name FROM certworker_ledger`))
 }
 
 // Years without pruning leave far more than one batch: one call deletes it all, in

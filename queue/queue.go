@@ -27,11 +27,13 @@ var _ DB = (*pgxpool.Pool)(nil)
 type Queue struct {
 	db  DB
 	cfg Config
+	// enc is the database's server encoding, as errorText needs it.
+	enc *serverEncoding
 }
 
 // New returns a Queue on db with the given curve (zero fields take the defaults).
 func New(db DB, cfg Config) *Queue {
-	return &Queue{db: db, cfg: cfg.WithDefaults()}
+	return &Queue{db: db, cfg: cfg.WithDefaults(), enc: &serverEncoding{}}
 }
 
 // Config is the queue's effective configuration.

@@ -67,27 +67,35 @@ type RenewalPass struct {
 // A domain keeps its current certificate until the new one is stored, and the
 // renewal time only moves when a new certificate is stored, so a certificate is never
 // renewed again before its new renewal time.
+//
+// Its two parts are independent: a failure giving renewal times to the rows without
+// one (a statement cut off, a row it cannot store) never keeps the certificates already
+// due from being requeued; the error of each is returned, joined. Rows another
+// transaction holds locked are passed over and left for the next pass.
 func (q *Queue) MarkRenewals(ctx context.Context) (RenewalPass, error) {
 	var pass RenewalPass
+	fillErr := q.fillRenewalTimes(ctx, &pass)
+	marked, err := q.requeueDue(ctx)
+	pass.Marked += marked
+	return pass, errors.Join(fillErr, err)
+}
+
+// fillRenewalTimes gives the certificate rows without a renewal time one, in batches
+// (schedule), adding what it did to pass.
+func (q *Queue) fillRenewalTimes(ctx context.Context, pass *RenewalPass) error {
 	for after := ""; ; {
 		batch, err := q.readUnscheduled(ctx, after)
-		if err != nil {
-			return pass, err
-		}
-		if len(batch) == 0 {
-			break
+		if err != nil || len(batch) == 0 {
+			return err
 		}
 		after = batch[len(batch)-1].id
 		marked, bad, err := q.schedule(ctx, batch)
 		pass.Marked += marked
 		pass.Bad = append(pass.Bad, bad...)
 		if err != nil {
-			return pass, err
+			return err
 		}
 	}
-	marked, err := q.requeueDue(ctx)
-	pass.Marked += marked
-	return pass, err
 }
 
 // requeueDue moves the active domains whose certificate's renewal time has passed back
@@ -203,19 +211,28 @@ func (q *Queue) schedule(ctx context.Context, batch []unscheduled) (int64, []Bad
 	}
 	if len(ids) > 0 {
 		if _, err := q.db.Exec(ctx, `
+WITH f AS (
+    SELECT * FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[], $4::text[], $5::text[])
+        AS f (id, renew_at, not_before, issuer, serial)
+), free AS (
+    SELECT c.id FROM proxy_certificates c
+    WHERE c.id IN (SELECT id FROM f) AND c.renew_at IS NULL
+    FOR UPDATE SKIP LOCKED)
 UPDATE proxy_certificates c SET
     renew_at = f.renew_at,
     not_before = COALESCE(c.not_before, f.not_before),
     issuer = COALESCE(c.issuer, f.issuer),
     serial = COALESCE(c.serial, f.serial)
-FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[], $4::text[], $5::text[])
-    AS f (id, renew_at, not_before, issuer, serial)
-WHERE c.id = f.id AND c.renew_at IS NULL`, ids, renewAts, notBefores, issuers, serials); err != nil {
+FROM f JOIN free USING (id)
+WHERE c.id = f.id`, ids, renewAts, notBefores, issuers, serials); err != nil {
 			return 0, nil, fmt.Errorf("record renewal times: %w", err)
 		}
 	}
 	if len(badIDs) == 0 {
 		return 0, nil, nil
+	}
+	for i := range reasons {
+		reasons[i] = q.errorText(ctx, reasons[i])
 	}
 	marked, err := q.requeueForIssuance(ctx, badIDs, reasons)
 	return marked, bad, err
@@ -225,21 +242,35 @@ WHERE c.id = f.id AND c.renew_at IS NULL`, ids, renewAts, notBefores, issuers, s
 // that no later pass reads them again) and moves their domains back to 'pending' as a
 // first issuance would be (no ssl_renew_by: its tier is the first issuances'), with
 // the reason in ssl_error so that `status` says why the domain is being ordered.
+//
+// Rows another transaction holds locked are passed over: a certificate row is left
+// for the next pass to read again; a domain row whose certificate was marked is
+// requeued by requeueDue (the certificate is due now) once the lock is gone, as a
+// renewal, without the reason.
 func (q *Queue) requeueForIssuance(ctx context.Context, ids, reasons []string) (int64, error) {
 	tag, err := q.db.Exec(ctx, `
-WITH c AS (
+WITH b AS (
+    SELECT * FROM unnest($1::uuid[], $2::text[]) AS b (id, reason)
+), free AS (
+    SELECT c.id FROM proxy_certificates c
+    WHERE c.id IN (SELECT id FROM b) AND c.renew_at IS NULL
+    FOR UPDATE SKIP LOCKED
+), c AS (
     UPDATE proxy_certificates c SET renew_at = now()
-    FROM unnest($1::uuid[], $2::text[]) AS b (id, reason)
-    WHERE c.id = b.id AND c.renew_at IS NULL
-    RETURNING c.domain, b.reason)
-UPDATE proxy_domains d SET
-    ssl_status = 'pending', ssl_attempts = 0, ssl_error = c.reason, ssl_renew_by = NULL,
+    FROM b JOIN free USING (id)
+    WHERE c.id = b.id
+    RETURNING c.domain, b.reason
+), d AS (
+    SELECT d.id, c.reason FROM proxy_domains d JOIN c ON d.domain = c.domain
+    WHERE d.ssl_status = 'active'
+      AND d.ssl_provider = 'acme'
+      AND d.verification_status = 'verified'
+    FOR UPDATE OF d SKIP LOCKED)
+UPDATE proxy_domains x SET
+    ssl_status = 'pending', ssl_attempts = 0, ssl_error = d.reason, ssl_renew_by = NULL,
     updated_at = now()
-FROM c
-WHERE d.domain = c.domain
-  AND d.ssl_status = 'active'
-  AND d.ssl_provider = 'acme'
-  AND d.verification_status = 'verified'`, ids, reasons)
+FROM d
+WHERE x.id = d.id`, ids, reasons)
 	if err != nil {
 		return 0, fmt.Errorf("mark unusable certificates due for issuance: %w", err)
 	}

@@ -27,11 +27,17 @@ func (q *Queue) NextDue(ctx context.Context, directory string) (d time.Duration,
 	var secs *float64
 	args := []any{q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax), directory, capped}
 	// With a second CA, a row held back at the first may go to it before the first's
-	// pause ends (fallback.go).
+	// pause ends (fallback.go): not before the row is due itself, nor before the
+	// hold has lasted --acme-fallback-after, nor while the second CA is paused. Any
+	// of the three missing made it "due now" for as long as a pause of the first
+	// older than --acme-fallback-after was in force, and the worker's timer fell back
+	// to its idle retries, then the poll.
 	fallbackDue := "NULL"
 	if q.cfg.Fallback != nil {
-		fallbackDue = `CASE WHEN (SELECT min(at) FROM queued) IS NOT NULL THEN ` + nextDueFallbackSQL + ` END`
-		args = append(args, q.cfg.Fallback.args()[1])
+		fallbackDue = `CASE WHEN (SELECT min(at) FROM queued) IS NOT NULL THEN GREATEST((SELECT min(at) FROM queued), ` +
+			nextDueFallbackSQL + `, (SELECT max(paused_until) FROM certworker_pauses
+                                 WHERE scope = 'ca' AND key = $7 AND paused_until > now())) END`
+		args = append(args, q.cfg.Fallback.args()[1], q.cfg.Fallback.Directory)
 	}
 	err = q.db.QueryRow(ctx, `
 WITH per_count AS (

@@ -36,6 +36,7 @@ BEGIN
         WHEN 'retry' THEN
             IF NEW.ssl_ca_refused IS NOT DISTINCT FROM OLD.ssl_ca_refused THEN
                 NEW.ssl_ca_refused := NULL;
+                NEW.ssl_ca_refused_cause := NULL;
             END IF;
             IF NEW.ssl_held IS NOT DISTINCT FROM OLD.ssl_held THEN
                 NEW.ssl_held := NULL;

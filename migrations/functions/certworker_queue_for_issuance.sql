@@ -1,7 +1,12 @@
 -- The proxy's "retry" for a tenant (the reference's saas::db::queue_for_issuance):
 -- puts the tenant's domain back in the queue with its history cleared (pending,
 -- attempts 0, error and last attempt cleared, so that the next pass takes it rather
--- than waiting out a backoff computed for a cause the tenant has just fixed). One row,
+-- than waiting out a backoff computed for a cause the tenant has just fixed), and every
+-- CA's recorded refusal of the name forgotten (ssl_ca_refused and its cause), as
+-- `certworker retry` forgets it (CONTRACT.md §5): the tenant may have changed the CAA
+-- records that caused it, and the CAs are asked afresh. The refusal is certworker's
+-- column, which the proxy's role may not write: the trigger certworker_retried
+-- (certworker_follow_proxy) forgets it when this UPDATE clears the history. One row,
 -- the domain as it now is, when it was queued; no row, and nothing changed, when it is
 -- refused: another tenant's domain (a tenant never touches another's), one that is not
 -- verified (an order for a name nobody has proved control of spends a rate limit for

@@ -149,8 +149,8 @@ func (w *Worker) fill(ctx context.Context, source string) (claimed int, full boo
 // dropped, so the shutdown that SIGTERM starts waits for it, and then runs or hands
 // back what it took. When it fails all the same (its timeout, a lost connection), the
 // rows it may have claimed are handed back by the next pass. full reports that the
-// claim took all n (more may be due), whatever the ledger let go, and that the ledger
-// answered (a ledger that did not ends the fill); sent is when the statement was
+// claim took all n (more may be due), that the ledger answered (a ledger that did not
+// ends the fill) and let at least one go; sent is when the statement was
 // sent, where the claims' lease deadlines start.
 func (w *Worker) claim(ctx context.Context, n int, source string) (claims []queue.Claim, sent time.Time, full bool) {
 	cctx, cancel := w.step(ctx, true)
@@ -162,7 +162,7 @@ func (w *Worker) claim(ctx context.Context, n int, source string) (claims []queu
 	}
 	claims, err := claimFrom(cctx, w.owner, w.cfg.Directory, n, w.newcomerSlots(n))
 	if err != nil {
-		w.health.failed()
+		w.health.failed(err)
 		w.untracked = true
 		w.logDBError("claim", err)
 		return nil, sent, false
@@ -172,7 +172,11 @@ func (w *Worker) claim(ctx context.Context, n int, source string) (claims []queu
 		w.returnHeld, w.heldReturnedAt = false, time.Now()
 	}
 	admitted, ok := w.admit(ctx, claims)
-	return admitted, sent, ok && len(claims) == n
+	// A claim the ledger refused entirely ends the fill too: claiming again at once
+	// would take the same rows and be refused again (the claim and the ledger agree
+	// by construction, renewalSQL, but a fill must not spin on a disagreement it
+	// cannot see). The pause the refusal wrote ends the wait, or the next wake-up.
+	return admitted, sent, ok && len(claims) == n && len(admitted) > 0
 }
 
 // bringsHeldBack says whether the claim of a pass woken by source brings held rows
@@ -207,7 +211,7 @@ func (w *Worker) releaseUntracked(ctx context.Context) {
 	defer cancel()
 	released, err := w.q.ReleaseUntracked(rctx, w.owner, w.orders.tokens())
 	if err != nil {
-		w.health.failed()
+		w.health.failed(err)
 		w.logDBError("hand back untracked claims", err)
 		return
 	}
@@ -234,7 +238,7 @@ func (w *Worker) schedule(ctx context.Context, source string, claimed int) {
 	case err != nil:
 		// Not known: look again soon rather than at the next poll, so that a due
 		// retry is not held up by a failed query.
-		w.health.failed()
+		w.health.failed(err)
 		w.logDBError("compute next due time", err)
 		d, ok = w.nextIdleRetry(), true
 	case ok && d > 0:

@@ -29,6 +29,13 @@ func (w *Worker) failed(o *order, log *zap.Logger, name string, err error) (stri
 	if errors.As(err, &keyErr) {
 		return w.keyMissing(o, log, keyErr), 0
 	}
+	var held *queue.LedgerRefusedError
+	if errors.As(err, &held) {
+		// Nothing more was sent; the ledger's pause holds the domain, uncharged.
+		log.Info("order held back by the ledger: without \"replaces\" it is a new order, which the CA would refuse; the domain waits, not charged",
+			zap.String("reason", held.Reason), zap.String("ca", w.caOf(o.claim.Directory).label))
+		return w.handBack(o, log, true, "ledger_held"), 0
+	}
 	at := w.caOf(o.claim.Directory)
 	if rl, ok := queue.IsRateLimit(err); ok {
 		w.caAnswered(at)
@@ -137,6 +144,11 @@ func (w *Worker) keyMissing(o *order, log *zap.Logger, ke *queue.KeyError) strin
 // state for the fleet if this instance saw it. With a second CA, every answer of the
 // first ends it, whoever saw it down: while its outage pause stays, the claim sends
 // domains to the second, and an instance that saw the outage may have been restarted.
+//
+// "CA reachable again" is logged by the one caller whose delete ended the state
+// (ClearUnreachable reports it to one statement only, fleet-wide): two orders
+// finishing together both logged it, one because it won the local flag and the other
+// because its delete found the pause.
 func (w *Worker) caAnswered(at *ca) {
 	if !at.down.Load() && (w.second == nil || at != w.first) {
 		return
@@ -148,8 +160,10 @@ func (w *Worker) caAnswered(at *ca) {
 		w.logDBError("clear the CA's unreachable state", err)
 		return
 	}
-	if at.down.CompareAndSwap(true, false) || ended {
+	if at.down.Swap(false) || ended {
 		w.m.setCAUnreachable(at.label, false)
+	}
+	if ended {
 		w.log.Info("CA reachable again; ordering resumes", zap.String("directory", at.directory), zap.String("ca", at.label))
 	}
 }

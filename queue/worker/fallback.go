@@ -108,7 +108,7 @@ func (w *Worker) refusedByFirst(o *order, log *zap.Logger, perm *queue.Permanent
 		return w.failForGood(o, log, reason, "permanent"), true
 	}
 	err := w.record(o, log, "record the first CA's refusal", func(ctx context.Context) error {
-		return w.q.RecordRefused(ctx, c, w.first.directory)
+		return w.q.RecordRefused(ctx, c, w.first.directory, refusalCause(perm))
 	})
 	if outcome, done := w.notRecorded(o, log, err); done {
 		return outcome, true
@@ -131,7 +131,7 @@ func (w *Worker) refusedBySecond(o *order, log *zap.Logger, perm *queue.Permanen
 		return w.failForGood(o, log, reason, "permanent"), true
 	}
 	err := w.record(o, log, "record the second CA's refusal", func(ctx context.Context) error {
-		return w.q.RecordRefused(ctx, c, w.second.directory)
+		return w.q.RecordRefused(ctx, c, w.second.directory, refusalCause(perm))
 	})
 	if outcome, done := w.notRecorded(o, log, err); done {
 		return outcome, true
@@ -139,6 +139,14 @@ func (w *Worker) refusedBySecond(o *order, log *zap.Logger, perm *queue.Permanen
 	log.Warn("the second CA refused the name; the domain waits for the first, not charged",
 		zap.String("error", perm.Error()), zap.String("directory", w.second.directory))
 	return w.handBack(o, log, true, "refused_second"), true
+}
+
+// refusalCause is what ssl_ca_refused_cause records of perm.
+func refusalCause(perm *queue.PermanentError) string {
+	if perm.CAA {
+		return queue.RefusedByCAA
+	}
+	return queue.RefusedByCA
 }
 
 // fallbackProfileError is the second CA's refusal of --acme-fallback-profile: the
@@ -179,6 +187,19 @@ func (w *Worker) checkCAA(ctx context.Context, o *order, log *zap.Logger, name s
 		return outcome, retryIn, true
 	}
 	c := o.claim
+	if c.RefusedBy != "" && c.RefusedCause == queue.RefusedByCAA && allowed.Allows(c.RefusedBy) {
+		// CAA caused the refusal, and now allows the CA: the refusal is forgotten, and
+		// the claim handed back for the next claim to route afresh.
+		err := w.record(o, log, "forget a refusal CAA no longer makes", func(ctx context.Context) error {
+			return w.q.ForgetRefused(ctx, c)
+		})
+		if outcome, done := w.notRecorded(o, log, err); done {
+			return outcome, 0, true
+		}
+		log.Info("the name's CAA records now allow a CA they forbade; its refusal is forgotten, nothing charged",
+			zap.String("allowed", c.RefusedBy), zap.String("allows", allows))
+		return w.handBack(o, log, false, "caa_allows_again"), 0, true
+	}
 	var fb *queue.Fallback
 	if w.second != nil {
 		fb = &queue.Fallback{Directory: w.second.directory}
@@ -202,7 +223,7 @@ func (w *Worker) checkCAA(ctx context.Context, o *order, log *zap.Logger, name s
 		return w.failForGood(o, log, reason, "caa_refused"), 0, true
 	}
 	err = w.record(o, log, "record a CA that CAA forbids", func(ctx context.Context) error {
-		return w.q.RecordRefused(ctx, c, forbidden)
+		return w.q.RecordRefused(ctx, c, forbidden, queue.RefusedByCAA)
 	})
 	if outcome, done := w.notRecorded(o, log, err); done {
 		return outcome, 0, true

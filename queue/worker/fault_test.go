@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -28,6 +29,28 @@ type faultDB struct {
 	hang []string
 	// counts: how many statements containing each watched text were sent.
 	counts map[string]int
+	// slow: the next Exec containing this text runs, then its answer is held for
+	// slowFor (a reply that arrives late), once.
+	slow    string
+	slowFor time.Duration
+}
+
+// slowNext makes the next Exec containing text answer d after it ran.
+func (f *faultDB) slowNext(text string, d time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.slow, f.slowFor = text, d
+}
+
+// takeSlow is how long to hold the answer of sql (0: not at all).
+func (f *faultDB) takeSlow(sql string) time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.slow == "" || !strings.Contains(sql, f.slow) {
+		return 0
+	}
+	f.slow = ""
+	return f.slowFor
 }
 
 var _ queue.DB = (*faultDB)(nil)
@@ -117,7 +140,15 @@ func (f *faultDB) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 		<-ctx.Done()
 		return pgconn.CommandTag{}, ctx.Err()
 	}
-	return f.Pool.Exec(ctx, sql, args...)
+	d := f.takeSlow(sql)
+	tag, err := f.Pool.Exec(ctx, sql, args...)
+	if d > 0 {
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+		}
+	}
+	return tag, err
 }
 
 type errRow struct{ err error }

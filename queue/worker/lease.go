@@ -4,18 +4,29 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
 	"github.com/certworker/certworker/queue"
 )
 
-// dbHealth is what the worker has seen of the database lately: whether its last
-// statement failed, and since when they have succeeded.
+// dbHealth is what the worker has seen of the database lately: whether it answered
+// its last statement, and since when it has answered them all.
+//
+// An answer is a round trip, not a step that succeeded: a statement the server
+// refused (a lock timeout on a row the proxy holds, a constraint, a statement cut off
+// by statement_timeout) was answered, and says nothing of an outage. Only a statement
+// that got no answer (the connection failed, the client gave up waiting) or an
+// answer that the server cannot serve now (shutting down, too many connections, a
+// standby) counts as the database being away. Counting every failed step made the
+// reclaim's gate one that any recurring failure, anywhere, kept shut: one step failing
+// more often than once a lease on every instance, and nobody reclaimed.
 type dbHealth struct {
 	mu      sync.Mutex
 	down    bool
@@ -43,10 +54,34 @@ func (h *dbHealth) ok() {
 	h.lastOK = now
 }
 
-func (h *dbHealth) failed() {
+// failed records a statement that failed with err: the database is away unless it
+// answered (answered).
+func (h *dbHealth) failed(err error) {
+	if answered(err) {
+		h.ok()
+		return
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.down = true
+}
+
+// answered reports whether err is the database's answer to a statement (a
+// *pgconn.PgError), other than one saying it cannot serve statements now: connection
+// exceptions (class 08), insufficient resources (53: too many connections, out of
+// memory or disk), operator intervention short of a cancel (57P: shutting down,
+// cannot connect now), and a standby's refusal to write (25006).
+func answered(err error) bool {
+	var pg *pgconn.PgError
+	if !errors.As(err, &pg) {
+		return false
+	}
+	switch {
+	case strings.HasPrefix(pg.Code, "08"), strings.HasPrefix(pg.Code, "53"), strings.HasPrefix(pg.Code, "57P"),
+		pg.Code == "25006":
+		return false
+	}
+	return true
 }
 
 // upFor is how long statements have succeeded without a failure or a silence
@@ -92,7 +127,7 @@ func (w *Worker) renewLeases(ctx context.Context) {
 	sent := time.Now()
 	leases, err := w.hb.renew(ctx, w.cfg.Queue, tokens)
 	if err != nil {
-		w.health.failed()
+		w.health.failed(err)
 		w.m.heartbeatFailed()
 		// Orders keep running until their deadline, which this renewal did not
 		// move: a database that answers again in time costs them nothing, and one
@@ -186,7 +221,7 @@ func (w *Worker) confirmClaim(ctx context.Context, o *order) error {
 			return fmt.Errorf("confirm the claim before the finalize: %w", context.Cause(ctx))
 		}
 		if !errors.Is(err, queue.ErrClaimBusy) {
-			w.health.failed()
+			w.health.failed(err)
 		}
 		// The first failure says so; the tries after it, every confirmRetry through
 		// an outage, are for debugging.

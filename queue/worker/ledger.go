@@ -69,7 +69,7 @@ func (w *Worker) admitAt(ctx context.Context, at *ca, claims []queue.Claim) (adm
 	admitted, refused, err := w.q.Admit(actx, at.directory, at.limits, asks)
 	if err != nil {
 		if !errors.Is(err, queue.ErrLedgerBusy) {
-			w.health.failed()
+			w.health.failed(err)
 		}
 		if errors.Is(err, queue.ErrCommitUnknown) {
 			for _, a := range asks {
@@ -87,6 +87,23 @@ func (w *Worker) admitAt(ctx context.Context, at *ca, claims []queue.Claim) (adm
 			zap.String("ca", at.label))
 	}
 	return append(invalid, admitted...), true
+}
+
+// readmit asks the CA's ledger again about claim c, admitted as a renewal, whose order
+// is about to go without "replaces" (queue.Queue.Readmit): as a new order.
+func (w *Worker) readmit(ctx context.Context, at *ca, c queue.Claim, name string) error {
+	rctx, cancel := w.step(ctx, true)
+	defer cancel()
+	err := w.q.Readmit(rctx, at.directory, at.limits, queue.Admission{Claim: c, Name: name,
+		RegisteredDomain: queue.RegisteredDomain(name)})
+	var refused *queue.LedgerRefusedError
+	if err != nil && !errors.As(err, &refused) {
+		// A ledger that cannot be asked lets nothing go; the claim is handed back,
+		// uncharged, as a refusal is.
+		w.logDBError("ask the ledger again about a renewal sent without replaces", err)
+		return &queue.LedgerRefusedError{Reason: "ledger: could not be asked again about the order without replaces"}
+	}
+	return err
 }
 
 // notSent is a claim whose ledger row at a CA an Admit may have committed without its
@@ -128,7 +145,7 @@ func (w *Worker) settleLedger(o *order, r result) {
 		outcome = queue.LedgerIssued
 	case r.outcome == "invalid", r.outcome == "unrecorded":
 		return // no ledger row, or nothing known
-	case r.outcome == "preflight_failed", r.outcome == "rate_limited", r.outcome == "key_error",
+	case r.outcome == "preflight_failed", r.outcome == "rate_limited", r.outcome == "key_error", r.outcome == "ledger_held",
 		r.outcome == "profile_refused", r.outcome == "profile_halted",
 		strings.HasPrefix(r.outcome, "caa_"):
 		// Nothing the CA counts: the preflight sent nothing, nor did an order that

@@ -72,7 +72,7 @@ func (w *Worker) maintenanceDuty(ctx context.Context) (held bool, left time.Dura
 	defer cancel()
 	held, left, err := w.q.TakeDuty(sctx, queue.DutyMaintenance, w.owner, w.dutyTTL())
 	if err != nil {
-		w.health.failed()
+		w.health.failed(err)
 		w.logDBError("take the maintenance duty", err)
 		return true, 0
 	}
@@ -127,7 +127,7 @@ func (w *Worker) nextMaintenance(ctx context.Context) time.Duration {
 	defer cancel()
 	next, err := w.q.NextMaintenance(sctx)
 	if err != nil {
-		w.health.failed()
+		w.health.failed(err)
 		w.logDBError("compute next maintenance time", err)
 		return min(w.cfg.Queue.Lease/3, w.cfg.PollInterval)
 	}
@@ -161,8 +161,9 @@ func (w *Worker) maintain(ctx context.Context) {
 // reclaim requeues domains whose claim was abandoned by an instance that died, with
 // the attempt counted.
 //
-// Not before this instance has reached the database without a failure for a full
-// lease. Safety no longer rests on this wait: an instance that cannot renew a lease
+// Not before the database has answered this instance for a full lease (dbHealth: an
+// answer, not a step that succeeded, so that no failing step elsewhere keeps the
+// gate shut as long as the database answers). Safety no longer rests on this wait: an instance that cannot renew a lease
 // stops its order at its own deadline, before the lease runs out, so a reclaim never
 // races a live order. The wait keeps an outage that every instance shares from being
 // charged: after one longer than the lease, every lease has run out, yet the
@@ -180,11 +181,12 @@ func (w *Worker) reclaim(ctx context.Context) int {
 	defer cancel()
 	reclaimed, err := w.q.ReclaimAbandoned(rctx)
 	if err != nil {
-		w.health.failed()
+		// What the batches before the failure reclaimed is logged all the same.
+		w.health.failed(err)
 		w.logDBError("reclaim abandoned", err)
-		return 0
+	} else {
+		w.health.ok()
 	}
-	w.health.ok()
 	for _, r := range reclaimed {
 		w.log.Warn("domain was left mid-issuance by an instance that stopped; requeued",
 			zap.String("domain", r.Domain), zap.String("domain_id", r.ID),
@@ -197,22 +199,25 @@ func (w *Worker) reclaim(ctx context.Context) int {
 // markRenewals puts certificates due for renewal back in the queue, and promotes
 // renewals that waited until they became urgent. A certificate row it cannot use (an
 // odd row the proxy's years left behind) is logged and counted once, and its domain
-// ordered afresh; the pass goes on with the others.
+// ordered afresh; the pass goes on with the others. Each part runs whatever became
+// of the other.
 func (w *Worker) markRenewals(ctx context.Context) int {
 	rctx, cancel := w.step(ctx, false)
 	defer cancel()
 	pass, err := w.q.MarkRenewals(rctx)
 	if err != nil {
-		w.health.failed()
+		w.health.failed(err)
 		w.logDBError("mark renewals", err)
-		return 0
+	} else {
+		w.health.ok()
 	}
-	w.health.ok()
 	w.badRows("certificate row unusable; the domain is ordered afresh", pass.Bad)
 	if pass.Marked > 0 {
 		w.log.Info("certificates due for renewal", zap.Int64("renewals", pass.Marked))
 	}
-	promoted, err := w.q.PromoteUrgentRenewals(rctx)
+	pctx, cancel := w.step(ctx, false)
+	defer cancel()
+	promoted, err := w.q.PromoteUrgentRenewals(pctx)
 	if err != nil {
 		w.logDBError("promote urgent renewals", err)
 	} else if promoted > 0 {
@@ -248,7 +253,7 @@ func (w *Worker) settleStaleLedger(ctx context.Context) {
 		cancel()
 		if err != nil {
 			w.logDBError("settle stale ledger rows", err)
-			return
+			continue
 		}
 		if n > 0 {
 			w.log.Warn("ledger rows of orders that ended unrecorded; counted as the CA may have counted them",
@@ -291,7 +296,11 @@ func (w *Worker) housekeeping(ctx context.Context) {
 	}
 	w.badRows("domain at or above --max-attempts, which no claim takes; marked failed", exhausted)
 	w.requeueProfileChanges(hctx)
-	pruned, err := w.q.Prune(hctx)
+	var keep []queue.LedgerWindow
+	for _, at := range w.cas() {
+		keep = append(keep, queue.LedgerWindow{Directory: at.directory, Window: at.limits.Longest()})
+	}
+	pruned, err := w.q.Prune(hctx, keep...)
 	if err != nil {
 		w.logDBError("prune", err)
 		return

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
 	"github.com/certworker/certworker/queue"
@@ -230,9 +232,13 @@ func (w *Worker) issue(ctx context.Context, o *order, name, profile string) (cer
 		}
 	}()
 	at := w.caOf(c.Directory)
-	cert, err = at.issuer.Issue(ctx, queue.Request{DomainID: c.ID, Domain: name, CurrentPEM: w.replacesPEM(c),
+	req := queue.Request{DomainID: c.ID, Domain: name, CurrentPEM: w.replacesPEM(c),
 		Profile: profile, Deadline: o.deadline, ClaimToken: c.Token,
-		ConfirmClaim: func(ctx context.Context) error { return w.confirmClaim(ctx, o) }})
+		ConfirmClaim: func(ctx context.Context) error { return w.confirmClaim(ctx, o) }}
+	if req.CurrentPEM != "" && at.limits.Any() {
+		req.Readmit = func(ctx context.Context) error { return w.readmit(ctx, at, c, name) }
+	}
+	cert, err = at.issuer.Issue(ctx, req)
 	if err == nil && cert != nil {
 		cert.Directory = at.directory
 		if at != w.first {
@@ -264,10 +270,16 @@ func (w *Worker) store(o *order, log *zap.Logger, cert *queue.Certificate) strin
 	return "issued"
 }
 
-// fail charges a failure to the domain.
+// unstorableReason is the ssl_error recorded when the database refused the failure's
+// own text (unstorableError): the domain is charged all the same, and the operator
+// finds the CA's words in the log.
+const unstorableReason = "the order failed, and its error could not be recorded as it was (the database refused its text); the details are in certworker's log"
+
+// fail charges a failure to the domain. A reason the database refuses (a deterministic
+// error: record) is replaced, once, by unstorableReason.
 func (w *Worker) fail(o *order, log *zap.Logger, reason, outcome string) (string, time.Duration) {
 	var f queue.Failure
-	err := w.record(o, log, "record failure", func(ctx context.Context) (err error) {
+	err := w.recordOr(o, log, "record failure", reason, func(ctx context.Context, reason string) (err error) {
 		f, err = w.q.MarkFailed(ctx, o.claim, reason)
 		return err
 	})
@@ -286,7 +298,7 @@ func (w *Worker) fail(o *order, log *zap.Logger, reason, outcome string) (string
 
 // failForGood marks the domain failed at once: no retry can fix it.
 func (w *Worker) failForGood(o *order, log *zap.Logger, reason, outcome string) string {
-	err := w.record(o, log, "mark failed", func(ctx context.Context) error {
+	err := w.recordOr(o, log, "mark failed", reason, func(ctx context.Context, reason string) error {
 		return w.q.MarkPermanent(ctx, o.claim, reason)
 	})
 	if outcome, done := w.notRecorded(o, log, err); done {
@@ -332,11 +344,43 @@ func (w *Worker) notRecorded(o *order, log *zap.Logger, err error) (string, bool
 	return "unrecorded", true
 }
 
+// recordOr is record for a write of reason as the domain's ssl_error: when the
+// database refuses the write as it is (unstorableError), it is made once more with
+// unstorableReason. If that fails too, the error is returned, and the order ends
+// unrecorded (its slot freed; its lease runs out and the reclaim charges the attempt).
+func (w *Worker) recordOr(o *order, log *zap.Logger, what, reason string, write func(context.Context, string) error) error {
+	err := w.record(o, log, what, func(ctx context.Context) error { return write(ctx, reason) })
+	var unstorable *unstorableError
+	if !errors.As(err, &unstorable) {
+		return err
+	}
+	return w.record(o, log, what+" (generic reason)", func(ctx context.Context) error { return write(ctx, unstorableReason) })
+}
+
+// unstorableError is a write that finishes an order which the database refused
+// deterministically (record).
+type unstorableError struct{ err error }
+
+func (e *unstorableError) Error() string { return "result not recordable: " + e.err.Error() }
+func (e *unstorableError) Unwrap() error { return e.err }
+
+// deterministic reports whether err is the database refusing a statement for what it
+// holds, which the same statement meets every time: a data exception (class 22: a
+// NUL, invalid UTF-8, a character the encoding lacks, a value out of range) or an
+// integrity constraint violation (class 23). Anything else (a lock timeout, a lost
+// connection, a failover, a serialization failure) may pass on a retry.
+func deterministic(err error) bool {
+	var pg *pgconn.PgError
+	return errors.As(err, &pg) && (strings.HasPrefix(pg.Code, "22") || strings.HasPrefix(pg.Code, "23"))
+}
+
 // record runs a write that finishes an order until it succeeds, the claim is found
 // lost (by the write itself or by the heartbeat), or the shutdown stops waiting. It
 // keeps retrying through an outage of any length: every write is made under the
 // claim's token, so once the database answers it lands if the claim is still this
-// instance's (nobody reclaimed the row meanwhile), and is refused if not.
+// instance's (nobody reclaimed the row meanwhile), and is refused if not. A write the
+// database refuses deterministically (deterministic) is not retried: the error is an
+// *unstorableError.
 func (w *Worker) record(o *order, log *zap.Logger, what string, write func(context.Context) error) error {
 	delay := 200 * time.Millisecond
 	for {
@@ -352,8 +396,15 @@ func (w *Worker) record(o *order, log *zap.Logger, what string, write func(conte
 			return err
 		case o.lost.Load():
 			return errLost
+		case deterministic(err):
+			// The same write fails the same way every time: retrying it would hold the
+			// slot, and the lease the heartbeat keeps renewing, for ever.
+			w.health.ok()
+			log.Error("could not record the result: the database refuses it as it is; not retried",
+				zap.String("step", what), zap.Error(err))
+			return &unstorableError{err: err}
 		}
-		w.health.failed()
+		w.health.failed(err)
 		log.Warn("could not record the result, retrying", zap.String("step", what), zap.Error(err),
 			zap.Duration("retry_in", delay))
 		select {

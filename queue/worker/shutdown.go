@@ -34,6 +34,11 @@ func (w *Worker) shutdown() {
 	}
 	close(w.hard)
 	for _, o := range w.orders.all() {
+		// The order may still be running (an issuer that does not return when
+		// cancelled): from now on it sends the CA nothing, so that no deactivation of
+		// its authorizations follows the hand-back, when another instance may already
+		// be ordering the name on the same account.
+		o.deadline.Expire()
 		ctx, cancel := w.step(context.Background(), true)
 		if err := w.q.Release(ctx, o.claim, false); err != nil && !errors.Is(err, queue.ErrClaimLost) {
 			w.log.Error("could not hand back a claim; its lease will run out", zap.String("domain", o.claim.Domain),
