@@ -82,6 +82,12 @@ func leaseEndSQL(x, lease string) string {
 // answered invalidProfile), else c.Notice. A tenant who set another profile meanwhile
 // gets neither the note nor the refusal.
 //
+// A domain whose ssl_profile was set to another profile while its order ran (the
+// profile trigger acts on active rows only) stores the certificate and goes back to
+// pending, attempts 0, rather than active: the replacement under its own profile is
+// ordered at the next pass, naming this certificate, as for a profile set on an active
+// domain (profileMovedOnSQL).
+//
 // Nothing is written when the claim is no longer held (ErrClaimLost) or the domain is
 // no longer an ACME domain (ErrNotACME; Disown drops the claim).
 func (q *Queue) MarkActive(ctx context.Context, c Claim, cert *Certificate) (time.Duration, error) {
@@ -95,7 +101,9 @@ func (q *Queue) MarkActive(ctx context.Context, c Claim, cert *Certificate) (tim
 	err := q.db.QueryRow(ctx, `
 WITH d AS (
     UPDATE proxy_domains SET
-        ssl_status = 'active', ssl_expires_at = $3, ssl_attempts = 0,
+        ssl_status = CASE WHEN `+profileMovedOnSQL+` THEN 'pending' ELSE 'active' END,
+        ssl_last_attempt_at = CASE WHEN `+profileMovedOnSQL+` THEN NULL ELSE ssl_last_attempt_at END,
+        ssl_expires_at = $3, ssl_attempts = 0,
         ssl_error = CASE WHEN ssl_profile = $14
                          THEN CASE WHEN ssl_error LIKE '`+ProfilePrefix+`%' THEN ssl_error ELSE $15 END END,
         ssl_profile_refused = CASE WHEN ssl_profile = $14 THEN $14 END,
@@ -128,6 +136,15 @@ SELECT `+secondsUntilSQL("renew_at")+` FROM c`,
 	}
 	return durationFromSeconds(renewIn), nil
 }
+
+// profileMovedOnSQL is true, in MarkActive's UPDATE of proxy_domains, when the domain
+// names a profile of its own ($14 the one the CA refused, $13 the certificate's) that
+// is not the certificate's: the same rule as certworker_set_profile's and the profile
+// trigger's. A certificate with no recorded profile, one the proxy does not renew, and
+// a profile the CA refused (renewed under the certificate's) are kept.
+const profileMovedOnSQL = `(ssl_profile IS NOT NULL AND $13::text IS NOT NULL AND ssl_profile <> $13::text
+          AND ssl_profile IS DISTINCT FROM $14::text
+          AND COALESCE((SELECT x.auto_renew FROM proxy_certificates x WHERE x.domain = proxy_domains.domain), true))`
 
 // RenewBy is when a renewal of a certificate becomes urgent (CONTRACT.md §5): when a
 // fifth of its lifetime is left, or at the end of the CA's renewal window if that comes

@@ -324,3 +324,46 @@ func TestStatus_ShowsTheProfiles(t *testing.T) {
 	require.Equal(t, "bogus", *o.Domains[0].Profile)
 	require.Equal(t, "classic", *o.Domains[0].CertificateProfile)
 }
+
+// A profile written while the domain's order was running (plain UPDATE, the row
+// provisioning, so the profile trigger, which acts on active rows, does not fire): the
+// certificate issued under the old profile is stored and the domain goes back to
+// pending, its replacement under the new profile claimed at once and naming it. Without
+// the change the same flow ends active. Guards against a profile set mid-order waiting
+// for the housekeeping (up to 10 minutes) to be acted on.
+func TestMarkActive_AProfileSetWhileTheOrderRanQueuesItsReplacement(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tenant := b.tenant(t)
+	for _, tc := range []struct {
+		name    string
+		profile *string
+		want    string
+	}{
+		{"another profile", ptr("shortlived"), "pending"},
+		{"the same profile", ptr("classic"), "active"},
+		{"no profile of its own", nil, "active"},
+	} {
+		name := "m-" + uuid.NewString()[:8] + ".example"
+		id := b.named(t, tenant, name)
+		c := b.claimOne(t, id)
+		_, err := b.pool.Exec(b.ctx, `UPDATE proxy_domains SET ssl_profile = $2 WHERE id = $1`, id, tc.profile)
+		require.NoError(t, err)
+		cert := mintCertificate(t, name, nowSecond().Add(-time.Hour), nowSecond().Add(90*24*time.Hour))
+		cert.Profile = "classic"
+		require.NoError(t, b.markActive(c, cert), tc.name)
+		r := b.profileRow(t, id)
+		require.Equal(t, tc.want, *r.Status, tc.name)
+		require.Zero(t, r.Attempts, tc.name)
+		require.Equal(t, "classic", *r.CertProfile, "%s: the certificate is stored whatever comes next", tc.name)
+		if tc.want == "pending" {
+			next := b.claimOne(t, id)
+			require.Equal(t, "shortlived", *next.Profile)
+			require.Equal(t, "classic", next.CertProfile)
+			require.NotEmpty(t, next.CurrentPEM, "the replacement names the certificate it replaces")
+			cert.Profile = "shortlived"
+			require.NoError(t, b.markActive(next, cert))
+			require.Equal(t, "active", b.status(t, id))
+		}
+	}
+}
