@@ -61,6 +61,11 @@ type runCmd struct {
 	PreflightResolver string        `name:"preflight-resolver" env:"CERTWORKER_PREFLIGHT_RESOLVER" placeholder:"HOST:PORT" help:"DNS server the preflight asks (default: the system's resolver)."`
 	PreflightPort     int           `name:"preflight-port" env:"CERTWORKER_PREFLIGHT_PORT" default:"80" help:"Port the preflight probes (where the CA validates HTTP-01)."`
 	PreflightAllow    string        `name:"preflight-allow-cidr" env:"CERTWORKER_PREFLIGHT_ALLOW_CIDR" placeholder:"CIDR[,CIDR...]" help:"Comma-separated ranges the preflight may connect to although they are reserved (loopback, private, link-local, CGNAT, multicast, NAT64...), for tests and private CAs. By default it connects to none of them."`
+	DNSWaitMax        time.Duration `name:"dns-wait-max" env:"CERTWORKER_DNS_WAIT_MAX" default:"168h" group:"preflight" help:"How long a verified domain may wait for its DNS to point here (or for its DNS-01 CNAME) before it is marked failed."`
+	DNSTarget         string        `name:"dns-target" env:"CERTWORKER_DNS_TARGET" placeholder:"HOST|ADDR[,ADDR...]" group:"preflight" help:"What tenants point their names at: a host name for a CNAME, or comma-separated addresses. Named in 'waiting for DNS:' errors, and a name whose answers do not match it waits without an HTTP probe."`
+	DNS01Zone         string        `name:"dns01-zone" env:"CERTWORKER_DNS01_ZONE" placeholder:"ZONE" group:"preflight" help:"Zone this instance answers authoritatively for DNS-01 by delegation (tenants CNAME _acme-challenge.NAME to certworker_dns01_target(NAME)); empty: DNS-01 off, and wildcards are invalid names."`
+	DNS01Listen       string        `name:"dns01-listen" env:"CERTWORKER_DNS01_LISTEN" default:":53" placeholder:"ADDR" group:"preflight" help:"UDP and TCP address of the --dns01-zone server."`
+	DNS01Nameservers  string        `name:"dns01-nameservers" env:"CERTWORKER_DNS01_NAMESERVERS" placeholder:"HOST[,HOST...]" group:"preflight" help:"Host names of the zone's name servers, served as its NS records and in its SOA; required with --dns01-zone."`
 	OrderTimeout      time.Duration `name:"order-timeout" env:"CERTWORKER_ORDER_TIMEOUT" default:"10m" help:"An order running longer is cancelled and charged as a failure."`
 	ARIPerSecond      float64       `name:"ari-requests-per-second" env:"CERTWORKER_ARI_REQUESTS_PER_SECOND" default:"50" help:"Renewal-information (ARI) requests to the CA per second, for the whole fleet: the instances share one budget in the database. A million certificates at the CA's usual six hours between questions are 46 a second."`
 	LimitOrders       string        `name:"limit-orders-per-account" env:"CERTWORKER_LIMIT_ORDERS_PER_ACCOUNT" default:"300/3h" placeholder:"COUNT/DURATION" help:"Ledger limit on new orders from the ACME account, shared by every instance: COUNT/DURATION or off (default: Let's Encrypt's)."`
@@ -107,6 +112,9 @@ func (c *runCmd) validate() error {
 		return err
 	}
 	if _, err := c.replication(); err != nil {
+		return err
+	}
+	if err := c.validateDNS(); err != nil {
 		return err
 	}
 	if _, err := acme.ParseAllowCIDR(c.PreflightAllow); err != nil {
@@ -173,6 +181,11 @@ func (c *runCmd) Run(g *globals) error {
 		return err
 	}
 	defer lns.close()
+	dnsSocks, err := c.listenDNS01()
+	if err != nil {
+		return err
+	}
+	defer dnsSocks.close()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -216,6 +229,16 @@ func (c *runCmd) Run(g *globals) error {
 			return usagef("--database-url: %s", redact(err.Error(), c.DatabaseURL))
 		}
 		defer responder.Stop()
+	}
+	if err := queue.New(pool, queue.DefaultConfig()).RecordDNS01Zone(ctx, c.DNS01Zone); err != nil {
+		return err
+	}
+	dnsServer, err := c.serveDNS01(dnsSocks, pool, log, reg)
+	if err != nil {
+		return err
+	}
+	if dnsServer != nil {
+		defer dnsServer.Shutdown()
 	}
 	// The servers are shut down first (deferred last), the responder after them.
 	var servers []*http.Server
@@ -297,6 +320,8 @@ func (c *runCmd) issuer(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger
 		PreflightPort:        c.PreflightPort,
 		PreflightAllowCIDR:   c.PreflightAllow,
 		RenewalInfoPerSecond: c.ARIPerSecond,
+		DNS01Zone:            c.DNS01Zone,
+		DNSTarget:            c.DNSTarget,
 	})
 	if err != nil {
 		return nil, usagef("%v", err)

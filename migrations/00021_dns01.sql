@@ -1,0 +1,90 @@
+-- DNS-01 by delegation and waiting for DNS (CONTRACT §4, §5).
+--
+-- certworker_dns01_values: the TXT values of DNS-01 orders in flight and of the
+-- preflight's probes, which the zone's authoritative server of every instance answers
+-- (acme/dns01.go). A row is written under the order's claim (claim_token, as
+-- certworker_http01_tokens since 00011) and deleted when the order is over; expires_at
+-- ends the life of a dead instance's rows. target is the label under --dns01-zone
+-- (certworker_dns01_target without the zone), in lower case.
+--
+-- certworker_dns_state: per domain, the challenge last chosen and why (for `status`),
+-- and the waiting-for-DNS state: since when, when it is checked next, and a
+-- fingerprint of the answer last seen (the HTTP probe runs again only when it changed).
+-- No foreign key to proxy_domains: a write of certworker's must never wait on the
+-- proxy's row locks; rows of deleted domains are pruned by the worker.
+--
+-- certworker_settings.dns01_zone: the zone `run` serves (NULL: DNS-01 off), which
+-- certworker_dns01_target reads, since the database does not know the flag.
+--
+-- Online: new tables of certworker's own, a nullable column without a default on
+-- certworker's own settings table (a catalogue change).
+
+-- +goose NO TRANSACTION
+-- +goose Up
+
+CREATE TABLE IF NOT EXISTS certworker_dns01_values (
+    token       text PRIMARY KEY,
+    target      text NOT NULL,
+    value       text NOT NULL,
+    domain      text NOT NULL,
+    claim_token uuid,
+    expires_at  timestamptz NOT NULL
+);
+
+CREATE INDEX IF NOT EXISTS certworker_dns01_values_target ON certworker_dns01_values (target);
+
+CREATE TABLE IF NOT EXISTS certworker_dns_state (
+    domain_id        uuid PRIMARY KEY,
+    challenge        text CHECK (challenge IN ('http-01', 'dns-01')),
+    challenge_reason text,
+    challenge_at     timestamptz,
+    waiting_since    timestamptz,
+    next_check_at    timestamptz,
+    answer           text,
+    updated_at       timestamptz NOT NULL DEFAULT now()
+);
+
+-- The claim skips a waiting domain until its next check (queue/claim.go).
+CREATE INDEX IF NOT EXISTS certworker_dns_state_next_check
+    ON certworker_dns_state (next_check_at) WHERE next_check_at IS NOT NULL;
+
+-- +goose StatementBegin
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                   WHERE attrelid = 'certworker_settings'::regclass AND NOT attisdropped
+                     AND attname = 'dns01_zone') THEN
+        ALTER TABLE certworker_settings ADD COLUMN IF NOT EXISTS dns01_zone text;
+    END IF;
+END
+$$;
+-- +goose StatementEnd
+
+-- certworker_dns01_target(p_domain): the name the tenant points
+-- _acme-challenge.NAME at with a CNAME. The same for NAME and *.NAME (a wildcard is
+-- validated at its base's _acme-challenge); stable for a name as long as the zone is;
+-- it reveals nothing beyond the name: a hash of the lower-cased base name and the
+-- zone, 128 bits in hex, a label under the zone. NULL when DNS-01 is off or for NULL.
+-- acme.DNS01Target computes the same in Go, and a test holds the two together.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION public.certworker_dns01_target(p_domain text) RETURNS text
+LANGUAGE sql STABLE SECURITY INVOKER
+SET search_path = public, pg_temp
+AS $fn$
+    SELECT substr(pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(
+               z.zone || '/' || pg_catalog.lower(pg_catalog.regexp_replace(p_domain, '^\*\.', '')), 'UTF8')), 'hex'), 1, 32)
+           || '.' || z.zone
+    FROM (SELECT pg_catalog.lower(pg_catalog.rtrim(dns01_zone, '.')) AS zone
+          FROM public.certworker_settings WHERE id AND dns01_zone IS NOT NULL AND dns01_zone <> '') z
+    WHERE p_domain IS NOT NULL
+$fn$;
+-- +goose StatementEnd
+
+COMMENT ON FUNCTION public.certworker_dns01_target(text) IS
+    'The DNS-01 target of a domain: the proxy shows it to the tenant, who points _acme-challenge.NAME at it with a CNAME. NULL when DNS-01 is off.';
+
+-- +goose Down
+DROP FUNCTION IF EXISTS public.certworker_dns01_target(text);
+ALTER TABLE certworker_settings DROP COLUMN IF EXISTS dns01_zone;
+DROP TABLE IF EXISTS certworker_dns_state;
+DROP TABLE IF EXISTS certworker_dns01_values;
