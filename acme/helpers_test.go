@@ -88,11 +88,14 @@ func (b *bed) newPool(t *testing.T) *pgxpool.Pool {
 }
 
 // config is an issuer configuration for the bed's CA.
-func (b *bed) config() acme.Config {
+func (b *bed) config() acme.Config { return caConfig(b.ca) }
+
+// caConfig is an issuer configuration for ca.
+func caConfig(ca *pebbletest.CA) acme.Config {
 	return acme.Config{
-		DirectoryURL: b.ca.DirectoryURL,
+		DirectoryURL: ca.DirectoryURL,
 		Email:        "ops@certworker.example",
-		CABundle:     b.ca.RootsFile,
+		CABundle:     ca.RootsFile,
 		Profile:      pebbletest.DefaultProfile,
 		HTTPTimeout:  10 * time.Second,
 	}

@@ -324,6 +324,11 @@ type DomainState struct {
 	CADirectory *string `json:"ca_directory"`
 	CACause     *string `json:"ca_cause"`
 	CARefused   *string `json:"ca_refused"`
+	// Challenge is the ACME challenge its last order used or was to use (http-01 or
+	// dns-01), ChallengeReason why (what the DNS said of its _acme-challenge CNAME);
+	// nil before any order with a preflight.
+	Challenge       *string `json:"challenge"`
+	ChallengeReason *string `json:"challenge_reason"`
 }
 
 // State is one domain's whole state and its certificate, by name in any case. It
@@ -342,8 +347,10 @@ SELECT d.id::text, d.tenant_id::text, d.domain, d.verification_status, d.ssl_sta
     d.ssl_expires_at, d.ssl_claimed_by, d.ssl_lease_expires_at, d.ssl_profile, d.ssl_profile_refused,
     c.id IS NOT NULL, c.issuer, c.serial, c.not_before, c.expires_at,
     CASE WHEN c.expires_at IS NULL THEN c.certificate_pem END, c.renew_at, COALESCE(c.auto_renew, false),
-    c.profile, c.issuer_directory, d.ssl_ca_directory, d.ssl_ca_cause, d.ssl_ca_refused
-FROM proxy_domains d LEFT JOIN proxy_certificates c ON c.domain = d.domain `+pauseSQL+`
+    c.profile, c.issuer_directory, d.ssl_ca_directory, d.ssl_ca_cause, d.ssl_ca_refused,
+    ds.challenge, ds.challenge_reason
+FROM proxy_domains d LEFT JOIN proxy_certificates c ON c.domain = d.domain
+LEFT JOIN certworker_dns_state ds ON ds.domain_id = d.id `+pauseSQL+`
 WHERE lower(d.domain) = lower($1)
 ORDER BY d.domain`, domain,
 		cfg.MaxAttempts, seconds(cfg.RetryBase), seconds(cfg.RetryMax))
@@ -378,7 +385,8 @@ func scanState(row pgx.CollectableRow) (*DomainState, error) {
 		&s.SSLAttempts, &s.SSLError, &s.LastAttempt, &s.NextAttempt, &s.PausedUntil, &s.PauseReason,
 		&s.ExpiresAt, &s.ClaimedBy, &s.LeaseExpiresAt, &s.Profile, &s.ProfileRefused,
 		&hasCert, &c.Issuer, &c.Serial, &c.NotBefore, &notAfter, &chain, &c.RenewAt, &c.AutoRenew,
-		&c.Profile, &c.Directory, &s.CADirectory, &s.CACause, &s.CARefused)
+		&c.Profile, &c.Directory, &s.CADirectory, &s.CACause, &s.CARefused,
+		&s.Challenge, &s.ChallengeReason)
 	if err != nil {
 		return nil, err
 	}

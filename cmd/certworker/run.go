@@ -367,6 +367,7 @@ func (c *runCmd) startWorker(ctx context.Context, pool *pgxpool.Pool, issuer *ac
 		Directory:     issuer.DirectoryURL(),
 		Queue:         queue.Config{RetryBase: c.RetryBase, RetryMax: c.RetryMax, MaxAttempts: c.MaxAttempts, Lease: c.Lease},
 		Limits:        limits,
+		Wildcards:     c.DNS01Zone != "",
 		Fallback:      second,
 		CAA:           caa,
 		Concurrency:   c.Concurrency,

@@ -60,6 +60,9 @@ type Config struct {
 	// Directory is the ACME directory URL: what a pause of the CA and the ledger's
 	// account-wide limit are kept under.
 	Directory string
+	// Wildcards makes a first label "*" a valid name (queue.CheckNameFor): the
+	// issuer runs with --dns01-zone, the only way a wildcard is validated.
+	Wildcards bool
 	// Queue is the backoff curve, the attempt limit and the lease.
 	Queue queue.Config
 	// Limits are the ledger's; the zero value turns every limit off.

@@ -52,7 +52,7 @@ func (w *Worker) admitAt(ctx context.Context, at *ca, claims []queue.Claim) (adm
 	var asks []queue.Admission
 	var invalid []queue.Claim
 	for _, c := range claims {
-		name, err := queue.CheckName(c.Domain)
+		name, err := queue.CheckNameFor(c.Domain, w.cfg.Wildcards)
 		if err != nil {
 			invalid = append(invalid, c)
 			continue
