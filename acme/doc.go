@@ -133,7 +133,7 @@
 // account's (certworker_acme_accounts.private_key_pem), are PEM, PKCS #8
 // ("-----BEGIN PRIVATE KEY-----"). Without --key-encryption-key they are stored as
 // that PEM; with it they are sealed by package certstore/seal (whose documentation,
-// and README.md, give the format), bound to the row: the domain name in lower case
+// and docs/security.md, give the format), bound to the row: the domain name in lower case
 // for a certificate's key, the directory URL for the account's. Private keys never
 // reach a log.
 package acme

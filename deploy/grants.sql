@@ -15,14 +15,14 @@
 -- the right of SET, an upsert's EXCLUDED) needs SELECT on it; SELECT ... FOR UPDATE
 -- needs UPDATE on some column; a column set needs UPDATE, one inserted needs INSERT.
 --
--- One place for every grant: README.md ("Least privilege") lists them in a table that
+-- One place for every grant: docs/security.md ("Least privilege") lists them in a table that
 -- cmd/certworker/grants_test.go checks against this file, together with the columns
 -- the workers may not read; a column added by a migration must appear in one or the
 -- other, or that test fails naming it. The same file runs `run` under a role holding
 -- exactly these rights and issues a certificate; a statement that starts touching
--- another column or table adds its grant here and in the README.
+-- another column or table adds its grant here and in docs/security.md.
 --
--- `--wake logical` also needs the REPLICATION attribute (README: "Least privilege"
+-- `--wake logical` also needs the REPLICATION attribute (docs/security.md: "Least privilege"
 -- says what it allows, and why it belongs on a role of its own,
 -- --replication-database-url).
 --
@@ -107,5 +107,7 @@ GRANT SELECT, DELETE ON certworker_tenants TO :"role";
 -- The fleet's budget of renewal-information requests, one row per CA (created by the
 -- first taker).
 GRANT SELECT, INSERT, UPDATE ON certworker_ari_buckets TO :"role";
--- `run` refuses to start on a schema that is behind or ahead of it.
+-- `run` refuses to start on a schema that is behind or ahead of it, and on functions
+-- that are not the ones it was built with.
 GRANT SELECT ON goose_db_version TO :"role";
+GRANT SELECT ON certworker_functions TO :"role";

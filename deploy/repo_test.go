@@ -1,9 +1,12 @@
 package deploy_test
 
 import (
+	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -89,4 +92,50 @@ func TestRepository_HoldsNoBuildOutput(t *testing.T) {
 		cmd.Dir = root
 		require.Error(t, cmd.Run(), "%s is ignored", path)
 	}
+}
+
+// issueRef is a pointer at the tracker: "issue #17", "issues 13 and 18", "(#19)".
+// PKCS #8 is a standard's name, not an issue.
+var issueRef = regexp.MustCompile(`(?i)\bissues? ?#?[0-9]+|(^|[^\w&])#[0-9]{1,3}\b`)
+
+// Comments in production code, the Makefile, CI and the deploy files state the rule
+// they rely on, or the CONTRACT.md section, never an issue number, which a reader of
+// the code cannot open. Guards against the 33 such comments there were ("The claim
+// reads only what it can take (issue #17)"). Test files may still name one.
+func TestRepository_CommentsNameTheRuleNotTheIssue(t *testing.T) {
+	t.Parallel()
+	root := ".."
+	var found []string
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		rel = filepath.ToSlash(rel)
+		if d.IsDir() {
+			if strings.HasPrefix(d.Name(), ".") && rel != "." && rel != ".ci" {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		production := strings.HasSuffix(rel, ".go") && !strings.HasSuffix(rel, "_test.go")
+		if !production && rel != "Makefile" && !strings.HasPrefix(rel, "deploy/") && !strings.HasPrefix(rel, ".ci/") {
+			return nil
+		}
+		if strings.HasSuffix(rel, "_test.go") || strings.HasSuffix(rel, "_test.yaml") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			if m := issueRef.FindString(strings.ReplaceAll(line, "PKCS #", "PKCS ")); m != "" {
+				found = append(found, fmt.Sprintf("%s:%d: %s", rel, i+1, strings.TrimSpace(line)))
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	require.Empty(t, found, "name the rule or the CONTRACT.md section instead of the issue")
 }

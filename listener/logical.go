@@ -30,9 +30,9 @@ const slotPrefix = "certworker_wake_"
 // operator adds to the publication cannot wake the worker.
 const domainsTable = "proxy_domains"
 
-// Logical turns the changes of a logical replication stream into Wakes: the second
-// wake source of issue #5, chosen with `certworker run --wake logical`. Its methods
-// are safe for concurrent use.
+// Logical turns the changes of a logical replication stream into Wakes: the second wake
+// source (CONTRACT.md §2), chosen with `certworker run --wake logical`. Its methods are
+// safe for concurrent use.
 //
 // Why a second source. NOTIFY has two costs at scale. Every transaction that
 // notifies takes, at commit, a lock that is global to the server (PreCommit_Notify

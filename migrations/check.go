@@ -53,9 +53,10 @@ func joinVersions(vs []int64) string {
 	return strings.Join(s, ", ")
 }
 
-// Check compares the database's schema version with this binary's migrations: nil
-// when they match, a *BehindError or an *AheadError when they do not, and any other
-// error when the version cannot be read. It only reads: unlike goose's HasPending, it
+// Check compares the database's schema version with this binary's migrations, and
+// the functions its migrate recorded with this binary's (functions.go): nil when they
+// match, a *BehindError, an *AheadError or a *FunctionsError when they do not, and any
+// other error when the version cannot be read. It only reads: unlike goose's HasPending, it
 // does not create goose's version table on a database that has never been migrated
 // (that is a BehindError).
 func Check(ctx context.Context, db *sql.DB) error {
@@ -90,7 +91,7 @@ func Check(ctx context.Context, db *sql.DB) error {
 	if len(missing) > 0 {
 		return &BehindError{Version: newest(applied), Want: newest(embedded), Missing: missing}
 	}
-	return nil
+	return checkFunctions(ctx, db)
 }
 
 // embeddedVersions are the versions of the embedded migrations, ascending.

@@ -8,3 +8,9 @@ func ValueSetsForTest() map[string][]string {
 	}
 	return out
 }
+
+// FunctionDefinitionSQLForTest is what the functions step compares: $1 is a name.
+const FunctionDefinitionSQLForTest = functionDefinitionSQL
+
+// ApplyFunctionsForTest runs the functions step alone on conn.
+var ApplyFunctionsForTest = applyFunctions

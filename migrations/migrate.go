@@ -55,6 +55,10 @@ type Options struct {
 	Attempts int
 	// OnRetry, when set, hears of every retry before its wait.
 	OnRetry func(Retry)
+	// OnNotice, when set, hears of what Up chose not to do and of what the operator
+	// should know (the database's functions left alone because a newer binary
+	// applied them).
+	OnNotice func(string)
 }
 
 // Retry is a statement that gave up waiting for a lock and is about to be retried.
@@ -105,7 +109,7 @@ func ApplyDB(ctx context.Context, db *sql.DB) ([]Result, error) {
 //     breaks them.
 //   - Every statement runs under the lock timeout. A migration whose statement gives
 //     up is run again, after a backoff, from its first statement: every migration file
-//     is idempotent (see README), so what it did before is skipped, and an interrupted
+//     is idempotent (see the package doc, embed.go), so what it did before is skipped, and an interrupted
 //     run is finished the same way by the next one. A retry first waits (15 s at most)
 //     for the transactions older than the lock timeout to end, so as not to queue
 //     behind the same one again. Before each run, any INVALID index left by a
@@ -198,7 +202,7 @@ WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type 
 }
 
 // runOnce drops what an earlier attempt left half-built, then runs every pending
-// migration. A new goose provider each time: goose remembers that it has created its
+// migration, then the functions step. A new goose provider each time: goose remembers that it has created its
 // version table even when that failed.
 func runOnce(ctx context.Context, db *sql.DB, guard *sql.Conn, opts Options) ([]Result, error) {
 	if err := dropInvalidIndexes(ctx, guard); err != nil {
@@ -218,7 +222,13 @@ func runOnce(ctx context.Context, db *sql.DB, guard *sql.Conn, opts Options) ([]
 	for _, r := range results {
 		out = append(out, Result{Version: r.Source.Version, Source: r.Source.Path, Duration: r.Duration.String()})
 	}
-	return out, err
+	if err != nil {
+		return out, err
+	}
+	// Then the current definition of every function (functions.go), whatever the
+	// numbered migrations left.
+	replaced, err := applyFunctions(ctx, guard, opts.OnNotice)
+	return append(out, replaced...), err
 }
 
 // gaveUpWaiting reports whether err is a statement that gave up waiting for a lock

@@ -99,7 +99,8 @@ func heldByPauseSQL(x, dir string) string {
 // the backoff in a second query, against the timestamp it had just overwritten, so
 // every row with a failure behind it looked just tried and backoff meant "never retry".
 //
-// The claim reads only what it can take (issue #17). It reads the rows in line, in
+// The claim reads only what it can take, so that a claim costs what it takes, not
+// the queue's length nor the rows held back. It reads the rows in line, in
 // order of service, from proxy_domains_line_idx, and locks them as it reads (FOR
 // UPDATE SKIP LOCKED: a row another instance is claiming is passed over, not counted):
 // the worker's failure write takes a row out of line (ssl_held), and ReturnHeld brings
@@ -115,7 +116,7 @@ func heldByPauseSQL(x, dir string) string {
 // anti-join of the whole table). Pauses are conditions of the claim, not checks after
 // it, so a held-back domain is never claimed and handed back again.
 //
-// Order of service (CONTRACT.md §5, issues #13 and #18):
+// Order of service (CONTRACT.md §5):
 //  1. ssl_queue_tier 1, renewals close to expiry (a fifth of the lifetime left, or
 //     past the CA's renewal window): a certificate about to expire hurts a tenant
 //     who is already served, and waiting behind a backlog could let it lapse.
@@ -262,8 +263,8 @@ func (q *Queue) Claim(ctx context.Context, owner, directory string, limit int) (
 
 // ClaimShared is Claim with up to newcomers of the limit claimed first among first
 // issuances and their retries (tier 2), whatever the urgent renewals ahead of them:
-// the worker keeps a quarter of its slots for them while any are due (CONTRACT.md §5,
-// issue #18), so that a tenant who verifies during a mass revocation is served among
+// the worker keeps a quarter of its slots for them while any are due (CONTRACT.md
+// §5), so that a tenant who verifies during a mass revocation is served among
 // the next --concurrency claims. What the newcomers leave is claimed in order of
 // service. Rows held out of line whose time has come are brought back first
 // (ReturnHeld).

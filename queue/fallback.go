@@ -10,9 +10,9 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// A second CA (issue #19, README "A second CA"). With Config.Fallback set, the claim
-// decides for each row which CA its order goes to, in the statement that takes the
-// row, and records the decision on it (ssl_ca_directory, ssl_ca_cause): every
+// A second CA (CONTRACT.md §5; docs/cas.md, "A second CA"). With Config.Fallback set,
+// the claim decides for each row which CA its order goes to, in the statement that
+// takes the row, and records the decision on it (ssl_ca_directory, ssl_ca_cause): every
 // instance reads one decision, and a domain is never ordered at both CAs at once.
 //
 // The first CA (the worker's directory) is asked, unless:
@@ -205,8 +205,8 @@ var routedClaim = claimRoute{
 // line: a row held back at the first CA may go to the second once it has waited
 // --acme-fallback-after, which only a claim reading it can tell (with a second CA,
 // ReturnHeld holds rows out for their backoff only, never for a pause). Its cost follows the
-// rows held back ahead of the due ones, as the one-CA claim's did before issue #17
-// (bench/claim-routed.txt). Its columns are claimSQL's.
+// rows held back ahead of the due ones, as the one-CA claim's did before it took them
+// out of line (bench/claim-routed.txt). Its columns are claimSQL's.
 var claimRoutedSQL = claimSQLWith(routedClaim)
 
 func claimSQLWith(r claimRoute) string {

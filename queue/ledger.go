@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// The limit ledger (CONTRACT.md §5, issue #8): the worker's own record of its orders,
+// The limit ledger (CONTRACT.md §5): the worker's own record of its orders,
 // shared by every instance in certworker_ledger, checked against limits that mirror
 // the CA's published ones before each order. An order the CA would refuse is not
 // sent, and the domain waits, uncharged, for the window to free a slot.
@@ -38,7 +38,8 @@ import (
 // "In flight" is 'pending', and 'unknown' for an order whose end never reached the
 // ledger (SettleStaleLedger): both count as the CA may count them.
 //
-// An ARI renewal is exempt from every limit (issue #18): a renewal that names the
+// An ARI renewal is exempt from every limit, so that a CA's mass revocation is
+// replaced at once: a renewal that names the
 // certificate it replaces ("replaces", RFC 9773) while the database's time is inside
 // the renewal window last read for that certificate (ari_window_start, ari_window_end).
 // Let's Encrypt checks no limit for it: "Limit Exemptions for Renewals" in

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// A profile per domain (CONTRACT.md §5, issue #18). proxy_domains.ssl_profile is the
+// A profile per domain (CONTRACT.md §5). proxy_domains.ssl_profile is the
 // tenant's choice (NULL: the worker's --acme-profile); proxy_certificates.profile is
 // the profile a certificate was issued under (NULL: not known, which matches any);
 // proxy_domains.ssl_profile_refused is the domain's profile the CA does not offer,

@@ -15,9 +15,10 @@ import (
 // speeds things up within the quarter hour.
 const ReplacePaceWindow = 15 * time.Minute
 
-// ReplaceProgress is how a mass replacement is going (issue #18): the certificates
-// whose renewal window (ARI) has started and that are not yet replaced, and when,
-// at the pace of the last ReplacePaceWindow, the last of them will be.
+// ReplaceProgress is how a mass replacement is going (a CA's revocation: every renewal
+// window moved to now; docs/runbook.md, CertworkerReplacementTooSlow): the certificates
+// whose renewal window (ARI) has started and that are not yet replaced, and when, at
+// the pace of the last ReplacePaceWindow, the last of them will be.
 type ReplaceProgress struct {
 	// At is the database's clock at the read.
 	At time.Time `json:"at"`

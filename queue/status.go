@@ -59,7 +59,7 @@ type Overview struct {
 	// started is going, at the pace of every CA the fleet has an account with.
 	Replace ReplaceProgress `json:"replace"`
 	// Issuers count the stored certificates of acme domains by the CA that issued them
-	// (issue #19), most first.
+	// (proxy_certificates.issuer_directory: with a second CA, two), most first.
 	Issuers []IssuerCount `json:"issuers"`
 }
 
@@ -320,7 +320,7 @@ type DomainState struct {
 	Certificate    *StoredCertificate `json:"certificate"`
 	// CADirectory is the CA its last claim went to (a second CA's claim records it),
 	// CACause why that was the second, CARefused a CA that refused the name or that
-	// its CAA records forbid (issue #19); nil for none.
+	// its CAA records forbid (a second CA's rules, queue/fallback.go); nil for none.
 	CADirectory *string `json:"ca_directory"`
 	CACause     *string `json:"ca_cause"`
 	CARefused   *string `json:"ca_refused"`

@@ -32,6 +32,6 @@
 //
 // A Keyring is a list of key encryption keys: the first seals, any of them opens. A
 // reader must be able to open every format a writer may produce, so readers are
-// upgraded (and given a new key) before any writer uses it; README.md ("Private keys
-// at rest") has the steps.
+// upgraded (and given a new key) before any writer uses it; docs/security.md ("Private
+// keys at rest") has the steps.
 package seal

@@ -53,7 +53,7 @@ func sealV1(t *testing.T, kek, plaintext []byte, aad string) string {
 	return seal.PrefixV1 + base64.StdEncoding.EncodeToString(gcm.Seal(nonce, nonce, plaintext, []byte(aad)))
 }
 
-// openAsDocumented reads a v2 key the way README.md tells a proxy in another language
+// openAsDocumented reads a v2 key the way docs/security.md tells a proxy in another language
 // to, with nothing from this package: a guard against the code and the written
 // format drifting apart, which would lock every other reader out of every key.
 func openAsDocumented(t *testing.T, keks [][]byte, stored, aad string) []byte {
@@ -81,8 +81,35 @@ func openAsDocumented(t *testing.T, keks [][]byte, stored, aad string) []byte {
 	return nil
 }
 
-// The sealed format is what the proxy decrypts: it must round-trip, follow the
-// README, name its key, refuse a wrong key or a key moved to another row, and leave
+// keyFormatPage is where a proxy in another language reads the stored key format.
+const keyFormatPage = "../../docs/security.md"
+
+// The page a proxy's author reads gives the format openAsDocumented follows: the two
+// prefixes, v2's key id before the payload, and how a reader tells them apart. Guards
+// against the page and the code drifting apart, which would send every other reader
+// the wrong way.
+func TestSeal_FormatIsTheDocumentedOne(t *testing.T) {
+	t.Parallel()
+	page, err := os.ReadFile(keyFormatPage)
+	require.NoError(t, err)
+	_, section, ok := strings.Cut(string(page), "\n## Private keys at rest\n")
+	require.True(t, ok, "%s has no section \"Private keys at rest\"", keyFormatPage)
+	section, _, _ = strings.Cut(section, "\n## ")
+	section = strings.Join(strings.Fields(section), " ") // line breaks are the page's
+	for _, want := range []string{
+		seal.PrefixV2 + "<key id>:<base64(nonce || ciphertext || tag)>",
+		seal.PrefixV1 + "<base64(nonce || ciphertext || tag)>",
+		"If it starts with `" + seal.PrefixV2 + "`, split the rest at the first `:` into the key id and the base64",
+		"If it starts with `" + seal.PrefixV1 + "`, do the same with the whole rest as the base64",
+		"The key id is the first 4 bytes of SHA-256 of the 32-byte key, as 8 lower-case hex digits",
+		"take the first 12 bytes as the nonce",
+	} {
+		require.True(t, strings.Contains(section, want), "%s, \"Private keys at rest\", does not say %q", keyFormatPage, want)
+	}
+}
+
+// The sealed format is what the proxy decrypts: it must round-trip, follow
+// docs/security.md, name its key, refuse a wrong key or a key moved to another row, and leave
 // PEM alone. Guards against a format change that locks the proxy out of every key,
 // and against a sealed key that silently opens for the wrong domain.
 func TestSeal_V2RoundTripAndRefusals(t *testing.T) {

@@ -21,7 +21,7 @@ import (
 
 type migrateCmd struct {
 	dbFlags
-	LockTimeout time.Duration `name:"lock-timeout" default:"2s" env:"CERTWORKER_LOCK_TIMEOUT" help:"Longest any statement waits for a lock on the proxy's tables before it gives up and is retried with backoff: the longest a proxy write waits behind migrate (also CERTWORKER_LOCK_TIMEOUT)."`
+	LockTimeout time.Duration `name:"lock-timeout" default:"2s" env:"CERTWORKER_LOCK_TIMEOUT" group:"database" help:"Longest any statement waits for a lock on the proxy's tables before it gives up and is retried with backoff: the longest a proxy write waits behind migrate (also CERTWORKER_LOCK_TIMEOUT)."`
 }
 
 func (c *migrateCmd) Run(g *globals) error {
@@ -43,6 +43,7 @@ func (c *migrateCmd) Run(g *globals) error {
 			fmt.Fprintf(g.stderr, "certworker: a statement gave up waiting for a lock after %s (%s); retrying in %s (attempt %d)\n",
 				c.LockTimeout, oneLine(redact(r.Err.Error(), c.DatabaseURL)), r.Wait.Round(time.Millisecond), r.Attempt+1)
 		},
+		OnNotice: func(s string) { fmt.Fprintf(g.stderr, "certworker: %s\n", s) },
 	})
 	for _, r := range results {
 		fmt.Fprintf(g.stdout, "applied %s (%s)\n", r.Source, r.Duration)
@@ -62,7 +63,8 @@ func (c *migrateCmd) Run(g *globals) error {
 func schemaError(err error, databaseURL string) error {
 	var behind *migrations.BehindError
 	var ahead *migrations.AheadError
-	if errors.As(err, &behind) || errors.As(err, &ahead) {
+	var functions *migrations.FunctionsError
+	if errors.As(err, &behind) || errors.As(err, &ahead) || errors.As(err, &functions) {
 		return usagef("%s", err)
 	}
 	return usagef("--database-url: %s", redact(err.Error(), databaseURL))
@@ -149,8 +151,8 @@ func (c *statusCmd) Run(g *globals) error {
 	return tw.Flush()
 }
 
-// replaceLine is status's line on the certificates whose renewal window has started
-// (issue #18): "replace now: N, at the current pace done by T".
+// replaceLine is status's line on the certificates whose renewal window has started (a
+// mass revocation, or its rehearsal): "replace now: N, at the current pace done by T".
 func replaceLine(p queue.ReplaceProgress) string {
 	line := fmt.Sprintf("replace now: %d, at the current pace done by ", p.Due)
 	var notes []string

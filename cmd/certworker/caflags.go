@@ -14,13 +14,14 @@ import (
 )
 
 // caFlags are the flags of each CA's CAA identities and of its external account
-// binding's HMAC key read from a file (issue 19). The fallback CA's other flags
-// (--acme-fallback-directory, --acme-fallback-eab-hmac, ...) are run's.
+// binding's HMAC key read from a file, which keeps it off command lines. The fallback
+// CA's other flags (--acme-fallback-directory, --acme-fallback-eab-hmac, ...) are
+// run's.
 type caFlags struct {
-	ACMEEABHMACFile           string `name:"acme-eab-hmac-file" env:"CERTWORKER_ACME_EAB_HMAC_FILE" placeholder:"FILE" help:"A file holding the --acme-eab-hmac key (base64url; surrounding whitespace and line breaks ignored), which keeps it off command lines; not with --acme-eab-hmac."`
-	ACMEFallbackEABHMACFile   string `name:"acme-fallback-eab-hmac-file" env:"CERTWORKER_ACME_FALLBACK_EAB_HMAC_FILE" placeholder:"FILE" help:"A file holding the --acme-fallback-eab-hmac key; not with --acme-fallback-eab-hmac."`
-	ACMECAAIdentities         string `name:"acme-caa-identities" env:"CERTWORKER_ACME_CAA_IDENTITIES" placeholder:"NAME[,NAME...]" help:"Issuer domain names of the CA in CAA records (letsencrypt.org), compared with a name's CAA records before ordering. Default: the directory's meta.caaIdentities."`
-	ACMEFallbackCAAIdentities string `name:"acme-fallback-caa-identities" env:"CERTWORKER_ACME_FALLBACK_CAA_IDENTITIES" placeholder:"NAME[,NAME...]" help:"Issuer domain names of the fallback CA in CAA records. Default: its directory's meta.caaIdentities."`
+	ACMEEABHMACFile           string `name:"acme-eab-hmac-file" env:"CERTWORKER_ACME_EAB_HMAC_FILE" placeholder:"FILE" group:"ca" help:"A file holding the --acme-eab-hmac key (base64url; surrounding whitespace and line breaks ignored), which keeps it off command lines; not with --acme-eab-hmac."`
+	ACMEFallbackEABHMACFile   string `name:"acme-fallback-eab-hmac-file" env:"CERTWORKER_ACME_FALLBACK_EAB_HMAC_FILE" placeholder:"FILE" group:"fallback" help:"A file holding the --acme-fallback-eab-hmac key; not with --acme-fallback-eab-hmac."`
+	ACMECAAIdentities         string `name:"acme-caa-identities" env:"CERTWORKER_ACME_CAA_IDENTITIES" placeholder:"NAME[,NAME...]" group:"ca" help:"Issuer domain names of the CA in CAA records (letsencrypt.org), compared with a name's CAA records before ordering. Default: the directory's meta.caaIdentities."`
+	ACMEFallbackCAAIdentities string `name:"acme-fallback-caa-identities" env:"CERTWORKER_ACME_FALLBACK_CAA_IDENTITIES" placeholder:"NAME[,NAME...]" group:"fallback" help:"Issuer domain names of the fallback CA in CAA records. Default: its directory's meta.caaIdentities."`
 }
 
 // validate checks the flags before anything connects: the identities, and the HMAC

@@ -15,19 +15,19 @@ import (
 	"github.com/certworker/certworker/queue/worker"
 )
 
-// fallbackFlags name a second ACME CA (issue #19, README "A second CA"): its own
-// account, profile and ledger limits. Empty --acme-fallback-directory: none.
+// fallbackFlags name a second ACME CA (CONTRACT.md §5; docs/cas.md, "A second CA"): its
+// own account, profile and ledger limits. Empty --acme-fallback-directory: none.
 type fallbackFlags struct {
-	FallbackDirectory        string        `name:"acme-fallback-directory" env:"CERTWORKER_ACME_FALLBACK_DIRECTORY" placeholder:"URL" help:"ACME directory URL of a second CA, asked for a domain when the first cannot issue it: the first has been unreachable or answering 5xx, or its rate limits or the ledger have held the domain back, for longer than --acme-fallback-after; or the first refused the name (caa, rejectedIdentifier, unsupportedIdentifier), then at once. Never after a failed validation. Empty: no second CA."`
-	FallbackCABundle         string        `name:"acme-fallback-ca-bundle" env:"CERTWORKER_ACME_FALLBACK_CA_BUNDLE" placeholder:"FILE" help:"PEM file of roots trusted for the second CA's ACME server, beside the system's."`
-	FallbackEABKid           string        `name:"acme-fallback-eab-kid" env:"CERTWORKER_ACME_FALLBACK_EAB_KID" placeholder:"KID" help:"External account binding key id at the second CA (Google Trust Services and ZeroSSL require one)."`
-	FallbackEABHMAC          string        `name:"acme-fallback-eab-hmac" env:"CERTWORKER_ACME_FALLBACK_EAB_HMAC" placeholder:"KEY" help:"External account binding HMAC key (base64url) at the second CA."`
-	FallbackProfile          string        `name:"acme-fallback-profile" env:"CERTWORKER_ACME_FALLBACK_PROFILE" placeholder:"NAME" help:"ACME profile of every order at the second CA (a domain's ssl_profile is the first CA's); run exits 2 when its directory does not offer it. Empty: the CA's default."`
-	FallbackAfter            time.Duration `name:"acme-fallback-after" env:"CERTWORKER_ACME_FALLBACK_AFTER" default:"10m" placeholder:"DURATION" help:"How long the first CA may hold a domain back before the second is asked, from the later of when the domain fell due and when the hold began."`
-	FallbackLimitOrders      string        `name:"acme-fallback-limit-orders-per-account" env:"CERTWORKER_ACME_FALLBACK_LIMIT_ORDERS_PER_ACCOUNT" placeholder:"COUNT/DURATION" help:"The second CA's --limit-orders-per-account (default: the first's)."`
-	FallbackLimitRegistered  string        `name:"acme-fallback-limit-certs-per-registered-domain" env:"CERTWORKER_ACME_FALLBACK_LIMIT_CERTS_PER_REGISTERED_DOMAIN" placeholder:"COUNT/DURATION" help:"The second CA's --limit-certs-per-registered-domain (default: the first's)."`
-	FallbackLimitExactSet    string        `name:"acme-fallback-limit-certs-per-exact-set" env:"CERTWORKER_ACME_FALLBACK_LIMIT_CERTS_PER_EXACT_SET" placeholder:"COUNT/DURATION" help:"The second CA's --limit-certs-per-exact-set (default: the first's)."`
-	FallbackLimitFailedAuthz string        `name:"acme-fallback-limit-failed-authz-per-name" env:"CERTWORKER_ACME_FALLBACK_LIMIT_FAILED_AUTHZ_PER_NAME" placeholder:"COUNT/DURATION" help:"The second CA's --limit-failed-authz-per-name (default: the first's)."`
+	FallbackDirectory        string        `name:"acme-fallback-directory" env:"CERTWORKER_ACME_FALLBACK_DIRECTORY" placeholder:"URL" group:"fallback" help:"ACME directory URL of a second CA, asked for a domain when the first cannot issue it: the first has been unreachable or answering 5xx, or its rate limits or the ledger have held the domain back, for longer than --acme-fallback-after; or the first refused the name (caa, rejectedIdentifier, unsupportedIdentifier), then at once. Never after a failed validation. Empty: no second CA."`
+	FallbackCABundle         string        `name:"acme-fallback-ca-bundle" env:"CERTWORKER_ACME_FALLBACK_CA_BUNDLE" placeholder:"FILE" group:"fallback" help:"PEM file of roots trusted for the second CA's ACME server, beside the system's."`
+	FallbackEABKid           string        `name:"acme-fallback-eab-kid" env:"CERTWORKER_ACME_FALLBACK_EAB_KID" placeholder:"KID" group:"fallback" help:"External account binding key id at the second CA (Google Trust Services and ZeroSSL require one)."`
+	FallbackEABHMAC          string        `name:"acme-fallback-eab-hmac" env:"CERTWORKER_ACME_FALLBACK_EAB_HMAC" placeholder:"KEY" group:"fallback" help:"External account binding HMAC key (base64url) at the second CA."`
+	FallbackProfile          string        `name:"acme-fallback-profile" env:"CERTWORKER_ACME_FALLBACK_PROFILE" placeholder:"NAME" group:"fallback" help:"ACME profile of every order at the second CA (a domain's ssl_profile is the first CA's); run exits 2 when its directory does not offer it. Empty: the CA's default."`
+	FallbackAfter            time.Duration `name:"acme-fallback-after" env:"CERTWORKER_ACME_FALLBACK_AFTER" default:"10m" placeholder:"DURATION" group:"fallback" help:"How long the first CA may hold a domain back before the second is asked, from the later of when the domain fell due and when the hold began."`
+	FallbackLimitOrders      string        `name:"acme-fallback-limit-orders-per-account" env:"CERTWORKER_ACME_FALLBACK_LIMIT_ORDERS_PER_ACCOUNT" placeholder:"COUNT/DURATION" group:"fallback" help:"The second CA's --limit-orders-per-account (default: the first's)."`
+	FallbackLimitRegistered  string        `name:"acme-fallback-limit-certs-per-registered-domain" env:"CERTWORKER_ACME_FALLBACK_LIMIT_CERTS_PER_REGISTERED_DOMAIN" placeholder:"COUNT/DURATION" group:"fallback" help:"The second CA's --limit-certs-per-registered-domain (default: the first's)."`
+	FallbackLimitExactSet    string        `name:"acme-fallback-limit-certs-per-exact-set" env:"CERTWORKER_ACME_FALLBACK_LIMIT_CERTS_PER_EXACT_SET" placeholder:"COUNT/DURATION" group:"fallback" help:"The second CA's --limit-certs-per-exact-set (default: the first's)."`
+	FallbackLimitFailedAuthz string        `name:"acme-fallback-limit-failed-authz-per-name" env:"CERTWORKER_ACME_FALLBACK_LIMIT_FAILED_AUTHZ_PER_NAME" placeholder:"COUNT/DURATION" group:"fallback" help:"The second CA's --limit-failed-authz-per-name (default: the first's)."`
 }
 
 // validateFallback checks the second CA's flags against each other and the first's.

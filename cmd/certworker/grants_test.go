@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -31,14 +30,11 @@ import (
 	"github.com/certworker/certworker/queue"
 )
 
-// grantsFile holds every grant `run` needs (README, "Least privilege").
+// grantsFile holds every grant `run` needs (docs/security.md, "Least privilege").
 const grantsFile = "../../deploy/grants.sql"
 
-// readmeFile lists the same grants in a table, with the columns `run` may not read.
-const readmeFile = "../../README.md"
-
-// securityPage is docs/security.md, whose "Least privilege" table adds to README's.
-const securityPage = "../../docs/security.md"
+// tableFile lists the same grants in a table, with the columns `run` may not read.
+const tableFile = "../../docs/security.md"
 
 // `run` works under a role that holds only deploy/grants.sql's rights: it starts,
 // reports ready, issues a certificate from Pebble and stops cleanly. With --wake
@@ -299,18 +295,18 @@ func splitTopLevel(s string) []string {
 	return append(out, s[from:])
 }
 
-// notReadable is the README table's privilege for the columns `run` may not read.
+// notReadable is the table's privilege for the columns `run` may not read.
 const notReadable = "not readable"
 
-// parseREADMETable reads the table of README's "Least privilege": its grants, and
-// the columns listed as not readable (privilege notReadable).
-func parseREADMETable(t *testing.T, text string) (granted, unreadable map[grant]bool) {
+// parseGrantsTable reads the table of docs/security.md's "Least privilege": its
+// grants, and the columns listed as not readable (privilege notReadable).
+func parseGrantsTable(t *testing.T, text string) (granted, unreadable map[grant]bool) {
 	t.Helper()
 	_, section, ok := strings.Cut(text, "\n## Least privilege\n")
-	require.True(t, ok, "%s has no section \"Least privilege\"", readmeFile)
+	require.True(t, ok, "%s has no section \"Least privilege\"", tableFile)
 	section, _, _ = strings.Cut(section, "\n## ")
 	_, table, ok := strings.Cut(section, "\n| object | privilege | columns |")
-	require.True(t, ok, "%s: no table headed | object | privilege | columns | in \"Least privilege\"", readmeFile)
+	require.True(t, ok, "%s: no table headed | object | privilege | columns | in \"Least privilege\"", tableFile)
 	granted, unreadable = map[grant]bool{}, map[grant]bool{}
 	for _, line := range strings.Split(table, "\n")[1:] {
 		if !strings.HasPrefix(line, "|") {
@@ -320,7 +316,7 @@ func parseREADMETable(t *testing.T, text string) (granted, unreadable map[grant]
 			continue
 		}
 		cells := strings.Split(line, "|")
-		require.GreaterOrEqual(t, len(cells), 5, "%s: row %q", readmeFile, line)
+		require.GreaterOrEqual(t, len(cells), 5, "%s: row %q", tableFile, line)
 		obj := strings.ReplaceAll(strings.TrimSpace(cells[1]), "`", "")
 		priv := strings.TrimSpace(cells[2])
 		into := granted
@@ -334,29 +330,22 @@ func parseREADMETable(t *testing.T, text string) (granted, unreadable map[grant]
 		}
 		for _, col := range strings.Split(cols, ",") {
 			col = strings.Trim(strings.TrimSpace(col), "`")
-			require.NotEmpty(t, col, "%s: row %q", readmeFile, line)
+			require.NotEmpty(t, col, "%s: row %q", tableFile, line)
 			into[grant{obj, priv, col}] = true
 		}
 	}
-	require.NotEmpty(t, granted, "%s: the table of \"Least privilege\" has no rows", readmeFile)
+	require.NotEmpty(t, granted, "%s: the table of \"Least privilege\" has no rows", tableFile)
 	return granted, unreadable
 }
 
-func readGrants(t *testing.T) (sqlGrants, readmeGrants, unreadable map[grant]bool) {
+func readGrants(t *testing.T) (sqlGrants, tableGrants, unreadable map[grant]bool) {
 	t.Helper()
 	sqlText, err := os.ReadFile(grantsFile)
 	require.NoError(t, err)
-	readme, err := os.ReadFile(readmeFile)
+	page, err := os.ReadFile(tableFile)
 	require.NoError(t, err)
-	readmeGrants, unreadable = parseREADMETable(t, string(readme))
-	// README is becoming a front page, and its table moves to docs/security.md: rows
-	// in the table there count as the README's.
-	if page, err := os.ReadFile(securityPage); err == nil && strings.Contains(string(page), "\n## Least privilege\n") {
-		more, hidden := parseREADMETable(t, string(page))
-		maps.Copy(readmeGrants, more)
-		maps.Copy(unreadable, hidden)
-	}
-	return parseGrantsSQL(t, string(sqlText)), readmeGrants, unreadable
+	tableGrants, unreadable = parseGrantsTable(t, string(page))
+	return parseGrantsSQL(t, string(sqlText)), tableGrants, unreadable
 }
 
 // missing lists what a has and b lacks, sorted.
@@ -371,26 +360,26 @@ func missing(a, b map[grant]bool) []string {
 	return out
 }
 
-// README's table of privileges says what deploy/grants.sql grants, no more and no
-// less, so that an operator reading one reads the other. Guards against the drift
-// the README had: its table lacked three tables' grants and DELETE on
-// proxy_certificates.
-func TestGrants_READMETableIsGrantsSQL(t *testing.T) {
+// docs/security.md's table of privileges says what deploy/grants.sql grants, no more
+// and no less, so that an operator reading one reads the other. Guards against the
+// drift the table had when it was in the README: it lacked three tables' grants and
+// DELETE on proxy_certificates.
+func TestGrants_SecurityPageTableIsGrantsSQL(t *testing.T) {
 	t.Parallel()
-	sqlGrants, readmeGrants, _ := readGrants(t)
-	require.Empty(t, missing(sqlGrants, readmeGrants), "%s grants these, and the table of README's \"Least privilege\" does not list them", grantsFile)
-	require.Empty(t, missing(readmeGrants, sqlGrants), "the table of README's \"Least privilege\" lists these, and %s does not grant them", grantsFile)
+	sqlGrants, tableGrants, _ := readGrants(t)
+	require.Empty(t, missing(sqlGrants, tableGrants), "%s grants these, and the table of docs/security.md's \"Least privilege\" does not list them", grantsFile)
+	require.Empty(t, missing(tableGrants, sqlGrants), "the table of docs/security.md's \"Least privilege\" lists these, and %s does not grant them", grantsFile)
 }
 
 // Every column of every table of the migrated schema is either readable by the
-// workers (SELECT in deploy/grants.sql) or listed as not readable in README's table:
-// a column a migration adds must be decided on, or this fails naming it. And the
+// workers (SELECT in deploy/grants.sql) or listed as not readable in the table of
+// docs/security.md: a column a migration adds must be decided on, or this fails naming it. And the
 // grants PostgreSQL records once grants.sql has run are exactly the ones the tests
 // read from it.
 func TestGrants_EveryColumnIsGrantedOrNotReadable(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	sqlGrants, readmeGrants, unreadable := readGrants(t)
+	sqlGrants, tableGrants, unreadable := readGrants(t)
 	adminDSN := pgtest.NewDB(t)
 	admin, err := pgx.Connect(ctx, adminDSN)
 	require.NoError(t, err)
@@ -413,19 +402,19 @@ ORDER BY 1, a.attnum`)
 			readable := sqlGrants[grant{table, "SELECT", col}]
 			hidden := unreadable[grant{table, notReadable, col}]
 			listed = listed || readable || hidden
-			assert.False(t, readable && hidden, "%s.%s is granted SELECT in %s and listed as not readable in %s", table, col, grantsFile, readmeFile)
+			assert.False(t, readable && hidden, "%s.%s is granted SELECT in %s and listed as not readable in %s", table, col, grantsFile, tableFile)
 			if !readable && !hidden && !unreadable[grant{table, notReadable, ""}] && !sqlGrants[grant{table, "SELECT", ""}] {
 				assert.Fail(t, "a column nobody decided on",
 					"%s.%s is neither granted SELECT to the workers in %s nor listed as not readable in the table of %s's \"Least privilege\": "+
 						"if certworker run reads it, add it to the SELECT grant of both (and to UPDATE if run writes it); if not, list it as not readable",
-					table, col, grantsFile, readmeFile)
+					table, col, grantsFile, tableFile)
 			}
 		}
-		assert.True(t, listed, "table %s is in no row of the table of %s's \"Least privilege\": grant what run needs, or list it as not readable (all)", table, readmeFile)
+		assert.True(t, listed, "table %s is in no row of the table of %s's \"Least privilege\": grant what run needs, or list it as not readable (all)", table, tableFile)
 	}
 	for g := range unreadable {
 		if g.column != "" {
-			assert.Contains(t, columns[g.object], g.column, "%s lists %s.%s as not readable: no such column", readmeFile, g.object, g.column)
+			assert.Contains(t, columns[g.object], g.column, "%s lists %s.%s as not readable: no such column", tableFile, g.object, g.column)
 		}
 	}
 
@@ -454,7 +443,7 @@ WHERE p.grantee = $1::regrole`, role)
 	require.NoError(t, err)
 	require.Empty(t, missing(recorded, sqlGrants), "PostgreSQL recorded these grants from %s, which the test did not read in it", grantsFile)
 	require.Empty(t, missing(sqlGrants, recorded), "the test read these grants in %s, which PostgreSQL did not record", grantsFile)
-	require.Empty(t, missing(sqlGrants, readmeGrants))
+	require.Empty(t, missing(sqlGrants, tableGrants))
 }
 
 // missingGrant says, from a log of `run` under the workers' role, which object it
@@ -474,7 +463,7 @@ func missingGrant(logs string) string {
 	}
 	return fmt.Sprintf("; the workers' role was refused on %s: a statement of run (in the log) needs a right %s does not grant: "+
 		"SELECT on each column it reads (in WHERE, RETURNING, the right of SET, an upsert's EXCLUDED), UPDATE on each it sets "+
-		"(and on one for FOR UPDATE), INSERT on each it inserts; add it there and to README's table",
+		"(and on one for FOR UPDATE), INSERT on each it inserts; add it there and to docs/security.md's table",
 		strings.Join(out, ", "), grantsFile)
 }
 

@@ -19,8 +19,8 @@ import (
 // command lines (ps) and out of the container's configuration (docker inspect, the
 // Pod's spec), where a variable shows them.
 type keyFlags struct {
-	KeyEncryptionKey     string `name:"key-encryption-key" env:"CERTWORKER_KEY_ENCRYPTION_KEY" placeholder:"BASE64[,BASE64...]" help:"Comma-separated base64 keys of 32 bytes that seal private keys at rest (AES-256-GCM): the first seals, any opens. Prefer --key-encryption-key-file."`
-	KeyEncryptionKeyFile string `name:"key-encryption-key-file" env:"CERTWORKER_KEY_ENCRYPTION_KEY_FILE" placeholder:"FILE" help:"A file holding the --key-encryption-key list (surrounding whitespace and line breaks ignored); not with --key-encryption-key."`
+	KeyEncryptionKey     string `name:"key-encryption-key" env:"CERTWORKER_KEY_ENCRYPTION_KEY" placeholder:"BASE64[,BASE64...]" group:"keys" help:"Comma-separated base64 keys of 32 bytes that seal private keys at rest (AES-256-GCM): the first seals, any opens. Prefer --key-encryption-key-file."`
+	KeyEncryptionKeyFile string `name:"key-encryption-key-file" env:"CERTWORKER_KEY_ENCRYPTION_KEY_FILE" placeholder:"FILE" group:"keys" help:"A file holding the --key-encryption-key list (surrounding whitespace and line breaks ignored); not with --key-encryption-key."`
 }
 
 // keyring reads the keys from whichever of the two flags is set: none is no key.

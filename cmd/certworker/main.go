@@ -1,5 +1,5 @@
 // Command certworker obtains and renews TLS certificates over ACME for the domains a
-// multi-tenant proxy keeps in PostgreSQL. See README.md and CONTRACT.md.
+// multi-tenant proxy keeps in PostgreSQL. docs/running.md has its commands and flags.
 package main
 
 import (
@@ -50,9 +50,25 @@ type cli struct {
 	Version     versionCmd     `cmd:"" help:"Print the version, commit and Go version."`
 }
 
+// flagGroups are the headings of `COMMAND --help`, in the order an operator sets
+// certworker up: where the database is, which CA, a second one, how much to ask of
+// them, what to check before ordering, the keys, where to listen, and the logs and
+// timings. A flag names its group with a group:"KEY" tag; `run --help` lists the
+// groups in the order of runCmd's fields, which follows this list.
+var flagGroups = []kong.Group{
+	{Key: "database", Title: "Database:", Description: "The proxy's PostgreSQL database, and how certworker connects to it and hears from it."},
+	{Key: "ca", Title: "The CA:", Description: "The ACME CA certworker orders from, its account, and the certificates' keys."},
+	{Key: "fallback", Title: "A second CA:", Description: "Asked for a domain the first CA cannot issue (docs/cas.md, \"A second CA\"); none without --acme-fallback-directory."},
+	{Key: "limits", Title: "Limits:", Description: "The CA's rate limits as the fleet's ledger counts them, and this instance's pace and retries."},
+	{Key: "preflight", Title: "Preflight and DNS:", Description: "What certworker checks of a name, and asks of DNS, before it orders."},
+	{Key: "keys", Title: "Keys:", Description: "The key encryption keys that seal private keys at rest (docs/security.md)."},
+	{Key: "listeners", Title: "Listeners:", Description: "The HTTP-01 responder and the admin endpoints (/healthz, /readyz, /metrics)."},
+	{Key: "logs", Title: "Logs and timing:", Description: "The logs, and the intervals, deadlines and timeouts."},
+}
+
 // dbFlags is the connection flag every database command takes.
 type dbFlags struct {
-	DatabaseURL string `name:"database-url" env:"CERTWORKER_DATABASE_URL,DATABASE_URL" placeholder:"URL" help:"PostgreSQL connection string (also CERTWORKER_DATABASE_URL, then DATABASE_URL)."`
+	DatabaseURL string `name:"database-url" env:"CERTWORKER_DATABASE_URL,DATABASE_URL" placeholder:"URL" group:"database" help:"PostgreSQL connection string (also CERTWORKER_DATABASE_URL, then DATABASE_URL)."`
 }
 
 func main() {
@@ -67,11 +83,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	exitCode := -1
 	parser, err := kong.New(&c,
 		kong.Name("certworker"),
-		kong.Description("Obtains and renews TLS certificates over ACME for a multi-tenant proxy's domains, woken by PostgreSQL LISTEN/NOTIFY.\n\nEvery flag can also be set by the environment variable CERTWORKER_ + the flag name in upper case with - as _ (--poll-interval is CERTWORKER_POLL_INTERVAL). A flag beats its variable; an empty variable counts as unset."),
+		kong.Description("Obtains and renews TLS certificates over ACME for a multi-tenant proxy's domains, woken by PostgreSQL LISTEN/NOTIFY.\n\nEvery flag can also be set by the environment variable CERTWORKER_ + the flag name in upper case with - as _ (--poll-interval is CERTWORKER_POLL_INTERVAL). A flag beats its variable; an empty variable counts as unset.\n\ndocs/running.md describes every command, flag, endpoint, log line and metric."),
 		kong.UsageOnError(),
 		kong.Writers(stdout, stderr),
 		kong.Exit(func(code int) { exitCode = code }),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+		kong.ExplicitGroups(flagGroups),
 		kong.Vars{"version": version, "le": letsEncrypt},
 		kong.Bind(&globals{stdout: stdout, stderr: stderr}),
 	)

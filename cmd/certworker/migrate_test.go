@@ -25,18 +25,26 @@ func execSQL(t *testing.T, dsn, sql string, args ...any) {
 
 // `run` refuses a database whose schema is not this binary's, with exit 2 and what to
 // do: behind it, run migrate; ahead of it (a newer binary migrated it during a rolling
-// deploy), do not run this binary, rather than work with rules it does not know.
+// deploy), do not run this binary, rather than work with rules it does not know. The
+// same for the functions in the database (migrations/functions): applied by an older
+// binary's migrate, or by a newer one's.
 func TestCLI_RunRefusesASchemaBehindOrAheadOfTheBinary(t *testing.T) {
 	t.Parallel()
 	behind := pgtest.NewDB(t)
 	execSQL(t, behind, `DELETE FROM goose_db_version WHERE version_id = 6`)
 	ahead := pgtest.NewDB(t)
 	execSQL(t, ahead, `INSERT INTO goose_db_version (version_id, is_applied) VALUES (900, true)`)
+	olderFunctions := pgtest.NewDB(t)
+	execSQL(t, olderFunctions, `UPDATE certworker_functions SET sha256 = 'older', generation = 0 WHERE name = 'certworker_queued'`)
+	newerFunctions := pgtest.NewDB(t)
+	execSQL(t, newerFunctions, `UPDATE certworker_functions SET generation = generation + 1`)
 	for _, tc := range []struct {
 		dsn, want string
 	}{
 		{behind, "run `certworker migrate` first"},
 		{ahead, "ahead of this binary (a newer certworker applied migration 00900"},
+		{olderFunctions, "function certworker_queued in the database is not the one this binary was built with"},
+		{newerFunctions, "the database's functions are ahead of this binary"},
 	} {
 		code, _, stderr := invoke(t, "run", "--database-url", tc.dsn, "--http01-listen", "", "--admin-listen", "")
 		require.Equal(t, exitUsage, code, stderr)

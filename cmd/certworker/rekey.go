@@ -17,7 +17,7 @@ import (
 type rekeyCmd struct {
 	dbFlags
 	keyFlags
-	BatchSize int `name:"batch-size" env:"CERTWORKER_BATCH_SIZE" default:"100" help:"Keys re-sealed per transaction."`
+	BatchSize int `name:"batch-size" env:"CERTWORKER_BATCH_SIZE" default:"100" group:"keys" help:"Keys re-sealed per transaction."`
 }
 
 // rekeyRounds is how many times a key that changed while rekey read it is read and
@@ -79,7 +79,7 @@ type keyTable struct {
 	update string
 }
 
-// keyTables are the two places keys are stored (README.md, "Private keys at rest").
+// keyTables are the two places keys are stored (docs/security.md, "Private keys at rest").
 // Certificates are paged by their primary key; ACME accounts are one per directory,
 // a handful, and need no index.
 var keyTables = []keyTable{{

@@ -33,52 +33,61 @@ import (
 // letsEncrypt is the default --acme-directory.
 const letsEncrypt = "https://acme-v02.api.letsencrypt.org/directory"
 
+// runCmd's fields are in the order `run --help` lists them, by group (flagGroups), in
+// the order an operator sets certworker up. caFlags, after fallbackFlags, adds its
+// fields to the ends of the CA's and the second CA's groups.
 type runCmd struct {
 	dbFlags
-	keyFlags
-	caFlags
+	// ReplicationDatabaseURL is not in CONTRACT.md: it lets the REPLICATION attribute
+	// that --wake logical needs sit on a role of its own, holding no other right,
+	// instead of on the role that writes the certificates (docs/security.md, "Least
+	// privilege").
+	ReplicationDatabaseURL string `name:"replication-database-url" env:"CERTWORKER_REPLICATION_DATABASE_URL" placeholder:"URL" group:"database" help:"With --wake logical: connection string of the replication connection, for a role of its own that holds REPLICATION, on the same database (default: --database-url)."`
+	Wake                   string `name:"wake" env:"CERTWORKER_WAKE" default:"notify" enum:"notify,logical" group:"database" help:"How the worker hears that a domain is due: notify (LISTEN/NOTIFY, any server) or logical (a logical replication stream; needs wal_level = logical and a role with REPLICATION, and spares the proxy's commits NOTIFY's commit lock). Every instance on a database should use the same."`
+	ACMEDirectory          string `name:"acme-directory" env:"CERTWORKER_ACME_DIRECTORY" default:"${le}" placeholder:"URL" group:"ca" help:"ACME directory URL (default: Let's Encrypt production)."`
+	ACMEEmail              string `name:"acme-email" env:"CERTWORKER_ACME_EMAIL" placeholder:"EMAIL" group:"ca" help:"ACME account contact."`
+	ACMECABundle           string `name:"acme-ca-bundle" env:"CERTWORKER_ACME_CA_BUNDLE" placeholder:"FILE" group:"ca" help:"PEM file of roots trusted for the ACME server, beside the system's."`
+	ACMEProfile            string `name:"acme-profile" env:"CERTWORKER_ACME_PROFILE" placeholder:"NAME" group:"ca" help:"ACME profile of the domains whose ssl_profile is NULL; run exits 2 when the CA's directory does not offer it. Empty: the CA's default (the order names none)."`
+	KeyType                string `name:"key-type" env:"CERTWORKER_KEY_TYPE" default:"ec256" enum:"ec256,ec384,rsa2048,rsa4096" group:"ca" help:"Certificate key type: ec256, ec384, rsa2048 or rsa4096."`
+	ACMEEABKid             string `name:"acme-eab-kid" env:"CERTWORKER_ACME_EAB_KID" placeholder:"KID" group:"ca" help:"External account binding key id."`
+	ACMEEABHMAC            string `name:"acme-eab-hmac" env:"CERTWORKER_ACME_EAB_HMAC" placeholder:"KEY" group:"ca" help:"External account binding HMAC key (base64url)."`
 	fallbackFlags
-	ACMEDirectory     string        `name:"acme-directory" env:"CERTWORKER_ACME_DIRECTORY" default:"${le}" placeholder:"URL" help:"ACME directory URL (default: Let's Encrypt production)."`
-	ACMEEmail         string        `name:"acme-email" env:"CERTWORKER_ACME_EMAIL" placeholder:"EMAIL" help:"ACME account contact."`
-	ACMECABundle      string        `name:"acme-ca-bundle" env:"CERTWORKER_ACME_CA_BUNDLE" placeholder:"FILE" help:"PEM file of roots trusted for the ACME server, beside the system's."`
-	ACMEProfile       string        `name:"acme-profile" env:"CERTWORKER_ACME_PROFILE" placeholder:"NAME" help:"ACME profile of the domains whose ssl_profile is NULL; run exits 2 when the CA's directory does not offer it. Empty: the CA's default (the order names none)."`
-	ACMEEABKid        string        `name:"acme-eab-kid" env:"CERTWORKER_ACME_EAB_KID" placeholder:"KID" help:"External account binding key id."`
-	ACMEEABHMAC       string        `name:"acme-eab-hmac" env:"CERTWORKER_ACME_EAB_HMAC" placeholder:"KEY" help:"External account binding HMAC key (base64url)."`
-	KeyType           string        `name:"key-type" env:"CERTWORKER_KEY_TYPE" default:"ec256" enum:"ec256,ec384,rsa2048,rsa4096" help:"Certificate key type: ec256, ec384, rsa2048 or rsa4096."`
-	HTTP01Listen      string        `name:"http01-listen" env:"CERTWORKER_HTTP01_LISTEN" default:":80" placeholder:"ADDR" help:"HTTP-01 responder address; empty turns it off."`
-	HTTP01MaxConns    int           `name:"http01-max-connections" env:"CERTWORKER_HTTP01_MAX_CONNECTIONS" default:"4096" help:"Connections the HTTP-01 responder holds open at most; at the cap a new one closes the one that has waited longest without a request being answered. At the default, a flood of 20,000 slow connections held the process at 132 MiB (README, Benchmarks)."`
-	AdminListen       string        `name:"admin-listen" env:"CERTWORKER_ADMIN_LISTEN" default:"127.0.0.1:9090" placeholder:"ADDR" help:"Address of /healthz, /readyz and /metrics; empty turns it off."`
-	Concurrency       int           `name:"concurrency" env:"CERTWORKER_CONCURRENCY" default:"4" help:"Orders in flight on this instance."`
-	PollInterval      time.Duration `name:"poll-interval" env:"CERTWORKER_POLL_INTERVAL" default:"30s" help:"Safety-net pass interval."`
-	RetryBase         time.Duration `name:"retry-base" env:"CERTWORKER_RETRY_BASE" default:"1m" help:"First gap between attempts, doubled on each failure."`
-	RetryMax          time.Duration `name:"retry-max" env:"CERTWORKER_RETRY_MAX" default:"4h" help:"Longest gap between attempts."`
-	MaxAttempts       int           `name:"max-attempts" env:"CERTWORKER_MAX_ATTEMPTS" default:"10" help:"Consecutive failures after which a domain is marked failed."`
-	LogFormat         string        `name:"log-format" env:"CERTWORKER_LOG_FORMAT" default:"json" enum:"json,console" help:"Log encoder: json or console."`
-	LogLevel          string        `name:"log-level" env:"CERTWORKER_LOG_LEVEL" default:"info" help:"Log level: debug, info, warn or error."`
-	ShutdownGrace     time.Duration `name:"shutdown-grace" env:"CERTWORKER_SHUTDOWN_GRACE" default:"30s" help:"Time given to in-flight orders on SIGTERM."`
-	Wake              string        `name:"wake" env:"CERTWORKER_WAKE" default:"notify" enum:"notify,logical" help:"How the worker hears that a domain is due: notify (LISTEN/NOTIFY, any server) or logical (a logical replication stream; needs wal_level = logical and a role with REPLICATION, and spares the proxy's commits NOTIFY's commit lock). Every instance on a database should use the same."`
-	Preflight         string        `name:"preflight" env:"CERTWORKER_PREFLIGHT" default:"http" enum:"http,off" help:"Before ordering, check that the name resolves and that http://NAME/.well-known/acme-challenge/PROBE reaches certworker, so that an order bound to fail is never sent (http), or not (off)."`
-	PreflightResolver string        `name:"preflight-resolver" env:"CERTWORKER_PREFLIGHT_RESOLVER" placeholder:"HOST:PORT" help:"DNS server the preflight asks (default: the system's resolver)."`
-	PreflightPort     int           `name:"preflight-port" env:"CERTWORKER_PREFLIGHT_PORT" default:"80" help:"Port the preflight probes (where the CA validates HTTP-01)."`
-	PreflightAllow    string        `name:"preflight-allow-cidr" env:"CERTWORKER_PREFLIGHT_ALLOW_CIDR" placeholder:"CIDR[,CIDR...]" help:"Comma-separated ranges the preflight may connect to although they are reserved (loopback, private, link-local, CGNAT, multicast, NAT64...), for tests and private CAs. By default it connects to none of them."`
+	caFlags
+	LimitOrders       string        `name:"limit-orders-per-account" env:"CERTWORKER_LIMIT_ORDERS_PER_ACCOUNT" default:"300/3h" placeholder:"COUNT/DURATION" group:"limits" help:"Ledger limit on new orders from the ACME account, shared by every instance: COUNT/DURATION or off (default: Let's Encrypt's)."`
+	LimitRegistered   string        `name:"limit-certs-per-registered-domain" env:"CERTWORKER_LIMIT_CERTS_PER_REGISTERED_DOMAIN" default:"50/168h" placeholder:"COUNT/DURATION" group:"limits" help:"Ledger limit on new certificates per registered domain (public suffix list): COUNT/DURATION or off."`
+	LimitExactSet     string        `name:"limit-certs-per-exact-set" env:"CERTWORKER_LIMIT_CERTS_PER_EXACT_SET" default:"5/168h" placeholder:"COUNT/DURATION" group:"limits" help:"Ledger limit on certificates for one exact set of names (here: one name): COUNT/DURATION or off."`
+	LimitFailedAuthz  string        `name:"limit-failed-authz-per-name" env:"CERTWORKER_LIMIT_FAILED_AUTHZ_PER_NAME" default:"5/1h" placeholder:"COUNT/DURATION" group:"limits" help:"Ledger limit on failed authorizations per name: COUNT/DURATION or off."`
+	ARIPerSecond      float64       `name:"ari-requests-per-second" env:"CERTWORKER_ARI_REQUESTS_PER_SECOND" default:"50" group:"limits" help:"Renewal-information (ARI) requests to the CA per second, for the whole fleet: the instances share one budget in the database. A million certificates at the CA's usual six hours between questions are 46 a second."`
+	Concurrency       int           `name:"concurrency" env:"CERTWORKER_CONCURRENCY" default:"4" group:"limits" help:"Orders in flight on this instance."`
+	MaxAttempts       int           `name:"max-attempts" env:"CERTWORKER_MAX_ATTEMPTS" default:"10" group:"limits" help:"Consecutive failures after which a domain is marked failed."`
+	RetryBase         time.Duration `name:"retry-base" env:"CERTWORKER_RETRY_BASE" default:"1m" group:"limits" help:"First gap between attempts, doubled on each failure."`
+	RetryMax          time.Duration `name:"retry-max" env:"CERTWORKER_RETRY_MAX" default:"4h" group:"limits" help:"Longest gap between attempts."`
+	Preflight         string        `name:"preflight" env:"CERTWORKER_PREFLIGHT" default:"http" enum:"http,off" group:"preflight" help:"Before ordering, check that the name resolves and that http://NAME/.well-known/acme-challenge/PROBE reaches certworker, so that an order bound to fail is never sent (http), or not (off)."`
+	PreflightResolver string        `name:"preflight-resolver" env:"CERTWORKER_PREFLIGHT_RESOLVER" placeholder:"HOST:PORT" group:"preflight" help:"DNS server the preflight asks (default: the system's resolver)."`
+	PreflightPort     int           `name:"preflight-port" env:"CERTWORKER_PREFLIGHT_PORT" default:"80" group:"preflight" help:"Port the preflight probes (where the CA validates HTTP-01)."`
+	PreflightAllow    string        `name:"preflight-allow-cidr" env:"CERTWORKER_PREFLIGHT_ALLOW_CIDR" placeholder:"CIDR[,CIDR...]" group:"preflight" help:"Comma-separated ranges the preflight may connect to although they are reserved (loopback, private, link-local, CGNAT, multicast, NAT64...), for tests and private CAs. By default it connects to none of them."`
 	DNSWaitMax        time.Duration `name:"dns-wait-max" env:"CERTWORKER_DNS_WAIT_MAX" default:"168h" group:"preflight" help:"How long a verified domain may wait for its DNS to point here (or for its DNS-01 CNAME) before it is marked failed."`
 	DNSTarget         string        `name:"dns-target" env:"CERTWORKER_DNS_TARGET" placeholder:"HOST|ADDR[,ADDR...]" group:"preflight" help:"What tenants point their names at: a host name for a CNAME, or comma-separated addresses. Named in 'waiting for DNS:' errors, and a name whose answers do not match it waits without an HTTP probe."`
 	DNS01Zone         string        `name:"dns01-zone" env:"CERTWORKER_DNS01_ZONE" placeholder:"ZONE" group:"preflight" help:"Zone this instance answers authoritatively for DNS-01 by delegation (tenants CNAME _acme-challenge.NAME to certworker_dns01_target(NAME)); empty: DNS-01 off, and wildcards are invalid names."`
 	DNS01Listen       string        `name:"dns01-listen" env:"CERTWORKER_DNS01_LISTEN" default:":53" placeholder:"ADDR" group:"preflight" help:"UDP and TCP address of the --dns01-zone server."`
 	DNS01Nameservers  string        `name:"dns01-nameservers" env:"CERTWORKER_DNS01_NAMESERVERS" placeholder:"HOST[,HOST...]" group:"preflight" help:"Host names of the zone's name servers, served as its NS records and in its SOA; required with --dns01-zone."`
-	OrderTimeout      time.Duration `name:"order-timeout" env:"CERTWORKER_ORDER_TIMEOUT" default:"10m" help:"An order running longer is cancelled and charged as a failure."`
-	ARIPerSecond      float64       `name:"ari-requests-per-second" env:"CERTWORKER_ARI_REQUESTS_PER_SECOND" default:"50" help:"Renewal-information (ARI) requests to the CA per second, for the whole fleet: the instances share one budget in the database. A million certificates at the CA's usual six hours between questions are 46 a second."`
-	LimitOrders       string        `name:"limit-orders-per-account" env:"CERTWORKER_LIMIT_ORDERS_PER_ACCOUNT" default:"300/3h" placeholder:"COUNT/DURATION" help:"Ledger limit on new orders from the ACME account, shared by every instance: COUNT/DURATION or off (default: Let's Encrypt's)."`
-	LimitRegistered   string        `name:"limit-certs-per-registered-domain" env:"CERTWORKER_LIMIT_CERTS_PER_REGISTERED_DOMAIN" default:"50/168h" placeholder:"COUNT/DURATION" help:"Ledger limit on new certificates per registered domain (public suffix list): COUNT/DURATION or off."`
-	LimitExactSet     string        `name:"limit-certs-per-exact-set" env:"CERTWORKER_LIMIT_CERTS_PER_EXACT_SET" default:"5/168h" placeholder:"COUNT/DURATION" help:"Ledger limit on certificates for one exact set of names (here: one name): COUNT/DURATION or off."`
-	LimitFailedAuthz  string        `name:"limit-failed-authz-per-name" env:"CERTWORKER_LIMIT_FAILED_AUTHZ_PER_NAME" default:"5/1h" placeholder:"COUNT/DURATION" help:"Ledger limit on failed authorizations per name: COUNT/DURATION or off."`
-	// ReplicationDatabaseURL is not in CONTRACT.md: it lets the REPLICATION attribute
-	// that --wake logical needs sit on a role of its own, holding no other right,
-	// instead of on the role that writes the certificates (README, "Least privilege").
-	ReplicationDatabaseURL string `name:"replication-database-url" env:"CERTWORKER_REPLICATION_DATABASE_URL" placeholder:"URL" help:"With --wake logical: connection string of the replication connection, for a role of its own that holds REPLICATION, on the same database (default: --database-url)."`
+	keyFlags
+	HTTP01Listen   string        `name:"http01-listen" env:"CERTWORKER_HTTP01_LISTEN" default:":80" placeholder:"ADDR" group:"listeners" help:"HTTP-01 responder address; empty turns it off."`
+	HTTP01MaxConns int           `name:"http01-max-connections" env:"CERTWORKER_HTTP01_MAX_CONNECTIONS" default:"4096" group:"listeners" help:"Connections the HTTP-01 responder holds open at most; at the cap a new one closes the one that has waited longest without a request being answered. At the default, a flood of 20,000 slow connections held the process at 132 MiB (docs/testing.md, Benchmarks)."`
+	AdminListen    string        `name:"admin-listen" env:"CERTWORKER_ADMIN_LISTEN" default:"127.0.0.1:9090" placeholder:"ADDR" group:"listeners" help:"Address of /healthz, /readyz and /metrics; empty turns it off."`
+	LogFormat      string        `name:"log-format" env:"CERTWORKER_LOG_FORMAT" default:"json" enum:"json,console" group:"logs" help:"Log encoder: json or console."`
+	LogLevel       string        `name:"log-level" env:"CERTWORKER_LOG_LEVEL" default:"info" group:"logs" help:"Log level: debug, info, warn or error."`
+	PollInterval   time.Duration `name:"poll-interval" env:"CERTWORKER_POLL_INTERVAL" default:"30s" group:"logs" help:"Safety-net pass interval."`
+	OrderTimeout   time.Duration `name:"order-timeout" env:"CERTWORKER_ORDER_TIMEOUT" default:"10m" group:"logs" help:"An order running longer is cancelled and charged as a failure."`
+	ShutdownGrace  time.Duration `name:"shutdown-grace" env:"CERTWORKER_SHUTDOWN_GRACE" default:"30s" group:"logs" help:"Time given to in-flight orders on SIGTERM."`
 	// Lease is not in CONTRACT.md: the claim's lease, for tests that stop the
 	// database for longer than it without waiting minutes.
-	Lease time.Duration `name:"lease" env:"CERTWORKER_LEASE" default:"60s" hidden:"" help:"Claim lease (tests only)."`
+	Lease time.Duration `name:"lease" env:"CERTWORKER_LEASE" default:"60s" hidden:"" group:"logs" help:"Claim lease (tests only)."`
+}
+
+// Help is the text `run --help` prints above the flags.
+func (c *runCmd) Help() string {
+	return "The flags are grouped in the order an operator sets certworker up. docs/running.md describes every flag, endpoint, log line and metric."
 }
 
 // validate checks what the flag parser cannot.

@@ -1,6 +1,6 @@
 // Package legacydb is a test fixture: the proxy's database as the reference worker
-// left it (issue #10), for testing `certworker migrate` and the worker on the
-// database they will really meet, not a fresh one.
+// left it, for testing `certworker migrate` and the worker on the database they will
+// really meet, not a fresh one.
 //
 // The tables are CONTRACT.md §1's without their CHECK constraints and without any of
 // certworker's columns; proxy_certificates has certificate_pem, private_key_pem, a

@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// Drill is a mass-revocation drill as a CA runs one (issue #18): the renewal windows
+// Drill is a mass-revocation drill as a CA runs one: the renewal windows
 // of chosen certificates move to "now", so that every client following ACME Renewal
 // Information (RFC 9773) replaces them at once. Front.StartDrill applies one.
 type Drill struct {

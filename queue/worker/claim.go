@@ -150,7 +150,7 @@ func (w *Worker) claim(ctx context.Context, n int) (claims []queue.Claim, sent t
 }
 
 // newcomerSlots is how many of n free slots the claim offers first issuances first
-// (CONTRACT.md §5, issue #18): a quarter of --concurrency, rounded up, less the first
+// (CONTRACT.md §5): a quarter of --concurrency, rounded up, less the first
 // issuances already in flight. While first issuances are due they get these slots
 // whatever the urgent renewals ahead of them, so a tenant who verifies during a mass
 // revocation is among the next --concurrency claims; when none are due, the claim

@@ -13,11 +13,11 @@ import (
 	"github.com/certworker/certworker/queue"
 )
 
-// A second CA (issue #19; queue/fallback.go has the rules of the claim's decision).
-// The worker keeps what is per CA apart: the issuer (its own account), the ledger's
-// limits, whether this instance saw it unreachable, and its pauses, which it writes
-// under the CA the claim went to. It acts on the claim's decision, and overrides it
-// only when the first CA refuses the name for good: that is recorded on the row, and
+// A second CA (CONTRACT.md §5; queue/fallback.go has the rules of the claim's
+// decision). The worker keeps what is per CA apart: the issuer (its own account), the
+// ledger's limits, whether this instance saw it unreachable, and its pauses, which it
+// writes under the CA the claim went to. It acts on the claim's decision, and overrides
+// it only when the first CA refuses the name for good: that is recorded on the row, and
 // the claim handed back for the next claim to send to the second at once.
 
 // FallbackCA is the second CA.

@@ -22,7 +22,8 @@ type metrics struct {
 	heartbeats    prometheus.Counter
 	badRows       prometheus.Counter
 	renewalReads  *prometheus.CounterVec
-	// The second CA's (issue #19).
+	// The second CA's: orders by CA, why domains went to the second, and whether it
+	// is unreachable.
 	caOrders            *prometheus.CounterVec
 	fallbacks           *prometheus.CounterVec
 	secondCAUnreachable prometheus.Gauge
