@@ -14,7 +14,8 @@
 -- proxy's row locks; rows of deleted domains are pruned by the worker.
 --
 -- certworker_settings.dns01_zone: the zone `run` serves (NULL: DNS-01 off), which
--- certworker_dns01_target reads, since the database does not know the flag.
+-- certworker_dns01_target (migrations/functions/) reads, since the database does not
+-- know the flag.
 --
 -- Online: new tables of certworker's own, a nullable column without a default on
 -- certworker's own settings table (a catalogue change).
@@ -59,29 +60,6 @@ BEGIN
 END
 $$;
 -- +goose StatementEnd
-
--- certworker_dns01_target(p_domain): the name the tenant points
--- _acme-challenge.NAME at with a CNAME. The same for NAME and *.NAME (a wildcard is
--- validated at its base's _acme-challenge); stable for a name as long as the zone is;
--- it reveals nothing beyond the name: a hash of the lower-cased base name and the
--- zone, 128 bits in hex, a label under the zone. NULL when DNS-01 is off or for NULL.
--- acme.DNS01Target computes the same in Go, and a test holds the two together.
--- +goose StatementBegin
-CREATE OR REPLACE FUNCTION public.certworker_dns01_target(p_domain text) RETURNS text
-LANGUAGE sql STABLE SECURITY INVOKER
-SET search_path = public, pg_temp
-AS $fn$
-    SELECT substr(pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(
-               z.zone || '/' || pg_catalog.lower(pg_catalog.regexp_replace(p_domain, '^\*\.', '')), 'UTF8')), 'hex'), 1, 32)
-           || '.' || z.zone
-    FROM (SELECT pg_catalog.lower(pg_catalog.rtrim(dns01_zone, '.')) AS zone
-          FROM public.certworker_settings WHERE id AND dns01_zone IS NOT NULL AND dns01_zone <> '') z
-    WHERE p_domain IS NOT NULL
-$fn$;
--- +goose StatementEnd
-
-COMMENT ON FUNCTION public.certworker_dns01_target(text) IS
-    'The DNS-01 target of a domain: the proxy shows it to the tenant, who points _acme-challenge.NAME at it with a CNAME. NULL when DNS-01 is off.';
 
 -- +goose Down
 DROP FUNCTION IF EXISTS public.certworker_dns01_target(text);
