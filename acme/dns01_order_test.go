@@ -14,6 +14,7 @@ import (
 	"github.com/certworker/certworker/internal/dnsresolver"
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/internal/pgtest"
+	"github.com/certworker/certworker/internal/workertest"
 	"github.com/certworker/certworker/queue"
 )
 
@@ -31,23 +32,11 @@ type dns01Bed struct {
 
 func setupDNS01(t *testing.T) *dns01Bed {
 	t.Helper()
-	upstream, err := pebbletest.DNSAddress()
-	require.NoError(t, err)
-	r, err := dnsresolver.Start(upstream)
-	require.NoError(t, err)
-	t.Cleanup(r.Close)
-	b := &dns01Bed{resolver: r}
+	b := &dns01Bed{resolver: workertest.StartResolver(t)}
 	var dsn string
 	b.pool, dsn = pgtest.NewPool(t)
-	for range 2 {
-		pool, err := pgxpool.New(context.Background(), dsn)
-		require.NoError(t, err)
-		t.Cleanup(pool.Close)
-		_, addr := startDNS01(t, pool, acme.DNS01Options{})
-		b.servers = append(b.servers, addr)
-	}
-	r.Delegate(testZone, b.servers...)
-	b.ca = pebbletest.StartT(t, pebbletest.Options{DNSServer: r.Addr, HTTPPort: freePort(t)})
+	b.servers = workertest.ServeZone(t, b.resolver, dsn, testZone)
+	b.ca = pebbletest.StartT(t, pebbletest.Options{DNSServer: b.resolver.Addr, HTTPPort: freePort(t)})
 	return b
 }
 

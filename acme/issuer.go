@@ -143,12 +143,15 @@ func (i *Issuer) issue(ctx context.Context, req queue.Request) (*queue.Certifica
 	log := i.log.With(zap.String("domain", req.Domain), zap.String("domain_id", req.DomainID))
 	choice, err := i.choose(ctx, req.Domain)
 	if err != nil {
-		return nil, err
+		return nil, i.waiting(ctx, req.Domain, err)
 	}
 	i.recordChallenge(ctx, req, choice, log)
 	if i.preflight != nil && choice.challenge == queue.ChallengeHTTP01 {
+		if msg, off := i.offTarget(ctx, req.Domain); off {
+			return nil, &queue.WaitingError{Msg: i.waitMessage(req.Domain, msg), Answer: i.dnsAnswer(ctx, req.Domain)}
+		}
 		if err := i.preflight.check(ctx, req.Domain); err != nil {
-			return nil, err
+			return nil, i.waiting(ctx, req.Domain, err)
 		}
 	}
 	profile := req.Profile

@@ -377,6 +377,7 @@ func (c *runCmd) startWorker(ctx context.Context, pool *pgxpool.Pool, issuer *ac
 		Queue:         queue.Config{RetryBase: c.RetryBase, RetryMax: c.RetryMax, MaxAttempts: c.MaxAttempts, Lease: c.Lease},
 		Limits:        limits,
 		Wildcards:     c.DNS01Zone != "",
+		DNSWaitMax:    c.DNSWaitMax,
 		Fallback:      second,
 		CAA:           caa,
 		Concurrency:   c.Concurrency,

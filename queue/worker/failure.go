@@ -29,6 +29,11 @@ func (w *Worker) failed(o *order, log *zap.Logger, name string, err error) (stri
 	if errors.As(err, &keyErr) {
 		return w.keyMissing(o, log, keyErr), 0
 	}
+	var waiting *queue.WaitingError
+	if errors.As(err, &waiting) {
+		// Nothing reached the CA, and nothing is charged: the name waits for its DNS.
+		return w.waitForDNS(o, log, waiting), 0
+	}
 	at := w.caOf(o.claim.Directory)
 	if rl, ok := queue.IsRateLimit(err); ok {
 		w.caAnswered(at)
