@@ -134,9 +134,21 @@ func (w *dnsWorld) active(t *testing.T, id string) {
 // 12 hours, an hour's wait after a late move) and an order sent before the DNS moved.
 func TestDNSWait_IssuedOnceItsARecordPointsHere(t *testing.T) {
 	t.Parallel()
-	w, name, id := waitingDomain(t, "dns-move", worker.Config{Concurrency: 2}, "no such name: ", " does not resolve to an address",
+	limits := queue.Limits{OrdersPerAccount: queue.Limit{Count: 300, Window: 3 * time.Hour}}
+	w, name, id := waitingDomain(t, "dns-move", worker.Config{Concurrency: 2, Limits: limits}, "no such name: ", " does not resolve to an address",
 		"; to be issued, point ", " at this proxy's addresses, or set _acme-challenge.", " CNAME ")
 	require.Contains(t, *w.domain(t, id).Error, acme.DNS01Target(dnsZone, name))
+
+	// The claims that found it waiting count against no limit of the ledger.
+	waitFor(t, time.Minute, "the wait's ledger row settled", func() bool {
+		var open int
+		require.NoError(t, w.pool.QueryRow(w.ctx, `SELECT count(*) FROM certworker_ledger WHERE name = $1 AND outcome IS NULL`, name).Scan(&open))
+		return open == 0
+	})
+	var counted int
+	require.NoError(t, w.pool.QueryRow(w.ctx, `SELECT count(*) FROM certworker_ledger WHERE name = $1 AND outcome IS DISTINCT FROM $2`,
+		name, queue.LedgerNotSent).Scan(&counted))
+	require.Zero(t, counted, "a wait is no order the CA counts")
 
 	moved := time.Now()
 	pebbletest.ClearDNS(name) // 127.0.0.1: the world's responder

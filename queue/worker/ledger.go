@@ -128,10 +128,11 @@ func (w *Worker) settleLedger(o *order, r result) {
 		outcome = queue.LedgerIssued
 	case r.outcome == "invalid", r.outcome == "unrecorded":
 		return // no ledger row, or nothing known
-	case r.outcome == "preflight_failed", r.outcome == "rate_limited", r.outcome == "key_error",
+	case r.outcome == "preflight_failed", r.outcome == "waiting_dns", r.outcome == "rate_limited", r.outcome == "key_error",
 		r.outcome == "profile_refused", r.outcome == "profile_halted",
 		strings.HasPrefix(r.outcome, "caa_"):
-		// Nothing the CA counts: the preflight sent nothing, nor did an order that
+		// Nothing the CA counts: the preflight sent nothing (nor did a name that
+		// waits for its DNS), nor did an order that
 		// the name's CAA records stopped (caa_*), nor one
 		// without its account key or under a profile the directory does not list,
 		// and Let's Encrypt refunds a new order it refused.
