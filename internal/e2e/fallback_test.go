@@ -381,8 +381,11 @@ func TestE2E_CAADecidesWhichCAIsAsked(t *testing.T) {
 	front.SetDown(true)
 	id := w.addDomains(t, firstOnly)[0]
 	time.Sleep(fallbackAfter + 3*time.Second)
-	require.Equal(t, "pending", w.domain(t, id).Status)
-	require.Zero(t, w.domain(t, id).Attempts)
+	// Waiting: pending, or claimed for a moment by a pass that finds the first CA still
+	// paused and hands it back uncharged.
+	waiting := w.domain(t, id)
+	require.Contains(t, []string{"pending", "provisioning"}, waiting.Status)
+	require.Zero(t, waiting.Attempts)
 	require.Empty(t, ordersFor(second, firstOnly), "a name CAA allows at the first only was sent to the second")
 	front.SetDown(false)
 	waitFor(t, 60*time.Second, "the first CA to issue it once back", func() bool { return w.domain(t, id).Status == "active" })
