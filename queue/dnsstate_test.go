@@ -42,6 +42,12 @@ FROM proxy_domains d JOIN certworker_dns_state s ON s.domain_id = d.id WHERE d.i
 	}
 
 	first := waits()
+	st, err := b.q.State(b.ctx, name)
+	require.NoError(t, err)
+	require.NotNil(t, st.NextAttempt)
+	var next time.Time
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT next_check_at FROM certworker_dns_state WHERE domain_id = $1`, id).Scan(&next))
+	require.True(t, next.Equal(*st.NextAttempt), "status shows the next DNS check (%s), not %s", next, *st.NextAttempt)
 	back, err := b.q.EndWait(b.ctx, id)
 	require.NoError(t, err)
 	require.True(t, back)

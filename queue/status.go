@@ -91,7 +91,9 @@ func nextAttemptAtSQL(attempts, base, cap string) string {
 	return `CASE WHEN d.ssl_status = 'pending' AND d.ssl_attempts < ` + attempts + `
               AND d.verification_status = 'verified' AND d.ssl_provider = 'acme'
          THEN GREATEST(COALESCE(d.ssl_last_attempt_at + make_interval(secs => ` + backoffSQL("d.ssl_attempts", base, cap) + `), now()),
-                       pz.paused_until)
+                       pz.paused_until,
+                       (SELECT s.next_check_at FROM certworker_dns_state s
+                        WHERE s.domain_id = d.id AND d.ssl_error LIKE 'waiting for DNS:%'))
     END`
 }
 
