@@ -23,7 +23,7 @@ const testZone = "acme.certworker.test"
 
 // startDNS01 serves testZone from pool on a loopback port (UDP and TCP alike) and
 // returns its address.
-func startDNS01(t *testing.T, pool *pgxpool.Pool, opts acme.DNS01Options) (*acme.DNS01Server, string) {
+func startDNS01(t testing.TB, pool *pgxpool.Pool, opts acme.DNS01Options) (*acme.DNS01Server, string) {
 	t.Helper()
 	if opts.Zone == "" {
 		opts.Zone = testZone
@@ -52,7 +52,7 @@ func ask(t *testing.T, network, addr, name string, qtype uint16) *dns.Msg {
 }
 
 // putValue writes a TXT value at domain's target, as an order (of any instance) does.
-func putValue(t *testing.T, pool *pgxpool.Pool, domain, value string) {
+func putValue(t testing.TB, pool *pgxpool.Pool, domain, value string) {
 	t.Helper()
 	_, err := pool.Exec(context.Background(), `
 INSERT INTO certworker_dns01_values (token, target, value, domain, expires_at)

@@ -154,7 +154,7 @@ func countRows(t *testing.T, pool *pgxpool.Pool, table string) int {
 }
 
 // newTestPool is a pool on a fresh migrated database of its own.
-func newTestPool(t *testing.T) (*pgxpool.Pool, string) {
+func newTestPool(t testing.TB) (*pgxpool.Pool, string) {
 	t.Helper()
 	return pgtest.NewPool(t)
 }
