@@ -120,7 +120,14 @@ func TestUp_SeveralInstancesAtOnce(t *testing.T) {
 	for i := range errs {
 		wg.Go(func() {
 			r, err := migrations.Up(ctx, openDB(t, url), migrations.Options{})
-			errs[i], applied[i] = err, len(r)
+			errs[i] = err
+			// Numbered migrations only: the functions step also reports a function it
+			// created, one defined in its file alone (a new function).
+			for _, m := range r {
+				if m.Version > 0 {
+					applied[i]++
+				}
+			}
 		})
 	}
 	wg.Wait()
