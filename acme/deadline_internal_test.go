@@ -76,12 +76,31 @@ func TestOrderTransport_SendsNothingPastTheLeaseDeadline(t *testing.T) {
 func TestFinalizeAllowed_NotWithLessThanAThirdOfTheLeaseLeft(t *testing.T) {
 	t.Parallel()
 	const lease = 3 * time.Second
-	require.NoError(t, finalizeAllowed(nil))
-	require.NoError(t, finalizeAllowed(queue.NewDeadline(time.Now(), lease)), "a freshly renewed lease")
+	require.NoError(t, finalizeAllowed(context.Background(), nil, nil))
+	require.NoError(t, finalizeAllowed(context.Background(), queue.NewDeadline(time.Now(), lease), nil), "a freshly renewed lease")
 	// The last renewal two thirds of a lease ago: one renewal missed.
 	late := queue.NewDeadline(time.Now().Add(-2*lease/3), lease)
-	require.ErrorIs(t, finalizeAllowed(late), queue.ErrLeaseDeadline)
-	require.ErrorIs(t, finalizeAllowed(queue.NewDeadline(time.Now().Add(-lease), lease)), queue.ErrLeaseDeadline)
+	require.ErrorIs(t, finalizeAllowed(context.Background(), late, nil), queue.ErrLeaseDeadline)
+	require.ErrorIs(t, finalizeAllowed(context.Background(), queue.NewDeadline(time.Now().Add(-lease), lease), nil), queue.ErrLeaseDeadline)
+}
+
+// The finalize is gated by the worker's confirmation of the claim on the database
+// first (queue.Request.ConfirmClaim): a claim a failover lost leaves the local
+// deadline untouched, and only the database can say it is gone. Its refusal is
+// returned as it is, so that the worker tells a lost claim from a lease it could not
+// renew; and a confirmation that succeeds still leaves the local rule to apply.
+func TestFinalizeAllowed_AsksTheDatabaseFirst(t *testing.T) {
+	t.Parallel()
+	const lease = 3 * time.Second
+	asked := 0
+	lost := func(context.Context) error { asked++; return queue.ErrClaimLost }
+	require.ErrorIs(t, finalizeAllowed(context.Background(), queue.NewDeadline(time.Now(), lease), lost), queue.ErrClaimLost)
+	require.Equal(t, 1, asked)
+	held := func(context.Context) error { asked++; return nil }
+	require.NoError(t, finalizeAllowed(context.Background(), queue.NewDeadline(time.Now(), lease), held))
+	late := queue.NewDeadline(time.Now().Add(-2*lease/3), lease)
+	require.ErrorIs(t, finalizeAllowed(context.Background(), late, held), queue.ErrLeaseDeadline)
+	require.Equal(t, 3, asked)
 }
 
 // HTTP-01 token writes are fenced by the claim (issue #17). A CA reuses a pending

@@ -37,7 +37,7 @@ type bed struct {
 
 // setup starts Pebble validating against a loopback port of the test's own, and, when
 // respond is true, serves HTTP01Handler on that port from the test's database.
-func setup(t *testing.T, opts pebbletest.Options, respond bool) *bed {
+func setup(t testing.TB, opts pebbletest.Options, respond bool) *bed {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -54,7 +54,7 @@ func setup(t *testing.T, opts pebbletest.Options, respond bool) *bed {
 // respond answers the HTTP-01 port with a started Responder on pool, as `run` does
 // (an unstarted one answers misses beyond its look-up budget with 503, which the CA
 // takes as a failed validation when several orders validate at once).
-func (b *bed) respond(t *testing.T, pool *pgxpool.Pool, log *zap.Logger) {
+func (b *bed) respond(t testing.TB, pool *pgxpool.Pool, log *zap.Logger) {
 	t.Helper()
 	r := acme.NewResponder(pool, log, acme.ResponderOptions{})
 	require.NoError(t, r.Start(context.Background()))
@@ -63,7 +63,7 @@ func (b *bed) respond(t *testing.T, pool *pgxpool.Pool, log *zap.Logger) {
 }
 
 // serve answers the HTTP-01 port with h until the test ends.
-func (b *bed) serve(t *testing.T, h http.Handler) {
+func (b *bed) serve(t testing.TB, h http.Handler) {
 	t.Helper()
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(b.ln) }()

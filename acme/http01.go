@@ -200,13 +200,15 @@ const (
 
 // The token listener's connection policy, the wake listener's (package listener):
 // a dead connection is noticed within responderPingAfter + responderPingTimeout, and
-// a server that was down for long is listened to again within 30 s of its return.
+// a server that was down for long, or a standby promoted after a long outage, is
+// listened to again within a second or two of its return (CONTRACT.md §5). The
+// connection to each host is bounded by the pool's (queue.HostConnectTimeout).
 const (
 	responderPingAfter      = 10 * time.Second
 	responderPingTimeout    = 5 * time.Second
 	responderConnectTimeout = 10 * time.Second
 	responderBackoffMin     = 100 * time.Millisecond
-	responderBackoffMax     = 30 * time.Second
+	responderBackoffMax     = time.Second
 	// responderStableAfter: a connection lost sooner counts as one more failure for
 	// the backoff, so a server that drops connections at once is not hammered.
 	responderStableAfter = time.Minute

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	legoacme "github.com/go-acme/lego/v4/acme"
@@ -47,6 +48,11 @@ type Issuer struct {
 
 	accountMu sync.Mutex // held while the account is loaded or registered
 	account   *account   // guarded by accountMu; nil until the first order needs it
+
+	// usualPaceOnly drops the early looks (authzEarly, orderEarly) from the orders
+	// that start while it is set: set only by a benchmark that compares the two
+	// (export_test.go).
+	usualPaceOnly atomic.Bool
 }
 
 var _ queue.Issuer = (*Issuer)(nil)
@@ -192,6 +198,12 @@ func (i *Issuer) issue(ctx context.Context, req queue.Request) (*queue.Certifica
 		tokens:          tokens,
 		finalizeTimeout: max(30*time.Second, i.cfg.httpTimeout()),
 		authz:           map[string]string{},
+		confirm:         req.ConfirmClaim,
+		authzEarly:      authzEarly,
+		orderEarly:      orderEarly,
+	}
+	if i.usualPaceOnly.Load() {
+		o.authzEarly, o.orderEarly = nil, nil
 	}
 	log.Debug("placing ACME order", zap.Bool("renewal", replaces != ""), zap.String("profile", profile))
 	chainPEM, err := o.run(key, replaces, profile)
@@ -391,6 +403,9 @@ func (i *Issuer) fail(ctx context.Context, err error, tr *orderTransport) error 
 	}
 	if derr := tr.deadline.Check(); derr != nil {
 		return fmt.Errorf("acme: order stopped: %w", derr)
+	}
+	if errors.Is(err, queue.ErrLeaseDeadline) || errors.Is(err, queue.ErrClaimLost) {
+		return fmt.Errorf("acme: order stopped: %w", err) // the claim could not be confirmed
 	}
 	return classify(err, tr)
 }

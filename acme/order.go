@@ -18,18 +18,23 @@ import (
 )
 
 const (
-	// pollFirst is the first wait for the CA to decide a challenge when it says
-	// nothing (Retry-After) of how long to wait: Let's Encrypt and Pebble usually
-	// decide within a second or two.
+	// pollFirst is the CA's usual pace for a challenge: the first look at the
+	// authorization after the early ones (earlyLooks), when the CA says nothing
+	// (Retry-After) of how long to wait. Let's Encrypt usually decides within a
+	// second or two.
 	pollFirst = time.Second
-	// issuePollFirst is the first wait for the certificate after finalize when the
-	// CA says nothing of how long to wait: a CA that does not say (Pebble, Boulder
-	// without asynchronous finalize) has the certificate ready almost at once;
-	// Let's Encrypt says 3 s.
+	// issuePollFirst is the usual first look at the order after finalize, after the
+	// early ones, when the CA says nothing of how long to wait: a CA that does not
+	// say (Pebble, Boulder without asynchronous finalize) has the certificate ready
+	// almost at once; Let's Encrypt says 3 s.
 	issuePollFirst = 500 * time.Millisecond
 	// pollMax caps the waits between polls, which grow by half each time, so that
 	// a slow CA is asked at most every 10 s.
 	pollMax = 10 * time.Second
+	// earlyLooksWasted is how many early looks (authzEarly, orderEarly) an order may
+	// spend finding the CA still at work: at most that many requests more than an
+	// order that waited for the CA's usual pace, whatever the CA's speed.
+	earlyLooksWasted = 2
 	// validationTimeout bounds the wait for the CA to decide a challenge. A CA
 	// validates within seconds; one that keeps an authorization pending for
 	// minutes will not decide it, and the order is failed (and retried) rather
@@ -41,6 +46,19 @@ const (
 	// maxCommonNameLen is RFC 5280's upper bound on a common name; a longer name
 	// goes in the SAN only, as lego does.
 	maxCommonNameLen = 64
+)
+
+// The early looks, as offsets from the CA's answer to the challenge (authzEarly) or
+// to the finalize (orderEarly), taken when the CA says nothing of when to look. A CA
+// that answers at once (Pebble validates and issues in milliseconds) is seen done
+// at the first of them, not a second later: every wait of ours is added to what a
+// tenant waits after "verify". A slow CA costs at most earlyLooksWasted requests
+// more per order: once the order has spent them, it looks at the usual pace
+// (pollFirst, issuePollFirst). Variables, not constants, so that a benchmark can
+// compare against the usual pace alone.
+var (
+	authzEarly = []time.Duration{25 * time.Millisecond, 100 * time.Millisecond}
+	orderEarly = []time.Duration{10 * time.Millisecond, 50 * time.Millisecond}
 )
 
 // order is one ACME order for one name, driven step by step on lego's protocol
@@ -62,11 +80,19 @@ type order struct {
 	log             *zap.Logger
 	domain          string
 	finalizeTimeout time.Duration
+	// confirm is the worker's check that the claim is still held (queue.Request's
+	// ConfirmClaim), or nil.
+	confirm func(context.Context) error
 
 	// placed is the CA's order, once accepted.
 	placed legoacme.ExtendedOrder
 	// authz is the last status seen of each of its authorizations, by URL.
 	authz map[string]string
+	// authzEarly and orderEarly are the order's early looks (the package's, or none).
+	authzEarly, orderEarly []time.Duration
+	// wasted counts the early looks that found the CA still at work
+	// (earlyLooksWasted).
+	wasted int
 }
 
 // run places the order, answers its challenge and returns the certificate chain
@@ -195,16 +221,13 @@ func (o *order) solve(u string, a legoacme.Authorization) error {
 	return o.awaitValidation(u, parseRetryAfter(answered.RetryAfter))
 }
 
-// awaitValidation polls the authorization at u until the CA has decided it, first
-// after wait (the CA's Retry-After, or 0).
-func (o *order) awaitValidation(u string, wait time.Duration) error {
-	if wait <= 0 {
-		wait = pollFirst
-	}
-	wait = min(wait, pollMax)
+// awaitValidation polls the authorization at u until the CA has decided it;
+// retryAfter is the Retry-After of the CA's answer to the challenge, or 0.
+func (o *order) awaitValidation(u string, retryAfter time.Duration) error {
+	p := o.newPoll(o.authzEarly, pollFirst)
 	deadline := time.Now().Add(validationTimeout)
 	for {
-		if err := sleep(o.ctx, wait); err != nil {
+		if err := sleep(o.ctx, p.next(time.Now(), retryAfter)); err != nil {
 			return err
 		}
 		a, err := o.fetch(u)
@@ -223,7 +246,7 @@ func (o *order) awaitValidation(u string, wait time.Duration) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("acme: the CA did not decide the challenge for %s within %s", o.domain, validationTimeout)
 		}
-		wait = nextPoll(wait, o.tr.lastRetryAfter())
+		retryAfter = o.tr.lastRetryAfter()
 	}
 }
 
@@ -238,7 +261,7 @@ func (o *order) finalize(key crypto.PrivateKey) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("acme: create CSR: %w", err)
 	}
-	if err := finalizeAllowed(o.tr.deadline); err != nil {
+	if err := finalizeAllowed(o.ctx, o.tr.deadline, o.confirm); err != nil {
 		return nil, err
 	}
 	state, err := o.core.Orders.UpdateForCSR(o.placed.Finalize, csr)
@@ -246,7 +269,7 @@ func (o *order) finalize(key crypto.PrivateKey) ([]byte, error) {
 		return nil, err
 	}
 	deadline := time.Now().Add(o.finalizeTimeout)
-	wait := issuePollFirst
+	p := o.newPoll(o.orderEarly, issuePollFirst)
 	for state.Status != legoacme.StatusValid {
 		if state.Status == legoacme.StatusInvalid {
 			return nil, orderProblem(state)
@@ -254,16 +277,12 @@ func (o *order) finalize(key crypto.PrivateKey) ([]byte, error) {
 		if time.Now().After(deadline) {
 			return nil, fmt.Errorf("acme: the CA did not issue the certificate for %s within %s (order %s)", o.domain, o.finalizeTimeout, state.Status)
 		}
-		if ra := o.tr.lastRetryAfter(); ra > 0 {
-			wait = min(ra, pollMax)
-		}
-		if err := sleep(o.ctx, wait); err != nil {
+		if err := sleep(o.ctx, p.next(time.Now(), o.tr.lastRetryAfter())); err != nil {
 			return nil, err
 		}
 		if state, err = o.core.Orders.Get(o.placed.Location); err != nil {
 			return nil, err
 		}
-		wait = min(wait*3/2, pollMax)
 	}
 	chain, _, err := o.core.Certificates.Get(state.Certificate, true)
 	return chain, err
@@ -278,7 +297,17 @@ func (o *order) finalize(key crypto.PrivateKey) ([]byte, error) {
 // every third, and the deadline keeps back a twentieth), so less than a third left
 // means renewals are failing, and the order stops here instead, handed back
 // uncharged, with a third of the lease (20 s of the default 60) unused.
-func finalizeAllowed(d *queue.Deadline) error {
+//
+// The local deadline cannot tell that the database itself no longer holds the claim:
+// after a failover to a standby that had not received it, the row is pending again
+// and another instance may be ordering it. So confirm, the worker's renewal of the
+// lease under the claim's token, runs first, and its renewal moves the deadline.
+func finalizeAllowed(ctx context.Context, d *queue.Deadline, confirm func(context.Context) error) error {
+	if confirm != nil {
+		if err := confirm(ctx); err != nil {
+			return fmt.Errorf("acme: not finalizing: %w", err)
+		}
+	}
 	if d == nil {
 		return nil
 	}
@@ -314,13 +343,53 @@ func (o *order) release(core *api.Core) int {
 	return n
 }
 
-// nextPoll is the wait before the next poll: the CA's Retry-After when it gave
-// one, else the last wait grown by half; never more than pollMax.
-func nextPoll(last, retryAfter time.Duration) time.Duration {
-	if retryAfter > 0 {
-		return min(retryAfter, pollMax)
+// poll is the schedule of the looks at one thing the CA is at work on (an
+// authorization being validated, an order being issued), from the CA's answer that
+// started it. Each look waits for the CA's Retry-After when it gave one; else for
+// the next early look while the order may still spend one (order.wasted); else for
+// the usual pace: first at first from the start, then each wait half as long again
+// as the last, never more than pollMax.
+type poll struct {
+	o     *order
+	start time.Time
+	early []time.Duration
+	first time.Duration
+	// taken is how many early looks were taken; looked says the last look was one.
+	taken  int
+	looked bool
+	// last is the last wait at the usual pace or the CA's, or 0 before the first.
+	last time.Duration
+}
+
+func (o *order) newPoll(early []time.Duration, first time.Duration) *poll {
+	return &poll{o: o, start: time.Now(), early: early, first: first}
+}
+
+// next is the wait before the next look, at now; retryAfter is the Retry-After of
+// the CA's last answer, or 0. Being asked means the last look found the CA still
+// at work.
+func (p *poll) next(now time.Time, retryAfter time.Duration) time.Duration {
+	if p.looked {
+		p.o.wasted++
+		p.looked = false
 	}
-	return min(last*3/2, pollMax)
+	switch {
+	case retryAfter > 0:
+		// The CA said when: no early look goes before it, nor after.
+		p.taken = len(p.early)
+		p.last = min(retryAfter, pollMax)
+		return p.last
+	case p.taken < len(p.early) && p.o.wasted < earlyLooksWasted:
+		at := p.early[p.taken]
+		p.taken++
+		p.looked = true
+		return max(at-now.Sub(p.start), 0)
+	case p.last == 0:
+		p.last = p.first
+		return max(p.first-now.Sub(p.start), 0)
+	}
+	p.last = min(p.last*3/2, pollMax)
+	return p.last
 }
 
 // challengeProblem is why the CA marked a challenge invalid.

@@ -59,16 +59,18 @@ func format(m map[pebbletest.Step]int) string {
 	return strings.Join(parts, " ")
 }
 
-// What one order costs the CA, counted at Pebble by step. Orders share the
-// account, the directory and unused nonces: after the first, an order sends only
-// what it needs (new order, the authorization and its challenge, one poll of the
-// authorization after the CA's Retry-After, finalize, one poll of the order, the
-// certificate, its renewal information): 8 requests, where a lego client per order
-// sent 11 (directory, nonce and two more authorization polls). Guards against orders
-// that fetch the directory or a fresh nonce again, or poll more than they need to.
+// What one order costs the CA, counted at Pebble by step, at a CA that says when to
+// look at the authorization again (a Retry-After of 1 s on its answer to the
+// challenge). Orders share the account, the directory and unused nonces: after the
+// first, an order sends only what it needs (new order, the authorization and its
+// challenge, one poll of the authorization after the CA's Retry-After, finalize, one
+// poll of the order, the certificate, its renewal information): 8 requests, where a
+// lego client per order sent 11 (directory, nonce and two more authorization polls).
+// Guards against orders that fetch the directory or a fresh nonce again, poll more
+// than they need to, or look early at an authorization the CA said to look at later.
 func TestIssue_RequestsPerOrder(t *testing.T) {
 	t.Parallel()
-	b := setup(t, pebbletest.Options{}, true)
+	b := setup(t, pebbletest.Options{ChallengeRetryAfter: time.Second}, true)
 	const n = 5
 	first, rest := requestsPerOrder(t, b, n)
 	t.Logf("first order (registers the account): %d requests: %s", total(first), format(first))

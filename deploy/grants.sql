@@ -107,6 +107,9 @@ GRANT SELECT, DELETE ON certworker_tenants TO :"role";
 -- The fleet's budget of renewal-information requests, one row per CA (created by the
 -- first taker).
 GRANT SELECT, INSERT, UPDATE ON certworker_ari_buckets TO :"role";
+-- The fleet's duties (migration 00022): one lease row per duty, taken, renewed and
+-- handed on by the instance that does the fleet's maintenance or reads its statistics.
+GRANT SELECT, INSERT, UPDATE, DELETE ON certworker_fleet_duties TO :"role";
 -- `run` refuses to start on a schema that is behind or ahead of it, and on functions
 -- that are not the ones it was built with.
 GRANT SELECT ON goose_db_version TO :"role";

@@ -31,22 +31,37 @@ const (
 	// DefaultPingTimeout is the deadline of that check. A live server on a loaded
 	// host answers SELECT in milliseconds; 5 s only expires when nothing is there.
 	DefaultPingTimeout = 5 * time.Second
-	// DefaultConnectTimeout bounds one connection attempt (dial, TLS, auth, LISTEN)
-	// where the DSN sets no connect_timeout. Without it a blackholed host holds an
-	// attempt for the kernel's TCP timeout, minutes, and Start with it.
+	// DefaultConnectTimeout bounds one connection attempt as a whole: every host of
+	// a multi-host URL, LISTEN, and in logical mode the slot's creation. Without it a
+	// blackholed host holds an attempt for the kernel's TCP timeout, minutes, and
+	// Start with it.
 	DefaultConnectTimeout = 10 * time.Second
+	// DefaultHostConnectTimeout bounds the connection to one host (dial, TLS,
+	// authentication) where the connection string sets no connect_timeout: pgx
+	// applies it to each host of a multi-host URL in turn. A dead primary listed
+	// first (a failover's usual state) then costs each try 2 s before the next host
+	// is asked, which keeps a try and the backoff after it inside the 5 s a
+	// promotion allows (CONTRACT.md §5), and leaves a live server on a loaded host,
+	// which answers in milliseconds, a wide margin. The same figure as the pool's
+	// (queue.HostConnectTimeout), so that the pool and the listener find the new
+	// primary together.
+	DefaultHostConnectTimeout = 2 * time.Second
 	// DefaultBackoffMin is the first reconnection delay: a terminated backend or a
 	// fast failover is back in about a tenth of a second.
 	DefaultBackoffMin = 100 * time.Millisecond
-	// DefaultBackoffMax caps the delay, so that a server that was down for an hour
-	// is listened to again within 30 s of coming back.
-	DefaultBackoffMax = 30 * time.Second
+	// DefaultBackoffMax caps the delay, so that after an outage of any length the
+	// listener tries again within a second of the server's return: a failover's
+	// promotion (an HA manager's, after its own timeout of 30 s or more) must find
+	// every instance listening within 5 s (CONTRACT.md §5). A try against a server
+	// that is down costs it nothing (the connection is refused, or the standby
+	// rejects it at once for target_session_attrs), so once a second is cheap.
+	DefaultBackoffMax = time.Second
 )
 
 // stableAfter is how long a connection must have lasted for its loss to restart the
 // backoff from BackoffMin. A connection lost sooner counts as one more failure: a
 // server or a proxy in front of it that accepts connections and drops them at once
-// would otherwise be hit ten times a second for ever.
+// is then tried every BackoffMax, not ten times a second.
 const stableAfter = time.Minute
 
 // ErrStarted is returned by Start on a Listener that is already running.
@@ -60,10 +75,13 @@ type Options struct {
 	// PingTimeout is the deadline of that check; a check that does not answer in
 	// time counts as a lost connection. 0 means DefaultPingTimeout.
 	PingTimeout time.Duration
-	// ConnectTimeout bounds one connection attempt, LISTEN included, where the
-	// pool's connection string sets no shorter connect_timeout. 0 means
-	// DefaultConnectTimeout.
+	// ConnectTimeout bounds one connection attempt as a whole, every host and
+	// LISTEN (or the slot) included. 0 means DefaultConnectTimeout.
 	ConnectTimeout time.Duration
+	// HostConnectTimeout bounds the connection to each host where the connection
+	// configuration sets no connect_timeout of its own. 0 means
+	// DefaultHostConnectTimeout.
+	HostConnectTimeout time.Duration
 	// BackoffMin and BackoffMax are the first and the largest reconnection delay.
 	// The delay doubles on every failure in between, and each one is drawn at random
 	// from its upper half. 0 means DefaultBackoffMin and DefaultBackoffMax.
@@ -89,6 +107,7 @@ func (o Options) withDefaults() Options {
 	set(&o.PingAfter, DefaultPingAfter)
 	set(&o.PingTimeout, DefaultPingTimeout)
 	set(&o.ConnectTimeout, DefaultConnectTimeout)
+	set(&o.HostConnectTimeout, DefaultHostConnectTimeout)
 	set(&o.BackoffMin, DefaultBackoffMin)
 	set(&o.BackoffMax, DefaultBackoffMax)
 	if o.BackoffMax < o.BackoffMin {
@@ -190,6 +209,7 @@ func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 			return nil, fmt.Errorf("before connect: %w", err)
 		}
 	}
+	l.opts.boundHosts(&cfg.ConnConfig.Config)
 	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
 	if err != nil {
 		// pgx's connect errors name host, port, user and database, never the
@@ -207,6 +227,16 @@ func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 		return nil, fmt.Errorf("listen on %s: %w", Channel, err)
 	}
 	return conn, nil
+}
+
+// boundHosts gives cfg HostConnectTimeout where it sets no connect_timeout of its
+// own: without one, the first host of a multi-host URL that does not answer would
+// take the whole attempt's ConnectTimeout, and the next host, the new primary
+// after a failover, would never be asked.
+func (o Options) boundHosts(cfg *pgconn.Config) {
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = o.HostConnectTimeout
+	}
 }
 
 // listen waits for notifications on conn until the connection fails or ctx ends,

@@ -19,7 +19,9 @@ import (
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/certworker/certworker/internal/netrelay"
 	"github.com/certworker/certworker/internal/pgtest"
+	"github.com/certworker/certworker/queue"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -467,6 +469,50 @@ func TestBackoff_GrowsJittersAndCaps(t *testing.T) {
 	}
 }
 
+// Guards against a listener that, after a long outage, waits long before trying
+// again: through an outage of 20 s (a failover whose HA manager waits for its own
+// timeout before promoting) the doubling reached 10 to 19 s between tries, and the
+// instances were ready again up to 24 s after the promotion, where CONTRACT.md §5
+// allows 5 s. However many tries have failed, the next one comes within a second,
+// and never sooner than half of one (the jitter keeps a fleet out of lockstep).
+func TestBackoff_StaysWithinASecondThroughALongOutage(t *testing.T) {
+	t.Parallel()
+	l := &Listener{opts: Options{}.withDefaults()}
+	var waited time.Duration
+	for failures := range 200 {
+		d := l.backoff(failures)
+		waited += d
+		require.LessOrEqual(t, d, time.Second, "try %d, %s into the outage", failures+1, waited)
+		if failures >= 4 { // 100 ms doubled four times reaches the cap
+			require.GreaterOrEqual(t, d, 500*time.Millisecond, "try %d", failures+1)
+		}
+	}
+}
+
+// Guards against a multi-host URL whose first host does not answer (a primary that
+// died, listed first) taking the whole connection attempt: with no bound per host,
+// pgx waited the attempt's 10 s on the first host and never asked the second, the
+// new primary, so the listener could not come back at all. Each host gets
+// HostConnectTimeout, and the attempt reaches the second host well inside
+// ConnectTimeout.
+func TestListener_ConnectsToTheSecondHostWhenTheFirstDoesNotAnswer(t *testing.T) {
+	t.Parallel()
+	_, dsn := pgtest.NewPool(t)
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	dead := netrelay.Start(t, u.Host) // accepts, then answers nothing: a host that vanished
+	dead.Blackhole()
+	u.Host = dead.Addr() + "," + u.Host
+	u.RawQuery = "sslmode=disable&target_session_attrs=read-write"
+	pool, err := queue.NewPool(context.Background(), u.String())
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	b := setupWithPool(t, pool, u.String(), Options{})
+	b.start(t)
+	b.notify(t)
+	require.Equal(t, SourceNotify, waitWake(t, b.l.Wakes()).Source)
+}
+
 // Guards against an Options field left at zero reaching the loop: a zero PingAfter
 // would ping in a tight loop, a zero backoff would reconnect in one.
 func TestOptions_Defaults(t *testing.T) {
@@ -475,6 +521,7 @@ func TestOptions_Defaults(t *testing.T) {
 	require.Equal(t, DefaultPingAfter, o.PingAfter)
 	require.Equal(t, DefaultPingTimeout, o.PingTimeout)
 	require.Equal(t, DefaultConnectTimeout, o.ConnectTimeout)
+	require.Equal(t, DefaultHostConnectTimeout, o.HostConnectTimeout)
 	require.Equal(t, DefaultBackoffMin, o.BackoffMin)
 	require.Equal(t, DefaultBackoffMax, o.BackoffMax)
 	require.LessOrEqual(t, o.PingAfter+o.PingTimeout, 30*time.Second,

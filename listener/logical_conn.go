@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"go.uber.org/zap"
 )
 
 // connect opens a replication connection, checks that the server can stream what
@@ -45,7 +47,7 @@ func (lg *Logical) connect(ctx context.Context) (_ *stream, err error) {
 	if err := checkPublishing(ctx, conn, pgcfg.Database); err != nil {
 		return nil, err
 	}
-	return startStream(ctx, conn)
+	return lg.startStream(ctx, conn)
 }
 
 // replicationConfig is the connection configuration for a logical WAL sender on
@@ -63,6 +65,7 @@ func (lg *Logical) replicationConfig(ctx context.Context) (*pgconn.Config, error
 		}
 		pgcfg = cfg.ConnConfig.Config.Copy()
 	}
+	lg.opts.boundHosts(pgcfg)
 	if pgcfg.RuntimeParams == nil {
 		pgcfg.RuntimeParams = map[string]string{}
 	}
@@ -102,12 +105,24 @@ func checkPublishing(ctx context.Context, conn *pgconn.PgConn, database string) 
 	return nil
 }
 
+// slotWaitLogged is how long the creation of the slot may take before it is logged:
+// on a server with no long transaction it takes milliseconds.
+const slotWaitLogged = time.Second
+
 // startStream creates a temporary slot on conn and starts streaming from it.
-func startStream(ctx context.Context, conn *pgconn.PgConn) (*stream, error) {
+//
+// Creating a logical slot waits until every transaction that had written something
+// when it was asked for has ended: the slot needs a point from which every
+// transaction is decoded whole. After a failover these are the proxy's transactions
+// open at the promotion, and the waker is back only once they have ended (CONTRACT.md
+// §5): the wait is logged, and an attempt that runs out of ConnectTimeout while
+// waiting says so.
+func (lg *Logical) startStream(ctx context.Context, conn *pgconn.PgConn) (*stream, error) {
 	slot, err := newSlotName()
 	if err != nil {
 		return nil, err
 	}
+	asked := time.Now()
 	created, err := pglogrepl.CreateReplicationSlot(ctx, conn, slot, "pgoutput", pglogrepl.CreateReplicationSlotOptions{
 		Temporary:      true,
 		Mode:           pglogrepl.LogicalReplication,
@@ -118,7 +133,15 @@ func startStream(ctx context.Context, conn *pgconn.PgConn) (*stream, error) {
 		if errors.As(err, &pgErr) && pgErr.Code == "53400" { // configuration_limit_exceeded
 			return nil, setupErrorf("all replication slots are in use; raise max_replication_slots in postgresql.conf (each instance needs one) and restart PostgreSQL")
 		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("create temporary replication slot: still waiting after %s for the transactions open on the server when it was asked for to end: %w",
+				time.Since(asked).Round(time.Millisecond), err)
+		}
 		return nil, fmt.Errorf("create temporary replication slot: %w", err)
+	}
+	if waited := time.Since(asked); waited >= slotWaitLogged {
+		lg.log.Info("temporary replication slot created once the transactions open on the server when it was asked for had ended (after a failover, those open at the promotion)",
+			zap.String("slot", slot), zap.Duration("waited", waited))
 	}
 	start, err := pglogrepl.ParseLSN(created.ConsistentPoint)
 	if err != nil {

@@ -25,7 +25,8 @@ type session[C any] struct {
 	backoff func(failures int) time.Duration
 }
 
-// keepUp serves c, and after every failure reconnects with backoff, until ctx ends.
+// keepUp serves c, and after every failure reconnects with backoff, until ctx ends;
+// tries start at least a backoff's delay apart.
 // The backoff starts again from its minimum only after a connection that lasted
 // stableAfter, so a server that accepts connections and drops them at once is not
 // retried ten times a second.
@@ -52,6 +53,7 @@ func (s session[C]) keepUp(ctx context.Context, c C) {
 				s.log.Info("listener stopped")
 				return
 			}
+			tried := time.Now()
 			c, err = s.connect(ctx)
 			if err == nil {
 				break
@@ -60,7 +62,11 @@ func (s session[C]) keepUp(ctx context.Context, c C) {
 				s.log.Info("listener stopped")
 				return
 			}
-			delay = s.backoff(failures)
+			// The delay runs from the start of the try that failed: a try that waited
+			// out a host's connect timeout (a dead primary listed first) has spaced
+			// the tries already, and sleeping the whole delay after it would leave
+			// the new primary unasked for up to a second more.
+			delay = max(s.backoff(failures)-time.Since(tried), 0)
 			failures++
 			s.log.Warn("listener reconnection failed",
 				zap.Error(err), zap.Duration("retry_in", delay), zap.Int("attempt", failures))

@@ -263,17 +263,29 @@ func (q *Queue) Claim(ctx context.Context, owner, directory string, limit int) (
 
 // ClaimShared is Claim with up to newcomers of the limit claimed first among first
 // issuances and their retries (tier 2), whatever the urgent renewals ahead of them:
-// the worker keeps a quarter of its slots for them while any are due (CONTRACT.md
-// §5), so that a tenant who verifies during a mass revocation is served among
-// the next --concurrency claims. What the newcomers leave is claimed in order of
-// service. Rows held out of line whose time has come are brought back first
-// (ReturnHeld).
+// the worker keeps a quarter of its slots for them while any are due (CONTRACT.md §5),
+// so that a tenant who verifies during a mass revocation is served among the next
+// --concurrency claims. What the newcomers leave is claimed in order of service. Rows
+// held out of line whose time has come are brought back first (ReturnHeld).
 func (q *Queue) ClaimShared(ctx context.Context, owner, directory string, limit, newcomers int) ([]Claim, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
 	if _, err := q.ReturnHeld(ctx, directory); err != nil {
 		return nil, err
+	}
+	return q.ClaimInLine(ctx, owner, directory, limit, newcomers)
+}
+
+// ClaimInLine is ClaimShared without bringing held rows back first: it claims from
+// the rows in line as they stand. It is the claim of a pass woken for a row that has
+// just entered the queue, which the wake trigger has put in line: bringing held rows
+// back costs a statement (most of it planning) before the claim, on the path from a
+// tenant's "verify" to its order, and a held row's time is known in advance
+// (NextDue), so the worker's timer brings it back when it comes.
+func (q *Queue) ClaimInLine(ctx context.Context, owner, directory string, limit, newcomers int) ([]Claim, error) {
+	if limit <= 0 {
+		return nil, nil
 	}
 	var claims []Claim
 	if newcomers > 0 {

@@ -68,6 +68,17 @@ type Request struct {
 	// Profile is the ACME profile the order names; "" is the issuer's own default
 	// (--acme-profile, which may itself be "": the CA's default).
 	Profile string
+	// ConfirmClaim, when not nil, MUST be called just before the finalize, the
+	// request that makes the CA issue: it renews the claim's lease under its token on
+	// the database (Queue.ConfirmClaim) and fails when the claim is not held there
+	// with at least a third of the lease ahead, on the database's clock and on the
+	// local deadline. Then the issuer sends nothing more and returns an error
+	// wrapping the one it got (ErrLeaseDeadline, or ErrClaimLost): the worker hands
+	// the claim back uncharged once the database answers. It is what keeps an order
+	// whose claim a failover lost (a standby that had not received it) from issuing
+	// a second certificate beside the one the new holder orders (CONTRACT.md §5).
+	// nil outside the worker.
+	ConfirmClaim func(ctx context.Context) error
 }
 
 // Certificate is what an Issuer hands back for storage.

@@ -2,7 +2,9 @@ package queue
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 )
 
 // Leases is what Heartbeat found of the claims it was given, by token.
@@ -35,6 +37,76 @@ type Leases struct {
 // has reclaimed the row and started ordering, and its order has stopped at its
 // deadline (CONTRACT.md §5). It hands the claim back instead.
 func (q *Queue) Heartbeat(ctx context.Context, tokens []string) (Leases, error) {
+	rows, err := q.renewLeases(ctx, tokens)
+	if err != nil {
+		return Leases{}, fmt.Errorf("renew leases: %w", err)
+	}
+	var l Leases
+	found := make(map[string]bool, len(tokens))
+	for _, r := range rows {
+		found[r.token] = true
+		switch {
+		case r.renewed:
+			l.Renewed = append(l.Renewed, r.token)
+		case r.unexpired:
+			l.Busy = append(l.Busy, r.token)
+		default:
+			l.Expired = append(l.Expired, r.token)
+		}
+	}
+	for _, t := range tokens {
+		if !found[t] {
+			l.Lost = append(l.Lost, t)
+		}
+	}
+	return l, nil
+}
+
+// ErrClaimBusy: ConfirmClaim found the claim held and unexpired, but another
+// transaction had the row locked (the proxy's open write), so it could not renew the
+// lease this time.
+var ErrClaimBusy = errors.New("the claim's row is locked by another transaction: lease not renewed")
+
+// ConfirmClaim renews the lease of the claim with this token, as Heartbeat does, and
+// returns how much of the lease is left on the database's clock once the statement
+// has run. It is the check before a step that cannot be taken back (a finalize, which
+// makes the CA issue a certificate): the claim is proven held on the database the
+// instance reaches now, which after a failover to a standby that lagged may no
+// longer know of it (CONTRACT.md §5).
+//
+// It returns ErrClaimLost when the token is not on its row (requeued, reclaimed, or
+// never replicated to the server now primary), an error wrapping ErrLeaseDeadline
+// when the lease had run out, and ErrClaimBusy when another transaction holds the
+// row; the lease is then not renewed.
+func (q *Queue) ConfirmClaim(ctx context.Context, token string) (time.Duration, error) {
+	rows, err := q.renewLeases(ctx, []string{token})
+	if err != nil {
+		return 0, fmt.Errorf("confirm the claim: %w", err)
+	}
+	switch {
+	case len(rows) == 0:
+		return 0, ErrClaimLost
+	case rows[0].renewed:
+		return rows[0].left, nil
+	case rows[0].unexpired:
+		return 0, ErrClaimBusy
+	}
+	return 0, fmt.Errorf("confirm the claim: the lease had run out: %w", ErrLeaseDeadline)
+}
+
+// leaseRow is what renewLeases found of one claim still on its row.
+type leaseRow struct {
+	token     string
+	unexpired bool
+	renewed   bool
+	// left is the renewed lease left on the database's clock at the statement's
+	// end (0 when not renewed).
+	left time.Duration
+}
+
+// renewLeases is the one statement that renews leases, by token, for Heartbeat and
+// ConfirmClaim. A token not on any row in provisioning is not in its answer.
+func (q *Queue) renewLeases(ctx context.Context, tokens []string) ([]leaseRow, error) {
 	// One scan of the provisioning rows: mine reads them from the statement's
 	// snapshot; live re-reads the unexpired ones by id and locks them, skipping a
 	// row another transaction has locked, and rechecking a row changed since the
@@ -53,39 +125,26 @@ WITH mine AS (
 ), renewed AS (
     UPDATE proxy_domains d SET ssl_lease_expires_at = now() + make_interval(secs => $2)
     FROM live WHERE d.id = live.id
-    RETURNING d.id
+    RETURNING d.id, d.ssl_lease_expires_at
 )
-SELECT m.ssl_claim_token::text, m.unexpired, EXISTS (SELECT 1 FROM renewed r WHERE r.id = m.id)
+SELECT m.ssl_claim_token::text, m.unexpired,
+       (SELECT `+secondsUntilSQL("r.ssl_lease_expires_at")+` FROM renewed r WHERE r.id = m.id)
 FROM mine m`, tokens, seconds(q.cfg.Lease))
 	if err != nil {
-		return Leases{}, fmt.Errorf("renew leases: %w", err)
+		return nil, err
 	}
 	defer rows.Close()
-	var l Leases
-	found := make(map[string]bool, len(tokens))
+	var out []leaseRow
 	for rows.Next() {
-		var t string
-		var unexpired, renewed bool
-		if err := rows.Scan(&t, &unexpired, &renewed); err != nil {
-			return Leases{}, fmt.Errorf("renew leases: %w", err)
+		var r leaseRow
+		var left *float64
+		if err := rows.Scan(&r.token, &r.unexpired, &left); err != nil {
+			return nil, err
 		}
-		found[t] = true
-		switch {
-		case renewed:
-			l.Renewed = append(l.Renewed, t)
-		case unexpired:
-			l.Busy = append(l.Busy, t)
-		default:
-			l.Expired = append(l.Expired, t)
+		if left != nil {
+			r.renewed, r.left = true, secondsDuration(*left)
 		}
+		out = append(out, r)
 	}
-	if err := rows.Err(); err != nil {
-		return Leases{}, fmt.Errorf("renew leases: %w", err)
-	}
-	for _, t := range tokens {
-		if !found[t] {
-			l.Lost = append(l.Lost, t)
-		}
-	}
-	return l, nil
+	return out, rows.Err()
 }

@@ -317,3 +317,28 @@ func (b *bundle) held(t *testing.T, id string) string {
 	}
 	return *h
 }
+
+// ClaimInLine claims from the rows in line as they stand: a row held out of line
+// whose backoff has run out stays out, and a row in line is claimed beside it;
+// ClaimShared brings the held row back first and claims it. Guards against the
+// claim of a notification's pass bringing held rows back (a statement before the
+// claim a tenant waits for), and against a ClaimShared that forgot to.
+func TestClaimInLine_LeavesHeldRowsOutAndClaimSharedBringsThemBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tn := b.tenant(t)
+	held := b.named(t, tn, "held.example")
+	_, err := b.pool.Exec(b.ctx, `UPDATE proxy_domains SET ssl_held = 'backoff', ssl_attempts = 1,
+        ssl_last_attempt_at = now() - interval '1 hour' WHERE id = $1`, held)
+	require.NoError(t, err)
+	b.named(t, tn, "inline.example")
+
+	claims, err := b.q.ClaimInLine(b.ctx, "test", testDirectory, 10, 1)
+	require.NoError(t, err)
+	require.Equal(t, []string{"inline.example"}, names(claims))
+	require.Equal(t, "backoff", b.held(t, held), "ClaimInLine brought the held row back")
+
+	claims, err = b.q.ClaimShared(b.ctx, "test", testDirectory, 10, 1)
+	require.NoError(t, err)
+	require.Equal(t, []string{"held.example"}, names(claims))
+}

@@ -65,8 +65,18 @@ func WorkerSession(lease time.Duration) Session {
 // with the worker's bounds at the default lease (WorkerSession): ConfigureSession.
 func ConfigurePool(cfg *pgxpool.Config) { ConfigureSession(cfg, WorkerSession(DefaultLease)) }
 
+// HostConnectTimeout bounds a pool's connection to one host (dial, TLS,
+// authentication) where its connection string sets no connect_timeout. pgx applies
+// it to each host of a multi-host URL in turn, so that a primary that died and is
+// listed first costs a new connection 2 s before the next host, the promoted
+// standby, is asked: the pool is back within the 5 s CONTRACT.md §5 gives a
+// failover, as the wake listener is (listener.DefaultHostConnectTimeout, the same
+// figure). A live server on a loaded host answers in milliseconds.
+const HostConnectTimeout = 2 * time.Second
+
 // ConfigureSession sets up the sessions of a pool, keeping the pool's own
-// AfterConnect hook: JIT compilation off, and s's bounds.
+// AfterConnect hook: JIT compilation off, and s's bounds; and a connection to each
+// host bounded by HostConnectTimeout where the connection string sets none.
 //
 // JIT: the queue's statements are short and run often, but their estimated cost at a
 // million rows (the claim's correlated look-ups, counted once for every row the
@@ -77,6 +87,9 @@ func ConfigurePool(cfg *pgxpool.Config) { ConfigureSession(cfg, WorkerSession(De
 // PgBouncer refuses ("unsupported startup parameter"); the proxy's sessions keep
 // their own settings. One round trip: the settings go in one simple-protocol string.
 func ConfigureSession(cfg *pgxpool.Config, s Session) {
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = HostConnectTimeout
+	}
 	prev := cfg.AfterConnect
 	set := s.sql()
 	cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {

@@ -32,10 +32,8 @@ func (f dbFlags) connectWith(ctx context.Context, s queue.Session) (*pgxpool.Poo
 	if err != nil {
 		return nil, usagef("--database-url: %s", redact(err.Error(), f.DatabaseURL))
 	}
+	// Also bounds the connection to each host (queue.HostConnectTimeout).
 	queue.ConfigureSession(cfg, s)
-	if cfg.ConnConfig.ConnectTimeout == 0 {
-		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
-	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, usagef("--database-url: %s", redact(err.Error(), f.DatabaseURL))

@@ -25,15 +25,20 @@ const fleetTimeout = 30 * time.Second
 
 // fleet reads queue.FleetStats on a timer and reports the last values as Prometheus
 // metrics: the alerts' inputs (deploy/alerts.yaml). Every series is per fleet, not per
-// domain, so there are as many at a million domains as at one; every instance reports
-// the same figures (alert rules take their max). It is a prometheus.Collector.
+// domain, so there are as many at a million domains as at one. One instance of the
+// fleet reads them, the holder of the statistics duty (queue.TakeDuty), which it
+// renews at each read; the others report none of the figures, only when they last
+// read them, and take the duty over when the holder's lease runs out. Alert rules take
+// the max over instances, which is the holder's. It is a prometheus.Collector.
 //
 // Start and Stop follow the services' shape: Stop is safe before Start and twice.
 type fleet struct {
 	q         *queue.Queue
 	directory string
-	interval  time.Duration
-	log       *zap.Logger
+	// holder is this instance's name for the statistics duty.
+	holder   string
+	interval time.Duration
+	log      *zap.Logger
 
 	mu       sync.Mutex
 	stats    *queue.FleetStats // guarded by mu; nil until the first read succeeds
@@ -47,10 +52,16 @@ type fleet struct {
 }
 
 // newFleet returns a collector of the fleet statistics for the CA at directory (the
-// issuer's --acme-directory), read every interval once started.
-func newFleet(q *queue.Queue, directory string, interval time.Duration, log *zap.Logger) *fleet {
-	return &fleet{q: q, directory: directory, interval: interval, log: log.Named("fleet")}
+// issuer's --acme-directory), read every interval once started by whichever instance
+// holds the duty; holder names this one.
+func newFleet(q *queue.Queue, directory, holder string, interval time.Duration, log *zap.Logger) *fleet {
+	return &fleet{q: q, directory: directory, holder: holder, interval: interval, log: log.Named("fleet")}
 }
+
+// dutyTTL is the statistics duty's lease: three reads, so that one read that fails
+// or runs long does not hand the duty over, and a holder that died is replaced well
+// before the alert on stale statistics (10 minutes) fires.
+func (f *fleet) dutyTTL() time.Duration { return 3 * f.interval }
 
 // Start reads the statistics at once and then every interval, in a goroutine, until
 // Stop or the end of ctx. A second Start while running does nothing.
@@ -79,6 +90,7 @@ func (f *fleet) Stop() {
 
 func (f *fleet) loop(ctx context.Context, done chan struct{}) {
 	defer close(done)
+	defer f.release(ctx)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -87,16 +99,43 @@ func (f *fleet) loop(ctx context.Context, done chan struct{}) {
 			return
 		case <-timer.C:
 		}
-		f.refresh(ctx)
-		timer.Reset(f.interval)
+		timer.Reset(f.refresh(ctx))
 	}
 }
 
 // refresh reads the statistics once and keeps them, or keeps the last ones and counts
-// the failure (the scrape then shows how old they are).
-func (f *fleet) refresh(ctx context.Context) {
+// the failure (the scrape then shows how old they are), and returns when to look
+// again. Another instance holding the duty reads them instead: this one drops the
+// figures it read before (they would only grow stale beside the holder's) and looks
+// again when the holder's lease runs out, after interval at the latest. A duty that
+// cannot be read counts as held: better two instances reading than none.
+func (f *fleet) refresh(ctx context.Context) time.Duration {
 	rctx, cancel := context.WithTimeout(ctx, fleetTimeout)
 	defer cancel()
+	held, left, err := f.q.TakeDuty(rctx, queue.DutyFleetStats+f.directory, f.holder, f.dutyTTL())
+	if err == nil && !held {
+		f.mu.Lock()
+		f.stats = nil
+		f.mu.Unlock()
+		return min(left+time.Second, f.interval)
+	}
+	f.read(ctx, rctx)
+	return f.interval
+}
+
+// release hands the statistics duty on when the reads stop (ctx ended), so that
+// another instance takes it at its next look instead of when the lease runs out.
+func (f *fleet) release(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fleetTimeout)
+	defer cancel()
+	if err := f.q.ReleaseDuty(rctx, queue.DutyFleetStats+f.directory, f.holder); err != nil {
+		f.log.Warn("fleet statistics duty not released; another instance takes it when its lease runs out", zap.Error(err))
+	}
+}
+
+// read reads the statistics once, within rctx, and keeps them, or keeps the last ones
+// and counts the failure (not when ctx, the loop's, ended).
+func (f *fleet) read(ctx, rctx context.Context) {
 	start := time.Now()
 	s, err := f.q.FleetStats(rctx, f.directory)
 	took := time.Since(start)

@@ -275,7 +275,7 @@ func (c *runCmd) Run(g *globals) error {
 		return err
 	}
 
-	fl := newFleet(queue.New(pool, queue.DefaultConfig()), issuer.DirectoryURL(), fleetInterval, log)
+	fl := newFleet(queue.New(pool, queue.DefaultConfig()), issuer.DirectoryURL(), w.Owner(), fleetInterval, log)
 	reg.MustRegister(fl)
 	fl.Start(ctx)
 	defer fl.Stop()

@@ -252,6 +252,14 @@ func TestE2E_TheSecondCAsCertificateIsRenewedByTheFirstOnceItIsBack(t *testing.T
 	require.Equal(t, second.DirectoryURL, w.issuedBy(t, name))
 
 	front.SetDown(false)
+	// The first CA is back once its pause for the outage has ended (its backoff runs
+	// out; orders are fast enough now to reach the renewal before it does).
+	waitFor(t, 60*time.Second, "the first CA's pause to end", func() bool {
+		var n int
+		require.NoError(t, w.pool.QueryRow(w.ctx, `SELECT count(*) FROM certworker_pauses
+            WHERE scope = 'ca' AND key = $1 AND paused_until > now()`, front.DirectoryURL).Scan(&n))
+		return n == 0
+	})
 	// Its renewal time comes.
 	_, err := w.pool.Exec(w.ctx, `UPDATE proxy_certificates SET renew_at = now() WHERE domain = $1`, name)
 	require.NoError(t, err)
@@ -264,11 +272,15 @@ func TestE2E_TheSecondCAsCertificateIsRenewedByTheFirstOnceItIsBack(t *testing.T
 	require.Len(t, ordersFor(second, name), 1, "the second CA was asked again")
 	require.Equal(t, "active", w.domain(t, id).Status)
 	// The first CA's ledger counts it as a new order, not as a renewal.
-	var renewal bool
-	require.NoError(t, w.pool.QueryRow(w.ctx, `
+	// The ledger settles a moment after the row turns active.
+	var renewal *bool
+	waitFor(t, 10*time.Second, "the first CA's ledger to count the order", func() bool {
+		err := w.pool.QueryRow(w.ctx, `
 SELECT renewal FROM certworker_ledger WHERE directory = $1 AND name = $2 AND outcome = 'issued'`,
-		front.DirectoryURL, name).Scan(&renewal))
-	require.False(t, renewal, "the first CA's ledger counted a certificate of the second's as a renewal")
+			front.DirectoryURL, name).Scan(&renewal)
+		return err == nil
+	})
+	require.False(t, *renewal, "the first CA's ledger counted a certificate of the second's as a renewal")
 }
 
 // The first CA's ledger holds a registered domain back (its limit reached): after

@@ -158,8 +158,11 @@ func TestProcess_RunServesItsEndpointsAndHandsBackAtSIGTERM(t *testing.T) {
 	// Pebble's validation sleeps up to 20 s: the order is in flight when SIGTERM comes.
 	id := w.addDomains(t, randomName("sigterm"))[0]
 	waitFor(t, 20*time.Second, "the order to start", func() bool { return w.domain(t, id).Status == "provisioning" })
-	code, body = p.get("/metrics")
-	require.Equal(t, 200, code)
+	// The claim's commit is seen a moment before the worker counts the order.
+	waitFor(t, 10*time.Second, "the order in /metrics", func() bool {
+		code, body = p.get("/metrics")
+		return code == 200 && strings.Contains(body, "certworker_orders_in_flight 1")
+	})
 	for _, series := range []string{"certworker_claims_total", "certworker_orders_in_flight 1", "certworker_listener_connected 1"} {
 		require.Contains(t, body, series, "/metrics")
 	}

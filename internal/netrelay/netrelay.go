@@ -16,6 +16,7 @@
 package netrelay
 
 import (
+	"fmt"
 	"net"
 	"sync"
 	"testing"
@@ -45,15 +46,33 @@ type Relay struct {
 // Start listens on 127.0.0.1:0 and forwards to target until the test ends.
 func Start(t testing.TB, target string) *Relay {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	return StartOn(t, "127.0.0.1:0", target)
+}
+
+// StartOn is Start listening on addr (HOST:PORT, port 0 for any): a relay that
+// containers reach, on the gateway address of their Docker network, such as a
+// standby's replication connection to its primary.
+func StartOn(t testing.TB, addr, target string) *Relay {
+	t.Helper()
+	r, err := Listen(addr, target)
 	if err != nil {
-		t.Fatalf("netrelay: listen: %v", err)
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	return r
+}
+
+// Listen is StartOn for a relay that outlives one test (one shared by a test
+// package): the caller closes it.
+func Listen(addr, target string) (*Relay, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("netrelay: listen: %w", err)
 	}
 	r := &Relay{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
 	r.cond = sync.NewCond(&r.mu)
 	r.wg.Go(r.accept)
-	t.Cleanup(r.Close)
-	return r
+	return r, nil
 }
 
 // Addr is the relay's HOST:PORT.
@@ -63,7 +82,9 @@ func (r *Relay) Addr() string { return r.ln.Addr().String() }
 func (r *Relay) Port() int { return r.ln.Addr().(*net.TCPAddr).Port }
 
 // Blackhole stops every byte, both ways, on every connection, open or new, without
-// closing any: the peers see silence, as across a partition that drops packets.
+// closing any: the peers see silence, as across a partition that drops packets. A
+// connection made meanwhile is accepted and answered with nothing, and the target is
+// not dialled until Restore: a host that vanished, whether or not the target is up.
 func (r *Relay) Blackhole() { r.set(blackhole) }
 
 // Cut resets every open connection and refuses new ones, as a network that answers
@@ -116,12 +137,20 @@ func (r *Relay) accept() {
 
 // serve relays one client connection to a new connection to the target.
 func (r *Relay) serve(client net.Conn) {
-	server, err := net.Dial("tcp", r.target)
-	if err != nil {
-		_ = client.Close()
+	if !r.track(client) {
 		return
 	}
-	if !r.track(client, server) {
+	if !r.waitForward() {
+		r.untrack(client)
+		return
+	}
+	server, err := net.Dial("tcp", r.target)
+	if err != nil {
+		r.untrack(client)
+		return
+	}
+	if !r.track(server) {
+		r.untrack(client)
 		return
 	}
 	var pipes sync.WaitGroup

@@ -14,8 +14,9 @@
 //     profile fails (StartT), since Pebble gives such an order one at random;
 //   - a record of the orders the CA received (CA.OrderRequests, CA.Orders), so that a
 //     test can tell that a name never reached the CA, or that a renewal named the
-//     certificate it replaces; a count of every request by step (CA.Requests), and
-//     the state of each order's authorizations (CA.AuthorizationStatus);
+//     certificate it replaces; a count of every request by step (CA.Requests), the
+//     time the CA took to answer each (CA.Handled), and the state of each order's
+//     authorizations (CA.AuthorizationStatus);
 //   - control of what the CA says: names it refuses (CA.BlockName), a renewal window
 //     it moves (CA.SetRenewalWindow), and, in front of it, a Front that answers
 //     chosen requests with Let's Encrypt's real problems, 5xx or a dropped
@@ -146,9 +147,11 @@ type Options struct {
 	// test whose orders name none passes or fails by chance (CONTRACT.md §5: an order
 	// names the domain's profile, or --acme-profile).
 	AllowUnnamedProfile bool
-	// ChallengeRetryAfter is the Retry-After added to Pebble's answers to a
-	// challenge POST, which carry none; lego then polls the authorization after
-	// that long instead of its default 5 seconds. 0 is 1 second; negative adds none.
+	// ChallengeRetryAfter is a Retry-After (whole seconds, at least 1) added to
+	// Pebble's answers to a challenge POST, which carry none, as a CA that says
+	// when to look at the authorization again. 0 (or negative) adds none: the CA
+	// says nothing, as Pebble itself, and the client looks at its own
+	// pace.
 	ChallengeRetryAfter time.Duration
 	// RequireEAB makes new accounts need an external account binding; EABKeys
 	// maps key ids to their base64url HMAC keys (EABKeys alone makes the keys
@@ -224,6 +227,8 @@ type CA struct {
 	finalized    map[string]bool // paths of accepted finalize requests
 	// servedSerials are the serials (hex) of the certificates the CA served.
 	servedSerials []string
+	// handled are the requests the CA answered, with their times.
+	handled []Handled
 
 	closeOnce sync.Once
 }
@@ -280,10 +285,7 @@ func Start(opts Options) (c *CA, err error) {
 	if err := os.WriteFile(c.RootsFile, mc.rootPEM, 0o644); err != nil {
 		return nil, err
 	}
-	switch {
-	case opts.ChallengeRetryAfter == 0:
-		c.retryAfter = "1"
-	case opts.ChallengeRetryAfter > 0:
+	if opts.ChallengeRetryAfter > 0 {
 		c.retryAfter = strconv.Itoa(max(1, int(opts.ChallengeRetryAfter/time.Second)))
 	}
 
@@ -450,9 +452,16 @@ func (c *CA) Close() error {
 // accounts, and adds Retry-After to challenge answers (Options.ChallengeRetryAfter).
 func (c *CA) record(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := Handled{Step: StepOf(r), Start: time.Now()}
 		c.mu.Lock()
-		c.requests[StepOf(r)]++
+		c.requests[h.Step]++
 		c.mu.Unlock()
+		defer func() {
+			h.End = time.Now()
+			c.mu.Lock()
+			c.handled = append(c.handled, h)
+			c.mu.Unlock()
+		}()
 		switch {
 		case r.Method == http.MethodPost && r.URL.Path == NewOrderPath:
 			c.recordOrder(next, w, r)
@@ -626,6 +635,21 @@ func (c *CA) Requests() map[Step]int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return maps.Clone(c.requests)
+}
+
+// Handled is a request the CA answered: its step, when it reached the CA's handler
+// and when the handler returned (time.Now in this process: monotonic).
+type Handled struct {
+	Step       Step
+	Start, End time.Time
+}
+
+// Handled are the requests the CA answered so far, in the order they ended: what a
+// benchmark subtracts from an order's time to tell the CA's share from the client's.
+func (c *CA) Handled() []Handled {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.handled)
 }
 
 // AuthorizationStatus is the state of the authorization at url ("pending",

@@ -27,6 +27,12 @@ type loopState struct {
 	// untracked: a claim's statement failed after it may have committed. Until the
 	// instance has handed back what it holds but does not track, every pass tries.
 	untracked bool
+	// returnHeld: a pass found something due that it did not claim (a held row whose
+	// time has come, perhaps), so the next claim brings held rows back first, whatever
+	// woke it: wake-ups coming faster than the timer's retry must not hold them off.
+	returnHeld bool
+	// heldReturnedAt is when a claim last brought held rows back first.
+	heldReturnedAt time.Time
 }
 
 const (
@@ -45,6 +51,11 @@ const (
 	// untrackedRetry is how soon a pass tries again to hand back claims whose answer
 	// was lost.
 	untrackedRetry = time.Second
+	// returnHeldEvery bounds how often refills bring held rows back first: while the
+	// queue stays full every finished order claims again, and a statement before each
+	// of those claims would slow the drain itself. A held row whose time has come
+	// waits at most this long behind a full queue.
+	returnHeldEvery = time.Second
 )
 
 // pass looks at the queue: claims into the free slots and, when the queue ran dry
@@ -113,7 +124,7 @@ func (w *Worker) fill(ctx context.Context, source string) (claimed int, full boo
 		if ctx.Err() != nil || w.halted() {
 			return claimed, false
 		}
-		claims, sent, full := w.claim(ctx, free)
+		claims, sent, full := w.claim(ctx, free, source)
 		for _, c := range claims {
 			w.start(ctx, c, source, sent)
 		}
@@ -125,7 +136,15 @@ func (w *Worker) fill(ctx context.Context, source string) (claimed int, full boo
 	}
 }
 
-// claim runs the claim statement for n slots, and the ledger on what it took. It is
+// claim runs the claim statement for n slots, and the ledger on what it took. A pass
+// woken by a notification or by the poll claims from the rows in line as they stand
+// (queue.ClaimInLine): the row a notification announces is in line already, and the
+// poll is the safety net for a notification lost. The rows held out of line come back
+// first (queue.ClaimShared) on the passes of the timer, set for when the next of them
+// falls due (NextDue), and of a reconnection; on a refill's once every
+// returnHeldEvery; and on the pass after one that found something due it did not
+// claim (returnHeld): a held row whose time has come is due to NextDue, whatever
+// brought it back early or late (a pause lifted, a changed --retry-base). It is
 // not cancelled by the worker's context: a claim whose statement committed is never
 // dropped, so the shutdown that SIGTERM starts waits for it, and then runs or hands
 // back what it took. When it fails all the same (its timeout, a lost connection), the
@@ -133,11 +152,15 @@ func (w *Worker) fill(ctx context.Context, source string) (claimed int, full boo
 // claim took all n (more may be due), whatever the ledger let go, and that the ledger
 // answered (a ledger that did not ends the fill); sent is when the statement was
 // sent, where the claims' lease deadlines start.
-func (w *Worker) claim(ctx context.Context, n int) (claims []queue.Claim, sent time.Time, full bool) {
+func (w *Worker) claim(ctx context.Context, n int, source string) (claims []queue.Claim, sent time.Time, full bool) {
 	cctx, cancel := w.step(ctx, true)
 	defer cancel()
 	sent = time.Now()
-	claims, err := w.q.ClaimShared(cctx, w.owner, w.cfg.Directory, n, w.newcomerSlots(n))
+	claimFrom, returning := w.q.ClaimInLine, w.bringsHeldBack(source)
+	if returning {
+		claimFrom = w.q.ClaimShared
+	}
+	claims, err := claimFrom(cctx, w.owner, w.cfg.Directory, n, w.newcomerSlots(n))
 	if err != nil {
 		w.health.failed()
 		w.untracked = true
@@ -145,8 +168,25 @@ func (w *Worker) claim(ctx context.Context, n int) (claims []queue.Claim, sent t
 		return nil, sent, false
 	}
 	w.health.ok()
+	if returning {
+		w.returnHeld, w.heldReturnedAt = false, time.Now()
+	}
 	admitted, ok := w.admit(ctx, claims)
 	return admitted, sent, ok && len(claims) == n
+}
+
+// bringsHeldBack says whether the claim of a pass woken by source brings held rows
+// back first (see claim).
+func (w *Worker) bringsHeldBack(source string) bool {
+	switch {
+	case w.returnHeld:
+		return true
+	case source == listener.SourceNotify, source == listener.SourcePoll:
+		return false
+	case source == listener.SourceRefill:
+		return time.Since(w.heldReturnedAt) >= returnHeldEvery
+	}
+	return true
 }
 
 // newcomerSlots is how many of n free slots the claim offers first issuances first
@@ -186,6 +226,10 @@ func (w *Worker) schedule(ctx context.Context, source string, claimed int) {
 	sctx, cancel := w.step(ctx, false)
 	d, ok, err := w.q.NextDue(sctx, w.cfg.Directory)
 	cancel()
+	if err == nil && ok && d <= 0 {
+		// Due now and not claimed: it may be a held row whose time has come.
+		w.returnHeld = true
+	}
 	switch {
 	case err != nil:
 		// Not known: look again soon rather than at the next poll, so that a due

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -128,6 +129,79 @@ func (w *Worker) renewLeases(ctx context.Context) {
 		o.cancel(errLost)
 		w.log.Warn("claim lost: another instance or an operator took this domain; stopping the order",
 			zap.String("domain", o.claim.Domain), zap.String("domain_id", o.claim.ID))
+	}
+}
+
+// confirmRetry is the pause between two tries of confirmClaim after a database error
+// or a row locked by another transaction: short, since the order waits on it, and a
+// failover's promotion is over within seconds.
+const confirmRetry = 250 * time.Millisecond
+
+// confirmClaim is the order's check just before its finalize (queue.Request's
+// ConfirmClaim): the claim's lease renewed under its token on the database reached
+// now, with at least a third of the lease left on the database's clock once renewed,
+// and on the local deadline. The heartbeat alone would notice a claim that a failover
+// lost (a standby promoted before it received the claim, where the row is pending
+// again and another instance may be ordering it) only at its next renewal, up to a
+// third of a lease later, after the finalize had made the CA issue a second
+// certificate. One round trip per order.
+//
+// A database error or a locked row is tried again while the local deadline still
+// leaves a third of the lease (a failover in progress may end in time); after that
+// the error wraps queue.ErrLeaseDeadline and the order hands the claim back,
+// uncharged, once the database answers. A claim the database no longer holds stops
+// the order as the heartbeat's fencing does: lost, nothing written.
+func (w *Worker) confirmClaim(ctx context.Context, o *order) error {
+	third := w.cfg.Queue.Lease / 3
+	log := w.log.With(zap.String("domain", o.claim.Domain), zap.String("domain_id", o.claim.ID))
+	for try := 1; ; try++ {
+		budget := o.deadline.Left() - third
+		if budget <= 0 {
+			return fmt.Errorf("the claim could not be confirmed before the finalize with a third of the lease left: %w", queue.ErrLeaseDeadline)
+		}
+		// Taken before the statement, as the heartbeat's: the database stamps the
+		// lease later.
+		sent := time.Now()
+		sctx, cancel := context.WithTimeout(ctx, min(budget, w.stepTimeout()))
+		left, err := w.q.ConfirmClaim(sctx, o.claim.Token)
+		cancel()
+		switch {
+		case err == nil && left >= third:
+			w.health.ok()
+			o.deadline.Renewed(sent)
+			return nil
+		case err == nil:
+			return fmt.Errorf("the claim's lease was renewed with only %s left on the database's clock: %w",
+				left.Round(time.Millisecond), queue.ErrLeaseDeadline)
+		case errors.Is(err, queue.ErrClaimLost):
+			w.health.ok()
+			o.lost.Store(true)
+			o.cancel(errLost)
+			log.Warn("claim lost before the finalize: the database does not hold it (another instance or an operator took the domain, or a failover lost the claim); nothing is sent to the CA")
+			return err
+		case errors.Is(err, queue.ErrLeaseDeadline):
+			w.health.ok()
+			return err
+		case ctx.Err() != nil:
+			return fmt.Errorf("confirm the claim before the finalize: %w", context.Cause(ctx))
+		}
+		if !errors.Is(err, queue.ErrClaimBusy) {
+			w.health.failed()
+		}
+		// The first failure says so; the tries after it, every confirmRetry through
+		// an outage, are for debugging.
+		logTry := log.Debug
+		if try == 1 {
+			logTry = log.Info
+		}
+		logTry("could not confirm the claim before the finalize; trying again", zap.Error(err), zap.Int("attempt", try),
+			zap.Duration("retry_in", confirmRetry), zap.Duration("deadline_in", o.deadline.Left()))
+		t := time.NewTimer(confirmRetry)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
 	}
 }
 

@@ -15,26 +15,87 @@ import (
 // time one of them has work and capped by the poll interval. It runs beside the loop,
 // so that a notification never waits behind them. Nothing in it waits on the CA: the
 // renewal-information reads have a goroutine of their own (renewalInfoLoop).
+//
+// The steps are the fleet's, not the instance's: one instance does them, the holder
+// of the maintenance duty (queue.TakeDuty), which it renews at each run; the others
+// look again when its lease would run out (a holder that died or lost the database),
+// at the poll interval at the latest. So a fleet at rest costs the database one
+// instance's maintenance, whatever its size. A run this instance asked for itself
+// (wantMaintenanceIn: the renewal time of a certificate it stored) marks renewals
+// even without the duty, as the holder may not know of that certificate yet.
 func (w *Worker) maintenanceLoop(ctx context.Context) {
 	t := time.NewTimer(0)
 	defer t.Stop()
+	defer w.releaseMaintenanceDuty(ctx)
 	var at time.Time
+	wanted := false
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case want := <-w.maintAt:
 			if at.IsZero() || want.Before(at) {
-				at = want
+				at, wanted = want, true
 				t.Reset(max(time.Until(want), 0))
 			}
 			continue
 		case <-t.C:
 		}
-		w.maintain(ctx)
-		d := w.nextMaintenance(ctx)
-		at = time.Now().Add(d)
+		var d time.Duration
+		if held, left := w.maintenanceDuty(ctx); held {
+			w.maintain(ctx)
+			d = min(w.nextMaintenance(ctx), w.dutyTTL()/2)
+		} else {
+			w.log.Debug("maintenance left to the instance holding the duty", zap.Duration("duty_left", left))
+			if wanted && w.markRenewals(ctx) > 0 {
+				w.kickPass()
+			}
+			d = min(left+timerSlack, w.cfg.PollInterval)
+		}
+		at, wanted = time.Now().Add(d), false
 		t.Reset(d)
+	}
+}
+
+// dutyTTL is the lease of the maintenance duty: a lease (60 s by default), so that
+// the claims of a holder that died are reclaimed as soon as theirs run out, the
+// duty's having run out by then too. The holder renews it at every run, at least
+// every half of it.
+func (w *Worker) dutyTTL() time.Duration { return w.cfg.Queue.Lease }
+
+// maintenanceDuty takes or renews the maintenance duty, and says whether this
+// instance holds it, or else how long until the holder's lease runs out. A duty that
+// cannot be read counts as held: the steps then meet the same database, and an
+// instance doing them needlessly costs less than a fleet where none does.
+func (w *Worker) maintenanceDuty(ctx context.Context) (held bool, left time.Duration) {
+	sctx, cancel := w.step(ctx, false)
+	defer cancel()
+	held, left, err := w.q.TakeDuty(sctx, queue.DutyMaintenance, w.owner, w.dutyTTL())
+	if err != nil {
+		w.health.failed()
+		w.logDBError("take the maintenance duty", err)
+		return true, 0
+	}
+	w.health.ok()
+	return held, left
+}
+
+// releaseMaintenanceDuty hands the maintenance duty on when the loop stops (ctx
+// ended: a shutdown), so that another instance takes it at its next look instead of
+// when the lease runs out.
+func (w *Worker) releaseMaintenanceDuty(ctx context.Context) {
+	rctx, cancel := w.step(ctx, true)
+	defer cancel()
+	if err := w.q.ReleaseDuty(rctx, queue.DutyMaintenance, w.owner); err != nil {
+		w.logDBError("release the maintenance duty", err)
+	}
+}
+
+// kickPass starts a pass, unless one is asked for already.
+func (w *Worker) kickPass() {
+	select {
+	case w.kick <- listener.SourceTimer:
+	default:
 	}
 }
 

@@ -231,7 +231,8 @@ func (w *Worker) issue(ctx context.Context, o *order, name, profile string) (cer
 	}()
 	at := w.caOf(c.Directory)
 	cert, err = at.issuer.Issue(ctx, queue.Request{DomainID: c.ID, Domain: name, CurrentPEM: w.replacesPEM(c),
-		Profile: profile, Deadline: o.deadline, ClaimToken: c.Token})
+		Profile: profile, Deadline: o.deadline, ClaimToken: c.Token,
+		ConfirmClaim: func(ctx context.Context) error { return w.confirmClaim(ctx, o) }})
 	if err == nil && cert != nil {
 		cert.Directory = at.directory
 		if at != w.first {

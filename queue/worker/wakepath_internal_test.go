@@ -1,0 +1,64 @@
+package worker
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+
+	"github.com/certworker/certworker/internal/fakeissuer"
+	"github.com/certworker/certworker/internal/pgtest"
+	"github.com/certworker/certworker/listener"
+)
+
+// A pass woken by a notification or by the poll claims from the rows in line as they
+// stand: a row held out of line whose backoff has run out is not brought back by it. The pass
+// after one that found something due it did not claim brings held rows back first,
+// whatever woke it, so that wake-ups coming faster than the timer's retry (each pass
+// sets the timer again) cannot hold a retry off; a refill does once every
+// returnHeldEvery. Guards against a notification's pass, or each refill of a full
+// queue, running the statement bringing held rows back (a round trip, most of it
+// planning, before the claim; at rest, the poll's every 30 s on every instance), and
+// against a held row left out for as long as notifications keep coming.
+func TestClaim_ANotificationsPassClaimsInLineAndTheNextAfterADueRowBringsHeldRowsBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := pgtest.NewPool(t)
+	tenant := pgtest.Tenant(t, pool)
+	var id string
+	require.NoError(t, pool.QueryRow(ctx, `
+INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_status, ssl_provider)
+VALUES ($1, 'held.example', 'verified', 'tok', 'pending', 'acme') RETURNING id::text`, tenant).Scan(&id))
+	// Failed an hour ago, its backoff long over, still held out of line.
+	_, err := pool.Exec(ctx, `UPDATE proxy_domains SET ssl_held = 'backoff', ssl_attempts = 1,
+        ssl_last_attempt_at = now() - interval '1 hour' WHERE id = $1`, id)
+	require.NoError(t, err)
+
+	w, err := New(Config{Pool: pool, Issuer: fakeissuer.New(1), Log: zap.NewNop(), Owner: "test",
+		Directory: "https://ca.invalid/directory", Concurrency: 4, PollInterval: time.Hour})
+	require.NoError(t, err)
+	w.timer = time.NewTimer(time.Hour)
+	w.timer.Stop()
+
+	claims, _, _ := w.claim(ctx, 4, listener.SourceNotify)
+	require.Empty(t, claims, "a notification's pass brought a held row back")
+	claims, _, _ = w.claim(ctx, 4, listener.SourcePoll)
+	require.Empty(t, claims, "the poll's pass brought a held row back")
+	w.schedule(ctx, listener.SourceNotify, 0)
+	claims, _, _ = w.claim(ctx, 4, listener.SourceNotify)
+	require.Len(t, claims, 1, "the pass after one that found the row due did not bring it back")
+	require.Equal(t, id, claims[0].ID)
+
+	// A refill brings held rows back once every returnHeldEvery, not before each of
+	// the claims that follow finished orders while the queue stays full.
+	_, err = pool.Exec(ctx, `UPDATE proxy_domains SET ssl_status = 'pending', ssl_held = 'backoff',
+        ssl_last_attempt_at = now() - interval '1 hour' WHERE id = $1`, id)
+	require.NoError(t, err)
+	claims, _, _ = w.claim(ctx, 4, listener.SourceRefill)
+	require.Empty(t, claims, "a refill brought held rows back again within returnHeldEvery")
+	w.heldReturnedAt = time.Now().Add(-returnHeldEvery)
+	claims, _, _ = w.claim(ctx, 4, listener.SourceRefill)
+	require.Len(t, claims, 1, "a refill after returnHeldEvery did not bring the held row back")
+}
