@@ -49,6 +49,23 @@ CREATE TABLE IF NOT EXISTS certworker_dns_state (
 CREATE INDEX IF NOT EXISTS certworker_dns_state_next_check
     ON certworker_dns_state (next_check_at) WHERE next_check_at IS NOT NULL;
 
+-- NextDue's reads of the queue by attempts skip the domains waiting for their DNS
+-- (ssl_held 'dns'), which are due when their DNS check says so, not by backoff: in
+-- proxy_domains_backoff_idx they would come first (never tried: NULLS FIRST), and
+-- 100,000 of them would be read through on every pass.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS proxy_domains_due_idx
+    ON proxy_domains (ssl_attempts, ssl_last_attempt_at NULLS FIRST)
+    WHERE verification_status = 'verified' AND ssl_provider = 'acme' AND ssl_status = 'pending'
+      AND ssl_held IS DISTINCT FROM 'dns';
+
+-- The waiting domains someone retried (the proxy's retry or `certworker retry`
+-- cleared their 'waiting for DNS:' error): few at a time, found by the waiter at
+-- every tick and put back in line.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS proxy_domains_wait_retried_idx
+    ON proxy_domains (id)
+    WHERE verification_status = 'verified' AND ssl_provider = 'acme' AND ssl_status = 'pending'
+      AND ssl_held = 'dns' AND (ssl_error IS NULL OR ssl_error NOT LIKE 'waiting for DNS:%');
+
 -- +goose StatementBegin
 DO $$
 BEGIN
@@ -62,6 +79,8 @@ $$;
 -- +goose StatementEnd
 
 -- +goose Down
+DROP INDEX IF EXISTS proxy_domains_wait_retried_idx;
+DROP INDEX IF EXISTS proxy_domains_due_idx;
 DROP FUNCTION IF EXISTS public.certworker_dns01_target(text);
 ALTER TABLE certworker_settings DROP COLUMN IF EXISTS dns01_zone;
 DROP TABLE IF EXISTS certworker_dns_state;

@@ -211,3 +211,22 @@ WHERE domain_id = $1::uuid`, id); err != nil {
 	}
 	return tag.RowsAffected() == 1, nil
 }
+
+// ReturnRetried puts back in line, as 'backoff' rows that ReturnHeld brings back at
+// once, up to limit waiting domains that someone retried (the proxy's retry or
+// `certworker retry` cleared their 'waiting for DNS:' error), and says how many. The
+// waiter calls it at every tick: a retry brings a waiting domain's check forward to
+// its next claim. It reads proxy_domains_wait_retried_idx, which holds those rows
+// alone.
+func (q *Queue) ReturnRetried(ctx context.Context, limit int) (int64, error) {
+	tag, err := q.db.Exec(ctx, `
+UPDATE proxy_domains SET ssl_held = 'backoff'
+WHERE id IN (SELECT id FROM proxy_domains
+             WHERE `+claimableSQL+` AND ssl_held = '`+HeldDNS+`'
+               AND (ssl_error IS NULL OR ssl_error NOT LIKE 'waiting for DNS:%')
+             LIMIT $1 FOR UPDATE SKIP LOCKED)`, limit)
+	if err != nil {
+		return 0, fmt.Errorf("return retried waits: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}

@@ -119,3 +119,32 @@ func TestWaitCheckIn_FirstHourFastThenUnderTheFleetBudget(t *testing.T) {
 	require.Equal(t, 5*time.Minute, queue.WaitCheckIn(now, now.Add(-2*time.Hour), 10))
 	require.Equal(t, 5000*time.Second, queue.WaitCheckIn(now, now.Add(-2*time.Hour), 100_000))
 }
+
+// A waiting domain is not due by backoff: NextDue, which sets the worker's timer,
+// leaves it out (otherwise every pass finds "something due now" while any domain
+// waits, and the timer stops following the real next retry). Once retried, the
+// waiter's ReturnRetried puts it back in line. Guards against timers degraded to the
+// poll interval, and a retry that no pass brings back.
+func TestWait_NotDueByBackoffAndReturnedOnceRetried(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tenant := b.tenant(t)
+	id, name := b.domain(t, tenant, "pending", 0, nil)
+	c := b.claimOne(t, id)
+	require.NoError(t, b.q.Wait(b.ctx, c, queue.WaitingPrefix+"x", "a", queue.WaitCheckFirst))
+	_, ok, err := b.q.NextDue(b.ctx, testDirectory)
+	require.NoError(t, err)
+	require.False(t, ok, "nothing is due by backoff")
+
+	n, err := b.q.ReturnRetried(b.ctx, 10)
+	require.NoError(t, err)
+	require.Zero(t, n, "not retried: left waiting")
+	require.NoError(t, b.q.Retry(b.ctx, name))
+	n, err = b.q.ReturnRetried(b.ctx, 10)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n)
+	d, ok, err := b.q.NextDue(b.ctx, testDirectory)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.LessOrEqual(t, d, time.Duration(0), "due now")
+}

@@ -70,6 +70,12 @@ func (w *Worker) dnsWaitLoop(ctx context.Context) {
 // validation goes back in line, and this instance claims it at once.
 func (w *Worker) checkWaits(ctx context.Context, checker queue.DNSChecker) {
 	sctx, cancel := w.step(ctx, false)
+	retried, err := w.q.ReturnRetried(sctx, dnsWaitBatch)
+	cancel()
+	if err != nil {
+		w.logDBError("return retried waits", err)
+	}
+	sctx, cancel = w.step(ctx, false)
 	due, stale, err := w.q.DueWaits(sctx, dnsWaitBatch)
 	cancel()
 	if err != nil {
@@ -88,7 +94,7 @@ func (w *Worker) checkWaits(ctx context.Context, checker queue.DNSChecker) {
 		})
 	}
 	_ = g.Wait()
-	if len(ended) > 0 {
+	if len(ended) > 0 || retried > 0 {
 		select {
 		case w.kick <- listener.SourceTimer:
 		default:
