@@ -29,6 +29,11 @@ import (
 // validationmethods parameter must list for a CA to issue for it.
 const ValidationHTTP01 = "http-01"
 
+// ValidationDNS01 is the validation method of a wildcard's orders, which DNS-01
+// alone can validate (RFC 8555 §7.1.3): a wildcard's CAA check compares it with a
+// validationmethods parameter whatever the CA's Method says.
+const ValidationDNS01 = "dns-01"
+
 // CAAPrefix starts the ssl_error of a domain that CAA held back.
 const CAAPrefix = "caa: "
 
@@ -266,6 +271,12 @@ func CheckCAA(ctx context.Context, r *CAAResolver, name string, cas ...CAAIssuer
 // decideCAA is CheckCAA's verdict once the relevant RRset is known.
 func decideCAA(name string, set CAASet, wildcard bool, cas []CAAIssuer) CAAVerdict {
 	v := CAAVerdict{Name: name, Set: set, Allowed: make([]bool, len(cas)), Undecided: make([]bool, len(cas))}
+	if wildcard {
+		cas = slices.Clone(cas)
+		for i := range cas {
+			cas[i].Method = ValidationDNS01
+		}
+	}
 	v.CriticalTag = unknownCritical(set.Records)
 	v.Named = namedIssuers(set.Records, wildcard)
 	decides := len(propertiesFor(set.Records, wildcard)) > 0

@@ -111,6 +111,8 @@ func TestDecideCAA(t *testing.T) {
 		{"issuewild does not decide a plain name", []CAARecord{rec("issue", "letsencrypt.org"), rec("issuewild", "pebble-two.test")}, false, []CAAIssuer{le, two}, []bool{true, false}, []string{"letsencrypt.org"}, ""},
 		{"issuewild decides a wildcard", []CAARecord{rec("issue", "letsencrypt.org"), rec("issuewild", "pebble-two.test")}, true, []CAAIssuer{le, two}, []bool{false, true}, []string{"pebble-two.test"}, ""},
 		{"issue decides a wildcard without issuewild", []CAARecord{rec("issue", "letsencrypt.org")}, true, []CAAIssuer{le, two}, []bool{true, false}, []string{"letsencrypt.org"}, ""},
+		{"a wildcard is validated over dns-01: validationmethods=http-01 forbids it", []CAARecord{rec("issuewild", "letsencrypt.org; validationmethods=http-01")}, true, []CAAIssuer{le}, []bool{false}, []string{"letsencrypt.org"}, ""},
+		{"a wildcard is validated over dns-01: validationmethods=dns-01 allows it", []CAARecord{rec("issuewild", "letsencrypt.org; validationmethods=dns-01")}, true, []CAAIssuer{le}, []bool{true}, []string{"letsencrypt.org"}, ""},
 		{"issuewild alone leaves plain names to every CA", []CAARecord{rec("issuewild", ";")}, false, []CAAIssuer{le, two}, []bool{true, true}, nil, ""},
 		{"known critical tag is fine", []CAARecord{{Flag: 128, Tag: "issue", Value: "letsencrypt.org"}, {Flag: 128, Tag: "iodef", Value: "mailto:x@y"}}, false, []CAAIssuer{le}, []bool{true}, []string{"letsencrypt.org"}, ""},
 		{"unknown critical tag forbids all", []CAARecord{rec("issue", "letsencrypt.org"), {Flag: 128, Tag: "tbs", Value: "x"}}, false, []CAAIssuer{le, two}, []bool{false, false}, []string{"letsencrypt.org"}, "tbs"},

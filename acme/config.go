@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"strconv"
@@ -72,6 +73,12 @@ type Config struct {
 	// (--ari-requests-per-second), which the read right after an issuance takes a
 	// token of too; 0 reads without one (a test, the demo).
 	RenewalInfoPerSecond float64
+	// DNS01Zone is --dns01-zone: the zone certworker answers DNS-01 values in, or ""
+	// for DNS-01 off. With it, a domain whose _acme-challenge CNAME points at its
+	// target (DNS01Target) is validated over DNS-01, and a wildcard can be ordered.
+	DNS01Zone string
+	// DNSTarget is --dns-target (ParseDNSTarget), or "".
+	DNSTarget string
 }
 
 // DefaultHTTPTimeout is the per-request timeout towards the CA. Let's Encrypt answers
@@ -265,4 +272,45 @@ func ReadEABHMACFile(flag, path string) (string, error) {
 		return "", fmt.Errorf("%s: not base64url (the HMAC key as the CA gave it)", name)
 	}
 	return key, nil
+}
+
+// DNSTarget is --dns-target: what tenants point their names at, a host name (for a
+// CNAME) or a set of addresses. The zero value is none.
+type DNSTarget struct {
+	Host  string
+	Addrs []netip.Addr
+}
+
+// ParseDNSTarget reads --dns-target: "" (none), a host name, or comma-separated IP
+// addresses.
+func ParseDNSTarget(s string) (DNSTarget, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return DNSTarget{}, nil
+	}
+	var t DNSTarget
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if a, err := netip.ParseAddr(part); err == nil {
+			t.Addrs = append(t.Addrs, a.Unmap())
+			continue
+		}
+		if _, err := queue.CheckName(strings.TrimSuffix(part, ".")); err != nil || strings.Contains(s, ",") {
+			return DNSTarget{}, fmt.Errorf("%q is neither a host name nor a list of IP addresses", s)
+		}
+		t.Host = strings.ToLower(strings.TrimSuffix(part, "."))
+	}
+	return t, nil
+}
+
+// String is the target as ssl_error names it.
+func (t DNSTarget) String() string {
+	if t.Host != "" {
+		return t.Host
+	}
+	parts := make([]string, len(t.Addrs))
+	for i, a := range t.Addrs {
+		parts[i] = a.String()
+	}
+	return strings.Join(parts, ", ")
 }

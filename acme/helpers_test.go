@@ -88,11 +88,14 @@ func (b *bed) newPool(t *testing.T) *pgxpool.Pool {
 }
 
 // config is an issuer configuration for the bed's CA.
-func (b *bed) config() acme.Config {
+func (b *bed) config() acme.Config { return caConfig(b.ca) }
+
+// caConfig is an issuer configuration for ca.
+func caConfig(ca *pebbletest.CA) acme.Config {
 	return acme.Config{
-		DirectoryURL: b.ca.DirectoryURL,
+		DirectoryURL: ca.DirectoryURL,
 		Email:        "ops@certworker.example",
-		CABundle:     b.ca.RootsFile,
+		CABundle:     ca.RootsFile,
 		Profile:      pebbletest.DefaultProfile,
 		HTTPTimeout:  10 * time.Second,
 	}
@@ -151,7 +154,7 @@ func countRows(t *testing.T, pool *pgxpool.Pool, table string) int {
 }
 
 // newTestPool is a pool on a fresh migrated database of its own.
-func newTestPool(t *testing.T) (*pgxpool.Pool, string) {
+func newTestPool(t testing.TB) (*pgxpool.Pool, string) {
 	t.Helper()
 	return pgtest.NewPool(t)
 }

@@ -71,15 +71,9 @@ type tokenStore struct {
 // length of this statement only. The upsert may take over a row another claim
 // wrote: while this claim holds the domain, no other claim on it is live.
 func presentSQL(fenced bool) string {
-	held := `SELECT NULL::uuid AS claim`
-	if fenced {
-		held = `SELECT ssl_claim_token AS claim FROM proxy_domains
-    WHERE ssl_claim_token = $5::uuid AND ssl_status = 'provisioning' AND ssl_lease_expires_at > now()
-    FOR SHARE`
-	}
 	return `
 WITH held AS (
-    ` + held + `
+    ` + heldSQL(fenced, 5) + `
 ), expired AS (
     DELETE FROM certworker_http01_tokens WHERE expires_at < now()
 )
@@ -93,6 +87,18 @@ ON CONFLICT (token) DO UPDATE
 RETURNING 1`
 }
 
+// heldSQL selects the claim a fenced write is made under, parameter $n, as one row
+// only while that claim is held (presentSQL says why FOR SHARE); unfenced, one row
+// with a NULL claim.
+func heldSQL(fenced bool, n int) string {
+	if !fenced {
+		return `SELECT NULL::uuid AS claim`
+	}
+	return fmt.Sprintf(`SELECT ssl_claim_token AS claim FROM proxy_domains
+    WHERE ssl_claim_token = $%d::uuid AND ssl_status = 'provisioning' AND ssl_lease_expires_at > now()
+    FOR SHARE`, n)
+}
+
 // Present stores the token, and returns once the row is committed: lego tells the
 // CA to validate only after Present returns, and the CA may reach any instance. It
 // stores nothing, and returns an error wrapping queue.ErrLeaseDeadline, when the
@@ -101,18 +107,28 @@ func (s *tokenStore) Present(domain, token, keyAuth string) error {
 	ctx, cancel := context.WithTimeout(s.ctx, tokenWriteTimeout)
 	defer cancel()
 	args := []any{token, keyAuth, domain, int64(tokenTTL / time.Second)}
-	if s.claim != "" {
-		args = append(args, s.claim)
-	}
-	var one int
-	err := s.pool.QueryRow(ctx, presentSQL(s.claim != ""), args...).Scan(&one)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("store HTTP-01 token: the order's claim is no longer held: %w", queue.ErrLeaseDeadline)
-	}
-	if err != nil {
-		return fmt.Errorf("store HTTP-01 token: %w", err)
+	if err := writeFenced(ctx, s.pool, presentSQL(s.claim != ""), s.claim, args, "store HTTP-01 token"); err != nil {
+		return err
 	}
 	s.presented.Store(true)
+	return nil
+}
+
+// writeFenced runs a fenced write (presentSQL's shape), with the claim as the last
+// argument when there is one. No row means the claim is no longer held: an error
+// wrapping queue.ErrLeaseDeadline.
+func writeFenced(ctx context.Context, pool *pgxpool.Pool, sql, claim string, args []any, what string) error {
+	if claim != "" {
+		args = append(args, claim)
+	}
+	var one int
+	err := pool.QueryRow(ctx, sql, args...).Scan(&one)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%s: the order's claim is no longer held: %w", what, queue.ErrLeaseDeadline)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
 	return nil
 }
 
@@ -120,18 +136,24 @@ func (s *tokenStore) Present(domain, token, keyAuth string) error {
 // taken over since belongs to a live order. It runs after the order's context may
 // have been cancelled (the worker gave the order up), so it uses its own deadline.
 func (s *tokenStore) CleanUp(domain, token, _ string) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), tokenWriteTimeout)
+	return deleteFenced(s.ctx, s.pool, s.log, "certworker_http01_tokens", "HTTP-01 token", domain, token, s.claim, tokenTTL)
+}
+
+// deleteFenced deletes the row of token in table if claim ("" for none) wrote it, on
+// a deadline of its own. A failure is logged, and the row expires by itself (ttl).
+func deleteFenced(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger, table, what, domain, token, claim string, ttl time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tokenWriteTimeout)
 	defer cancel()
-	var claim *string
-	if s.claim != "" {
-		claim = &s.claim
+	var c *string
+	if claim != "" {
+		c = &claim
 	}
-	if _, err := s.pool.Exec(ctx, `
-DELETE FROM certworker_http01_tokens WHERE token = $1 AND claim_token IS NOT DISTINCT FROM $2::uuid`, token, claim); err != nil {
+	if _, err := pool.Exec(ctx, `
+DELETE FROM `+table+` WHERE token = $1 AND claim_token IS NOT DISTINCT FROM $2::uuid`, token, c); err != nil {
 		// The row expires by itself; say so rather than fail the order.
-		s.log.Warn("could not delete HTTP-01 token; it expires by itself",
-			zap.String("domain", domain), zap.Duration("expires_in", tokenTTL), zap.Error(err))
-		return fmt.Errorf("delete HTTP-01 token: %w", err)
+		log.Warn("could not delete "+what+"; it expires by itself",
+			zap.String("domain", domain), zap.Duration("expires_in", ttl), zap.Error(err))
+		return fmt.Errorf("delete %s: %w", what, err)
 	}
 	return nil
 }

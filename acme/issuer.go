@@ -19,6 +19,7 @@ import (
 	"github.com/go-acme/lego/v4/acme/api"
 	"github.com/go-acme/lego/v4/certcrypto"
 	"github.com/go-acme/lego/v4/certificate"
+	"github.com/go-acme/lego/v4/challenge"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
@@ -42,6 +43,8 @@ type Issuer struct {
 	session   *session
 	// preflight checks a name before it is ordered; nil with --preflight off.
 	preflight *preflight
+	// dns asks --preflight-resolver what the challenge's choice needs.
+	dns *dnsClient
 
 	accountMu sync.Mutex // held while the account is loaded or registered
 	account   *account   // guarded by accountMu; nil until the first order needs it
@@ -81,6 +84,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger, cfg Config) (
 		transport: newTransport(roots, cfg.httpTimeout()),
 		session:   newSession(cfg.DirectoryURL),
 		preflight: newPreflight(pool, log, cfg),
+		dns:       newDNSClient(cfg.PreflightResolver),
 	}, nil
 }
 
@@ -143,9 +147,17 @@ func (i *Issuer) Issue(ctx context.Context, req queue.Request) (*queue.Certifica
 // issue is one order, start to end.
 func (i *Issuer) issue(ctx context.Context, req queue.Request) (*queue.Certificate, error) {
 	log := i.log.With(zap.String("domain", req.Domain), zap.String("domain_id", req.DomainID))
-	if i.preflight != nil {
+	choice, err := i.choose(ctx, req.Domain)
+	if err != nil {
+		return nil, i.waiting(ctx, req.Domain, err)
+	}
+	i.recordChallenge(ctx, req, choice, log)
+	if i.preflight != nil && choice.challenge == queue.ChallengeHTTP01 {
+		if msg, off := i.offTarget(ctx, req.Domain); off {
+			return nil, &queue.WaitingError{Msg: i.waitMessage(req.Domain, msg), Answer: i.dnsAnswer(ctx, req.Domain)}
+		}
 		if err := i.preflight.check(ctx, req.Domain); err != nil {
-			return nil, err
+			return nil, i.waiting(ctx, req.Domain, err)
 		}
 	}
 	profile := req.Profile
@@ -176,9 +188,14 @@ func (i *Issuer) issue(ctx context.Context, req queue.Request) (*queue.Certifica
 		return nil, fmt.Errorf("acme: generate %s key: %w", i.keyType, err)
 	}
 	replaces := replacesCertID(req.CurrentPEM, log)
+	var tokens challenge.Provider = &tokenStore{pool: i.pool, log: log, ctx: ctx, claim: req.ClaimToken}
+	if choice.challenge == queue.ChallengeDNS01 {
+		tokens = &valueStore{pool: i.pool, log: log, ctx: ctx, zone: i.cfg.DNS01Zone, claim: req.ClaimToken}
+	}
 	o := &order{
 		core: core, tr: tr, ctx: ctx, log: log, domain: req.Domain,
-		tokens:          &tokenStore{pool: i.pool, log: log, ctx: ctx, claim: req.ClaimToken},
+		challenge:       choice.legoType(),
+		tokens:          tokens,
 		finalizeTimeout: max(30*time.Second, i.cfg.httpTimeout()),
 		authz:           map[string]string{},
 		confirm:         req.ConfirmClaim,
@@ -214,6 +231,18 @@ func (i *Issuer) issue(ctx context.Context, req queue.Request) (*queue.Certifica
 		cert.Profile = profile
 	}
 	return cert, nil
+}
+
+// recordChallenge records the challenge chosen for `status DOMAIN`; a failure to
+// record it is logged and does not stop the order.
+func (i *Issuer) recordChallenge(ctx context.Context, req queue.Request, c challengeChoice, log *zap.Logger) {
+	if req.DomainID == "" || i.cfg.DNS01Zone == "" {
+		return // without DNS-01, every order is HTTP-01
+	}
+	if err := queue.New(i.pool, queue.DefaultConfig()).RecordChallenge(ctx, req.DomainID, c.challenge, c.reason); err != nil {
+		log.Warn("could not record the challenge chosen", zap.Error(err))
+	}
+	log.Debug("challenge chosen", zap.String("challenge", c.challenge), zap.String("reason", c.reason))
 }
 
 // checkProfile refuses, before any order or account request is sent, an order naming

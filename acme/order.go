@@ -70,8 +70,11 @@ var (
 // Its methods run on one goroutine; the core's HTTP client carries the order's
 // context.
 type order struct {
-	core            *api.Core
-	tr              *orderTransport
+	core *api.Core
+	tr   *orderTransport
+	// challenge is the type answered (challengeChoice), and tokens where its
+	// values go: certworker_http01_tokens or certworker_dns01_values.
+	challenge       challenge.Type
 	tokens          challenge.Provider
 	ctx             context.Context
 	log             *zap.Logger
@@ -161,7 +164,7 @@ func refusesReplaces(err error) bool {
 	return pd.HTTPStatus >= 400 && pd.HTTPStatus < 500
 }
 
-// authorize answers the HTTP-01 challenge of each authorization not yet valid.
+// authorize answers the chosen challenge of each authorization not yet valid.
 func (o *order) authorize() error {
 	for _, u := range o.placed.Authorizations {
 		a, err := o.fetch(u)
@@ -197,7 +200,7 @@ func (o *order) fetch(u string) (legoacme.Authorization, error) {
 // tells the CA to validate, and waits for its verdict. The token is deleted when
 // the CA has decided, or the order gave up.
 func (o *order) solve(u string, a legoacme.Authorization) error {
-	chlg, err := challenge.FindChallenge(challenge.HTTP01, a)
+	chlg, err := challenge.FindChallenge(o.challenge, a)
 	if err != nil {
 		return fmt.Errorf("acme: %w", err)
 	}

@@ -143,9 +143,9 @@ func TestIssue_PreflightNeverConnectsToAReservedAddress(t *testing.T) {
 			_, err := newIssuer(t, b.pool, nil, cfg).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: name})
 			var pe *queue.PreflightError
 			require.ErrorAs(t, err, &pe, "%T: %v", err, err)
-			require.Equal(t, strings.NewReplacer("NAME", name, "OTHER", other, "PORT", strconv.Itoa(b.ca.HTTPPort)).Replace(tc.want), err.Error())
+			require.Equal(t, strings.NewReplacer("NAME", name, "OTHER", other, "PORT", strconv.Itoa(b.ca.HTTPPort)).Replace(tc.want), pe.Error())
 			if strings.Contains(tc.want, "OTHER") {
-				require.NotContains(t, err.Error(), "127.0.0.3", "ssl_error shows an address resolved for a redirect's host")
+				require.NotContains(t, pe.Error(), "127.0.0.3", "ssl_error shows an address resolved for a redirect's host")
 			}
 			for i, n := range untouched {
 				require.Zero(t, n.Load(), "listener %d was connected to", i)
@@ -196,7 +196,7 @@ func TestIssue_PreflightErrorNeverQuotesTheProbedServer(t *testing.T) {
 			var pe *queue.PreflightError
 			require.ErrorAs(t, err, &pe, "%T: %v", err, err)
 			require.NotContains(t, err.Error(), secret)
-			require.Equal(t, strings.NewReplacer("NAME", name, "PORT", strconv.Itoa(b.ca.HTTPPort)).Replace(tc.want), err.Error())
+			require.Equal(t, strings.NewReplacer("NAME", name, "PORT", strconv.Itoa(b.ca.HTTPPort)).Replace(tc.want), pe.Error())
 		})
 	}
 }
@@ -312,7 +312,7 @@ func TestIssue_PreflightSendsNothingToTheCAForANameItWouldFail(t *testing.T) {
 			var pe *queue.PreflightError
 			require.ErrorAs(t, err, &pe, "%T: %v", err, err)
 			want := strings.NewReplacer("NAME", name, "PORT", strconv.Itoa(b.ca.HTTPPort)).Replace(tc.want)
-			require.True(t, strings.HasPrefix(err.Error(), want), "error %q, want %q", err, want)
+			require.True(t, strings.HasPrefix(pe.Error(), want), "error %q, want %q", pe, want)
 			require.Empty(t, b.ca.Requests(), "nothing is sent to the CA, not even for its directory")
 			var ue *queue.CAUnavailableError
 			require.False(t, errors.As(err, &ue))

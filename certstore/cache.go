@@ -2,6 +2,7 @@ package certstore
 
 import (
 	"crypto/tls"
+	"strings"
 	"sync"
 	"time"
 )
@@ -82,6 +83,20 @@ func (c *cache) notify(name string) bool {
 	defer c.mu.Unlock()
 	c.epoch++
 	return c.markLocked(name, c.epoch)
+}
+
+// servedBy are the names held one label below base, which a wildcard *.base may
+// serve.
+func (c *cache) servedBy(base string) []string {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	var out []string
+	for name := range c.entries {
+		if _, parent, ok := strings.Cut(name, "."); ok && parent == base {
+			out = append(out, name)
+		}
+	}
+	return out
 }
 
 // outdate marks the given names as changed (after a reconnection, the ones whose

@@ -22,6 +22,12 @@
 //   - a certificate is stored for it, its key opens (PEM, or sealed under one of
 //     KeyEncryptionKeys, bound to the name), it is valid now and it covers the name.
 //
+// A name with no verified domain row of its own, whatever its tenant, is served the
+// certificate of the wildcard one label above it (www.shop.example: *.shop.example)
+// on the same terms, as TLS matching does; a name with a verified row of its own is
+// served its own certificate or none. A notification for a wildcard reloads every
+// name it serves that is held.
+//
 // Whatever the domain's ssl_status (a renewal under way, a failed renewal) and its
 // ssl_provider (a manual upload too). Anything else is an error from
 // GetCertificate and a failed handshake: never another name's certificate, never a

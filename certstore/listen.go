@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -118,11 +119,18 @@ func (s *Store) listen(ctx context.Context, conn *pgx.Conn) error {
 // background, the next handshake joining that load. The load must be a new one:
 // one already under way may have read the row before the change.
 func (s *Store) changed(name string) {
-	held := s.notify(name)
-	s.log.Debug("certificate changed", zap.String("domain", name), zap.Bool("cached", held))
-	if held {
-		s.loads.Forget(name)
-		s.refreshSoon(name)
+	names := []string{name}
+	if base, ok := strings.CutPrefix(name, "*."); ok {
+		// A wildcard's certificate is held under the names it serves.
+		names = s.servedBy(base)
+	}
+	for _, name := range names {
+		held := s.notify(name)
+		s.log.Debug("certificate changed", zap.String("domain", name), zap.Bool("cached", held))
+		if held {
+			s.loads.Forget(name)
+			s.refreshSoon(name)
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -35,6 +36,25 @@ WHERE lower(d.domain) = $1
 ORDER BY d.verification_status = 'verified' AND d.ssl_provider = 'acme' DESC, d.verification_status = 'verified' DESC
 LIMIT 2`
 
+// ownVerified reports whether a verified domain row of the name's own was read:
+// then the name is served its own certificate or none, never a wildcard's.
+func ownVerified(rows []row) bool {
+	for _, r := range rows {
+		if r.verification == "verified" {
+			return true
+		}
+	}
+	return false
+}
+
+// wildcardBase is the base of the wildcard that may serve name: its parent, when
+// that has at least two labels (a wildcard's base is a name of its own; *.com is
+// never one).
+func wildcardBase(name string) (string, bool) {
+	_, parent, ok := strings.Cut(name, ".")
+	return parent, ok && strings.Contains(parent, ".")
+}
+
 // row is one result of loadSQL.
 type row struct {
 	verification string
@@ -62,12 +82,23 @@ func (s *Store) load(name string) *entry {
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.LoadTimeout)
 	defer cancel()
 	rows, err := s.query(ctx, name, held)
+	keyName := name
+	if err == nil && !ownVerified(rows) {
+		if base, ok := wildcardBase(name); ok {
+			// No verified row of its own, whatever its tenant: the wildcard of its
+			// parent, if one is stored, serves it (CONTRACT §5).
+			var wild []row
+			if wild, err = s.query(ctx, "*."+base, held); err == nil && len(wild) > 0 {
+				rows, keyName = wild, "*."+base
+			}
+		}
+	}
 	now := time.Now()
 	if err != nil {
 		s.log.Warn("cannot load certificate", zap.String("domain", name), zap.Error(err))
 		return s.unavailable(name, from, fmt.Errorf("%w: %w", ErrUnavailable, err), now)
 	}
-	r := s.interpret(name, rows, cur, now)
+	r := s.interpret(name, keyName, rows, cur, now)
 	r.from = from
 	s.log.Debug("loaded", zap.String("domain", name), zap.Bool("served", r.cert != nil), zap.Int64("version", r.version), zap.Uint64("epoch", from))
 	return s.apply(name, r)
@@ -98,7 +129,10 @@ func (s *Store) query(ctx context.Context, name string, held int64) ([]row, erro
 
 // interpret turns the rows of loadSQL into an entry: the certificate to serve, or
 // why there is none. cur is what was held when the load began.
-func (s *Store) interpret(name string, rows []row, cur *entry, now time.Time) *entry {
+//
+// keyName is the name of the domain row that was read: name, or the wildcard that
+// serves it, under which its key is sealed.
+func (s *Store) interpret(name, keyName string, rows []row, cur *entry, now time.Time) *entry {
 	miss := func(err error) *entry { return &entry{miss: err, freshUntil: now.Add(s.opts.MissTTL)} }
 	switch {
 	case len(rows) == 0:
@@ -122,7 +156,7 @@ func (s *Store) interpret(name string, rows []row, cur *entry, now time.Time) *e
 		}
 		return &e
 	}
-	cert, err := s.parse(name, *r.chainPEM, *r.keyStored, now)
+	cert, err := s.parse(name, keyName, *r.chainPEM, *r.keyStored, now)
 	if err != nil {
 		s.log.Error("stored certificate cannot be served", zap.String("domain", name),
 			zap.Int64("version", r.version), zap.Error(err))
@@ -131,10 +165,11 @@ func (s *Store) interpret(name string, rows []row, cur *entry, now time.Time) *e
 	return &entry{cert: cert, notAfter: cert.Leaf.NotAfter, version: r.version, freshUntil: now.Add(s.opts.TTL)}
 }
 
-// parse opens the stored key (bound to the name in lower case, as the worker seals
-// it) and pairs it with the chain; the leaf must be valid now and cover name.
-func (s *Store) parse(name, chainPEM, keyStored string, now time.Time) (*tls.Certificate, error) {
-	keyPEM, err := s.opts.KeyEncryptionKeys.Open(keyStored, name)
+// parse opens the stored key (bound to keyName, its domain row's name in lower case,
+// as the worker seals it) and pairs it with the chain; the leaf must be valid now
+// and cover name.
+func (s *Store) parse(name, keyName, chainPEM, keyStored string, now time.Time) (*tls.Certificate, error) {
+	keyPEM, err := s.opts.KeyEncryptionKeys.Open(keyStored, keyName)
 	if err != nil {
 		return nil, fmt.Errorf("%w: key: %w", ErrUnusable, err)
 	}

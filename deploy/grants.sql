@@ -78,8 +78,14 @@ GRANT SELECT, INSERT (token, key_authorization, domain, expires_at, claim_token)
    ON certworker_http01_tokens TO :"role";
 -- The wake mode and the fleet's settings, recorded at start (one row, inserted whole).
 GRANT SELECT, INSERT,
-      UPDATE (wake, updated_at, retry_base_seconds, retry_max_seconds, max_attempts, limits)
+      UPDATE (wake, updated_at, retry_base_seconds, retry_max_seconds, max_attempts, limits, dns01_zone)
    ON certworker_settings TO :"role";
+-- DNS-01 values of orders in flight and preflight probes, and the zone server's reads.
+GRANT SELECT, INSERT (token, target, value, domain, expires_at, claim_token),
+      UPDATE (target, value, domain, expires_at, claim_token), DELETE
+   ON certworker_dns01_values TO :"role";
+-- Per domain: the challenge chosen and why, and the waiting-for-DNS state.
+GRANT SELECT, INSERT, UPDATE, DELETE ON certworker_dns_state TO :"role";
 -- Pauses: a CA's rate limit, its outage or the ledger pauses ordering from that CA
 -- for every instance; an outage's ends when the CA answers, ended pauses are pruned.
 GRANT SELECT, INSERT (directory, scope, key, source, paused_until, reason, failures, held_since),

@@ -448,9 +448,14 @@ WITH RECURSIVE keys AS (
         SELECT id FROM proxy_domains
         WHERE `+claimableSQL+` AND ssl_held = keys.k
         LIMIT $4) r
-    WHERE keys.k IS NOT NULL AND NOT EXISTS (
+    WHERE keys.k IS NOT NULL AND keys.k <> '`+HeldDNS+`' AND NOT EXISTS (
         SELECT 1 FROM certworker_pauses p
         WHERE p.scope || ':' || p.key = keys.k AND p.paused_until > now())
+    UNION ALL
+    (SELECT id FROM proxy_domains
+     WHERE `+claimableSQL+` AND ssl_held = '`+HeldDNS+`'
+       AND (ssl_error IS NULL OR ssl_error NOT LIKE 'waiting for DNS:%')
+     LIMIT $4)
 ), locked AS (
     SELECT d.id, d.tenant_id, COALESCE(d.ssl_queue_tier, 2) AS tier, COALESCE(d.ssl_queue_seq, 0) AS seq,
         `+readySQL("d")+` AS ready, `+pause+` AS pause

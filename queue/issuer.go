@@ -32,6 +32,8 @@ import (
 //     charged; ordering paused for every instance with its own backoff);
 //   - *PreflightError when a check before ordering failed and nothing was sent to the
 //     CA (charged; ssl_error starts "preflight:");
+//   - *WaitingError when the name cannot be validated yet, by its DNS, and nothing
+//     was sent (not charged; the domain waits for its DNS, out of line);
 //   - *PermanentError for a refusal no retry can fix (the domain fails at once);
 //   - *ProfileError when the CA does not offer the profile the order names (not
 //     listed in its directory, and then nothing is sent; or its invalidProfile
@@ -193,6 +195,39 @@ const PreflightPrefix = "preflight: "
 type PreflightError struct{ Msg string }
 
 func (e *PreflightError) Error() string { return PreflightPrefix + e.Msg }
+
+// WaitingPrefix starts the ssl_error of a domain waiting for its DNS (CONTRACT §5).
+const WaitingPrefix = "waiting for DNS: "
+
+// WaitingError: the name cannot be validated yet (it does not point at the proxy, and
+// no DNS-01 delegation is in place), and nothing was sent to the CA. Not a failure:
+// not charged; the domain waits out of line and is checked again by DNS (a
+// DNSChecker). Msg says what was seen and what to set, without the prefix; "" (from
+// CheckDNS) means nothing the tenant should read has changed. Answer is a fingerprint
+// of the DNS answers seen, so that the HTTP probe runs again only once it changes.
+type WaitingError struct {
+	Msg    string
+	Answer string
+	// Seen is the preflight's own verdict, when one was made (errors.As finds it).
+	Seen *PreflightError
+}
+
+func (e *WaitingError) Error() string { return WaitingPrefix + e.Msg }
+
+func (e *WaitingError) Unwrap() error {
+	if e.Seen == nil {
+		return nil
+	}
+	return e.Seen
+}
+
+// DNSChecker is implemented by an Issuer that can tell, by DNS (and by the HTTP probe
+// once the answer has changed from answer), whether a waiting name can be validated
+// now: nil when it can, a *WaitingError while it cannot, any other error when the
+// check itself failed (it is tried again later). It sends nothing to the CA.
+type DNSChecker interface {
+	CheckDNS(ctx context.Context, domain, answer string) error
+}
 
 // PermanentError is a failure that no retry can fix (a name no CA can issue for, a
 // CA's rejectedIdentifier or caa): the domain goes to 'failed' at once.

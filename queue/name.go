@@ -19,7 +19,27 @@ const InvalidDomainPrefix = "invalid domain: "
 // Checked before an order is placed, so a name the CA would refuse never spends a
 // rate-limited order, and a row the proxy wrote badly fails with a reason instead of
 // being retried for a day.
-func CheckName(name string) (string, error) {
+func CheckName(name string) (string, error) { return CheckNameFor(name, false) }
+
+// CheckNameFor is CheckName, with wildcards valid when wildcards is set (the worker
+// runs with --dns01-zone, CONTRACT §5): a first label "*" followed by a name that is
+// valid on its own (*.shop.example; never *.example, a public suffix's every name,
+// since a valid base needs two labels, nor a "*" deeper than the first label).
+func CheckNameFor(name string, wildcards bool) (string, error) {
+	if base, ok := strings.CutPrefix(name, "*."); ok && wildcards {
+		if strings.HasPrefix(base, "*.") {
+			return "", errors.New("a wildcard below a wildcard")
+		}
+		b, err := checkName(base)
+		if err != nil {
+			return "", fmt.Errorf("wildcard base: %w", err)
+		}
+		return "*." + b, nil
+	}
+	return checkName(name)
+}
+
+func checkName(name string) (string, error) {
 	if name == "" {
 		return "", errors.New("empty name")
 	}
@@ -54,7 +74,7 @@ func checkLabel(l string) error {
 	case l == "":
 		return errors.New("an empty label")
 	case l == "*":
-		return errors.New("a wildcard")
+		return errors.New("a wildcard (valid only as the first label, with --dns01-zone)")
 	case len(l) > 63:
 		return fmt.Errorf("a label of %d characters, more than 63", len(l))
 	case l[0] == '-' || l[len(l)-1] == '-':

@@ -124,3 +124,22 @@ func FuzzCheckName(f *testing.F) {
 		}
 	})
 }
+
+// With --dns01-zone a first label "*" makes a wildcard, in lower case; anywhere else,
+// under a base that is not a valid name, twice, or without DNS-01, it stays invalid
+// (CONTRACT §5). Guards against a wildcard ordered without DNS-01 (the CA would refuse
+// it over HTTP-01) and against "*.com" or "a.*.example" reaching the CA.
+func TestCheckNameFor_WildcardsOnlyWithDNS01AndOnlyAsTheFirstLabel(t *testing.T) {
+	t.Parallel()
+	got, err := queue.CheckNameFor("*.Shop.Example", true)
+	require.NoError(t, err)
+	require.Equal(t, "*.shop.example", got)
+	for _, bad := range []string{"*.com", "*.*.shop.example", "a.*.shop.example", "*", "*.", "*.shop.example.", "*.-x.example"} {
+		_, err := queue.CheckNameFor(bad, true)
+		require.Error(t, err, bad)
+	}
+	_, err = queue.CheckNameFor("*.shop.example", false)
+	require.ErrorContains(t, err, "a wildcard")
+	_, err = queue.CheckName("*.shop.example")
+	require.ErrorContains(t, err, "a wildcard")
+}

@@ -10,6 +10,11 @@ import (
 // indexes of migration 00005 agree on.
 const claimableSQL = `verification_status = 'verified' AND ssl_provider = 'acme' AND ssl_status = 'pending'`
 
+// notWaitingSQL leaves out the domains waiting for their DNS: they fall due when a
+// DNS check says so (the waiter), not by backoff. With claimableSQL it is the
+// predicate of proxy_domains_due_idx (migration 00021).
+const notWaitingSQL = `ssl_held IS DISTINCT FROM '` + HeldDNS + `'`
+
 // NextDue is how long until something becomes claimable without a wake-up from
 // outside: a backoff running out, or a pause ending. ok is false when nothing is
 // scheduled; a domain due already gives 0. The delay is computed on the database's
@@ -45,7 +50,7 @@ WITH per_count AS (
     FROM generate_series(0, $5 - 1) AS k
     CROSS JOIN LATERAL (
         SELECT ssl_last_attempt_at AS last FROM proxy_domains
-        WHERE `+claimableSQL+` AND ssl_attempts = k
+        WHERE `+claimableSQL+` AND `+notWaitingSQL+` AND ssl_attempts = k
         ORDER BY ssl_last_attempt_at NULLS FIRST LIMIT 1) r
 ), queued AS (
     SELECT min(CASE WHEN last IS NULL THEN now()
@@ -55,7 +60,7 @@ WITH per_count AS (
     SELECT min(CASE WHEN ssl_last_attempt_at IS NULL THEN now()
                     ELSE ssl_last_attempt_at + make_interval(secs => `+backoffSQL("ssl_attempts", "$2", "$3")+`) END)
     FROM proxy_domains
-    WHERE `+claimableSQL+` AND (ssl_attempts < 0 OR ssl_attempts >= $5) AND ssl_attempts < $1
+    WHERE `+claimableSQL+` AND `+notWaitingSQL+` AND (ssl_attempts < 0 OR ssl_attempts >= $5) AND ssl_attempts < $1
 )
 SELECT `+secondsUntilSQL(`LEAST(GREATEST(
     LEAST((SELECT min(at) FROM queued),

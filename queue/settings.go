@@ -255,3 +255,23 @@ SELECT retry_base_seconds, retry_max_seconds, max_attempts, limits FROM certwork
 }
 
 func secondsDuration(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// RecordDNS01Zone records --dns01-zone in certworker_settings ("" records that DNS-01
+// is off), where certworker_dns01_target reads it: the database does not know the
+// flag. It writes only when the value changes. As for the other settings, the last
+// instance started decides.
+func (q *Queue) RecordDNS01Zone(ctx context.Context, zone string) error {
+	zone = strings.ToLower(strings.TrimSuffix(strings.TrimSpace(zone), "."))
+	var stored *string
+	if zone != "" {
+		stored = &zone
+	}
+	_, err := q.db.Exec(ctx, `
+INSERT INTO certworker_settings (id, dns01_zone, updated_at) VALUES (true, $1, now())
+ON CONFLICT (id) DO UPDATE SET dns01_zone = EXCLUDED.dns01_zone, updated_at = EXCLUDED.updated_at
+WHERE certworker_settings.dns01_zone IS DISTINCT FROM EXCLUDED.dns01_zone`, stored)
+	if err != nil {
+		return fmt.Errorf("record --dns01-zone in certworker_settings: %w", err)
+	}
+	return nil
+}

@@ -92,7 +92,9 @@ func nextAttemptAtSQL(attempts, base, cap string) string {
 	return `CASE WHEN d.ssl_status = 'pending' AND d.ssl_attempts < ` + attempts + `
               AND d.verification_status = 'verified' AND d.ssl_provider = 'acme'
          THEN GREATEST(COALESCE(d.ssl_last_attempt_at + make_interval(secs => ` + backoffSQL("d.ssl_attempts", base, cap) + `), now()),
-                       pz.paused_until)
+                       pz.paused_until,
+                       (SELECT s.next_check_at FROM certworker_dns_state s
+                        WHERE s.domain_id = d.id AND d.ssl_error LIKE 'waiting for DNS:%'))
     END`
 }
 
@@ -327,6 +329,11 @@ type DomainState struct {
 	CADirectory *string `json:"ca_directory"`
 	CACause     *string `json:"ca_cause"`
 	CARefused   *string `json:"ca_refused"`
+	// Challenge is the ACME challenge its last order used or was to use (http-01 or
+	// dns-01), ChallengeReason why (what the DNS said of its _acme-challenge CNAME);
+	// nil before any order with a preflight.
+	Challenge       *string `json:"challenge"`
+	ChallengeReason *string `json:"challenge_reason"`
 
 	// keeps: verified, acme, and no case twin keeps the name from it (pickTwin).
 	keeps bool
@@ -349,8 +356,10 @@ SELECT d.id::text, d.tenant_id::text, d.domain, d.verification_status, d.ssl_sta
     c.id IS NOT NULL, c.issuer, c.serial, c.not_before, c.expires_at,
     CASE WHEN c.expires_at IS NULL THEN c.certificate_pem END, c.renew_at, COALESCE(c.auto_renew, false),
     c.profile, c.issuer_directory, d.ssl_ca_directory, d.ssl_ca_cause, d.ssl_ca_refused,
-    `+twinCountsSQL("d")+` AND `+KeepsNameSQL("d")+`
-FROM proxy_domains d LEFT JOIN proxy_certificates c ON c.domain = d.domain `+pauseSQL+`
+    `+twinCountsSQL("d")+` AND `+KeepsNameSQL("d")+`,
+    ds.challenge, ds.challenge_reason
+FROM proxy_domains d LEFT JOIN proxy_certificates c ON c.domain = d.domain
+LEFT JOIN certworker_dns_state ds ON ds.domain_id = d.id `+pauseSQL+`
 WHERE lower(d.domain) = lower($1)
 ORDER BY d.domain`, domain,
 		cfg.MaxAttempts, seconds(cfg.RetryBase), seconds(cfg.RetryMax))
@@ -384,7 +393,8 @@ func scanState(row pgx.CollectableRow) (*DomainState, error) {
 		&s.SSLAttempts, &s.SSLError, &s.LastAttempt, &s.NextAttempt, &s.PausedUntil, &s.PauseReason,
 		&s.ExpiresAt, &s.ClaimedBy, &s.LeaseExpiresAt, &s.Profile, &s.ProfileRefused,
 		&hasCert, &c.Issuer, &c.Serial, &c.NotBefore, &notAfter, &chain, &c.RenewAt, &c.AutoRenew,
-		&c.Profile, &c.Directory, &s.CADirectory, &s.CACause, &s.CARefused, &s.keeps)
+		&c.Profile, &c.Directory, &s.CADirectory, &s.CACause, &s.CARefused, &s.keeps,
+		&s.Challenge, &s.ChallengeReason)
 	if err != nil {
 		return nil, err
 	}

@@ -222,6 +222,9 @@ func printState(g *globals, s *queue.DomainState) {
 	if s.CARefused != nil {
 		row("refused by the CA", *s.CARefused)
 	}
+	if s.Challenge != nil {
+		row("challenge", *s.Challenge+" ("+str(s.ChallengeReason)+")")
+	}
 	if s.ClaimedBy != nil {
 		row("claimed by", *s.ClaimedBy+" (lease until "+when(s.LeaseExpiresAt, "?")+")")
 	}

@@ -188,3 +188,33 @@ SELECT id, d, v, 'tok', s, p, a, e, now() FROM t, (VALUES
 	require.Equal(t, exitOK, code)
 	require.Regexp(t, `ssl_status\s+pending`, stdout)
 }
+
+// The DNS flags are checked before run connects anywhere, each error naming its flag:
+// --dns01-zone needs --dns01-nameservers (the zone's NS records would otherwise name
+// nothing), a zone must be a domain name, --dns01-listen host:port, --dns-target a
+// host name or addresses, --dns-wait-max positive. Guards against a zone served
+// without name servers, and a typo that leaves DNS-01 silently off.
+func TestCLI_BadDNSFlagsExitTwoNamingTheFlag(t *testing.T) {
+	t.Setenv("CERTWORKER_DATABASE_URL", "postgres://x:y@127.0.0.1:1/none")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", "--dns01-zone", "acme.example.net"}, "--dns01-nameservers: required with --dns01-zone"},
+		{[]string{"run", "--dns01-zone", "acme..example", "--dns01-nameservers", "ns1.example.net"}, "--dns01-zone"},
+		{[]string{"run", "--dns01-zone", "single", "--dns01-nameservers", "ns1.example.net"}, "--dns01-zone"},
+		{[]string{"run", "--dns01-zone", "acme.example.net", "--dns01-nameservers", "ns1.example.net", "--dns01-listen", "5353"}, "--dns01-listen"},
+		{[]string{"run", "--dns-target", "proxy.example.net,10.0.0.1"}, "--dns-target"},
+		{[]string{"run", "--dns-target", "not a name"}, "--dns-target"},
+		{[]string{"run", "--dns-wait-max", "0s"}, "--dns-wait-max"},
+	} {
+		code, _, stderr := invoke(t, tc.args...)
+		require.Equal(t, exitUsage, code, "%v: %s", tc.args, stderr)
+		require.Contains(t, stderr, tc.want, "%v", tc.args)
+		require.NotContains(t, stderr, "--database-url", "checked before connecting: %v", tc.args)
+	}
+	t.Setenv("CERTWORKER_DNS01_ZONE", "acme.example.net")
+	code, _, stderr := invoke(t, "run")
+	require.Equal(t, exitUsage, code, stderr)
+	require.Contains(t, stderr, "--dns01-nameservers", "the variable is read and checked")
+}

@@ -67,6 +67,11 @@ type runCmd struct {
 	PreflightResolver  string        `name:"preflight-resolver" env:"CERTWORKER_PREFLIGHT_RESOLVER" placeholder:"HOST:PORT" group:"preflight" help:"DNS server the preflight asks (default: the system's resolver)."`
 	PreflightPort      int           `name:"preflight-port" env:"CERTWORKER_PREFLIGHT_PORT" default:"80" group:"preflight" help:"Port the preflight probes (where the CA validates HTTP-01)."`
 	PreflightAllow     string        `name:"preflight-allow-cidr" env:"CERTWORKER_PREFLIGHT_ALLOW_CIDR" placeholder:"CIDR[,CIDR...]" group:"preflight" help:"Comma-separated ranges the preflight may connect to although they are reserved (loopback, private, link-local, CGNAT, multicast, NAT64...), for tests and private CAs. By default it connects to none of them."`
+	DNSWaitMax         time.Duration `name:"dns-wait-max" env:"CERTWORKER_DNS_WAIT_MAX" default:"168h" group:"preflight" help:"How long a verified domain may wait for its DNS to point here (or for its DNS-01 CNAME) before it is marked failed."`
+	DNSTarget          string        `name:"dns-target" env:"CERTWORKER_DNS_TARGET" placeholder:"HOST|ADDR[,ADDR...]" group:"preflight" help:"What tenants point their names at: a host name for a CNAME, or comma-separated addresses. Named in 'waiting for DNS:' errors, and a name whose answers do not match it waits without an HTTP probe."`
+	DNS01Zone          string        `name:"dns01-zone" env:"CERTWORKER_DNS01_ZONE" placeholder:"ZONE" group:"preflight" help:"Zone this instance answers authoritatively for DNS-01 by delegation (tenants CNAME _acme-challenge.NAME to certworker_dns01_target(NAME)); empty: DNS-01 off, and wildcards are invalid names."`
+	DNS01Listen        string        `name:"dns01-listen" env:"CERTWORKER_DNS01_LISTEN" default:":53" placeholder:"ADDR" group:"preflight" help:"UDP and TCP address of the --dns01-zone server."`
+	DNS01Nameservers   string        `name:"dns01-nameservers" env:"CERTWORKER_DNS01_NAMESERVERS" placeholder:"HOST[,HOST...]" group:"preflight" help:"Host names of the zone's name servers, served as its NS records and in its SOA; required with --dns01-zone."`
 	keyFlags
 	HTTP01Listen   string        `name:"http01-listen" env:"CERTWORKER_HTTP01_LISTEN" default:":80" placeholder:"ADDR" group:"listeners" help:"HTTP-01 responder address; empty turns it off."`
 	HTTP01MaxConns int           `name:"http01-max-connections" env:"CERTWORKER_HTTP01_MAX_CONNECTIONS" default:"4096" group:"listeners" help:"Connections the HTTP-01 responder holds open at most; at the cap a new one closes the one that has waited longest without a request being answered. At the default, a flood of 20,000 slow connections held the process at 132 MiB (docs/testing.md, Benchmarks)."`
@@ -117,6 +122,9 @@ func (c *runCmd) validate() error {
 		return err
 	}
 	if _, err := c.replication(); err != nil {
+		return err
+	}
+	if err := c.validateDNS(); err != nil {
 		return err
 	}
 	if _, err := acme.ParseAllowCIDR(c.PreflightAllow); err != nil {
@@ -183,6 +191,11 @@ func (c *runCmd) Run(g *globals) error {
 		return err
 	}
 	defer lns.close()
+	dnsSocks, err := c.listenDNS01()
+	if err != nil {
+		return err
+	}
+	defer dnsSocks.close()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -226,6 +239,16 @@ func (c *runCmd) Run(g *globals) error {
 			return usagef("--database-url: %s", redact(err.Error(), c.DatabaseURL))
 		}
 		defer responder.Stop()
+	}
+	if err := queue.New(pool, queue.DefaultConfig()).RecordDNS01Zone(ctx, c.DNS01Zone); err != nil {
+		return err
+	}
+	dnsServer, err := c.serveDNS01(dnsSocks, pool, log, reg)
+	if err != nil {
+		return err
+	}
+	if dnsServer != nil {
+		defer dnsServer.Shutdown()
 	}
 	// The servers are shut down first (deferred last), the responder after them.
 	var servers []*http.Server
@@ -307,6 +330,8 @@ func (c *runCmd) issuer(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger
 		PreflightPort:        c.PreflightPort,
 		PreflightAllowCIDR:   c.PreflightAllow,
 		RenewalInfoPerSecond: c.ARIPerSecond,
+		DNS01Zone:            c.DNS01Zone,
+		DNSTarget:            c.DNSTarget,
 	})
 	if err != nil {
 		return nil, usagef("%v", err)
@@ -352,6 +377,8 @@ func (c *runCmd) startWorker(ctx context.Context, pool *pgxpool.Pool, issuer *ac
 		Directory:     issuer.DirectoryURL(),
 		Queue:         queue.Config{RetryBase: c.RetryBase, RetryMax: c.RetryMax, MaxAttempts: c.MaxAttempts, Lease: c.Lease},
 		Limits:        limits,
+		Wildcards:     c.DNS01Zone != "",
+		DNSWaitMax:    c.DNSWaitMax,
 		Fallback:      second,
 		CAA:           caa,
 		Concurrency:   c.Concurrency,

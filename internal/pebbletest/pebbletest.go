@@ -166,6 +166,11 @@ type Options struct {
 	CAAIdentity string
 	// Log receives Pebble's log; nil discards it.
 	Log io.Writer
+	// DNSServer, if set, is the DNS server (HOST:PORT, UDP and TCP) the VA asks in
+	// place of the shared challtestsrv: a resolver of the test's own
+	// (internal/dnsresolver) that forwards to it, for DNS-01 through a CNAME, which
+	// the VA does not follow itself.
+	DNSServer string
 }
 
 // Order is a new-order request the CA accepted.
@@ -248,6 +253,9 @@ func Start(opts Options) (c *CA, err error) {
 	dnsServer, err := sharedDNS()
 	if err != nil {
 		return nil, err
+	}
+	if opts.DNSServer != "" {
+		dnsServer = opts.DNSServer
 	}
 	if opts.HTTPPort == 0 {
 		if opts.HTTPPort, err = freeTCPPort(); err != nil {

@@ -19,3 +19,25 @@ func FreeAddr(t testing.TB) string {
 	}
 	return addr
 }
+
+// ListenUDPAndTCP listens on one loopback port for both UDP and TCP, as a DNS server
+// does, and closes both when the test ends (a server that took them over closing
+// them first is fine).
+func ListenUDPAndTCP(t testing.TB) (net.PacketConn, net.Listener) {
+	t.Helper()
+	for range 20 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("listen: %v", err)
+		}
+		pc, err := net.ListenPacket("udp", ln.Addr().String())
+		if err != nil {
+			_ = ln.Close()
+			continue
+		}
+		t.Cleanup(func() { _ = ln.Close(); _ = pc.Close() })
+		return pc, ln
+	}
+	t.Fatal("no loopback port free for both UDP and TCP")
+	return nil, nil
+}

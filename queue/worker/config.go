@@ -60,6 +60,9 @@ type Config struct {
 	// Directory is the ACME directory URL: what a pause of the CA and the ledger's
 	// account-wide limit are kept under.
 	Directory string
+	// Wildcards makes a first label "*" a valid name (queue.CheckNameFor): the
+	// issuer runs with --dns01-zone, the only way a wildcard is validated.
+	Wildcards bool
 	// Queue is the backoff curve, the attempt limit and the lease.
 	Queue queue.Config
 	// Limits are the ledger's; the zero value turns every limit off.
@@ -82,7 +85,15 @@ type Config struct {
 	// the CA at Directory in a second (--ari-requests-per-second; default
 	// queue.DefaultRenewalInfoPerSecond). Every instance should run with the same.
 	RenewalInfoPerSecond float64
+	// DNSWaitMax is how long a domain may wait for its DNS before it is marked
+	// failed (--dns-wait-max; default DefaultDNSWaitMax).
+	DNSWaitMax time.Duration
 }
+
+// DefaultDNSWaitMax is --dns-wait-max's default: a week is long enough for a tenant
+// who verifies before a planned move, and short enough that a name whose DNS never
+// came here stops being checked.
+const DefaultDNSWaitMax = 7 * 24 * time.Hour
 
 // withDefaults checks c and fills in what is unset.
 func (c Config) withDefaults() (Config, error) {
@@ -118,6 +129,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.RenewalInfoPerSecond == 0 {
 		c.RenewalInfoPerSecond = queue.DefaultRenewalInfoPerSecond
+	}
+	if c.DNSWaitMax <= 0 {
+		c.DNSWaitMax = DefaultDNSWaitMax
 	}
 	if c.Log == nil {
 		c.Log = zap.NewNop()

@@ -36,6 +36,11 @@ func (w *Worker) failed(o *order, log *zap.Logger, name string, err error) (stri
 			zap.String("reason", held.Reason), zap.String("ca", w.caOf(o.claim.Directory).label))
 		return w.handBack(o, log, true, "ledger_held"), 0
 	}
+	var waiting *queue.WaitingError
+	if errors.As(err, &waiting) {
+		// Nothing reached the CA, and nothing is charged: the name waits for its DNS.
+		return w.waitForDNS(o, log, waiting), 0
+	}
 	at := w.caOf(o.claim.Directory)
 	if rl, ok := queue.IsRateLimit(err); ok {
 		w.caAnswered(at)

@@ -52,7 +52,7 @@ func (w *Worker) admitAt(ctx context.Context, at *ca, claims []queue.Claim) (adm
 	var asks []queue.Admission
 	var invalid []queue.Claim
 	for _, c := range claims {
-		name, err := queue.CheckName(c.Domain)
+		name, err := queue.CheckNameFor(c.Domain, w.cfg.Wildcards)
 		if err != nil {
 			invalid = append(invalid, c)
 			continue
@@ -145,10 +145,11 @@ func (w *Worker) settleLedger(o *order, r result) {
 		outcome = queue.LedgerIssued
 	case r.outcome == "invalid", r.outcome == "unrecorded":
 		return // no ledger row, or nothing known
-	case r.outcome == "preflight_failed", r.outcome == "rate_limited", r.outcome == "key_error", r.outcome == "ledger_held",
+	case r.outcome == "preflight_failed", r.outcome == "waiting_dns", r.outcome == "rate_limited", r.outcome == "key_error", r.outcome == "ledger_held",
 		r.outcome == "profile_refused", r.outcome == "profile_halted",
 		strings.HasPrefix(r.outcome, "caa_"):
-		// Nothing the CA counts: the preflight sent nothing, nor did an order that
+		// Nothing the CA counts: the preflight sent nothing (nor did a name that
+		// waits for its DNS), nor did an order that
 		// the name's CAA records stopped (caa_*), nor one
 		// without its account key or under a profile the directory does not list,
 		// and Let's Encrypt refunds a new order it refused.

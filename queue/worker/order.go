@@ -162,7 +162,7 @@ func (w *Worker) runOrder(ctx context.Context, o *order) result {
 	c := o.claim
 	log := w.log.With(zap.String("domain", c.Domain), zap.String("domain_id", c.ID))
 	res := result{token: c.Token}
-	name, err := queue.CheckName(c.Domain)
+	name, err := queue.CheckNameFor(c.Domain, w.cfg.Wildcards)
 	if err != nil {
 		res.outcome = w.failForGood(o, log, queue.InvalidDomainPrefix+err.Error(), "invalid")
 		return res

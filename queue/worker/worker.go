@@ -196,6 +196,7 @@ func (w *Worker) run(ctx context.Context) {
 	helpers.Go(func() { w.heartbeatLoop(hbCtx) })
 	helpers.Go(func() { w.maintenanceLoop(ctx) })
 	helpers.Go(func() { w.renewalInfoLoop(ctx) })
+	helpers.Go(func() { w.dnsWaitLoop(ctx) })
 
 	w.loop(ctx)
 	w.shutdown()

@@ -1,0 +1,176 @@
+package acme_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/certworker/certworker/acme"
+	"github.com/certworker/certworker/internal/dnsresolver"
+	"github.com/certworker/certworker/internal/pebbletest"
+	"github.com/certworker/certworker/internal/pgtest"
+	"github.com/certworker/certworker/internal/workertest"
+	"github.com/certworker/certworker/queue"
+)
+
+// dns01Bed is a world for DNS-01 by delegation: two instances' zone servers on one
+// database, a resolver standing for the tenants' DNS and the public resolvers (it
+// answers their CNAMEs with the target's TXT, asked of the two servers in turn), and
+// a Pebble whose VA asks that resolver. Pebble's HTTP-01 port has nothing listening:
+// an order validated over HTTP-01 fails.
+type dns01Bed struct {
+	ca       *pebbletest.CA
+	pool     *pgxpool.Pool
+	resolver *dnsresolver.Resolver
+	servers  []string
+}
+
+func setupDNS01(t *testing.T) *dns01Bed {
+	t.Helper()
+	b := &dns01Bed{resolver: workertest.StartResolver(t)}
+	var dsn string
+	b.pool, dsn = pgtest.NewPool(t)
+	b.servers = workertest.ServeZone(t, b.resolver, dsn, testZone)
+	b.ca = pebbletest.StartT(t, pebbletest.Options{DNSServer: b.resolver.Addr, HTTPPort: freePort(t)})
+	return b
+}
+
+// freePort is a TCP port nothing listens on.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := ln.Addr().(*net.TCPAddr).Port
+	require.NoError(t, ln.Close())
+	return port
+}
+
+// config is an issuer with DNS-01 by delegation and the preflight, both asking the
+// bed's resolver.
+func (b *dns01Bed) config() acme.Config {
+	cfg := caConfig(b.ca)
+	cfg.Preflight = acme.PreflightHTTP
+	cfg.PreflightResolver = b.resolver.Addr
+	cfg.PreflightAllowCIDR = "127.0.0.0/8"
+	cfg.PreflightPort = b.ca.HTTPPort
+	cfg.DNS01Zone = testZone
+	return cfg
+}
+
+// delegate points _acme-challenge of name (a wildcard's base) at its target.
+func (b *dns01Bed) delegate(name string) {
+	b.resolver.SetCNAME("_acme-challenge."+trimWildcard(name), acme.DNS01Target(testZone, name))
+}
+
+func trimWildcard(name string) string {
+	if len(name) > 2 && name[:2] == "*." {
+		return name[2:]
+	}
+	return name
+}
+
+// A name whose _acme-challenge CNAME points at its target is issued over DNS-01
+// before its A record exists (the name does not resolve at all), the value answered
+// by both instances' servers in turn, and removed once the order is over; status says
+// dns-01 and why. Guards against a delegation that still needs the name to point
+// here, a value left in the zone, and a challenge chosen silently.
+func TestDNS01_IssuedBeforeItsARecordExists(t *testing.T) {
+	t.Parallel()
+	b := setupDNS01(t)
+	name := randomName("dns01-before-a")
+	require.NoError(t, pebbletest.SetNoAddress(name))
+	t.Cleanup(func() { pebbletest.ClearDNS(name) })
+	b.delegate(name)
+	id := pgtest.Domain(t, b.pool, pgtest.Tenant(t, b.pool), name)
+
+	iss := newIssuer(t, b.pool, nil, b.config())
+	cert, err := iss.Issue(testCtx(t, 2*time.Minute), queue.Request{Domain: name, DomainID: id})
+	require.NoError(t, err)
+	leaf := parseChain(t, cert.ChainPEM)[0]
+	require.Equal(t, []string{name}, leaf.DNSNames)
+	require.Zero(t, countRows(t, b.pool, "certworker_dns01_values"), "values removed when the order is over")
+	asked := b.resolver.Asked()
+	for _, s := range b.servers {
+		require.Positive(t, asked[s], "both instances answered (%v)", asked)
+	}
+	st, err := queue.New(b.pool, queue.DefaultConfig()).State(context.Background(), name)
+	require.NoError(t, err)
+	require.NotNil(t, st.Challenge)
+	require.Equal(t, queue.ChallengeDNS01, *st.Challenge)
+	require.Contains(t, *st.ChallengeReason, "_acme-challenge."+name+" is a CNAME to "+acme.DNS01Target(testZone, name))
+}
+
+// A wildcard is ordered as a dns identifier *.BASE over DNS-01 with its CNAME at
+// _acme-challenge.BASE, and the certificate covers *.BASE. Guards against a wildcard
+// sent over HTTP-01 (which the CA refuses) or its CNAME looked up under "*".
+func TestDNS01_WildcardIssuedThroughItsBaseCNAME(t *testing.T) {
+	t.Parallel()
+	b := setupDNS01(t)
+	base := randomName("dns01-wild")
+	name := "*." + base
+	b.delegate(name)
+	iss := newIssuer(t, b.pool, nil, b.config())
+	cert, err := iss.Issue(testCtx(t, 2*time.Minute), queue.Request{Domain: name})
+	require.NoError(t, err)
+	leaf := parseChain(t, cert.ChainPEM)[0]
+	require.Equal(t, []string{name}, leaf.DNSNames)
+	orders := b.ca.Orders()
+	require.Len(t, orders, 1)
+	require.Equal(t, []string{name}, orders[0].Identifiers)
+}
+
+// A wildcard without its CNAME is not ordered: nothing is sent to the CA, and the
+// error says what to set. Guards against an order bound to fail, charged against
+// the CA's failed-validation limit.
+func TestDNS01_WildcardWithoutItsCNAMEIsNotOrdered(t *testing.T) {
+	t.Parallel()
+	b := setupDNS01(t)
+	base := randomName("dns01-wild-none")
+	iss := newIssuer(t, b.pool, nil, b.config())
+	_, err := iss.Issue(testCtx(t, time.Minute), queue.Request{Domain: "*." + base})
+	var pe *queue.PreflightError
+	require.True(t, errors.As(err, &pe), "%v", err)
+	require.Contains(t, pe.Error(), "no CNAME at _acme-challenge."+base+"; set _acme-challenge."+base+" CNAME "+acme.DNS01Target(testZone, base))
+	require.Zero(t, b.ca.OrderRequests())
+}
+
+// A CNAME in place whose target the zone's servers do not answer (the zone not
+// delegated to them) fails the preflight before anything is sent. Guards against
+// trusting the CNAME alone.
+func TestDNS01_PreflightChecksTheValueIsVisible(t *testing.T) {
+	t.Parallel()
+	b := setupDNS01(t)
+	b.resolver.Delegate(testZone) // the zone reaches no server of certworker's
+	name := randomName("dns01-undelegated")
+	b.delegate(name)
+	iss := newIssuer(t, b.pool, nil, b.config())
+	_, err := iss.Issue(testCtx(t, time.Minute), queue.Request{Domain: name})
+	var pe *queue.PreflightError
+	require.True(t, errors.As(err, &pe), "%v", err)
+	require.Contains(t, pe.Error(), "the value written there is not answered by the name")
+	require.Zero(t, b.ca.OrderRequests())
+	require.Zero(t, countRows(t, b.pool, "certworker_dns01_values"), "the probe is removed")
+}
+
+// A CNAME that points elsewhere leaves the name on HTTP-01, and status says why.
+// Guards against DNS-01 chosen for a CNAME the zone does not answer.
+func TestDNS01_ACNAMEElsewhereMeansHTTP01(t *testing.T) {
+	t.Parallel()
+	b := setupDNS01(t)
+	name := randomName("dns01-elsewhere")
+	b.resolver.SetCNAME("_acme-challenge."+name, "acme.other-provider.example")
+	id := pgtest.Domain(t, b.pool, pgtest.Tenant(t, b.pool), name)
+	iss := newIssuer(t, b.pool, nil, b.config())
+	_, err := iss.Issue(testCtx(t, time.Minute), queue.Request{Domain: name, DomainID: id})
+	var pe *queue.PreflightError
+	require.True(t, errors.As(err, &pe), "the HTTP-01 preflight ran (nothing listens): %v", err)
+	st, err := queue.New(b.pool, queue.DefaultConfig()).State(context.Background(), name)
+	require.NoError(t, err)
+	require.Equal(t, queue.ChallengeHTTP01, *st.Challenge)
+	require.Contains(t, *st.ChallengeReason, "is a CNAME to acme.other-provider.example, not to "+acme.DNS01Target(testZone, name))
+}

@@ -1,0 +1,103 @@
+package main
+
+import (
+	"net"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/certworker/certworker/acme"
+)
+
+// validateDNS checks the --dns-* and --dns01-* flags.
+func (c *runCmd) validateDNS() error {
+	if c.DNSWaitMax <= 0 {
+		return usagef("--dns-wait-max: must be positive, got %s", c.DNSWaitMax)
+	}
+	if _, err := acme.ParseDNSTarget(c.DNSTarget); err != nil {
+		return usagef("--dns-target: %v", err)
+	}
+	if c.DNS01Zone == "" {
+		return nil
+	}
+	zone := strings.TrimSuffix(c.DNS01Zone, ".")
+	if _, ok := dns.IsDomainName(zone); !ok || !strings.Contains(zone, ".") || net.ParseIP(zone) != nil {
+		return usagef("--dns01-zone: %q is not a domain name of at least two labels", c.DNS01Zone)
+	}
+	if len(c.nameservers()) == 0 {
+		return usagef("--dns01-nameservers: required with --dns01-zone (the host names of the zone's NS records)")
+	}
+	for _, n := range c.nameservers() {
+		if _, ok := dns.IsDomainName(n); !ok || net.ParseIP(n) != nil {
+			return usagef("--dns01-nameservers: %q is not a host name", n)
+		}
+	}
+	if _, _, err := net.SplitHostPort(c.DNS01Listen); err != nil {
+		return usagef("--dns01-listen: %q is not host:port", c.DNS01Listen)
+	}
+	return nil
+}
+
+// nameservers are --dns01-nameservers, split.
+func (c *runCmd) nameservers() []string {
+	var out []string
+	for _, n := range strings.Split(c.DNS01Nameservers, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// dns01Sockets are the DNS-01 server's bound sockets; nil without --dns01-zone.
+type dns01Sockets struct {
+	pc net.PacketConn
+	ln net.Listener
+}
+
+// listenDNS01 binds --dns01-listen, UDP and TCP, before anything else is started (as
+// the HTTP-01 port is): a port already taken is a configuration error found before
+// the worker places an order.
+func (c *runCmd) listenDNS01() (*dns01Sockets, error) {
+	if c.DNS01Zone == "" {
+		return nil, nil
+	}
+	pc, err := net.ListenPacket("udp", c.DNS01Listen)
+	if err != nil {
+		return nil, usagef("--dns01-listen: cannot listen on UDP %s: %v", c.DNS01Listen, err)
+	}
+	ln, err := net.Listen("tcp", c.DNS01Listen)
+	if err != nil {
+		_ = pc.Close()
+		return nil, usagef("--dns01-listen: cannot listen on TCP %s: %v", c.DNS01Listen, err)
+	}
+	return &dns01Sockets{pc: pc, ln: ln}, nil
+}
+
+func (s *dns01Sockets) close() {
+	if s != nil {
+		_ = s.pc.Close()
+		_ = s.ln.Close()
+	}
+}
+
+// serveDNS01 starts the zone's server on the bound sockets.
+func (c *runCmd) serveDNS01(socks *dns01Sockets, pool *pgxpool.Pool, log *zap.Logger, reg prometheus.Registerer) (*acme.DNS01Server, error) {
+	if socks == nil {
+		return nil, nil
+	}
+	srv, err := acme.NewDNS01Server(pool, log, acme.DNS01Options{
+		Zone: c.DNS01Zone, Nameservers: c.nameservers(), Registerer: reg,
+	})
+	if err != nil {
+		return nil, usagef("%v", err)
+	}
+	if err := srv.Serve(socks.pc, socks.ln); err != nil {
+		return nil, usagef("--dns01-listen: %v", err)
+	}
+	log.Info("DNS-01 zone served", zap.String("zone", srv.Zone()), zap.String("listen", c.DNS01Listen))
+	return srv, nil
+}

@@ -1,0 +1,150 @@
+package queue_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/certworker/certworker/queue"
+)
+
+// A domain handed back to wait for its DNS is pending, uncharged and out of line:
+// no claim takes it (ReturnHeld leaves it held) until its wait ends (EndWait), or
+// until a retry clears its 'waiting for DNS:' error, the proxy's or certworker's.
+// Waiting again keeps the time it started waiting; the end of a wait forgets it.
+// Guards against a waiting domain claimed (and its DNS probed) at every pass, and
+// against a retry that does not bring its check forward.
+func TestWait_OutOfLineUntilItsWaitEndsOrARetry(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tenant := b.tenant(t)
+	id, name := b.domain(t, tenant, "pending", 0, nil)
+	// waits claims the domain and hands it back to wait; it returns when the wait began.
+	waits := func() time.Time {
+		t.Helper()
+		c := b.claimOne(t, id)
+		require.NoError(t, b.q.Wait(b.ctx, c, queue.WaitingPrefix+"no such name", "answer-1", queue.WaitCheckFirst))
+		var status, held, msg string
+		var attempts int
+		var since, next, updated time.Time
+		require.NoError(t, b.pool.QueryRow(b.ctx, `
+SELECT d.ssl_status, d.ssl_held, d.ssl_error, d.ssl_attempts, s.waiting_since, s.next_check_at, s.updated_at
+FROM proxy_domains d JOIN certworker_dns_state s ON s.domain_id = d.id WHERE d.id = $1`, id).
+			Scan(&status, &held, &msg, &attempts, &since, &next, &updated))
+		require.Equal(t, "pending", status)
+		require.Equal(t, queue.HeldDNS, held)
+		require.Equal(t, "waiting for DNS: no such name", msg)
+		require.Zero(t, attempts, "waiting is not charged")
+		require.Equal(t, queue.WaitCheckFirst, next.Sub(updated).Round(time.Second))
+		require.Empty(t, b.drain(t), "out of line while it waits")
+		return since
+	}
+
+	first := waits()
+	st, err := b.q.State(b.ctx, name)
+	require.NoError(t, err)
+	require.NotNil(t, st.NextAttempt)
+	var next time.Time
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT next_check_at FROM certworker_dns_state WHERE domain_id = $1`, id).Scan(&next))
+	require.True(t, next.Equal(*st.NextAttempt), "status shows the next DNS check (%s), not %s", next, *st.NextAttempt)
+	back, err := b.q.EndWait(b.ctx, id)
+	require.NoError(t, err)
+	require.True(t, back)
+	since := waits()
+	require.True(t, since.After(first), "a wait ended by DNS and begun again starts over")
+
+	// The proxy's retry clears the error: the check comes forward, the clock stays.
+	_, err = b.pool.Exec(b.ctx, `SELECT * FROM certworker_queue_for_issuance($1, $2)`, id, tenant)
+	require.NoError(t, err)
+	again := waits()
+	require.Equal(t, since, again, "a retry brings the check forward, not the clock back")
+
+	// certworker retry does the same.
+	require.NoError(t, b.q.Retry(b.ctx, name))
+	waits()
+
+	failed, err := b.q.ExpireWait(b.ctx, id, queue.WaitingPrefix+"its DNS never pointed here")
+	require.NoError(t, err)
+	require.True(t, failed)
+	require.Equal(t, "failed", b.status(t, id))
+}
+
+// DueWaits takes the waits whose check is due and keeps them from another instance
+// for a while; it ends the waits of domains no longer waiting. Guards against two
+// instances checking one name at once, and a wait left behind by a domain issued
+// after a retry checked for ever.
+func TestDueWaits_TakesDueChecksOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tenant := b.tenant(t)
+	id, name := b.domain(t, tenant, "pending", 0, nil)
+	c := b.claimOne(t, id)
+	require.NoError(t, b.q.Wait(b.ctx, c, queue.WaitingPrefix+"x", "answer-1", queue.WaitCheckFirst))
+	due, _, err := b.q.DueWaits(b.ctx, 10)
+	require.NoError(t, err)
+	require.Empty(t, due, "not due yet")
+	_, err = b.pool.Exec(b.ctx, `UPDATE certworker_dns_state SET next_check_at = now() - interval '1 s'`)
+	require.NoError(t, err)
+	due, stale, err := b.q.DueWaits(b.ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, due, 1)
+	require.Equal(t, queue.DueWait{ID: id, Domain: name, Since: due[0].Since, Answer: "answer-1"}, due[0])
+	require.Zero(t, stale)
+	again, _, err := b.q.DueWaits(b.ctx, 10)
+	require.NoError(t, err)
+	require.Empty(t, again, "taken: another instance does not check it too")
+
+	// Not waiting any more (a retry had it claimed): its wait is ended, not checked.
+	_, err = b.pool.Exec(b.ctx, `UPDATE proxy_domains SET ssl_held = NULL WHERE id = $1`, id)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `UPDATE certworker_dns_state SET next_check_at = now() - interval '1 s'`)
+	require.NoError(t, err)
+	due, _, err = b.q.DueWaits(b.ctx, 10)
+	require.NoError(t, err)
+	require.Empty(t, due)
+	var next *time.Time
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT next_check_at FROM certworker_dns_state WHERE domain_id = $1`, id).Scan(&next))
+	require.Nil(t, next)
+}
+
+// In its first hour a wait is checked every 10 s, whatever the fleet holds; later at
+// least 5 minutes apart, and further apart as the stale waits of the fleet grow, so
+// that the fleet checks at most 20 a second. Guards against 100,000 stale names
+// costing the resolver and the database a check each every 10 s.
+func TestWaitCheckIn_FirstHourFastThenUnderTheFleetBudget(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	require.Equal(t, 10*time.Second, queue.WaitCheckIn(now, now.Add(-59*time.Minute), 1_000_000))
+	require.Equal(t, 5*time.Minute, queue.WaitCheckIn(now, now.Add(-2*time.Hour), 10))
+	require.Equal(t, 5000*time.Second, queue.WaitCheckIn(now, now.Add(-2*time.Hour), 100_000))
+}
+
+// A waiting domain is not due by backoff: NextDue, which sets the worker's timer,
+// leaves it out (otherwise every pass finds "something due now" while any domain
+// waits, and the timer stops following the real next retry). Once retried, the
+// waiter's ReturnRetried puts it back in line. Guards against timers degraded to the
+// poll interval, and a retry that no pass brings back.
+func TestWait_NotDueByBackoffAndReturnedOnceRetried(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tenant := b.tenant(t)
+	id, name := b.domain(t, tenant, "pending", 0, nil)
+	c := b.claimOne(t, id)
+	require.NoError(t, b.q.Wait(b.ctx, c, queue.WaitingPrefix+"x", "a", queue.WaitCheckFirst))
+	_, ok, err := b.q.NextDue(b.ctx, testDirectory)
+	require.NoError(t, err)
+	require.False(t, ok, "nothing is due by backoff")
+
+	n, err := b.q.ReturnRetried(b.ctx, 10)
+	require.NoError(t, err)
+	require.Zero(t, n, "not retried: left waiting")
+	require.NoError(t, b.q.Retry(b.ctx, name))
+	n, err = b.q.ReturnRetried(b.ctx, 10)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n)
+	d, ok, err := b.q.NextDue(b.ctx, testDirectory)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.LessOrEqual(t, d, time.Duration(0), "due now")
+}
