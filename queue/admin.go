@@ -140,6 +140,15 @@ func (q *Queue) Retry(ctx context.Context, domain string) error {
 		if queued != 1 {
 			return fmt.Errorf("retry %s: the domain was not queued", d.domain)
 		}
+		// The function's UPDATE forgets the refusals through certworker_retried, which
+		// fires only when the row had a history to clear; a row refused and handed back
+		// uncharged had none. certworker's own role may write the columns: forget them
+		// here too (CONTRACT §5: retry forgets every CA's refusal).
+		if _, err := tx.Exec(ctx, `
+UPDATE proxy_domains SET ssl_ca_refused = NULL, ssl_ca_refused_cause = NULL
+WHERE id = $1 AND (ssl_ca_refused IS NOT NULL OR ssl_ca_refused_cause IS NOT NULL)`, d.id); err != nil {
+			return fmt.Errorf("retry %s: %w", d.domain, err)
+		}
 		return nil
 	})
 }

@@ -77,6 +77,7 @@ func WaitCheckIn(now, since time.Time, stale int) time.Duration {
 // no notification (nothing is due); and records the wait (since when, kept from an
 // earlier wait; its next check in checkIn; the answer seen).
 func (q *Queue) Wait(ctx context.Context, c Claim, msg, answer string, checkIn time.Duration) error {
+	msg = q.errorText(ctx, msg) // the preflight's words carry the tenant's DNS and redirects
 	var one int
 	err := q.quietly(ctx, `
 WITH d AS (
@@ -167,6 +168,7 @@ WHERE domain_id = $1::uuid AND next_check_at IS NOT NULL`, id, checkIn.Seconds()
 	if msg == "" {
 		return nil
 	}
+	msg = q.errorText(ctx, msg)
 	if _, err := q.db.Exec(ctx, `
 UPDATE proxy_domains SET ssl_error = $2, updated_at = now()
 WHERE id = $1::uuid AND `+claimableSQL+` AND ssl_held = '`+HeldDNS+`'
@@ -198,6 +200,7 @@ WHERE domain_id = $1::uuid`, id); err != nil {
 // ExpireWait marks a domain that waited longer than --dns-wait-max failed, with msg,
 // and ends its wait. It reports whether the domain was still waiting.
 func (q *Queue) ExpireWait(ctx context.Context, id, msg string) (bool, error) {
+	msg = q.errorText(ctx, msg)
 	tag, err := q.db.Exec(ctx, `
 UPDATE proxy_domains SET ssl_status = 'failed', ssl_held = NULL, ssl_error = $2, updated_at = now()
 WHERE id = $1::uuid AND `+claimableSQL+` AND ssl_held = '`+HeldDNS+`'`, id, msg)

@@ -1,6 +1,7 @@
 package queue_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -139,12 +140,61 @@ func TestWait_NotDueByBackoffAndReturnedOnceRetried(t *testing.T) {
 	n, err := b.q.ReturnRetried(b.ctx, 10)
 	require.NoError(t, err)
 	require.Zero(t, n, "not retried: left waiting")
-	require.NoError(t, b.q.Retry(b.ctx, name))
+	// A retry written around certworker's triggers (a restore, a replica session):
+	// ReturnRetried brings it back in line.
+	_, err = b.pool.Exec(b.ctx, `BEGIN; SET LOCAL session_replication_role = replica;
+UPDATE proxy_domains SET ssl_error = NULL WHERE id = '`+id+`'; COMMIT`)
+	require.NoError(t, err)
 	n, err = b.q.ReturnRetried(b.ctx, 10)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n)
+
+	// certworker retry (and the proxy's): its trigger, certworker_retried, lifts the
+	// hold in the same write, so the domain is back in line at once.
+	c = b.claimOne(t, id)
+	require.NoError(t, b.q.Wait(b.ctx, c, queue.WaitingPrefix+"x", "a", queue.WaitCheckFirst))
+	require.NoError(t, b.q.Retry(b.ctx, name))
+	var held *string
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT ssl_held FROM proxy_domains WHERE id = $1`, id).Scan(&held))
+	require.Nil(t, held, "the retry left the domain out of line")
 	d, ok, err := b.q.NextDue(b.ctx, testDirectory)
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.LessOrEqual(t, d, time.Duration(0), "due now")
+}
+
+// The words of a wait come from the preflight, which quotes what the tenant's DNS and
+// web server answered: they are stored through the one sanitiser, as every other
+// ssl_error is, whether the wait begins, is rechecked or ends in failure. Guards
+// against control characters (a NUL the database refuses, an escape sequence for the
+// operator's terminal) and an unbounded answer reaching ssl_error on the wait's path.
+func TestWait_ItsWordsAreSanitisedLikeAnyError(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tenant := b.tenant(t)
+	id, _ := b.domain(t, tenant, "pending", 0, nil)
+	hostile := queue.WaitingPrefix + "redirect to \x1b[31mred\x00\x07 " + strings.Repeat("x", 4*queue.MaxErrorBytes)
+	stored := func() string {
+		t.Helper()
+		var msg string
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT ssl_error FROM proxy_domains WHERE id = $1`, id).Scan(&msg))
+		return msg
+	}
+	check := func(msg string) {
+		t.Helper()
+		require.True(t, strings.HasPrefix(msg, "waiting for DNS: redirect to "), msg)
+		require.NotContains(t, msg, "\x1b")
+		require.NotContains(t, msg, "\x00")
+		require.NotContains(t, msg, "\x07")
+		require.LessOrEqual(t, len(msg), queue.MaxErrorBytes)
+	}
+	c := b.claimOne(t, id)
+	require.NoError(t, b.q.Wait(b.ctx, c, hostile, "answer", queue.WaitCheckFirst))
+	check(stored())
+	require.NoError(t, b.q.Recheck(b.ctx, id, queue.WaitCheckFirst, "answer-2", hostile+" again"))
+	check(stored())
+	failed, err := b.q.ExpireWait(b.ctx, id, hostile)
+	require.NoError(t, err)
+	require.True(t, failed)
+	check(stored())
 }

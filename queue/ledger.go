@@ -551,6 +551,10 @@ DELETE FROM certworker_ledger WHERE directory = $1 AND claim_token = $2`, direct
 		if err != nil {
 			return err
 		}
+		// As a new order it is under the tenant reserve too, as in Admit.
+		if err := reserveCounts(ctx, tx, directory, limits, []Admission{a}, counts); err != nil {
+			return err
+		}
 		d := ledgerDecision{limits: limits, directory: directory, counts: counts}
 		if why = d.admit(a); why == "" {
 			d.record(a)

@@ -187,3 +187,27 @@ func TestParseTenantReserve(t *testing.T) {
 		require.Error(t, err, in)
 	}
 }
+
+// A renewal admitted as such (exempt from orders per account) whose order is to go
+// without "replaces" is asked about again as a new order (Readmit): then the tenant
+// reserve applies to it as to any new order. Here the tenant has its L - R orders of
+// the window already, so the readmission is refused, uncharged. Guards against a
+// re-admission that reads the tenant's own count as nothing and lets one tenant past
+// the reserve.
+func TestTenantReserve_AReadmittedRenewalIsUnderTheReserve(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tn := b.tenant(t)
+	b.bulkNamed(t, tn, "full", 6)
+	admitted, refused, err := b.q.Admit(b.ctx, testDirectory, reserveLimits, b.admissions(t, false))
+	require.NoError(t, err)
+	require.Len(t, admitted, 6)
+	require.Empty(t, refused)
+
+	id := b.named(t, tn, "renewed-"+tn[:8]+".example")
+	c := b.claimOne(t, id)
+	err = b.q.Readmit(b.ctx, testDirectory, reserveLimits, queue.Admission{Claim: c})
+	var held *queue.LedgerRefusedError
+	require.ErrorAs(t, err, &held, "a readmitted order of a tenant at L - R went past the tenant reserve")
+	require.Contains(t, held.Reason, "--limit-tenant-reserve")
+}
