@@ -49,9 +49,11 @@ echo "smoke: migrate done"
 
 # The worker. Its ACME directory is a loopback address of its own container where
 # nothing listens: with no domain queued it never asks, and if it did, nothing would
-# leave the container.
+# leave the container. The image keeps the admin endpoints on loopback; a deployment
+# that probes them from outside the container sets the address, as this does.
 docker run -d --name "$name-run" --network "$name" -p 127.0.0.1::9090 \
   -e CERTWORKER_DATABASE_URL="$url" \
+  -e CERTWORKER_ADMIN_LISTEN=:9090 \
   -e CERTWORKER_ACME_DIRECTORY=https://127.0.0.1:9/directory \
   "$image" run >/dev/null
 port=$(docker port "$name-run" 9090/tcp | head -n1)
