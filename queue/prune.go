@@ -79,34 +79,37 @@ func (q *Queue) Prune(ctx context.Context, keep ...LedgerWindow) (PruneResult, e
 		table string
 		sql   string
 		args  []any
+		// unlocked: no transaction of anyone's locks these rows, and the workers hold
+		// no UPDATE right on the table, which SELECT ... FOR UPDATE needs.
+		unlocked bool
 	}{
 		{"expired HTTP-01 tokens", &r.Tokens, "certworker_http01_tokens", `
-SELECT ctid FROM certworker_http01_tokens WHERE expires_at < now()`, nil},
+SELECT ctid FROM certworker_http01_tokens WHERE expires_at < now()`, nil, false},
 		{"ended pauses", &r.Pauses, "certworker_pauses", `
 SELECT ctid FROM certworker_pauses WHERE paused_until < now() - make_interval(secs => $1)`,
-			[]any{seconds(pauseKeep)}},
+			[]any{seconds(pauseKeep)}, false},
 		{"old ledger rows", &r.Ledger, "certworker_ledger", `
 SELECT g.ctid FROM certworker_ledger g WHERE g.at < now() - make_interval(secs => GREATEST(COALESCE(
     (SELECT max((l.value->>'window_seconds')::double precision)
      FROM certworker_settings s, jsonb_each(s.limits) AS l
      WHERE s.id AND jsonb_typeof(s.limits) = 'object' AND jsonb_typeof(l.value) = 'object'),
     $1), (SELECT max(k.secs) FROM unnest($2::text[], $3::float8[]) AS k (directory, secs)
-          WHERE k.directory = g.directory)))`, []any{seconds(defaultLedgerWindow), dirs, windows}},
+          WHERE k.directory = g.directory)))`, []any{seconds(defaultLedgerWindow), dirs, windows}, false},
 		{"counters of tenants without domains", &r.Tenants, "certworker_tenants", `
 SELECT t.ctid FROM certworker_tenants t
-WHERE NOT EXISTS (SELECT 1 FROM proxy_domains d WHERE d.tenant_id = t.tenant_id)`, nil},
+WHERE NOT EXISTS (SELECT 1 FROM proxy_domains d WHERE d.tenant_id = t.tenant_id)`, nil, true},
 		{"certificates of deleted domains", &r.Certificates, "proxy_certificates", `
 SELECT c.ctid FROM proxy_certificates c
 WHERE c.updated_at < now() - make_interval(secs => $1)
   AND NOT EXISTS (SELECT 1 FROM proxy_domains d WHERE lower(d.domain) = lower(c.domain))`,
-			[]any{seconds(orphanGrace)}},
+			[]any{seconds(orphanGrace)}, false},
 		{"names issued for deleted domains", &r.IssuedNames, "certworker_issued_names", `
 SELECT n.ctid FROM certworker_issued_names n
 WHERE n.issued_at < now() - make_interval(secs => $1)
   AND NOT EXISTS (SELECT 1 FROM proxy_domains d WHERE lower(d.domain) = n.name)`,
-			[]any{seconds(orphanGrace)}},
+			[]any{seconds(orphanGrace)}, false},
 	} {
-		n, err := q.deleteInBatches(ctx, step.table, step.sql, step.args)
+		n, err := q.deleteInBatches(ctx, step.table, step.sql, step.args, !step.unlocked)
 		*step.count = n
 		if err != nil {
 			// The other kinds do not wait on this one.
@@ -121,12 +124,17 @@ WHERE n.issued_at < now() - make_interval(secs => $1)
 // query and the delete has another ctid and is left for the next run: it was
 // written, so it may be needed (a tenant's counter taken by a new domain). A row
 // another transaction holds locked (the proxy's open write to a certificate row) is
-// passed over and left for the next run, not waited for.
-func (q *Queue) deleteInBatches(ctx context.Context, table, match string, args []any) (int64, error) {
+// passed over and left for the next run, not waited for (skipLocked; a table nobody
+// locks, and on which the workers may not lock, is read without it).
+func (q *Queue) deleteInBatches(ctx context.Context, table, match string, args []any, skipLocked bool) (int64, error) {
+	lock := ""
+	if skipLocked {
+		lock = " FOR UPDATE SKIP LOCKED"
+	}
 	var total int64
 	for {
 		tag, err := q.db.Exec(ctx, fmt.Sprintf(`
-DELETE FROM %s WHERE ctid = ANY (ARRAY(%s LIMIT %d FOR UPDATE SKIP LOCKED))`, table, match, pruneBatch), args...)
+DELETE FROM %s WHERE ctid = ANY (ARRAY(%s LIMIT %d%s))`, table, match, pruneBatch, lock), args...)
 		if err != nil {
 			return total, err
 		}
