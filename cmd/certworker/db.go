@@ -24,6 +24,10 @@ func (f dbFlags) connect(ctx context.Context) (*pgxpool.Pool, error) {
 // connectWith opens a pool on the flag's URL, with sessions set up as s says, and
 // checks that the server answers. Every error is a configuration error (exit 2), in
 // one line, without the password.
+// idlePingTimeout: a live server answers a ping in milliseconds, a loaded one in far
+// less than a second.
+const idlePingTimeout = time.Second
+
 func (f dbFlags) connectWith(ctx context.Context, s queue.Session) (*pgxpool.Pool, error) {
 	if f.DatabaseURL == "" {
 		return nil, usagef("--database-url is required (or CERTWORKER_DATABASE_URL, or DATABASE_URL)")
@@ -34,6 +38,11 @@ func (f dbFlags) connectWith(ctx context.Context, s queue.Session) (*pgxpool.Poo
 	}
 	// Also bounds the connection to each host (queue.HostConnectTimeout).
 	queue.ConfigureSession(cfg, s)
+	// An idle connection is pinged before use; one to a server that went silent (a
+	// primary that failed over) is given up after idlePingTimeout, not after the
+	// caller's whole deadline, so that the next one, or a new connection to the new
+	// primary, is tried in time.
+	cfg.PingTimeout = idlePingTimeout
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, usagef("--database-url: %s", redact(err.Error(), f.DatabaseURL))

@@ -506,7 +506,9 @@ func adminMux(pool *pgxpool.Pool, wk *worker.Worker, issuer, second *acme.Issuer
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		// Long enough for a connection that tries a dead first host of a multi-host URL
+		// (the per-host connect timeout, 2 s) before the live one.
+		ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 		defer cancel()
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		if why := notReady(ctx, pool, wk, issuer, second); why != "" {
@@ -519,6 +521,9 @@ func adminMux(pool *pgxpool.Pool, wk *worker.Worker, issuer, second *acme.Issuer
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	return mux
 }
+
+// readyTimeout bounds /readyz's checks.
+const readyTimeout = 5 * time.Second
 
 // notReady is why /readyz answers 503, or "" when it answers 200.
 // second is the second CA's issuer, nil for none.
