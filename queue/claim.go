@@ -330,7 +330,7 @@ func (q *Queue) claimOnce(ctx context.Context, owner, directory string, n, lo, h
 		owner, seconds(q.cfg.Lease), n, directory, lo, hi, window}
 	if q.cfg.Fallback != nil {
 		sql, args = claimRoutedSQL, append([]any{q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax),
-			owner, seconds(q.cfg.Lease), n, directory}, append(q.cfg.Fallback.args(), lo, hi)...)
+			owner, seconds(q.cfg.Lease), n, directory}, append(q.cfg.Fallback.args(), lo, hi, window)...)
 	}
 	rows, err := q.db.Query(ctx, sql, args...)
 	if err != nil {
@@ -415,8 +415,15 @@ func (q *Queue) ReturnHeld(ctx context.Context, directory string) (int64, error)
 	// may go to the second once it has waited (claimRoutedSQL).
 	pause := heldByPauseSQL("d", "$5")
 	args := []any{q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax), fillBatch, directory}
+	// A row held under a pause comes back once the pause has ended; with a second CA,
+	// at once, whatever holds it (the routed claim holds rows out as HeldRouted, and a
+	// row held under a pause's key was held out by a claim of one CA: a fleet that
+	// now has a second).
+	pauseEnded := `AND NOT EXISTS (
+        SELECT 1 FROM certworker_pauses p
+        WHERE p.scope || ':' || p.key = keys.k AND p.paused_until > now())`
 	if q.cfg.Fallback != nil {
-		pause, args = "NULL::text", args[:4]
+		pause, args, pauseEnded = "NULL::text", args[:4], ""
 	}
 	tag, err := q.db.Exec(ctx, `
 WITH RECURSIVE keys AS (
@@ -448,9 +455,16 @@ WITH RECURSIVE keys AS (
         SELECT id FROM proxy_domains
         WHERE `+claimableSQL+` AND ssl_held = keys.k
         LIMIT $4) r
-    WHERE keys.k IS NOT NULL AND keys.k <> '`+HeldDNS+`' AND NOT EXISTS (
-        SELECT 1 FROM certworker_pauses p
-        WHERE p.scope || ':' || p.key = keys.k AND p.paused_until > now())
+    WHERE keys.k IS NOT NULL AND keys.k NOT IN ('`+HeldDNS+`', '`+HeldRouted+`') `+pauseEnded+`
+    UNION ALL
+    (SELECT id FROM proxy_domains
+     WHERE `+claimableSQL+` AND ssl_held = '`+HeldRouted+`' AND ssl_held_until <= now()
+     ORDER BY ssl_held_until LIMIT $4)
+    UNION ALL
+    (SELECT id FROM proxy_domains
+     WHERE `+claimableSQL+` AND ssl_held = '`+HeldRouted+`'
+       AND NOT EXISTS (SELECT 1 FROM certworker_pauses WHERE paused_until > now())
+     LIMIT $4)
     UNION ALL
     (SELECT id FROM proxy_domains
      WHERE `+claimableSQL+` AND ssl_held = '`+HeldDNS+`'
@@ -472,6 +486,7 @@ WITH RECURSIVE keys AS (
 )
 UPDATE proxy_domains d SET
     ssl_held = CASE WHEN p.pause IS NOT NULL THEN p.pause WHEN NOT p.ready THEN 'backoff' END,
+    ssl_held_until = NULL,
     ssl_queue_seq = CASE WHEN p.ready AND p.pause IS NULL THEN p.seq ELSE d.ssl_queue_seq END
 FROM placed p
 WHERE d.id = p.id AND d.ssl_held IS DISTINCT FROM

@@ -121,25 +121,6 @@ func Decide(c Claim, primary string, fb *Fallback, refused bool, allowed Verdict
 	return Decision{}
 }
 
-// claimRoute is what the claim statement (claimSQLWith) splices in to decide, for each
-// row, which CA its order goes to. Without a second CA it is the first's pauses alone
-// (unrouted); with one, routed.
-type claimRoute struct {
-	// join follows "FROM proxy_domains d" in the due CTE.
-	join string
-	// free is the condition that the row is not held back at the CA it goes to.
-	free string
-	// due are the due CTE's columns after d.id.
-	due string
-	// set are the claim UPDATE's assignments after its own, with a leading comma.
-	set string
-	// returning are RETURNING's columns after its own, with a leading comma.
-	returning string
-	// decision is the final SELECT's four columns: the directory, the cause, the CA
-	// that refused the name and why.
-	decision string
-}
-
 // pauseOfFirstSQL matches a pause p in force of the first CA ($7) that holds row d
 // back: the CA's own, or its pause of d's registered domain or name.
 var pauseOfFirstSQL = `p.paused_until > now()
@@ -150,87 +131,104 @@ var pauseOfFirstSQL = `p.paused_until > now()
     OR ` + tenantReservePauseSQL("p", "d", "$7", "$8") + `)
   AND NOT ` + ledgerExemptSQL("p", "d", "$7", "$8")
 
-// routeCauseSQL is, for row d, why the routed claim sends it to the second CA ($8,
-// asked after $9 seconds: Fallback.After), NULL for the first ($7), or 'held' for
-// neither now (the package comment above). hp is the first CA's hold on the row that
-// began first, with when it began for this row: the later of the row's due time and
-// the pause's held_since. Every lookup is one probe of certworker_pauses (or of
-// proxy_certificates, for a renewal held back at the first), made only for the rows
-// the claim reads: a scalar subquery of the row, so that the claim stays one index
-// scan that stops at its LIMIT (as a join, the planner routed every due row before
-// sorting: 75 times slower at 10,000 due rows, BenchmarkClaimRouted).
-var routeCauseSQL = `(SELECT CASE
-        WHEN d.ssl_ca_refused = $7 THEN CASE WHEN ` + heldAtSecondSQL + ` THEN 'held' ELSE '` + FallbackRefused + `' END
+// HeldRouted is ssl_held of a row the routed claim took out of line: held back at the
+// CA it would go to for now, until ssl_held_until (migration 00023), when ReturnHeld
+// brings it back for the next claim to route again.
+const HeldRouted = "routed"
+
+// routeSQL is, for row d of the routed claim's head, a lateral subquery of two
+// columns: cause, why the claim sends it to the second CA ($8, asked after $9
+// seconds: Fallback.After), NULL for the first ($7), or 'held' for neither now (the
+// package comment above); and until, for a held row, the first moment that can
+// change: the end of the first's hold or of the second's pause, or the moment the
+// first's hold reaches After (never one already past, which would bring the row back
+// at once to be held again). hp is the first CA's hold on the row that began first,
+// with when it began for this row: the latest of when the row's wait began
+// (ssl_waiting_since, which a hand-back keeps: ssl_queued_at is stamped again by every
+// hand-back, so a row handed back at each end of a doubling outage pause was measured
+// from its last one), when its backoff ran out and the pause's held_since. sp is the
+// end of the second's pauses that hold the row back. Every lookup is one probe of
+// certworker_pauses or of proxy_certificates, made only for the rows the claim read.
+var routeSQL = `SELECT CASE
+        WHEN d.ssl_ca_refused = $7 THEN CASE WHEN sp.until IS NOT NULL THEN 'held' ELSE '` + FallbackRefused + `' END
         WHEN hp.source IS NULL THEN NULL
         WHEN d.ssl_ca_refused = $8 THEN 'held'
-        WHEN hp.since >= now() - make_interval(secs => $9)
-             AND NOT EXISTS (SELECT 1 FROM proxy_certificates c
-                             WHERE c.domain = d.domain AND c.issuer_directory = $8) THEN 'held'
-        WHEN ` + heldAtSecondSQL + ` THEN 'held'
+        WHEN hp.since >= now() - make_interval(secs => $9) AND NOT sc.second THEN 'held'
+        WHEN sp.until IS NOT NULL THEN 'held'
         WHEN hp.since >= now() - make_interval(secs => $9) THEN '` + FallbackRenewal + `'
         WHEN hp.source = 'unreachable' THEN '` + FallbackOutage + `'
         WHEN hp.source = 'rate_limit' THEN '` + FallbackRateLimit + `'
         ELSE '` + FallbackLedger + `'
-    END
+    END AS cause,
+    COALESCE(LEAST(hp.paused_until, sp.until,
+                   CASE WHEN hp.since + make_interval(secs => $9) > now() THEN hp.since + make_interval(secs => $9) END),
+             now() + interval '1 minute') AS until
     FROM (SELECT 1) AS one
     LEFT JOIN LATERAL (
-        SELECT p.source, GREATEST(d.ssl_queued_at,
-                                  d.ssl_last_attempt_at + make_interval(secs => ` + backoffSQL("d.ssl_attempts", "$2", "$3") + `),
-                                  COALESCE(p.held_since, p.created_at)) AS since
+        SELECT p.source, p.paused_until,
+               GREATEST(COALESCE(d.ssl_waiting_since, d.ssl_queued_at),
+                        d.ssl_last_attempt_at + make_interval(secs => ` + backoffSQL("d.ssl_attempts", "$2", "$3") + `),
+                        COALESCE(p.held_since, p.created_at)) AS since
         FROM certworker_pauses p
         WHERE ` + pauseOfFirstSQL + `
-        ORDER BY 2 LIMIT 1) hp ON true)`
+        ORDER BY 3 LIMIT 1) hp ON true
+    LEFT JOIN LATERAL (` + heldAtSecondUntilSQL + `) sp ON true
+    LEFT JOIN LATERAL (SELECT EXISTS (SELECT 1 FROM proxy_certificates c
+                                      WHERE c.domain = d.domain AND c.issuer_directory = $8) AS second) sc ON true`
 
-// heldAtSecondSQL: a pause in force of the second CA ($8) holds row d back.
-var heldAtSecondSQL = `EXISTS (SELECT 1 FROM certworker_pauses p
+// heldAtSecondUntilSQL is until, the earliest end of the pauses in force of the second
+// CA ($8) that hold row d back, NULL when none does.
+var heldAtSecondUntilSQL = `SELECT min(p.paused_until) AS until FROM certworker_pauses p
         WHERE p.paused_until > now() AND p.directory = $8 AND NOT ` + ledgerExemptSQL("p", "d", "$8", "$8") + `
           AND ((p.scope = 'ca' AND p.key = $8)
             OR (p.scope IN ('registered_domain', 'domain')
                 AND p.key = ANY (certworker_suffixes(d.domain))
                 AND (p.scope = 'registered_domain' OR p.key = lower(d.domain)))
-            OR ` + tenantReservePauseSQL("p", "d", "$8", "$8") + `))`
-
-// routedClaim is the claim of a fleet with a second CA: routeCauseSQL decides, the
-// row's decision is recorded with the claim.
-var routedClaim = claimRoute{
-	free:      routeCauseSQL + ` IS DISTINCT FROM 'held'`,
-	due:       `, ` + routeCauseSQL + ` AS cause`,
-	set:       `, ssl_ca_directory = CASE WHEN due.cause IS NULL THEN $7 ELSE $8 END, ssl_ca_cause = due.cause`,
-	returning: `, d.ssl_ca_directory, d.ssl_ca_cause, d.ssl_ca_refused, d.ssl_ca_refused_cause`,
-	decision: `c.ssl_ca_directory, COALESCE(c.ssl_ca_cause, ''), COALESCE(c.ssl_ca_refused, ''),
-    COALESCE(c.ssl_ca_refused_cause, '')`,
-}
+            OR ` + tenantReservePauseSQL("p", "d", "$8", "$8") + `)`
 
 // claimRoutedSQL is the claim of a fleet with a second CA (Config.Fallback): one
 // statement decides for each row which CA its order goes to, and which CA's pauses
-// hold it back (routeCauseSQL). It takes rows of tiers $10 to $11 in order of service
-// (claimOrderSQL) from the rows in line, as claimSQL does, and takes nothing out of
-// line: a row held back at the first CA may go to the second once it has waited
-// --acme-fallback-after, which only a claim reading it can tell (with a second CA,
-// ReturnHeld holds rows out for their backoff only, never for a pause). Its cost follows the
-// rows held back ahead of the due ones, as the one-CA claim's did before it took them
-// out of line (bench/claim-routed.txt). Its columns are claimSQL's.
-var claimRoutedSQL = claimSQLWith(routedClaim)
-
-func claimSQLWith(r claimRoute) string {
-	return `
-WITH due AS (
-    SELECT d.id, ` + KeepsNameSQL("d") + ` AS keeps` + r.due + `
-    FROM proxy_domains d` + r.join + `
-    WHERE d.verification_status = 'verified'
-      AND d.ssl_provider = 'acme'
-      AND d.ssl_status = 'pending'
-      AND d.ssl_held IS NULL
-      AND d.ssl_attempts < $1
-      AND COALESCE(d.ssl_queue_tier, 2) BETWEEN $10 AND $11
-      AND (d.ssl_last_attempt_at IS NULL
-           OR d.ssl_last_attempt_at < now() - make_interval(secs => ` + backoffSQL("d.ssl_attempts", "$2", "$3") + `))
-      AND ` + r.free + `
-    ` + claimOrderSQL + `
+// hold it back (routeSQL). Like claimSQL it reads only what it can take: at most $12
+// rows in line of tiers $10 to $11, in order of service (claimOrderSQL), locked as it
+// reads them (FOR UPDATE SKIP LOCKED), and routes only those (head, then routed: as
+// a join over the whole queue, the planner routed every due row before sorting). It
+// claims up to $6 of them; a row whose backoff has not run out is taken out of line
+// ('backoff'), and one that no CA may be asked for now ('held') is taken out as
+// HeldRouted until the moment its decision can change, so that no later claim reads
+// it again before then: with a hold of the first CA, every row due ahead of the
+// others was read by every claim, and at some 500,000 of them the claim ran out of
+// its step's time and nothing was claimed at all. A twin that does not keep the name
+// is failed (lost). Its columns are claimSQL's.
+var claimRoutedSQL = `
+WITH head AS MATERIALIZED (
+    SELECT h.*, row_number() OVER () AS rn FROM (
+        SELECT d.id, d.tenant_id, d.domain, d.ssl_ca_refused, d.ssl_waiting_since, d.ssl_queued_at,
+            d.ssl_last_attempt_at, d.ssl_attempts,
+            ` + readySQL("d") + ` AS ready, ` + KeepsNameSQL("d") + ` AS keeps
+        FROM proxy_domains d
+        WHERE ` + inLineSQL + `
+          AND COALESCE(d.ssl_queue_tier, 2) BETWEEN $10 AND $11
+          AND d.ssl_attempts < $1
+        ` + claimOrderSQL + `
+        LIMIT $12
+        FOR UPDATE OF d SKIP LOCKED) h
+), routed AS MATERIALIZED (
+    SELECT d.id, d.rn, d.ready, d.keeps, r.cause, r.until
+    FROM head d
+    LEFT JOIN LATERAL (` + routeSQL + `) r ON d.ready AND d.keeps
+), due AS (
+    SELECT id, rn, cause FROM routed
+    WHERE ready AND keeps AND cause IS DISTINCT FROM 'held'
+    ORDER BY rn
     LIMIT $6
-    FOR UPDATE OF d SKIP LOCKED
+), out AS (
+    UPDATE proxy_domains d SET
+        ssl_held = CASE WHEN r.ready THEN '` + HeldRouted + `' ELSE 'backoff' END,
+        ssl_held_until = CASE WHEN r.ready THEN r.until END
+    FROM routed r WHERE d.id = r.id AND r.keeps AND (NOT r.ready OR r.cause = 'held')
+    RETURNING d.id
 ), lost AS (
-    ` + failTwinsSQL("due", "due.id", "NOT due.keeps", "d.id") + `
+    ` + failTwinsSQL("head h", "h.id", "NOT h.keeps", "d.id") + `
 ), claimed AS (
     UPDATE proxy_domains d SET
         ssl_status = 'provisioning',
@@ -239,27 +237,28 @@ WITH due AS (
         updated_at = now(),
         ssl_claim_token = gen_random_uuid(),
         ssl_claimed_by = $4,
-        ssl_lease_expires_at = now() + make_interval(secs => $5)` + r.set + `
+        ssl_lease_expires_at = now() + make_interval(secs => $5),
+        ssl_ca_directory = CASE WHEN due.cause IS NULL THEN $7 ELSE $8 END,
+        ssl_ca_cause = due.cause
     FROM due
-    WHERE d.id = due.id AND due.keeps
+    WHERE d.id = due.id
     RETURNING d.id, d.tenant_id, d.domain, d.ssl_attempts, d.ssl_claim_token, d.ssl_last_attempt_at,
-        d.ssl_claim_prev_attempt_at, d.ssl_queued_at, d.ssl_queue_tier, d.ssl_queue_seq,
-        d.ssl_profile, d.ssl_profile_refused` + r.returning + `
+        d.ssl_claim_prev_attempt_at, d.ssl_queued_at, d.ssl_profile, d.ssl_profile_refused,
+        COALESCE(d.ssl_queue_tier, 2) = 2 AS first,
+        d.ssl_ca_directory, d.ssl_ca_cause, d.ssl_ca_refused, d.ssl_ca_refused_cause
 )
 SELECT c.id::text, c.tenant_id::text, c.domain, c.ssl_attempts, c.ssl_claim_token::text, c.ssl_last_attempt_at,
-    GREATEST(c.ssl_queued_at,
-             c.ssl_claim_prev_attempt_at + make_interval(secs => ` + backoffSQL("c.ssl_attempts", "$2", "$3") + `)),
+    ` + finiteSQL(`GREATEST(c.ssl_queued_at,
+             c.ssl_claim_prev_attempt_at + make_interval(secs => `+backoffSQL("c.ssl_attempts", "$2", "$3")+`))`) + `,
     COALESCE((SELECT p.certificate_pem FROM proxy_certificates p WHERE p.domain = c.domain), ''),
-    c.ssl_profile, COALESCE(c.ssl_profile_refused, ''),
-    COALESCE((SELECT p.profile FROM proxy_certificates p WHERE p.domain = c.domain), ''),
-    COALESCE(c.ssl_queue_tier, 2) = 2,
-    ` + r.decision + `,
-    COALESCE((SELECT p.issuer_directory FROM proxy_certificates p WHERE p.domain = c.domain), ''),
-    n.taken_out, 0::bigint
-FROM (SELECT count(*) AS taken_out FROM lost) n
-LEFT JOIN claimed c ON true
-ORDER BY COALESCE(c.ssl_queue_tier, 2), COALESCE(c.ssl_queue_seq, 0), c.ssl_queued_at DESC NULLS LAST`
-}
+    c.ssl_profile, c.ssl_profile_refused,
+    (SELECT p.profile FROM proxy_certificates p WHERE p.domain = c.domain),
+    c.first, c.ssl_ca_directory, c.ssl_ca_cause, c.ssl_ca_refused, c.ssl_ca_refused_cause,
+    (SELECT p.issuer_directory FROM proxy_certificates p WHERE p.domain = c.domain),
+    n.taken_out, n.read
+FROM (SELECT (SELECT count(*) FROM out) + (SELECT count(*) FROM lost) AS taken_out, (SELECT count(*) FROM head) AS read) n
+LEFT JOIN (claimed c JOIN due t ON t.id = c.id) ON true
+ORDER BY t.rn`
 
 // fallbackArgs are the routed claim's parameters after claimSQL's seven.
 func (f *Fallback) args() []any {
@@ -269,14 +268,6 @@ func (f *Fallback) args() []any {
 	}
 	return []any{f.Directory, seconds(after)}
 }
-
-// nextDueFallbackSQL is, in NextDue, the moment a row held back at the first CA ($4)
-// may next go to the second ($6 seconds after its hold began): the earliest hold of
-// the first still in force, plus After. A row that fell due later goes later, which
-// the worker's idle retries find.
-const nextDueFallbackSQL = `(SELECT min(COALESCE(held_since, created_at)) + make_interval(secs => $6)
-    FROM certworker_pauses
-    WHERE paused_until > now() AND (directory IN ($4, '') OR (scope = 'ca' AND key = $4)))`
 
 // Why a CA refused a name (proxy_domains.ssl_ca_refused_cause).
 const (

@@ -40,9 +40,13 @@ func (b *bundle) claimAll(t *testing.T, q *queue.Queue) map[string]queue.Claim {
 // holds of every pause begin holdSecs ago.
 func (b *bundle) backdate(t *testing.T, id string, dueSecs, holdSecs int) {
 	t.Helper()
-	b.exec(t, `UPDATE proxy_domains SET ssl_queued_at = now() - make_interval(secs => $2) WHERE id = $1`, id, dueSecs)
+	b.exec(t, `UPDATE proxy_domains SET ssl_queued_at = now() - make_interval(secs => $2),
+	                                  ssl_waiting_since = now() - make_interval(secs => $2) WHERE id = $1`, id, dueSecs)
 	b.exec(t, `UPDATE certworker_pauses SET held_since = now() - make_interval(secs => $1),
 	                                        created_at = now() - make_interval(secs => $1)`, holdSecs)
+	// As time passing would: a row a claim held out until its decision could change
+	// comes back at the next claim (ReturnHeld).
+	b.exec(t, `UPDATE proxy_domains SET ssl_held_until = now() - interval '1 second' WHERE id = $1 AND ssl_held = 'routed'`, id)
 }
 
 // The decision recorded on the row: every instance reads the same one.
@@ -231,7 +235,13 @@ func TestNextDue_WithASecondCAIsNoLaterThanTheFallback(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.InDelta(t, time.Hour.Seconds(), d.Seconds(), 5, "one CA: the pause's end")
-	d, ok, err = b.routed(2*time.Minute).NextDue(b.ctx, testDirectory)
+	routed := b.routed(2 * time.Minute)
+	d, ok, err = routed.NextDue(b.ctx, testDirectory)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Zero(t, d, "two CAs: a row in line no claim has read is due now")
+	require.Empty(t, b.claimAll(t, routed), "a row held back for less than --acme-fallback-after was claimed")
+	d, ok, err = routed.NextDue(b.ctx, testDirectory)
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.InDelta(t, (2 * time.Minute).Seconds(), d.Seconds(), 5, "two CAs: --acme-fallback-after from the hold's start")
@@ -330,7 +340,7 @@ SELECT $1, 'bulk' || g || '.example', 'verified', 'tok',
 FROM generate_series(1, 100000) g`, tn)
 	b.exec(t, `ANALYZE proxy_domains`)
 	rows, err := b.pool.Query(b.ctx, `EXPLAIN `+queue.ClaimRoutedSQLForTest, 10, 60.0, 14400.0, "explain", 60.0, 4,
-		testDirectory, secondDirectory, 600.0, 1, 3)
+		testDirectory, secondDirectory, 600.0, 1, 3, 16)
 	require.NoError(t, err)
 	defer rows.Close()
 	var plan string
@@ -354,20 +364,21 @@ func TestNextDue_WithASecondCAIsExactWithTheSecondsPauses(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	tn := b.tenant(t)
-	b.domain(t, tn, "pending", 0, nil)
+	id, _ := b.domain(t, tn, "pending", 0, nil)
 	_, err := b.q.PauseAt(b.ctx, testDirectory, queue.ScopeCA, testDirectory, queue.PauseRateLimit, time.Hour, "slow down")
 	require.NoError(t, err)
-	b.exec(t, `UPDATE certworker_pauses SET held_since = now() - interval '1 hour'`)
+	b.backdate(t, id, 3600, 3600)
 	_, err = b.q.PauseAt(b.ctx, secondDirectory, queue.ScopeCA, secondDirectory, queue.PauseRateLimit, 10*time.Minute, "slow down too")
 	require.NoError(t, err)
 	q := b.routed(2 * time.Minute)
+	require.Empty(t, b.claimAll(t, q), "a row both CAs hold back was claimed")
 	d, ok, err := q.NextDue(b.ctx, testDirectory)
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.InDelta(t, (10 * time.Minute).Seconds(), d.Seconds(), 5, "the second CA's pause")
 
 	b.exec(t, `DELETE FROM certworker_pauses WHERE directory = $1`, secondDirectory)
-	b.exec(t, `UPDATE proxy_domains SET ssl_attempts = 3, ssl_last_attempt_at = now()`)
+	b.exec(t, `UPDATE proxy_domains SET ssl_attempts = 3, ssl_last_attempt_at = now(), ssl_held = 'backoff'`)
 	d, ok, err = q.NextDue(b.ctx, testDirectory)
 	require.NoError(t, err)
 	require.True(t, ok)

@@ -261,8 +261,75 @@ WHERE ssl_status = 'pending' AND ssl_held IS NULL AND (domain LIKE '%.backoff.ex
 			fmt.Fprintf(&out, "## %s%s: %.3f ms\n%s\n\n", heldName, statementSuffix(i), ms, plan)
 		}
 	}
+	// The claim with a second CA behind the same rows, put back in line, and then
+	// behind 500,000 (400,000 more under the pause), where it used to reach its
+	// step's timeout and claim nothing: the first claims take them out of line (their
+	// wall time, and the longest statement, are reported), and the claim of 16 is
+	// explained as above.
+	cfg := queue.DefaultConfig()
+	cfg.Fallback = &queue.Fallback{Directory: "https://second.invalid/directory", After: time.Hour}
+	routed := queue.New(rec, cfg)
+	for _, held := range []string{"100,000", "500,000"} {
+		if held == "500,000" {
+			moreHeldBack(b, pool)
+		}
+		if _, err := pool.Exec(ctx, `UPDATE proxy_domains SET ssl_held = NULL, ssl_held_until = NULL
+WHERE ssl_status = 'pending' AND (domain LIKE '%.backoff.example' OR domain LIKE '%.paused.example')`); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `VACUUM ANALYZE proxy_domains`); err != nil {
+			b.Fatal(err)
+		}
+		took, claims, longest := time.Now(), 0, time.Duration(0)
+		for inLine := 1; inLine > 0; claims++ {
+			t0 := time.Now()
+			if _, err := routed.Claim(ctx, "bench", dir, 16); err != nil {
+				b.Fatalf("routed claim behind %s held rows: %v", held, err)
+			}
+			longest = max(longest, time.Since(t0))
+			if err := pool.QueryRow(ctx, `
+SELECT count(*) FROM proxy_domains
+WHERE ssl_status = 'pending' AND ssl_held IS NULL AND (domain LIKE '%.backoff.example' OR domain LIKE '%.paused.example')`).Scan(&inLine); err != nil {
+				b.Fatal(err)
+			}
+		}
+		fmt.Fprintf(&summary, "%9.3f ms  the %d claims with a second CA that took %s held rows out of line (wall time, each a claim of 16; the longest %.0f ms)\n",
+			float64(time.Since(took).Microseconds())/1000, claims, held, float64(longest.Microseconds())/1000)
+		if _, err := pool.Exec(ctx, `VACUUM proxy_domains`); err != nil {
+			b.Fatal(err)
+		}
+		rec.take()
+		if _, err := routed.Claim(ctx, "bench", dir, 16); err != nil {
+			b.Fatal(err)
+		}
+		heldName := "claim with a second CA, 16 at a time, behind " + held + " held rows, after VACUUM"
+		for i, r := range rec.take() {
+			plan, ms := explain(b, pool, r)
+			b.ReportMetric(ms, "claim-routed-"+strings.ReplaceAll(held, ",", "")+"-"+fmt.Sprint(i)+"-ms")
+			fmt.Fprintf(&summary, "%9.3f ms  %s%s\n", ms, heldName, statementSuffix(i))
+			fmt.Fprintf(&out, "## %s%s: %.3f ms\n%s\n\n", heldName, statementSuffix(i), ms, plan)
+		}
+	}
 	b.StopTimer()
 	writeBenchFile(b, "plans.txt", summary.String()+"\n"+out.String())
+}
+
+// moreHeldBack adds 400,000 pending rows under paused.example at the head of the
+// queue, beside heldBack's 100,000.
+func moreHeldBack(tb testing.TB, pool *pgxpool.Pool) {
+	tb.Helper()
+	ctx := context.Background()
+	for _, sql := range []string{
+		`INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_status, ssl_provider)
+         SELECT t.id, 'q' || g || '.paused.example', 'verified', 'tok', 'pending', 'acme'
+         FROM generate_series(1, 400000) g
+         JOIN (SELECT id, row_number() OVER () - 1 AS n FROM proxy_tenants) t ON t.n = g % 10000`,
+		`UPDATE proxy_domains SET ssl_queue_tier = 2, ssl_queue_seq = -1 WHERE domain LIKE 'q%.paused.example'`,
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			tb.Fatalf("more held back: %v\n%s", err, sql)
+		}
+	}
 }
 
 // heldBack adds 100,000 pending rows at the head of the queue that the claim cannot

@@ -10,10 +10,19 @@ import (
 // indexes of migration 00005 agree on.
 const claimableSQL = `verification_status = 'verified' AND ssl_provider = 'acme' AND ssl_status = 'pending'`
 
-// notWaitingSQL leaves out the domains waiting for their DNS: they fall due when a
-// DNS check says so (the waiter), not by backoff. With claimableSQL it is the
-// predicate of proxy_domains_due_idx (migration 00021).
-const notWaitingSQL = `ssl_held IS DISTINCT FROM '` + HeldDNS + `'`
+// dueByBackoffSQL: the rows that fall due when their backoff runs out, those in line
+// and those held for their backoff. With claimableSQL it is the predicate of
+// proxy_domains_due_line_idx (migration 00023). A row held under a pause falls due
+// when the pause ends, a routed row at its ssl_held_until, and a row waiting for its
+// DNS when a DNS check says so (the waiter): read here by backoff, 100,000 waiting
+// rows would be read through on every pass, and a held row whose backoff had run out
+// would make the next due time "now" for as long as it was held.
+const dueByBackoffSQL = `(ssl_held IS NULL OR ssl_held = 'backoff')`
+
+// routedUntilSQL is the earliest ssl_held_until of the rows the routed claim held out
+// (HeldRouted): when ReturnHeld next brings one back (proxy_domains_routed_idx).
+const routedUntilSQL = `(SELECT min(ssl_held_until) FROM proxy_domains
+     WHERE ` + claimableSQL + ` AND ssl_held = '` + HeldRouted + `')`
 
 // NextDue is how long until something becomes claimable without a wake-up from
 // outside: a backoff running out, or a pause ending. ok is false when nothing is
@@ -31,26 +40,18 @@ func (q *Queue) NextDue(ctx context.Context, directory string) (d time.Duration,
 	capped := min(q.cfg.firstCapped(), q.cfg.MaxAttempts)
 	var secs *float64
 	args := []any{q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax), directory, capped}
-	// With a second CA, a row held back at the first may go to it before the first's
-	// pause ends (fallback.go): not before the row is due itself, nor before the
-	// hold has lasted --acme-fallback-after, nor while the second CA is paused. Any
-	// of the three missing made it "due now" for as long as a pause of the first
-	// older than --acme-fallback-after was in force, and the worker's timer fell back
-	// to its idle retries, then the poll.
-	fallbackDue := "NULL"
-	if q.cfg.Fallback != nil {
-		fallbackDue = `CASE WHEN (SELECT min(at) FROM queued) IS NOT NULL THEN GREATEST((SELECT min(at) FROM queued), ` +
-			nextDueFallbackSQL + `, (SELECT max(paused_until) FROM certworker_pauses
-                                 WHERE scope = 'ca' AND key = $7 AND paused_until > now())) END`
-		args = append(args, q.cfg.Fallback.args()[1], q.cfg.Fallback.Directory)
-	}
+	// A pause of the CA holds back every row until it ends, but with a second CA a
+	// row held back at the first may go to the second before then: the routed claim
+	// holds it out until its decision can change (ssl_held_until), which
+	// routedUntilSQL reads. So with a second CA the CA's pause does not postpone ($6).
+	args = append(args, q.cfg.Fallback == nil)
 	err = q.db.QueryRow(ctx, `
 WITH per_count AS (
     SELECT k, r.last
     FROM generate_series(0, $5 - 1) AS k
     CROSS JOIN LATERAL (
         SELECT ssl_last_attempt_at AS last FROM proxy_domains
-        WHERE `+claimableSQL+` AND `+notWaitingSQL+` AND ssl_attempts = k
+        WHERE `+claimableSQL+` AND `+dueByBackoffSQL+` AND ssl_attempts = k
         ORDER BY ssl_last_attempt_at NULLS FIRST LIMIT 1) r
 ), queued AS (
     SELECT min(CASE WHEN last IS NULL THEN now()
@@ -60,13 +61,13 @@ WITH per_count AS (
     SELECT min(CASE WHEN ssl_last_attempt_at IS NULL THEN now()
                     ELSE ssl_last_attempt_at + make_interval(secs => `+backoffSQL("ssl_attempts", "$2", "$3")+`) END)
     FROM proxy_domains
-    WHERE `+claimableSQL+` AND `+notWaitingSQL+` AND (ssl_attempts < 0 OR ssl_attempts >= $5) AND ssl_attempts < $1
+    WHERE `+claimableSQL+` AND `+dueByBackoffSQL+` AND (ssl_attempts < 0 OR ssl_attempts >= $5) AND ssl_attempts < $1
 )
 SELECT `+secondsUntilSQL(`LEAST(GREATEST(
     LEAST((SELECT min(at) FROM queued),
           (SELECT min(paused_until) FROM certworker_pauses WHERE scope <> 'ca' AND paused_until > now())),
-    (SELECT max(paused_until) FROM certworker_pauses WHERE scope = 'ca' AND key = $4 AND paused_until > now())),
-    `+fallbackDue+`)`),
+    (SELECT max(paused_until) FROM certworker_pauses WHERE $6 AND scope = 'ca' AND key = $4 AND paused_until > now())),
+    `+routedUntilSQL+`)`),
 		args...).Scan(&secs)
 	if err != nil {
 		return 0, false, fmt.Errorf("next due: %w", err)

@@ -127,6 +127,35 @@ func TestE2E_AFirstCADownSendsANewDomainToTheSecond(t *testing.T) {
 	t.Logf("issued by the second CA %s after verification (--acme-fallback-after %s)", took.Round(time.Millisecond), fallbackAfter)
 }
 
+// With the first CA down from the start, a new domain goes to the second within a few
+// seconds of --acme-fallback-after, whatever the poll: the worker's timer is set for
+// the moment the hold reaches it, and a hand-back at each end of the first's doubling
+// outage pause does not start the wait again. It took 63 s with 10 s and a 30 s poll,
+// and 48.6 s with 15 s and a 5 s poll: the hold was measured from the last hand-back,
+// and the timer was not set for it.
+func TestE2E_AFirstCADownSendsANewDomainToTheSecondSoonAfterTheWait(t *testing.T) {
+	t.Parallel()
+	const after = 10 * time.Second
+	w := newWorld(t, pebbletest.Options{})
+	front := pebbletest.NewFront(t, w.ca)
+	first := w.acmeConfig()
+	first.DirectoryURL = front.DirectoryURL
+	second, secondCfg := w.startSecondCA(t)
+	front.SetDown(true)
+	w.startWithFallback(t, "a", first, secondCfg, worker.Config{Concurrency: 2, PollInterval: 30 * time.Second,
+		Fallback: &worker.FallbackCA{After: after}})
+
+	name := randomName("soon")
+	verified := time.Now()
+	id := w.addDomains(t, name)[0]
+	waitFor(t, after+60*time.Second, "the domain to be issued", func() bool { return w.domain(t, id).Status == "active" })
+	took := time.Since(verified)
+	require.Equal(t, second.DirectoryURL, w.issuedBy(t, name))
+	require.GreaterOrEqual(t, took, after, "the second CA was asked before --acme-fallback-after")
+	require.Less(t, took, after+8*time.Second, "the second CA was asked long after --acme-fallback-after")
+	t.Logf("issued by the second CA %s after verification (--acme-fallback-after %s, --poll-interval 30s)", took.Round(time.Millisecond), after)
+}
+
 // A rate-limit pause of a registered domain at the first CA sends its names to the
 // second after the wait; other tenants' names still go to the first. Two instances
 // share each decision: no name is ordered at both CAs, nor twice.

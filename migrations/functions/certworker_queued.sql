@@ -1,8 +1,9 @@
 -- The wake trigger's function (certworker_queued_insert and certworker_queued_update on
 -- proxy_domains, BEFORE, WHEN the row enters the claimable set), reading only: it takes
 -- no lock the proxy's transactions could wait on. For a row entering the claimable set:
--- stamp ssl_queued_at; its tier; its place, unless it is handed back (leaving
--- 'provisioning' with its attempts unchanged: it keeps its place at the front); in
+-- stamp ssl_queued_at; its tier; its place and ssl_waiting_since (when its wait for a
+-- certificate began), unless it is handed back (leaving 'provisioning' with its
+-- attempts unchanged: it keeps its place at the front, and its wait goes on); in
 -- line, unless the write itself took it out (the worker's failure write); notify,
 -- unless the write is the worker's own failure write (certworker.quiet). Tier 1 rows
 -- get a place too: tenants take turns there (the claim serves each turn with the
@@ -21,6 +22,12 @@ BEGIN
                                ELSE 3 END;
     IF TG_OP = 'INSERT' OR NEW.ssl_held IS NOT DISTINCT FROM OLD.ssl_held THEN
         NEW.ssl_held := NULL;
+        NEW.ssl_held_until := NULL;
+    END IF;
+    IF NOT (TG_OP = 'UPDATE' AND OLD.ssl_status::text = 'provisioning'
+            AND NEW.ssl_attempts IS NOT DISTINCT FROM OLD.ssl_attempts
+            AND NEW.ssl_waiting_since IS NOT NULL) THEN
+        NEW.ssl_waiting_since := NEW.ssl_queued_at;
     END IF;
     IF NOT (TG_OP = 'UPDATE' AND OLD.ssl_status::text = 'provisioning'
             AND NEW.ssl_attempts IS NOT DISTINCT FROM OLD.ssl_attempts
