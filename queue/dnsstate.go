@@ -82,7 +82,7 @@ func WaitCheckIn(now, since time.Time, stale int) time.Duration {
 // claim's preflight begins again (it flapped back) keeps the time the first began.
 // It starts over when the domain comes to this wait without the words of a wait in
 // its ssl_error, as the claim found it: a first wait, or one after the domain was
-// issued (MarkActive writes ssl_error), retried (the proxy's retry and `certworker
+// issued (MarkActive forgets the clock, and writes ssl_error), retried (the proxy's retry and `certworker
 // retry` clear it), or failed at the CA meanwhile (charged, and bounded by
 // --max-attempts instead). Otherwise a name whose DNS flaps never reaches the max.
 func (q *Queue) Wait(ctx context.Context, c Claim, msg, answer string, checkIn time.Duration) error {

@@ -241,6 +241,9 @@ func TestWait_TheClockRunsAcrossFlapsUntilTheDomainIsIssued(t *testing.T) {
 	c = b.claimOne(t, id)
 	cert := mintCertificate(t, name, nowSecond().Add(-time.Hour), nowSecond().Add(90*24*time.Hour))
 	require.NoError(t, b.markActive(c, cert))
+	var kept *time.Time
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT waiting_since FROM certworker_dns_state WHERE domain_id = $1`, id).Scan(&kept))
+	require.Nil(t, kept, "the issuance kept the clock of the wait before it")
 	// Its renewal, due.
 	b.exec(t, `UPDATE proxy_domains SET ssl_status = 'pending', ssl_renew_by = now() - interval '1 hour',
     ssl_last_attempt_at = NULL WHERE id = $1`, id)
