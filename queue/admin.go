@@ -108,10 +108,11 @@ func pickTwin(name string, n int, at func(i int) (id, domain string, keeps bool)
 // Retry puts a failed or backing-off domain back in the queue now, by name in any
 // case: pending, attempts 0, error and last attempt cleared (so the next pass takes it
 // rather than waiting out a backoff computed for a cause the operator has just
-// fixed), and every CA's refusal of the name forgotten (ssl_ca_refused, which the
-// function forgets for the proxy's retry too). It refuses, with a *RefusedError saying why, a domain that is unknown, not
-// verified, not acme, active, or being issued, and, with an *AmbiguousError, a name
-// two rows hold in different cases. The requeue is certworker_queue_for_issuance's,
+// fixed), and every CA's refusal of the name forgotten (ssl_ca_refused), all by the
+// function, also for a row with no history to clear. It refuses, with a
+// *RefusedError saying why, a domain that is unknown, not verified, not acme, active,
+// or being issued, and, with an *AmbiguousError, a name two rows hold in different
+// cases. The requeue is certworker_queue_for_issuance's,
 // the proxy's own, which wakes a running worker within milliseconds.
 func (q *Queue) Retry(ctx context.Context, domain string) error {
 	return pgx.BeginFunc(ctx, q.db, func(tx pgx.Tx) error {
@@ -139,15 +140,6 @@ func (q *Queue) Retry(ctx context.Context, domain string) error {
 		}
 		if queued != 1 {
 			return fmt.Errorf("retry %s: the domain was not queued", d.domain)
-		}
-		// The function's UPDATE forgets the refusals through certworker_retried, which
-		// fires only when the row had a history to clear; a row refused and handed back
-		// uncharged had none. certworker's own role may write the columns: forget them
-		// here too (CONTRACT §5: retry forgets every CA's refusal).
-		if _, err := tx.Exec(ctx, `
-UPDATE proxy_domains SET ssl_ca_refused = NULL, ssl_ca_refused_cause = NULL
-WHERE id = $1 AND (ssl_ca_refused IS NOT NULL OR ssl_ca_refused_cause IS NOT NULL)`, d.id); err != nil {
-			return fmt.Errorf("retry %s: %w", d.domain, err)
 		}
 		return nil
 	})

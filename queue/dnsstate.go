@@ -74,13 +74,24 @@ func WaitCheckIn(now, since time.Time, stale int) time.Duration {
 
 // Wait hands a claim back uncharged to wait for its DNS: pending, out of line,
 // ssl_error msg (written only when it changed), its attempt time as before the claim,
-// no notification (nothing is due); and records the wait (since when, kept from an
-// earlier wait; its next check in checkIn; the answer seen).
+// no notification (nothing is due); and records the wait (since when; its next check
+// in checkIn; the answer seen).
+//
+// Since when is the clock of --dns-wait-max, and it runs across waits that end and
+// begin again: a wait that EndWait ended (the check saw the DNS right) and the next
+// claim's preflight begins again (it flapped back) keeps the time the first began.
+// It starts over when the domain comes to this wait without the words of a wait in
+// its ssl_error, as the claim found it: a first wait, or one after the domain was
+// issued (MarkActive forgets the clock, and writes ssl_error), retried (the proxy's retry and `certworker
+// retry` clear it), or failed at the CA meanwhile (charged, and bounded by
+// --max-attempts instead). Otherwise a name whose DNS flaps never reaches the max.
 func (q *Queue) Wait(ctx context.Context, c Claim, msg, answer string, checkIn time.Duration) error {
 	msg = q.errorText(ctx, msg) // the preflight's words carry the tenant's DNS and redirects
 	var one int
 	err := q.quietly(ctx, `
-WITH d AS (
+WITH before AS (
+    SELECT COALESCE(ssl_error LIKE '`+WaitingPrefix+`%', false) AS waited FROM proxy_domains WHERE id = $1
+), d AS (
     UPDATE proxy_domains SET
         ssl_status = 'pending', ssl_last_attempt_at = ssl_claim_prev_attempt_at, updated_at = now(),
         ssl_held = '`+HeldDNS+`',
@@ -92,7 +103,8 @@ WITH d AS (
     INSERT INTO certworker_dns_state AS s (domain_id, waiting_since, next_check_at, answer, updated_at)
     SELECT id, now(), now() + make_interval(secs => $4), $5, now() FROM d
     ON CONFLICT (domain_id) DO UPDATE SET
-        waiting_since = COALESCE(s.waiting_since, EXCLUDED.waiting_since),
+        waiting_since = CASE WHEN (SELECT waited FROM before) THEN COALESCE(s.waiting_since, EXCLUDED.waiting_since)
+                             ELSE EXCLUDED.waiting_since END,
         next_check_at = EXCLUDED.next_check_at, answer = EXCLUDED.answer, updated_at = now()
 )
 SELECT 1 FROM d`, []any{c.ID, c.Token, msg, checkIn.Seconds(), answer}, &one)
@@ -181,7 +193,8 @@ WHERE id = $1::uuid AND `+claimableSQL+` AND ssl_held = '`+HeldDNS+`'
 // EndWait puts a waiting domain back in line: its DNS now allows validation. Held
 // as 'backoff', ReturnHeld brings it back at its place (its backoff, if any, has run
 // out while it waited), which the caller's next claim does. It reports whether the
-// domain was still waiting.
+// domain was still waiting. The wait's clock is kept (see Wait): a wait that begins
+// again at the next claim goes on counting from the first.
 func (q *Queue) EndWait(ctx context.Context, id string) (bool, error) {
 	tag, err := q.db.Exec(ctx, `
 UPDATE proxy_domains SET ssl_held = 'backoff'
@@ -190,7 +203,7 @@ WHERE id = $1::uuid AND `+claimableSQL+` AND ssl_held = '`+HeldDNS+`'`, id)
 		return false, fmt.Errorf("end the wait for DNS: %w", err)
 	}
 	if _, err := q.db.Exec(ctx, `
-UPDATE certworker_dns_state SET next_check_at = NULL, waiting_since = NULL, updated_at = now()
+UPDATE certworker_dns_state SET next_check_at = NULL, updated_at = now()
 WHERE domain_id = $1::uuid`, id); err != nil {
 		return false, fmt.Errorf("end the wait for DNS: %w", err)
 	}

@@ -13,7 +13,8 @@ import (
 // A domain handed back to wait for its DNS is pending, uncharged and out of line:
 // no claim takes it (ReturnHeld leaves it held) until its wait ends (EndWait), or
 // until a retry clears its 'waiting for DNS:' error, the proxy's or certworker's.
-// Waiting again keeps the time it started waiting; the end of a wait forgets it.
+// A wait that ends (EndWait) and begins again keeps the time it started waiting, for
+// --dns-wait-max; a retry starts that clock over.
 // Guards against a waiting domain claimed (and its DNS probed) at every pass, and
 // against a retry that does not bring its check forward.
 func TestWait_OutOfLineUntilItsWaitEndsOrARetry(t *testing.T) {
@@ -53,17 +54,18 @@ FROM proxy_domains d JOIN certworker_dns_state s ON s.domain_id = d.id WHERE d.i
 	require.NoError(t, err)
 	require.True(t, back)
 	since := waits()
-	require.True(t, since.After(first), "a wait ended by DNS and begun again starts over")
+	require.True(t, since.Equal(first), "a wait ended by DNS and begun again started its clock over")
 
-	// The proxy's retry clears the error: the check comes forward, the clock stays.
+	// The proxy's retry clears the error: the check comes forward, and the clock
+	// starts over.
 	_, err = b.pool.Exec(b.ctx, `SELECT * FROM certworker_queue_for_issuance($1, $2)`, id, tenant)
 	require.NoError(t, err)
 	again := waits()
-	require.Equal(t, since, again, "a retry brings the check forward, not the clock back")
+	require.True(t, again.After(since), "the proxy's retry kept the clock of the wait before it")
 
 	// certworker retry does the same.
 	require.NoError(t, b.q.Retry(b.ctx, name))
-	waits()
+	require.True(t, waits().After(again), "certworker retry kept the clock of the wait before it")
 
 	failed, err := b.q.ExpireWait(b.ctx, id, queue.WaitingPrefix+"its DNS never pointed here")
 	require.NoError(t, err)
@@ -197,4 +199,55 @@ func TestWait_ItsWordsAreSanitisedLikeAnyError(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, failed)
 	check(stored())
+}
+
+// The --dns-wait-max clock of a domain whose DNS flaps (the check sees it right, the
+// wait ends, and the next claim's preflight sees it wrong again) runs across the
+// flaps: a domain that waited past the max in waits of minutes each is due to fail,
+// as one that waited in one piece. Its issuance starts the clock over: a renewal that
+// waits years later is not failed for a wait of its first issuance. Guards against a
+// flapping name that never reaches --dns-wait-max, checked for ever.
+func TestWait_TheClockRunsAcrossFlapsUntilTheDomainIsIssued(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, name := b.domain(t, b.tenant(t), "pending", 0, nil)
+	since := func() time.Time {
+		t.Helper()
+		var s time.Time
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT waiting_since FROM certworker_dns_state WHERE domain_id = $1`, id).Scan(&s))
+		return s
+	}
+	c := b.claimOne(t, id)
+	require.NoError(t, b.q.Wait(b.ctx, c, queue.WaitingPrefix+"x", "a", queue.WaitCheckFirst))
+	b.exec(t, `UPDATE certworker_dns_state SET waiting_since = now() - interval '200 hours' WHERE domain_id = $1`, id)
+	started := since()
+	for range 3 {
+		back, err := b.q.EndWait(b.ctx, id)
+		require.NoError(t, err)
+		require.True(t, back)
+		c = b.claimOne(t, id)
+		require.NoError(t, b.q.Wait(b.ctx, c, queue.WaitingPrefix+"x", "a", queue.WaitCheckFirst))
+		require.True(t, since().Equal(started), "a wait that ended and began again started its clock over")
+	}
+	b.exec(t, `UPDATE certworker_dns_state SET next_check_at = now() - interval '1 s' WHERE domain_id = $1`, id)
+	due, _, err := b.q.DueWaits(b.ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, due, 1)
+	require.True(t, due[0].Since.Equal(started), "the check is not told how long the domain has waited")
+
+	back, err := b.q.EndWait(b.ctx, id)
+	require.NoError(t, err)
+	require.True(t, back)
+	c = b.claimOne(t, id)
+	cert := mintCertificate(t, name, nowSecond().Add(-time.Hour), nowSecond().Add(90*24*time.Hour))
+	require.NoError(t, b.markActive(c, cert))
+	var kept *time.Time
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT waiting_since FROM certworker_dns_state WHERE domain_id = $1`, id).Scan(&kept))
+	require.Nil(t, kept, "the issuance kept the clock of the wait before it")
+	// Its renewal, due.
+	b.exec(t, `UPDATE proxy_domains SET ssl_status = 'pending', ssl_renew_by = now() - interval '1 hour',
+    ssl_last_attempt_at = NULL WHERE id = $1`, id)
+	c = b.claimOne(t, id)
+	require.NoError(t, b.q.Wait(b.ctx, c, queue.WaitingPrefix+"x", "a", queue.WaitCheckFirst))
+	require.True(t, since().After(started.Add(199*time.Hour)), "a wait after the issuance kept the clock of one before it")
 }

@@ -82,6 +82,9 @@ func leaseEndSQL(x, lease string) string {
 // answered invalidProfile), else c.Notice. A tenant who set another profile meanwhile
 // gets neither the note nor the refusal.
 //
+// The clock of a DNS wait (certworker_dns_state.waiting_since, which Wait keeps across
+// waits that end and begin again) is forgotten: the domain is issued.
+//
 // A domain whose ssl_profile was set to another profile while its order ran (the
 // profile trigger acts on active rows only) stores the certificate and goes back to
 // pending, attempts 0, rather than active: the replacement under its own profile is
@@ -122,6 +125,9 @@ WITH d AS (
         profile = $13, issuer_directory = $17,
         updated_at = now()
     RETURNING renew_at
+), w AS (
+    UPDATE certworker_dns_state SET waiting_since = NULL, updated_at = now()
+    WHERE domain_id = $1 AND waiting_since IS NOT NULL AND EXISTS (SELECT 1 FROM d)
 )
 SELECT `+secondsUntilSQL("renew_at")+` FROM c`,
 		c.ID, c.Token, cert.NotAfter, cert.ChainPEM, cert.PrivateKey, cert.NotBefore,

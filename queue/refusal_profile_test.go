@@ -34,7 +34,9 @@ SELECT ssl_ca_refused, ssl_ca_refused_cause FROM proxy_domains WHERE id = $1`, i
 // the queue at once, with its history cleared, and wakes the workers: the wake
 // trigger, which fires after the profile's trigger, sees the row enter the claimable
 // set. Only the housekeeping, every 10 minutes, acted on it, and the certificate was
-// not replaced within 60 s. Rows the rule leaves alone stay active.
+// not replaced within 60 s. Rows the rule leaves alone stay active. A write of the
+// profile forgets a refused one (certworker_profile_set), so a profile written back
+// to the refused one is queued, as certworker_set_profile queues it.
 func TestProfileTrigger_APlainUpdateOfTheProfileQueuesTheReplacement(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -44,7 +46,7 @@ func TestProfileTrigger_APlainUpdateOfTheProfileQueuesTheReplacement(t *testing.
 		{"another profile", "classic", "", "shortlived", true, true},
 		{"the certificate's own profile", "classic", "", "classic", true, false},
 		{"a certificate with no recorded profile", "", "", "shortlived", true, false},
-		{"the profile the CA refused", "classic", "shortlived", "shortlived", true, false},
+		{"the profile the CA refused, which the write forgets", "classic", "shortlived", "shortlived", true, true},
 		{"auto_renew off", "classic", "", "shortlived", false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -24,10 +24,7 @@ import (
 func TestGrants_TheProxysRoleLeavesCertworkersColumnsToCertworker(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	adminDSN := pgtest.NewDB(t)
-	role, proxyDSN := newRole(t, adminDSN, "proxy", "")
-	_, proxySection := grantsSections(t)
-	execSQL(t, adminDSN, strings.ReplaceAll(proxySection, `:"proxy_role"`, `"`+role+`"`))
+	adminDSN, proxyDSN := proxyRoleDB(t)
 	admin, err := pgx.Connect(ctx, adminDSN)
 	require.NoError(t, err)
 	defer admin.Close(ctx)
@@ -102,4 +99,15 @@ VALUES ($1, $2, 'tok') RETURNING id::text`, tenant, name).Scan(&id))
 	require.NoError(t, err)
 	_, err = proxy.Exec(ctx, `DELETE FROM proxy_certificates WHERE domain = 'switched.example'`)
 	require.NoError(t, err)
+}
+
+// proxyRoleDB is a migrated database and a role holding the proxy's section of
+// deploy/grants.sql: the owner's DSN and the role's.
+func proxyRoleDB(t *testing.T) (adminDSN, proxyDSN string) {
+	t.Helper()
+	adminDSN = pgtest.NewDB(t)
+	role, proxyDSN := newRole(t, adminDSN, "proxy", "")
+	_, proxySection := grantsSections(t)
+	execSQL(t, adminDSN, strings.ReplaceAll(proxySection, `:"proxy_role"`, `"`+role+`"`))
+	return adminDSN, proxyDSN
 }

@@ -13,10 +13,13 @@
 --   'retry' (certworker_retried, the row's history cleared as the proxy's retry and
 --     `certworker retry` clear it: pending, attempts 0, no error, no last attempt,
 --     from a failed or backing-off row): every CA's recorded refusal of the name is
---     forgotten, and a hold is lifted, so that the next claim asks again at once.
+--     forgotten, and a hold is lifted, so that the next claim asks again at once; a
+--     pending row whose hold is lifted gets a place in line as a row entering the
+--     queue does (certworker_queue_place, the wake trigger's own rule).
 --
--- It assigns NEW only and reads no table: SECURITY INVOKER, with nothing of the
--- caller's it could run.
+-- It assigns NEW only, and reads proxy_domains only for that place, with the rights
+-- of the role whose write fired it: SECURITY INVOKER, with nothing of the caller's it
+-- could run (every name qualified, search_path pinned).
 CREATE OR REPLACE FUNCTION public.certworker_follow_proxy() RETURNS trigger
 LANGUAGE plpgsql SET search_path = public, pg_temp AS $$
 BEGIN
@@ -40,6 +43,18 @@ BEGIN
             END IF;
             IF NEW.ssl_held IS NOT DISTINCT FROM OLD.ssl_held THEN
                 NEW.ssl_held := NULL;
+                NEW.ssl_held_until := NULL;
+            END IF;
+            -- A pending row whose hold is lifted enters the line, and takes a place as
+            -- a row entering the queue does: the wake trigger fires only for a row
+            -- entering the claimable set, which this one never left, and its old place
+            -- may be anywhere, far behind the line or ahead of it. Its wait begins again.
+            IF OLD.ssl_status::text = 'pending' AND OLD.ssl_held IS NOT NULL AND NEW.ssl_held IS NULL
+               AND NEW.verification_status::text = 'verified' AND NEW.ssl_provider::text = 'acme'
+               AND NEW.ssl_queue_seq IS NOT DISTINCT FROM OLD.ssl_queue_seq THEN
+                NEW.ssl_queued_at := pg_catalog.clock_timestamp();
+                NEW.ssl_waiting_since := NEW.ssl_queued_at;
+                NEW.ssl_queue_seq := public.certworker_queue_place(NEW.tenant_id, COALESCE(NEW.ssl_queue_tier, 2));
             END IF;
     END CASE;
     RETURN NEW;

@@ -6,7 +6,12 @@
 -- `certworker retry` forgets it (CONTRACT.md §5): the tenant may have changed the CAA
 -- records that caused it, and the CAs are asked afresh. The refusal is certworker's
 -- column, which the proxy's role may not write: the trigger certworker_retried
--- (certworker_follow_proxy) forgets it when this UPDATE clears the history. One row,
+-- (certworker_follow_proxy) forgets it, and lifts a hold, when this UPDATE clears the
+-- history. Its WHEN needs a history to clear, and cannot be changed without DROP
+-- TRIGGER (an ACCESS EXCLUSIVE lock on the proxy's table): a row with none (pending,
+-- attempts 0, no error, no last attempt: a first issuance a CA refused and handed
+-- back uncharged) that holds a refusal or a hold is given one first, its last attempt
+-- stamped, in the same transaction, for the UPDATE to clear; nobody sees it. One row,
 -- the domain as it now is, when it was queued; no row, and nothing changed, when it is
 -- refused: another tenant's domain (a tenant never touches another's), one that is not
 -- verified (an order for a name nobody has proved control of spends a rate limit for
@@ -21,14 +26,21 @@ RETURNS SETOF proxy_domains
 LANGUAGE plpgsql AS $$
 DECLARE
     v_status text;
+    v_unseen boolean;
 BEGIN
-    SELECT ssl_status INTO v_status FROM proxy_domains
+    SELECT ssl_status,
+        ssl_status = 'pending' AND ssl_attempts = 0 AND ssl_error IS NULL AND ssl_last_attempt_at IS NULL
+        AND (ssl_ca_refused IS NOT NULL OR ssl_ca_refused_cause IS NOT NULL OR ssl_held IS NOT NULL)
+    INTO v_status, v_unseen FROM proxy_domains
     WHERE id = p_domain_id AND tenant_id = p_tenant_id
       AND verification_status = 'verified' AND ssl_provider = 'acme'
       AND ssl_status IN ('failed', 'pending')
     FOR UPDATE;
     IF NOT FOUND THEN
         RETURN;
+    END IF;
+    IF v_unseen THEN
+        UPDATE proxy_domains SET ssl_last_attempt_at = now() WHERE id = p_domain_id;
     END IF;
     RETURN QUERY
         UPDATE proxy_domains SET

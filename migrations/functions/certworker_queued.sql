@@ -7,10 +7,9 @@
 -- line, unless the write itself took it out (the worker's failure write); notify,
 -- unless the write is the worker's own failure write (certworker.quiet). Tier 1 rows
 -- get a place too: tenants take turns there (the claim serves each turn with the
--- tenant's earliest expiry). A place is one past the tenant's last, clamped below the
--- top of bigint: a hand-edited ssl_queue_seq of 9223372036854775807 must not make the
--- proxy's own verify fail (22003) inside its transaction; such a row is served last
--- of its tenant's, its tenant's next rows tie with it. The proxy's columns are compared
+-- tenant's earliest expiry). A place is one past the tenant's last, never before the
+-- tier's front (certworker_queue_place, which the retry trigger uses too for a row
+-- whose hold it lifts). The proxy's columns are compared
 -- as text, so that pg_catalog's operators are the exact match whatever their type (a
 -- varchar column would let an operator planted in public win, as the owner).
 CREATE OR REPLACE FUNCTION public.certworker_queued() RETURNS trigger
@@ -32,21 +31,7 @@ BEGIN
     IF NOT (TG_OP = 'UPDATE' AND OLD.ssl_status::text = 'provisioning'
             AND NEW.ssl_attempts IS NOT DISTINCT FROM OLD.ssl_attempts
             AND NEW.ssl_queue_seq IS NOT NULL) THEN
-        NEW.ssl_queue_seq := GREATEST(
-            COALESCE((SELECT COALESCE(d.ssl_queue_seq, 0) FROM public.proxy_domains d
-                      WHERE d.verification_status::text = 'verified' AND d.ssl_provider::text = 'acme'
-                        AND d.ssl_status::text = 'pending' AND d.ssl_held IS NULL
-                        AND COALESCE(d.ssl_queue_tier, 2) = NEW.ssl_queue_tier
-                      ORDER BY COALESCE(d.ssl_queue_tier, 2), COALESCE(d.ssl_queue_seq, 0)
-                      LIMIT 1), 0),
-            COALESCE((SELECT LEAST(COALESCE(d.ssl_queue_seq, 0), 9223372036854775806) + 1 FROM public.proxy_domains d
-                      WHERE d.verification_status::text = 'verified' AND d.ssl_provider::text = 'acme'
-                        AND d.ssl_status::text = 'pending' AND d.ssl_held IS NULL
-                        AND d.tenant_id = NEW.tenant_id
-                        AND COALESCE(d.ssl_queue_tier, 2) = NEW.ssl_queue_tier
-                      ORDER BY d.tenant_id DESC, COALESCE(d.ssl_queue_tier, 2) DESC,
-                               COALESCE(d.ssl_queue_seq, 0) DESC
-                      LIMIT 1), 0));
+        NEW.ssl_queue_seq := public.certworker_queue_place(NEW.tenant_id, NEW.ssl_queue_tier);
     END IF;
     IF COALESCE(pg_catalog.current_setting('certworker.quiet', true), '') <> 'on'
        AND COALESCE((SELECT wake FROM public.certworker_settings WHERE id), 'notify') = 'notify' THEN
