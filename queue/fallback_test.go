@@ -15,9 +15,14 @@ const secondDirectory = "https://second.invalid/directory"
 // routed is a queue whose claim routes between testDirectory and secondDirectory,
 // with after as --acme-fallback-after.
 func (b *bundle) routed(after time.Duration) *queue.Queue {
+	return b.routedOn(b.pool, after)
+}
+
+// routedOn is routed on db.
+func (b *bundle) routedOn(db queue.DB, after time.Duration) *queue.Queue {
 	cfg := queue.DefaultConfig()
 	cfg.Fallback = &queue.Fallback{Directory: secondDirectory, After: after}
-	return queue.New(b.pool, cfg)
+	return queue.New(db, cfg)
 }
 
 // claimAll claims everything due through q and returns the claims by id.

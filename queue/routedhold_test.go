@@ -2,9 +2,11 @@ package queue_test
 
 import (
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/queue"
@@ -121,4 +123,30 @@ FROM proxy_domains WHERE id = $1`, id).Scan(&waited, &queued))
 	require.Contains(t, got, id, "the domain waits --acme-fallback-after again from its hand-back")
 	require.Equal(t, secondDirectory, got[id].Directory)
 	require.Equal(t, queue.FallbackOutage, got[id].FallbackCause)
+}
+
+// ReturnHeld looks the rows it brings back up by their id whatever the statistics
+// say: 100,000 rows held out after the last analyze (which saw them in line) were
+// read whole, as a semi-join with the candidates, by a call that brought none back.
+func TestReturnHeld_LooksUpItsRowsByIDWithStaleStatistics(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tn := b.tenant(t)
+	b.exec(t, `
+INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_status, ssl_provider)
+SELECT $1, 'h' || g || '.held.example', 'verified', 'tok', 'pending', 'acme' FROM generate_series(1, 100000) g`, tn)
+	b.exec(t, `ANALYZE proxy_domains`)
+	b.exec(t, `UPDATE proxy_domains SET ssl_held = 'routed', ssl_held_until = now() + interval '1 hour'`)
+	rec := &recorder{Pool: b.pool}
+	_, err := b.routedOn(rec, time.Hour).ReturnHeld(b.ctx, testDirectory)
+	require.NoError(t, err)
+	seen := rec.take()
+	require.Len(t, seen, 1)
+	rows, err := b.pool.Query(b.ctx, "EXPLAIN "+seen[0].sql, seen[0].args...)
+	require.NoError(t, err)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	plan := strings.Join(lines, "\n")
+	require.Contains(t, plan, "proxy_domains_pkey", "ReturnHeld does not look its rows up by id:\n%s", plan)
+	require.NotContains(t, plan, "Semi Join", "ReturnHeld matches the held rows with its candidates:\n%s", plan)
 }
