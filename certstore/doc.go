@@ -47,7 +47,9 @@
 // The store holds one connection of its own, LISTENing on Channel
 // (certworker_certificate). Migration 00007's triggers notify it, with the name as
 // payload, when a certificate row is inserted, replaced or deleted, and when a
-// verified domain is unverified, renamed or deleted. A notified name held in memory
+// verified domain is unverified, renamed or deleted; migration 00024's, when a name
+// under a wildcard's domain row becomes verified (it is then served its own
+// certificate or none, no longer the wildcard's). A notified name held in memory
 // is reloaded at once in the background; the next handshake presents what the
 // database holds.
 //

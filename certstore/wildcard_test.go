@@ -49,3 +49,35 @@ VALUES ($1, 'taken.shop.example', 'verified', 'tok', 'acme', 'pending'),
 	b.storeCert(t, b.admin, "*.shop.example", renewed)
 	b.waitServes(t, "www.shop.example", renewed.serial, 5*time.Second)
 }
+
+// A name served the wildcard's certificate stops being served it the moment a row of
+// its own becomes verified, whatever its tenant (here another tenant's, inserted
+// pending and then verified, and a third inserted verified), not when its cache entry
+// is checked again (an hour here): it is then served its own certificate or none.
+func TestStore_ANameVerifiedUnderAWildcardStopsBeingServedTheWildcardAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, certstore.Options{TTL: long, MissTTL: long})
+	wild := b.served(t, "*.shop.example")
+	b.requireServes(t, "later.shop.example", wild.serial)
+	b.requireServes(t, "fresh.shop.example", wild.serial)
+	b.requireServes(t, "tenants.shop.example", wild.serial)
+
+	var other string
+	require.NoError(t, b.admin.QueryRow(b.ctx, `INSERT INTO proxy_tenants (name, slug, email) VALUES ('o', $1, 'o@o.example') RETURNING id`,
+		fmt.Sprintf("o-%d", time.Now().UnixNano())).Scan(&other))
+	_, err := b.admin.Exec(b.ctx, `
+INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_provider, ssl_status)
+VALUES ($1, 'later.shop.example', 'pending', 'tok', 'acme', 'pending')`, other)
+	require.NoError(t, err)
+	b.requireServes(t, "later.shop.example", wild.serial) // an unverified row holds nothing back
+	_, err = b.admin.Exec(b.ctx, `UPDATE proxy_domains SET verification_status = 'verified' WHERE domain = 'later.shop.example'`)
+	require.NoError(t, err)
+	b.waitRefused(t, "later.shop.example", certstore.ErrNoCertificate, 5*time.Second)
+
+	_, err = b.admin.Exec(b.ctx, `
+INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_provider, ssl_status)
+VALUES ($1, 'Fresh.Shop.Example', 'verified', 'tok', 'acme', 'pending')`, other)
+	require.NoError(t, err)
+	b.waitRefused(t, "fresh.shop.example", certstore.ErrNoCertificate, 5*time.Second)
+	b.requireServes(t, "tenants.shop.example", wild.serial)
+}
