@@ -15,3 +15,7 @@ var ClaimRoutedSQLForTest = claimRoutedSQL
 // ErrorTextForTest is what q stores as ssl_error for s (SanitizeError for q's
 // database's encoding).
 func ErrorTextForTest(ctx context.Context, q *Queue, s string) string { return q.errorText(ctx, s) }
+
+// TwinCandidatesSQLForTest is the housekeeping's search for case twins, for EXPLAIN in
+// tests.
+var TwinCandidatesSQLForTest = twinCandidatesSQL

@@ -59,16 +59,49 @@ type FleetStats struct {
 	// Replace is how the replacement of the certificates whose renewal window has
 	// started is going (a mass revocation, or a drill, shows here).
 	Replace ReplaceProgress
+	// Totals are the counts behind Domains["active"] and Verified, and when they were
+	// counted: at At, or earlier when reused (FleetStatsReusing).
+	Totals FleetTotals
+
+	invalid      int           // verified acme domains holding no valid certificate at At
+	totalsMaxAge time.Duration // how old reused Totals may be
+}
+
+// FleetTotals are the figures of FleetStats that only a read of every acme domain
+// gives (an index-only scan of a million entries: most of a read's cost at rest), so
+// a caller on a timer may count them less often than the rest (FleetStatsReusing).
+type FleetTotals struct {
+	// At is the database's clock when they were counted.
+	At time.Time
+	// Active counts the acme domains in ssl_status 'active'; Verified the verified
+	// acme domains.
+	Active, Verified int
 }
 
 // FleetStats reads the fleet's state for the alert metrics. It is meant for a timer,
-// not for every scrape: at a million domains its first statement reads an index of
-// all the acme domains. The others read only the troubled rows, the queue, the pauses
-// and the ledger, so they stay small while the fleet is healthy.
+// not for every scrape: at a million domains counting the active and the verified
+// domains (FleetTotals) reads an index of all the acme domains. The other statements
+// read only the unsettled and troubled rows, the queue, the pauses and the ledger, so
+// they stay small while the fleet is healthy.
 func (q *Queue) FleetStats(ctx context.Context, directory string) (FleetStats, error) {
+	return q.FleetStatsReusing(ctx, directory, nil, 0)
+}
+
+// FleetStatsReusing is FleetStats reusing last (the Totals of an earlier read, nil:
+// none) while they are younger than maxAge by the database's clock, instead of
+// counting every acme domain again; every other figure is read afresh. Between two
+// counts, Domains["active"] and Verified are those of last.At, and Valid is that
+// Verified less the verified domains holding no valid certificate now: an expiry
+// shows at once, and a domain verified since the count lowers Valid (it holds no
+// certificate yet) without raising Verified, which errs towards the alert.
+func (q *Queue) FleetStatsReusing(ctx context.Context, directory string, last *FleetTotals, maxAge time.Duration) (FleetStats, error) {
 	s := FleetStats{
-		Domains: map[string]int{"pending": 0, "provisioning": 0, "active": 0, "failed": 0},
-		Paused:  map[string]int{ScopeCA: 0, ScopeRegisteredDomain: 0, ScopeDomain: 0},
+		Domains:      map[string]int{"pending": 0, "provisioning": 0, "active": 0, "failed": 0},
+		Paused:       map[string]int{ScopeCA: 0, ScopeRegisteredDomain: 0, ScopeDomain: 0},
+		totalsMaxAge: maxAge,
+	}
+	if last != nil {
+		s.Totals = *last
 	}
 	tx, err := q.db.Begin(ctx)
 	if err != nil {
@@ -83,7 +116,7 @@ func (q *Queue) FleetStats(ctx context.Context, directory string) (FleetStats, e
 		return s, fmt.Errorf("fleet statistics: %w", err)
 	}
 	for _, step := range []func(context.Context, pgx.Tx, *FleetStats, string) error{
-		readStatusCounts, readExpiringUnrenewed, readPendingOverHour, readPauses, readLedger, readReplace,
+		readStatusCounts, readTotals, readExpiringUnrenewed, readPendingOverHour, readPauses, readLedger, readReplace,
 	} {
 		if err := step(ctx, tx, &s, directory); err != nil {
 			return s, fmt.Errorf("fleet statistics: %w", err)
@@ -92,29 +125,57 @@ func (q *Queue) FleetStats(ctx context.Context, directory string) (FleetStats, e
 	return s, nil
 }
 
-// statusCountsSQL reads the acme domains by status, the SLO's two counts and the next
-// expiry in one pass: an index-only scan of proxy_domains_fleet_idx (migration 00008)
-// aggregated into one row. One row with a FILTER per status, rather than GROUP BY:
-// the index leads with the expiry, so grouping would hash every row.
+// statusCountsSQL reads what changes from one minute to the next in one pass over
+// the unsettled rows: the acme domains that are not active, by status (an index-only
+// scan of proxy_domains_unsettled_idx, migration 00023), the verified ones holding no
+// certificate that has not expired (ssl_expires_at missing, or past: two range scans
+// of proxy_domains_fleet_idx, migration 00008), and the next expiry among the others
+// (the first entry of that index past now). None reads the settled majority.
 const statusCountsSQL = `
-SELECT now(),
-       count(*) FILTER (WHERE ssl_status = 'pending'),
-       count(*) FILTER (WHERE ssl_status = 'provisioning'),
-       count(*) FILTER (WHERE ssl_status = 'active'),
-       count(*) FILTER (WHERE ssl_status = 'failed'),
-       count(*) FILTER (WHERE verification_status = 'verified'),
-       count(*) FILTER (WHERE verification_status = 'verified' AND ssl_expires_at > now()),
-       min(ssl_expires_at) FILTER (WHERE verification_status = 'verified' AND ssl_expires_at > now())
+SELECT now(), u.pending, u.provisioning, u.failed,
+       (SELECT count(*) FROM proxy_domains
+        WHERE ssl_provider = 'acme' AND verification_status = 'verified' AND ssl_expires_at IS NULL)
+     + (SELECT count(*) FROM proxy_domains
+        WHERE ssl_provider = 'acme' AND verification_status = 'verified' AND ssl_expires_at <= now()),
+       (SELECT min(ssl_expires_at) FROM proxy_domains
+        WHERE ssl_provider = 'acme' AND verification_status = 'verified' AND ssl_expires_at > now())
+FROM (SELECT count(*) FILTER (WHERE ssl_status = 'pending') AS pending,
+             count(*) FILTER (WHERE ssl_status = 'provisioning') AS provisioning,
+             count(*) FILTER (WHERE ssl_status = 'failed') AS failed
+      FROM proxy_domains WHERE ssl_provider = 'acme' AND ssl_status <> 'active') u`
+
+// totalsSQL counts the two figures that read every acme domain (FleetTotals): an
+// index-only scan of proxy_domains_fleet_idx aggregated into one row. One row with a
+// FILTER per figure, rather than GROUP BY: the index leads with the expiry, so
+// grouping would hash every row.
+const totalsSQL = `
+SELECT now(), count(*) FILTER (WHERE ssl_status = 'active'), count(*) FILTER (WHERE verification_status = 'verified')
 FROM proxy_domains
 WHERE ssl_provider = 'acme'`
 
 func readStatusCounts(ctx context.Context, tx pgx.Tx, s *FleetStats, _ string) error {
-	var pending, provisioning, active, failed int
-	if err := tx.QueryRow(ctx, statusCountsSQL).Scan(&s.At, &pending, &provisioning, &active, &failed,
-		&s.Verified, &s.Valid, &s.NextExpiry); err != nil {
+	var pending, provisioning, failed, invalid int
+	if err := tx.QueryRow(ctx, statusCountsSQL).Scan(&s.At, &pending, &provisioning, &failed,
+		&invalid, &s.NextExpiry); err != nil {
 		return fmt.Errorf("count domains: %w", err)
 	}
-	s.Domains["pending"], s.Domains["provisioning"], s.Domains["active"], s.Domains["failed"] = pending, provisioning, active, failed
+	s.Domains["pending"], s.Domains["provisioning"], s.Domains["failed"] = pending, provisioning, failed
+	s.invalid = invalid
+	return nil
+}
+
+// readTotals counts FleetTotals afresh, unless those of the last read (s.Totals, set
+// by the caller) are younger than s.totalsMaxAge by the database's clock, and then
+// sets the figures they give: the active domains, the verified ones, and the valid
+// ones (the verified less those that hold no valid certificate now).
+func readTotals(ctx context.Context, tx pgx.Tx, s *FleetStats, _ string) error {
+	if s.Totals.At.IsZero() || s.At.Sub(s.Totals.At) >= s.totalsMaxAge {
+		if err := tx.QueryRow(ctx, totalsSQL).Scan(&s.Totals.At, &s.Totals.Active, &s.Totals.Verified); err != nil {
+			return fmt.Errorf("count domains: %w", err)
+		}
+	}
+	s.Domains["active"], s.Verified = s.Totals.Active, s.Totals.Verified
+	s.Valid = max(0, s.Verified-s.invalid)
 	return nil
 }
 

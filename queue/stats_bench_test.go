@@ -39,6 +39,7 @@ func BenchmarkFleetStats1M(b *testing.B) {
 	fmt.Fprintf(&out, "# then FleetStats itself 7 times from this process, median wall time (round trips included).\n\n")
 	args := map[string][]any{
 		"status counts":        nil,
+		"totals":               nil,
 		"expiring unrenewed":   {[]float64{7 * 86400, 3 * 86400, 86400}, 7 * 86400.0},
 		"pending over an hour": {3600.0},
 		"pauses":               {fleetDirectory},

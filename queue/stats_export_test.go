@@ -4,6 +4,7 @@ package queue
 // their plans at a million domains.
 var FleetStatementsForTest = []struct{ Name, SQL string }{
 	{"status counts", statusCountsSQL},
+	{"totals", totalsSQL},
 	{"expiring unrenewed", expiringUnrenewedSQL},
 	{"pending over an hour", pendingOverHourSQL},
 	{"pauses", pausesSQL},

@@ -212,3 +212,48 @@ ON CONFLICT (id) DO UPDATE SET limits = EXCLUDED.limits`)
 	require.NoError(t, err)
 	require.Nil(t, s.LedgerLimit, "the limit is off")
 }
+
+// Totals younger than the age allowed are reused, and every other figure is read
+// afresh: a domain added since does not move the active and verified counts, a
+// certificate that expired since lowers Valid at once, and a status change shows in
+// its bucket. Past the age (or with none to reuse) the totals are counted again and
+// the figures are exact. Guards against a reuse that freezes the SLO's numerator (an
+// expiry must show within a read) and against a count that never comes again.
+func TestFleetStats_ReusesTheTotalsWhileYoung(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.statsRows(t,
+		statsRow{name: "a1.example", verification: "verified", status: "active", provider: "acme", expiresIn: dur(60 * 24 * time.Hour)},
+		statsRow{name: "a2.example", verification: "verified", status: "active", provider: "acme", expiresIn: dur(20 * 24 * time.Hour)},
+		statsRow{name: "f1.example", verification: "verified", status: "failed", provider: "acme", attempts: 10},
+	)
+	first, err := b.q.FleetStatsReusing(b.ctx, statsDirectory, nil, time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, map[string]int{"pending": 0, "provisioning": 0, "active": 2, "failed": 1}, first.Domains)
+	require.Equal(t, 3, first.Verified)
+	require.Equal(t, 2, first.Valid)
+	require.Equal(t, first.At, first.Totals.At, "counted in the read's snapshot")
+
+	b.statsRows(t, statsRow{name: "a3.example", verification: "verified", status: "active", provider: "acme", expiresIn: dur(30 * 24 * time.Hour)})
+	_, err = b.pool.Exec(b.ctx, `UPDATE proxy_domains SET ssl_expires_at = now() - interval '1 minute' WHERE domain = 'a2.example'`)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `UPDATE proxy_domains SET ssl_status = 'pending', ssl_attempts = 0 WHERE domain = 'f1.example'`)
+	require.NoError(t, err)
+
+	reused, err := b.q.FleetStatsReusing(b.ctx, statsDirectory, &first.Totals, time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, first.Totals, reused.Totals, "young totals are reused")
+	require.Equal(t, map[string]int{"pending": 1, "provisioning": 0, "active": 2, "failed": 0}, reused.Domains,
+		"active is the count's; the other statuses are read afresh")
+	require.Equal(t, 3, reused.Verified, "the denominator is the count's")
+	require.Equal(t, 1, reused.Valid, "the count's verified less those without a valid certificate now (f1 and a2)")
+	require.NotNil(t, reused.NextExpiry)
+	require.WithinDuration(t, time.Now().Add(30*24*time.Hour), *reused.NextExpiry, time.Minute, "the next expiry is read afresh")
+
+	counted, err := b.q.FleetStatsReusing(b.ctx, statsDirectory, &first.Totals, 0)
+	require.NoError(t, err)
+	require.True(t, counted.Totals.At.After(first.Totals.At), "old totals are counted again")
+	require.Equal(t, map[string]int{"pending": 1, "provisioning": 0, "active": 3, "failed": 0}, counted.Domains)
+	require.Equal(t, 4, counted.Verified)
+	require.Equal(t, 2, counted.Valid, "a1 and a3")
+}

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/queue"
@@ -162,4 +163,37 @@ func TestTwins_KeepsNameSQLNamesOneKeeper(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM proxy_domains d
 WHERE lower(d.domain) = 'one.example' AND `+queue.KeepsNameSQL("d")).Scan(&keepers))
 	require.Equal(t, 1, keepers)
+}
+
+// The housekeeping's search for case twins reads the names of the verified acme rows
+// from proxy_domains_twins_idx alone (an index-only scan in name order), and the rows
+// only of the names held twice: never a scan of the table or a probe per row. Guards
+// against the search of old, a probe of proxy_domains_lower_domain_idx for every
+// verified acme row (2 s at a million domains), and against an index the planner
+// cannot read lower(domain) from (without the name included it visits every row).
+// Sequential and bitmap scans are off so that a table this small still shows which
+// index plans are possible.
+func TestTwins_TheSearchReadsTheNamesFromTheIndexAlone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tenant := b.tenant(t)
+	_, err := b.pool.Exec(b.ctx, `
+INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_status, ssl_provider)
+SELECT $1, 'twin' || g || '.example', 'verified', 'tok', 'active', 'acme' FROM generate_series(1, 500) g`, tenant)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `VACUUM ANALYZE proxy_domains`)
+	require.NoError(t, err)
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(b.ctx) //nolint:errcheck // read only
+	_, err = tx.Exec(b.ctx, `SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off`)
+	require.NoError(t, err)
+	rows, err := tx.Query(b.ctx, `EXPLAIN `+queue.TwinCandidatesSQLForTest)
+	require.NoError(t, err)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	plan := strings.Join(lines, "\n")
+	require.Contains(t, plan, "Index Only Scan using proxy_domains_twins_idx", plan)
+	require.NotContains(t, plan, "Seq Scan on proxy_domains", plan)
+	require.NotContains(t, plan, "SubPlan", "a probe per row:\n"+plan)
 }
