@@ -21,7 +21,7 @@ import (
 // the other's.
 //
 // Finding them reads the names of the verified acme rows once, in order, from an
-// index (proxy_domains_twins_idx, migration 00023: about 0.2 s at a million domains),
+// index (proxy_domains_twins_idx, migration 00025: about 0.2 s at a million domains),
 // and then only the rows of the names held twice and the rows failed as duplicates
 // (proxy_domains_unsettled_idx), so it belongs on a maintenance timer, not on every
 // wake-up. Only twins that count (verified, acme) make a name held twice: a row whose

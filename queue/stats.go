@@ -127,7 +127,7 @@ func (q *Queue) FleetStatsReusing(ctx context.Context, directory string, last *F
 
 // statusCountsSQL reads what changes from one minute to the next in one pass over
 // the unsettled rows: the acme domains that are not active, by status (an index-only
-// scan of proxy_domains_unsettled_idx, migration 00023), the verified ones holding no
+// scan of proxy_domains_unsettled_idx, migration 00025), the verified ones holding no
 // certificate that has not expired (ssl_expires_at missing, or past: two range scans
 // of proxy_domains_fleet_idx, migration 00008), and the next expiry among the others
 // (the first entry of that index past now). None reads the settled majority.
