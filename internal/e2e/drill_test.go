@@ -202,13 +202,30 @@ FROM certworker_ledger WHERE outcome = 'issued'`).Scan(&replaced, &issued))
 		return replaced == fleet && issued == newcomers
 	})
 	t.Logf("drill replaced %d certificates and issued %d newcomers in %s", fleet, newcomers, time.Since(began).Round(time.Second))
+	// One replacement order a name, unless one failed on the way (on a loaded machine
+	// the CA's validation can time out, and the domain is retried a second later):
+	// every replacement names the certificate it replaces, and one of them was
+	// finalized.
+	retried := 0
 	for _, n := range names {
 		orders := ordersFor(w.ca, n)
-		require.Len(t, orders, 2, "%s", n)
-		require.NotEmpty(t, orders[1].Replaces, "%s: the replacement names the certificate it replaces", n)
-		require.Equal(t, first[n], replacedSerial(t, orders[1].Replaces), "%s", n)
+		require.GreaterOrEqual(t, len(orders), 2, "%s", n)
+		require.LessOrEqual(t, len(orders), 3, "%s: more than one replacement order failed", n)
+		finalized := 0
+		for _, o := range orders[1:] {
+			require.NotEmpty(t, o.Replaces, "%s: the replacement names the certificate it replaces", n)
+			require.Equal(t, first[n], replacedSerial(t, o.Replaces), "%s", n)
+			if o.Finalized {
+				finalized++
+			}
+		}
+		require.Equal(t, 1, finalized, "%s: finalized replacement orders", n)
+		if len(orders) > 2 {
+			retried++
+		}
 		require.NotEqual(t, first[n], w.serialOf(t, n), "%s", n)
 	}
+	t.Logf("%d of %d names needed a second replacement order", retried, len(names))
 	for _, n := range fresh {
 		require.Len(t, ordersFor(w.ca, n), 1, "%s", n)
 	}
