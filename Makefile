@@ -102,4 +102,4 @@ clean:
 # Containers of a test run that was killed before it could remove them (Ryuk, the
 # reaper that would, is off). Every testcontainers container on this Docker host.
 clean-containers:
-	docker ps -aq --filter label=org.testcontainers=true | xargs -r docker rm -f
+	docker ps -aq --filter label=org.testcontainers=true | xargs -r docker rm -f -v

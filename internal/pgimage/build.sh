@@ -12,7 +12,10 @@
 set -euo pipefail
 
 image=${1:-certworker-postgres:15}
-if docker image inspect "$image" >/dev/null 2>&1; then
+# Raised whenever the image's build changes, so that a machine holding an older build
+# makes it again rather than testing against what it no longer is.
+revision=2
+if [ "$(docker image inspect -f '{{index .Config.Labels "org.certworker.pgimage"}}' "$image" 2>/dev/null || true)" = "$revision" ]; then
   echo "image $image already present"
   exit 0
 fi
@@ -95,10 +98,18 @@ exec runuser -u postgres -- "$bin/postgres" -D "$PGDATA" "$@"
 ENTRY
 chmod 755 "$root/usr/local/bin/docker-entrypoint.sh"
 
+# The data directory is a volume, as in the official image: in the container's own
+# layer every write would go through the storage driver (fuse-overlayfs on some
+# engines), which on a 2-core VM doubled a one-row UPDATE's round trip (218 us against
+# 104 us on tmpfs and 135 us on a volume, fsync off) and added 0.2 ms to a commit
+# after an idle spell. Docker removes the anonymous volume with the container when
+# asked to (testcontainers' Terminate does; `docker rm -v`).
 tar -C "$root" -c . | docker import \
   --change 'ENTRYPOINT ["/usr/local/bin/docker-entrypoint.sh"]' \
   --change 'CMD ["postgres"]' \
   --change 'EXPOSE 5432' \
+  --change 'VOLUME /var/lib/postgresql/data' \
+  --change "LABEL org.certworker.pgimage=$revision" \
   --change 'ENV PATH=/usr/lib/postgresql/15/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
   - "$image" >/dev/null
 echo "built $image"
