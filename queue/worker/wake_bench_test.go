@@ -186,6 +186,16 @@ func BenchmarkWakeLatency(b *testing.B) {
 			})
 		}
 	}
+	for _, spacing := range notifySpacings {
+		b.Run(fmt.Sprintf("floor/spacing-%s", spacing), func(b *testing.B) {
+			d := newBenchDB(b)
+			b.ResetTimer()
+			l := d.notifyFloor(b, wakeDomains, spacing)
+			b.StopTimer()
+			l.report(b)
+			results = append(results, l)
+		})
+	}
 	b.Run("poll-only", func(b *testing.B) {
 		d := newBenchDB(b)
 		ids := d.insertDomains(b, wakeDomains, "pending")
@@ -206,6 +216,71 @@ func BenchmarkWakeLatency(b *testing.B) {
 	if len(results) > 0 {
 		writeWakeLatency(b, results)
 	}
+}
+
+// notifyFloor is what the rig itself costs a wake-up, with no certworker in it: n
+// NOTIFYs, each a committed transaction of its own, spacing apart, carrying their
+// clock_timestamp(); a connection LISTENing for them; and on each, one query on a
+// third, idle connection, whose now() ends the sample, as the claim's now() ends a
+// verify's. Delivery, two wake-ups of idle processes and one round trip: the least
+// any worker fed by LISTEN/NOTIFY can take on this machine. What the notify runs take
+// beyond it is certworker's (its triggers, its commit, its pass).
+func (d *benchDB) notifyFloor(tb testing.TB, n int, spacing time.Duration) latency {
+	tb.Helper()
+	connect := func() *pgx.Conn {
+		c, err := pgx.Connect(d.ctx, d.dsn)
+		if err != nil {
+			tb.Fatalf("floor: connect: %v", err)
+		}
+		tb.Cleanup(func() { _ = c.Close(context.Background()) })
+		return c
+	}
+	sender, listen, query := connect(), connect(), connect()
+	if _, err := listen.Exec(d.ctx, "LISTEN certworker_bench_floor"); err != nil {
+		tb.Fatalf("floor: listen: %v", err)
+	}
+	samples := make(chan float64, n)
+	errs := make(chan error, 1)
+	go func() {
+		for range n {
+			note, err := listen.WaitForNotification(d.ctx)
+			if err != nil {
+				errs <- err
+				return
+			}
+			var v float64
+			if err := query.QueryRow(d.ctx, `SELECT extract(epoch FROM now() - $1::timestamptz)::float8 * 1000`, note.Payload).Scan(&v); err != nil {
+				errs <- err
+				return
+			}
+			samples <- v
+		}
+	}()
+	start := time.Now()
+	var xs []float64
+	for i := range n {
+		time.Sleep(time.Until(start.Add(time.Duration(i) * spacing)))
+		if _, err := sender.Exec(d.ctx, `SELECT pg_notify('certworker_bench_floor', clock_timestamp()::text)`); err != nil {
+			tb.Fatalf("floor: notify: %v", err)
+		}
+		select {
+		case v := <-samples:
+			xs = append(xs, v)
+		case err := <-errs:
+			tb.Fatalf("floor: %v", err)
+		case <-time.After(10 * time.Second):
+			tb.Fatalf("floor: notification %d did not arrive within 10 s", i)
+		}
+	}
+	slices.Sort(xs)
+	at := func(f float64) float64 { return xs[min(int(f*float64(len(xs))), len(xs)-1)] }
+	var sum float64
+	for _, v := range xs {
+		sum += v
+	}
+	return latency{mode: "rig floor", n: len(xs), p50: at(0.5), p95: at(0.95), p99: at(0.99), max: xs[len(xs)-1], min: xs[0],
+		mean: sum / float64(len(xs)), spacing: spacing, pollPeriod: 0, load: loadAvg(),
+		note: "NOTIFY to a query on another idle connection, no certworker: delivery, two wake-ups and a round trip"}
 }
 
 // notifyBreakdown splits each domain's wake latency at the events the listener and
@@ -309,20 +384,35 @@ func writeWakeLatency(tb testing.TB, results []latency) {
 	tw := tabwriter.NewWriter(&s, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "mode\tn\tp50 ms\tp95 ms\tp99 ms\tmax ms\tmin ms\tmean ms\tspacing\tpoll\tload\t")
 	for _, l := range results {
+		poll := "-"
+		if l.pollPeriod > 0 {
+			poll = l.pollPeriod.String()
+		}
 		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t%s\t%s\t\n",
-			l.mode, l.n, l.p50, l.p95, l.p99, l.max, l.min, l.mean, l.spacing, l.pollPeriod, l.load)
+			l.mode, l.n, l.p50, l.p95, l.p99, l.max, l.min, l.mean, l.spacing, poll, l.load)
 	}
 	_ = tw.Flush()
 	var poll *latency
+	floor := map[time.Duration]latency{}
 	for i := range results {
-		if results[i].mode == "poll-only" {
+		switch results[i].mode {
+		case "poll-only":
 			poll = &results[i]
+		case "rig floor":
+			floor[results[i].spacing] = results[i]
+		}
+	}
+	notify := func(l latency) bool { return strings.HasPrefix(l.mode, "notify") }
+	s.WriteString("\n")
+	for _, l := range results {
+		if poll != nil && notify(l) {
+			fmt.Fprintf(&s, "poll-only / %s (spacing %s): p50 %.0fx, p99 %.0fx\n", l.mode, l.spacing, poll.p50/l.p50, poll.p99/l.p99)
 		}
 	}
 	s.WriteString("\n")
 	for _, l := range results {
-		if poll != nil && l.mode != poll.mode {
-			fmt.Fprintf(&s, "poll-only / %s (spacing %s): p50 %.0fx, p99 %.0fx\n", l.mode, l.spacing, poll.p50/l.p50, poll.p99/l.p99)
+		if f, ok := floor[l.spacing]; ok && notify(l) {
+			fmt.Fprintf(&s, "%s (spacing %s) beyond the rig floor: p50 +%.2f ms, p99 +%.2f ms\n", l.mode, l.spacing, l.p50-f.p50, l.p99-f.p99)
 		}
 	}
 	s.WriteString("\n")
