@@ -172,13 +172,19 @@ const ViaPort = "CERTWORKER_PG_VIA_PORT"
 // on a 2-core VM costs 0.2 to 0.5 ms a round trip after an idle spell and most of a
 // query's time back to back (SELECT 1: 38 us direct, 469 us through the relay). A
 // proxy's database has no such relay in front of it, so the benchmarks of latency
-// would measure Docker's, and every test would pay it. Elsewhere (Docker Desktop, a
-// remote engine, where the address does not route) the mapped port stays.
+// would measure Docker's, and every test would pay it. Elsewhere the mapped port
+// stays: a remote engine (DOCKER_HOST over tcp), and wherever the address does not
+// answer (Docker Desktop).
 //
 // Only for the shared server: a StartServer's container is stopped and started again,
 // and may come back with another address; its mapped port is fixed for its lifetime.
 func (s *Server) preferDirect(ctx context.Context) {
 	if os.Getenv(ViaPort) == "1" || s.container == nil {
+		return
+	}
+	// A remote engine's container addresses are on its host, not this one: an
+	// answer there would be somebody else's server.
+	if dh := os.Getenv("DOCKER_HOST"); dh != "" && !strings.HasPrefix(dh, "unix://") {
 		return
 	}
 	ip, err := s.container.ContainerIP(ctx)
