@@ -14,7 +14,7 @@ name=certworker-smoke-$$
 url="postgres://postgres:smoke@$name-pg:5432/certworker?sslmode=disable"
 
 cleanup() {
-  docker rm -f "$name-run" "$name-pg" >/dev/null 2>&1 || true
+  docker rm -f -v "$name-run" "$name-pg" >/dev/null 2>&1 || true
   docker network rm "$name" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
