@@ -382,8 +382,8 @@ func TestLogical(t *testing.T) {
 		require.Eventually(t, func() bool { return len(b.slots(t)) == 0 }, waitTimeout, 10*time.Millisecond,
 			"the slot must go with its session")
 		// The server drops the slot as the session ends; the waker reads the cut a
-		// moment later (the slot was seen gone first once, with the server on a direct
-		// address). Its backoff of 3-6 s still rules out a reconnection by then.
+		// moment later (on a loaded machine the test once saw the slot gone first). Its
+		// backoff of 3-6 s still rules out a reconnection by then.
 		require.Eventually(t, func() bool { return !b.lg.Connected() }, 2*time.Second, 10*time.Millisecond,
 			"the waker must see the cut and be in its backoff")
 		from = lsn()
