@@ -190,12 +190,12 @@ func wantDirect() bool {
 // wherever the server that answers there is not this container's (the two URLs must
 // reach one system identifier).
 //
-// Benchmarks only, unless Direct says otherwise: in a full test run, with packages
-// starting and ending containers in parallel, one package was once sent to another
-// package's server at its own container's address (its template missing, then the
-// address refusing), which the mapped port has never done. And only for the shared
-// server: a StartServer's container is stopped and started again, and may come back
-// with another address; its mapped port is fixed for its lifetime.
+// Benchmarks only, unless Direct says otherwise: a container removed under a running
+// package (by another run's cleanup, say) gives its address to the next container
+// started, so that the package's tests reach another package's server rather than
+// failing to connect, as they do on the mapped port. And only for the shared server:
+// a StartServer's container is stopped and started again, and may come back with
+// another address; its mapped port is fixed for its lifetime.
 func (s *Server) preferDirect(ctx context.Context) {
 	if !wantDirect() || s.container == nil {
 		return
