@@ -32,7 +32,10 @@ const routedUntilSQL = `(SELECT min(ssl_held_until) FROM proxy_domains
 //
 // The worker sets its timer for exactly this delay (capped by --poll-interval), so a
 // retry scheduled for 60 s happens at 60 s rather than at the next poll. While the CA
-// at directory is paused, nothing is claimable before the pause ends.
+// at directory is paused, nothing is claimable before the pause ends. A pause the
+// ledger wrote for the CA's account is not such a pause: the claim judges it row by
+// row, as it judges a registered domain's (a renewal passes it, ledgerExemptSQL), so
+// it ends a wait like theirs and postpones nothing.
 //
 // It reads one index entry per attempt count below the cap of the curve (the oldest
 // attempt with that count is the first whose backoff runs out) and one range for the
@@ -71,8 +74,10 @@ WITH per_count AS (
 )
 SELECT `+secondsUntilSQL(`LEAST(GREATEST(
     LEAST((SELECT min(at) FROM queued),
-          (SELECT min(paused_until) FROM certworker_pauses WHERE scope <> 'ca' AND paused_until > now())),
-    (SELECT max(paused_until) FROM certworker_pauses WHERE $6 AND scope = 'ca' AND key = $4 AND paused_until > now())),
+          (SELECT min(paused_until) FROM certworker_pauses
+           WHERE (scope <> 'ca' OR (key = $4 AND source = 'ledger')) AND paused_until > now())),
+    (SELECT max(paused_until) FROM certworker_pauses
+     WHERE $6 AND scope = 'ca' AND key = $4 AND source <> 'ledger' AND paused_until > now())),
     `+routedUntilSQL+`)`),
 		args...).Scan(&secs)
 	if err != nil {

@@ -123,6 +123,26 @@ func TestNextDue_PausesEndIt(t *testing.T) {
 		"the backoff of %s ends later; the pause ends first", id)
 }
 
+// A pause the ledger wrote for the CA's account (--limit-orders-per-account) does not
+// postpone the next pass to its end: a renewal passes it (ledgerExemptSQL), so a
+// renewal held for its backoff is due when the backoff ends, as the claim judges it
+// row by row. Before, NextDue took the ledger's pause for the CA's own and set the
+// timer for its end, a week away, and the renewal stayed held for that long: the
+// passes of notifications and of the poll claim from the rows in line only, and a row
+// held for its backoff comes back with the timer's.
+func TestNextDue_ALedgersPauseOfTheAccountDoesNotPostponeABackoff(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, _ := b.domain(t, b.tenant(t), "pending", 1, ago(0))
+	last := b.sslRow(t, id).LastAttempt
+	require.NotNil(t, last)
+	_, err := b.q.Pause(b.ctx, queue.ScopeCA, testDirectory, queue.PauseLedger, 7*day, "ledger: the account's orders")
+	require.NoError(t, err)
+	at, ok := b.nextDue(t)
+	require.True(t, ok)
+	require.WithinDuration(t, last.Add(b.q.Config().Backoff(1)), at, tolerance)
+}
+
 // An active certificate wakes the maintenance at its renewal time, so a 6-day
 // certificate is renewed at 4 days and not at whatever poll comes after.
 func TestNextMaintenance_TheRenewalTimeOfAnActiveCertificate(t *testing.T) {
