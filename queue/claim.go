@@ -325,13 +325,19 @@ func (q *Queue) claimTiers(ctx context.Context, owner, directory string, limit, 
 	return claims, nil
 }
 
-func (q *Queue) claimOnce(ctx context.Context, owner, directory string, n, lo, hi, window int) (claims []Claim, takenOut, read int, err error) {
-	sql, args := claimSQL, []any{q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax),
-		owner, seconds(q.cfg.Lease), n, directory, lo, hi, window}
+// claimStatement is the claim statement of q's configuration (claimRoutedSQL with a
+// second CA) and its arguments.
+func (q *Queue) claimStatement(owner, directory string, n, lo, hi, window int) (string, []any) {
 	if q.cfg.Fallback != nil {
-		sql, args = claimRoutedSQL, append([]any{q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax),
+		return claimRoutedSQL, append([]any{q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax),
 			owner, seconds(q.cfg.Lease), n, directory}, append(q.cfg.Fallback.args(), lo, hi, window)...)
 	}
+	return claimSQL, []any{q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax),
+		owner, seconds(q.cfg.Lease), n, directory, lo, hi, window}
+}
+
+func (q *Queue) claimOnce(ctx context.Context, owner, directory string, n, lo, hi, window int) (claims []Claim, takenOut, read int, err error) {
+	sql, args := q.claimStatement(owner, directory, n, lo, hi, window)
 	rows, err := q.db.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, 0, 0, fmt.Errorf("claim: %w", err)

@@ -101,18 +101,32 @@ func (q *Queue) MarkActive(ctx context.Context, c Claim, cert *Certificate) (tim
 		renewAt = RenewAtFromValidity(cert.NotBefore, cert.NotAfter)
 	}
 	var renewIn float64
-	err := q.db.QueryRow(ctx, `
+	sql, args := markActiveStatement(c, cert, renewAt, nullString(q.errorText(ctx, c.Notice)))
+	err := q.db.QueryRow(ctx, sql, args...).Scan(&renewIn)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, q.whyNotHeld(ctx, c)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("store certificate: %w", err)
+	}
+	return durationFromSeconds(renewIn), nil
+}
+
+// markActiveStatement is MarkActive's statement and its arguments: notice is what
+// ssl_error says once the certificate is stored (NULL for nothing).
+func markActiveStatement(c Claim, cert *Certificate, renewAt time.Time, notice *string) (string, []any) {
+	return `
 WITH d AS (
     UPDATE proxy_domains SET
-        ssl_status = CASE WHEN `+profileMovedOnSQL+` THEN 'pending' ELSE 'active' END,
-        ssl_last_attempt_at = CASE WHEN `+profileMovedOnSQL+` THEN NULL ELSE ssl_last_attempt_at END,
+        ssl_status = CASE WHEN ` + profileMovedOnSQL + ` THEN 'pending' ELSE 'active' END,
+        ssl_last_attempt_at = CASE WHEN ` + profileMovedOnSQL + ` THEN NULL ELSE ssl_last_attempt_at END,
         ssl_expires_at = $3, ssl_attempts = 0,
         ssl_error = CASE WHEN ssl_profile = $14
-                         THEN CASE WHEN ssl_error LIKE '`+ProfilePrefix+`%' THEN ssl_error ELSE $15 END END,
+                         THEN CASE WHEN ssl_error LIKE '` + ProfilePrefix + `%' THEN ssl_error ELSE $15 END END,
         ssl_profile_refused = CASE WHEN ssl_profile = $14 THEN $14 END,
         ssl_ca_refused = NULL, ssl_ca_refused_cause = NULL,
-        ssl_renew_by = $10, updated_at = now(), `+releaseClaimSQL+`
-    WHERE `+heldSQL+`
+        ssl_renew_by = $10, updated_at = now(), ` + releaseClaimSQL + `
+    WHERE ` + heldSQL + `
     RETURNING domain
 ), c AS (
     INSERT INTO proxy_certificates
@@ -129,18 +143,11 @@ WITH d AS (
     UPDATE certworker_dns_state SET waiting_since = NULL, updated_at = now()
     WHERE domain_id = $1 AND waiting_since IS NOT NULL AND EXISTS (SELECT 1 FROM d)
 )
-SELECT `+secondsUntilSQL("renew_at")+` FROM c`,
-		c.ID, c.Token, cert.NotAfter, cert.ChainPEM, cert.PrivateKey, cert.NotBefore,
-		cert.Issuer, cert.Serial, renewAt, RenewBy(cert.NotBefore, cert.NotAfter, cert.WindowEnd),
-		nullTime(cert.WindowEnd), nullSeconds(cert.RenewalInfoIn), nullString(cert.Profile),
-		nullString(c.ProfileRefused), nullString(q.errorText(ctx, c.Notice)), nullTime(cert.WindowStart), nullString(cert.Directory)).Scan(&renewIn)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, q.whyNotHeld(ctx, c)
-	}
-	if err != nil {
-		return 0, fmt.Errorf("store certificate: %w", err)
-	}
-	return durationFromSeconds(renewIn), nil
+SELECT ` + secondsUntilSQL("renew_at") + ` FROM c`, []any{
+			c.ID, c.Token, cert.NotAfter, cert.ChainPEM, cert.PrivateKey, cert.NotBefore,
+			cert.Issuer, cert.Serial, renewAt, RenewBy(cert.NotBefore, cert.NotAfter, cert.WindowEnd),
+			nullTime(cert.WindowEnd), nullSeconds(cert.RenewalInfoIn), nullString(cert.Profile),
+			nullString(c.ProfileRefused), notice, nullTime(cert.WindowStart), nullString(cert.Directory)}
 }
 
 // profileMovedOnSQL is true, in MarkActive's UPDATE of proxy_domains, when the domain

@@ -46,40 +46,9 @@ const routedUntilSQL = `(SELECT min(ssl_held_until) FROM proxy_domains
 // every call was planned afresh (planning was 5.5 of its 5.65 ms in
 // bench/fleet-at-rest.txt).
 func (q *Queue) NextDue(ctx context.Context, directory string) (d time.Duration, ok bool, err error) {
-	capped := min(q.cfg.firstCapped(), q.cfg.MaxAttempts)
 	var secs *float64
-	args := []any{q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax), directory, capped}
-	// A pause of the CA holds back every row until it ends, but with a second CA a
-	// row held back at the first may go to the second before then: the routed claim
-	// holds it out until its decision can change (ssl_held_until), which
-	// routedUntilSQL reads. So with a second CA the CA's pause does not postpone ($6).
-	args = append(args, q.cfg.Fallback == nil)
-	err = q.db.QueryRow(ctx, `
-WITH per_count AS (
-    SELECT k, r.last
-    FROM generate_series(0, `+strconv.Itoa(capped-1)+`) AS k
-    CROSS JOIN LATERAL (
-        SELECT ssl_last_attempt_at AS last FROM proxy_domains
-        WHERE `+claimableSQL+` AND `+dueByBackoffSQL+` AND ssl_attempts = k
-        ORDER BY ssl_last_attempt_at NULLS FIRST LIMIT 1) r
-), queued AS (
-    SELECT min(CASE WHEN last IS NULL THEN now()
-                    ELSE last + make_interval(secs => `+backoffSQL("k", "$2", "$3")+`) END) AS at
-    FROM per_count
-    UNION ALL
-    SELECT min(CASE WHEN ssl_last_attempt_at IS NULL THEN now()
-                    ELSE ssl_last_attempt_at + make_interval(secs => `+backoffSQL("ssl_attempts", "$2", "$3")+`) END)
-    FROM proxy_domains
-    WHERE `+claimableSQL+` AND `+dueByBackoffSQL+` AND (ssl_attempts < 0 OR ssl_attempts >= $5) AND ssl_attempts < $1
-)
-SELECT `+secondsUntilSQL(`LEAST(GREATEST(
-    LEAST((SELECT min(at) FROM queued),
-          (SELECT min(paused_until) FROM certworker_pauses
-           WHERE (scope <> 'ca' OR (key = $4 AND source = 'ledger')) AND paused_until > now())),
-    (SELECT max(paused_until) FROM certworker_pauses
-     WHERE $6 AND scope = 'ca' AND key = $4 AND source <> 'ledger' AND paused_until > now())),
-    `+routedUntilSQL+`)`),
-		args...).Scan(&secs)
+	sql, args := q.nextDueStatement(directory)
+	err = q.db.QueryRow(ctx, sql, args...).Scan(&secs)
 	if err != nil {
 		return 0, false, fmt.Errorf("next due: %w", err)
 	}
@@ -87,6 +56,42 @@ SELECT `+secondsUntilSQL(`LEAST(GREATEST(
 		return 0, false, nil
 	}
 	return durationFromSeconds(*secs), true, nil
+}
+
+// nextDueStatement is NextDue's statement and its arguments.
+func (q *Queue) nextDueStatement(directory string) (string, []any) {
+	capped := min(q.cfg.firstCapped(), q.cfg.MaxAttempts)
+	args := []any{q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax), directory, capped}
+	// A pause of the CA holds back every row until it ends, but with a second CA a
+	// row held back at the first may go to the second before then: the routed claim
+	// holds it out until its decision can change (ssl_held_until), which
+	// routedUntilSQL reads. So with a second CA the CA's pause does not postpone ($6).
+	args = append(args, q.cfg.Fallback == nil)
+	return `
+WITH per_count AS (
+    SELECT k, r.last
+    FROM generate_series(0, ` + strconv.Itoa(capped-1) + `) AS k
+    CROSS JOIN LATERAL (
+        SELECT ssl_last_attempt_at AS last FROM proxy_domains
+        WHERE ` + claimableSQL + ` AND ` + dueByBackoffSQL + ` AND ssl_attempts = k
+        ORDER BY ssl_last_attempt_at NULLS FIRST LIMIT 1) r
+), queued AS (
+    SELECT min(CASE WHEN last IS NULL THEN now()
+                    ELSE last + make_interval(secs => ` + backoffSQL("k", "$2", "$3") + `) END) AS at
+    FROM per_count
+    UNION ALL
+    SELECT min(CASE WHEN ssl_last_attempt_at IS NULL THEN now()
+                    ELSE ssl_last_attempt_at + make_interval(secs => ` + backoffSQL("ssl_attempts", "$2", "$3") + `) END)
+    FROM proxy_domains
+    WHERE ` + claimableSQL + ` AND ` + dueByBackoffSQL + ` AND (ssl_attempts < 0 OR ssl_attempts >= $5) AND ssl_attempts < $1
+)
+SELECT ` + secondsUntilSQL(`LEAST(GREATEST(
+    LEAST((SELECT min(at) FROM queued),
+          (SELECT min(paused_until) FROM certworker_pauses
+           WHERE (scope <> 'ca' OR (key = $4 AND source = 'ledger')) AND paused_until > now())),
+    (SELECT max(paused_until) FROM certworker_pauses
+     WHERE $6 AND scope = 'ca' AND key = $4 AND source <> 'ledger' AND paused_until > now())),
+    `+routedUntilSQL+`)`), args
 }
 
 // firstCapped is the first attempt count whose backoff is the cap: every count from

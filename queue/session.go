@@ -27,6 +27,11 @@ type Session struct {
 	// COMMIT would otherwise hold the lock for as long as the server keeps the
 	// connection, hours with the default TCP keepalives.
 	IdleInTransactionTimeout time.Duration
+	// Warm, when set, readies each new session for the statements it will run, after
+	// the settings (Queue.WarmUp, for the worker's pool: WorkerSessionFor). Its error
+	// is not the session's: a session it could not warm is used all the same, unless
+	// the connection itself broke.
+	Warm func(ctx context.Context, conn *pgx.Conn) error
 }
 
 // The worker's session bounds (WorkerSession).
@@ -59,6 +64,15 @@ func WorkerSession(lease time.Duration) Session {
 		LockTimeout:              workerLockTimeout,
 		IdleInTransactionTimeout: workerIdleInTransaction,
 	}
+}
+
+// WorkerSessionFor is WorkerSession for cfg's lease, with each new session warmed up
+// for the wake path of a worker with cfg's settings and the CA at directory
+// (Queue.WarmUp).
+func WorkerSessionFor(cfg Config, directory string) Session {
+	s := WorkerSession(cfg.Lease)
+	s.Warm = func(ctx context.Context, conn *pgx.Conn) error { return New(conn, cfg).WarmUp(ctx, conn, directory) }
+	return s
 }
 
 // ConfigurePool sets up the sessions of a pool that the queue's statements run in
@@ -100,6 +114,11 @@ func ConfigureSession(cfg *pgxpool.Config, s Session) {
 		}
 		if _, err := conn.Exec(ctx, set, pgx.QueryExecModeSimpleProtocol); err != nil {
 			return fmt.Errorf("set up the session: %w", err)
+		}
+		if s.Warm != nil {
+			if err := s.Warm(ctx, conn); err != nil && conn.IsClosed() {
+				return fmt.Errorf("set up the session: %w", err)
+			}
 		}
 		return nil
 	}

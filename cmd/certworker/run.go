@@ -286,11 +286,22 @@ func (c *runCmd) Run(g *globals) error {
 	return w.Wait()
 }
 
+// queueConfig is the queue's configuration as the worker will have it, for warming
+// up the pool's sessions (queue.WorkerSessionFor): the worker sets Fallback from its
+// second CA the same way.
+func (c *runCmd) queueConfig() queue.Config {
+	qc := queue.Config{RetryBase: c.RetryBase, RetryMax: c.RetryMax, MaxAttempts: c.MaxAttempts, Lease: c.Lease}
+	if c.FallbackDirectory != "" {
+		qc.Fallback = &queue.Fallback{Directory: c.FallbackDirectory, After: c.FallbackAfter}
+	}
+	return qc
+}
+
 // open connects to the database, with the worker's session bounds for --lease, and
 // checks what run needs of it: a connection LISTEN works on (not a transaction
 // pooler) and a schema migrated to this version.
 func (c *runCmd) open(ctx context.Context, log *zap.Logger) (*pgxpool.Pool, error) {
-	pool, err := c.connectWith(ctx, queue.WorkerSession(c.Lease))
+	pool, err := c.connectWith(ctx, queue.WorkerSessionFor(c.queueConfig(), c.ACMEDirectory))
 	if err != nil {
 		return nil, err
 	}

@@ -39,17 +39,21 @@ type Instance struct {
 }
 
 // Start builds a worker from cfg on a pool of its own on dsn, with the worker's
-// session bounds (queue.WorkerSession for cfg's lease, as `certworker run` sets them),
-// and starts it. What cfg leaves unset is filled for a test: the pool, a logger that
+// sessions (Session: its bounds for cfg's lease and the warm-up, as `certworker run`
+// sets them up), and starts it; or on cfg.Pool, when set (Start closes it when the
+// test ends). What cfg leaves unset is filled for a test: the pool, a logger that
 // keeps every line in Logs (a benchmark sets its own, to measure what production
 // logging costs), a registry, Owner (name), Directory, and a wake source that
 // reconnects within a second. The worker is stopped when the test ends; a failed
 // test prints the end of its log.
 func Start(t testing.TB, dsn, name string, cfg worker.Config) *Instance {
 	t.Helper()
-	pool, err := queue.NewPoolWith(context.Background(), dsn, queue.WorkerSession(cfg.Queue.WithDefaults().Lease))
-	if err != nil {
-		t.Fatalf("worker %s: pool: %v", name, err)
+	pool := cfg.Pool
+	if pool == nil {
+		var err error
+		if pool, err = queue.NewPoolWith(context.Background(), dsn, Session(cfg)); err != nil {
+			t.Fatalf("worker %s: pool: %v", name, err)
+		}
 	}
 	core, logs := observer.New(zapcore.DebugLevel)
 	in := &Instance{Name: name, Logs: logs, Registry: prometheus.NewRegistry(), Pool: pool, stopped: make(chan struct{})}
@@ -94,6 +98,22 @@ func Start(t testing.TB, dsn, name string, cfg worker.Config) *Instance {
 		}
 	})
 	return in
+}
+
+// Session is the session set-up of the pool Start makes for a worker with cfg, as
+// `certworker run` makes it: the worker's bounds for its lease, and each connection
+// warmed up for its wake path (queue.WorkerSessionFor). A benchmark that measures
+// what the warm-up saves builds a pool with queue.WorkerSession instead and gives it
+// to Start in cfg.Pool.
+func Session(cfg worker.Config) queue.Session {
+	if cfg.Directory == "" {
+		cfg.Directory = Directory
+	}
+	qc := cfg.Queue
+	if f := cfg.Fallback; f != nil {
+		qc.Fallback = &queue.Fallback{Directory: f.Directory, After: f.After}
+	}
+	return queue.WorkerSessionFor(qc.WithDefaults(), cfg.Directory)
 }
 
 // Stop ends the worker as SIGTERM does and waits up to timeout for it to stop; it

@@ -73,3 +73,45 @@ func TestWorker_AHeldRowComesBackWhileNotificationsKeepComing(t *testing.T) {
 	t.Logf("notifications sent before the retry: %d", <-streamDone)
 	workertest.Eventually(t, 30*time.Second, "the row active", func() bool { return d.countActive(t) == 1 })
 }
+
+// When Start returns, the worker's pool holds all its connections, each with the
+// claim prepared and planned by the warm-up (queue.Queue.WarmUp), so the first
+// tenants' verifies are not claimed on sessions that plan the claim cold (15 ms the
+// first time, 3 ms each of the next four). The claims the worker ran on them were
+// run on the plan the warm-up settled on: no connection planned the claim more than
+// the warm-up's five times. Without the warm-up, a connection that has not claimed
+// yet has no claim statement, and one that has planned it at each of its first five
+// claims.
+func TestStart_ThePoolsConnectionsAreWarmedUpForTheClaim(t *testing.T) {
+	t.Parallel()
+	d := newBenchDB(t)
+	ids := d.insertDomains(t, 1000, "pending")[:20]
+	in := workertest.Start(t, d.dsn, "warm", worker.Config{Issuer: fakeissuer.New(64), Concurrency: 4, PollInterval: time.Hour})
+	require.Equal(t, in.Pool.Config().MaxConns, in.Pool.Stat().TotalConns(), "connections open when Start returned")
+
+	d.verifyOneByOne(t, ids, time.Now(), 5*time.Millisecond)
+	d.waitActive(t, len(ids), time.Minute, 20*time.Millisecond)
+	require.NoError(t, in.Stop(t, time.Minute))
+
+	conns := in.Pool.AcquireAllIdle(d.ctx)
+	type claimPlans struct{ n, custom, generic int64 }
+	var seen []claimPlans
+	for _, c := range conns {
+		var p claimPlans
+		err := c.QueryRow(d.ctx, `SELECT count(*), COALESCE(sum(custom_plans), 0), COALESCE(sum(generic_plans), 0)
+FROM pg_prepared_statements WHERE statement LIKE '%WITH head AS MATERIALIZED%' AND statement NOT LIKE '%pg_prepared_statements%'`).Scan(&p.n, &p.custom, &p.generic)
+		c.Release() // before any assertion: the pool's Close waits for it
+		require.NoError(t, err)
+		seen = append(seen, p)
+	}
+	require.Len(t, seen, int(in.Pool.Stat().TotalConns()), "idle connections after the worker stopped")
+	generic := int64(0)
+	for _, p := range seen {
+		require.Equal(t, int64(1), p.n, "claim statements prepared on a connection of the pool")
+		require.Equal(t, int64(5), p.custom, "custom plans of the claim on a connection of the pool (the warm-up's)")
+		generic += p.generic
+	}
+	// One generic plan per connection was built by its warm-up; the passes that claimed
+	// the 20 domains (some woken by several verifies at once) ran on them.
+	require.Greater(t, generic, int64(len(conns)), "claims run on the warm-up's generic plans")
+}

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
 	"github.com/certworker/certworker/listener"
@@ -118,6 +119,7 @@ func (w *Worker) Start(ctx context.Context) error {
 }
 
 func (w *Worker) launch(ctx context.Context) error {
+	w.warmPool(ctx)
 	if err := w.waker.Start(ctx); err != nil {
 		close(w.done)
 		return fmt.Errorf("listen for wake-ups: %w", err)
@@ -136,6 +138,36 @@ func (w *Worker) launch(ctx context.Context) error {
 		zap.Duration("lease", w.cfg.Queue.Lease), zap.Duration("order_timeout", w.cfg.OrderTimeout))
 	go w.run(ctx)
 	return nil
+}
+
+// warmPool has the pool open all its connections (MaxConns) before the wake source
+// starts, and lets them go idle. A pool set up with queue.WorkerSessionFor warms each
+// connection up as it makes it (queue.Queue.WarmUp), some 40 ms of planning each,
+// which would otherwise be paid by whichever step first needed one more connection,
+// the claim of the first tenants' verifies among them. The pool does not keep them
+// for ever: one it closes (after pgx's MaxConnLifetime, an hour by default, or a
+// failed ping) is made again, and warmed, by the step that needs it. The pool's
+// MinConns would have it make them again in the background, but during a failover
+// that background work holds the pool's slots while it waits on the dead primary,
+// and /readyz's own connection waits behind it. Best effort: a connection it cannot
+// make now is made later, when it is needed, as before.
+func (w *Worker) warmPool(ctx context.Context) {
+	n := int(w.cfg.Pool.Config().MaxConns)
+	ctx, cancel := w.step(ctx, false)
+	defer cancel()
+	held := make([]*pgxpool.Conn, 0, n)
+	defer func() {
+		for _, c := range held {
+			c.Release()
+		}
+	}()
+	for range n {
+		c, err := w.cfg.Pool.Acquire(ctx)
+		if err != nil {
+			return
+		}
+		held = append(held, c)
+	}
 }
 
 // Wait blocks until the worker has stopped, and returns nil: database errors are

@@ -1,0 +1,157 @@
+package queue
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// A new session plans the wake path's statements cold. Measured at the wake
+// benchmark's size (1,000 rows, pg_stat_statements with track_planning, and EXPLAIN
+// in a fresh session): the claim's first planning takes 15 ms, while the session's
+// caches of the catalog fill, and 2.6-4 ms each time after; the server plans a
+// prepared statement anew at each of its first five executions (custom plans) and
+// settles on one plan at the sixth. So every new connection of the pool cost the
+// wake-ups that used it some 30 ms of planning of the claim alone, 2 to 15 ms at a
+// time, and the next due time's and the store's on top: at 10 ms between verifies,
+// that alone was the p99 of the wake benchmark (bench/wake-latency.txt).
+//
+// WarmUp pays that when the connection is made (ConfigureSession's AfterConnect,
+// Session.Warm), before the pool hands it to anyone: it prepares each statement of
+// the wake path under the name pgx's statement cache gives it, and has the server
+// plan it as many times as it takes to settle (EXPLAIN EXECUTE: planned, never run,
+// so nothing is read, locked or written). The statement cache then finds the
+// statement prepared (pgx's Conn.Prepare returns a statement already prepared
+// under that name and text without asking the server), and the first claim on the
+// connection runs on the plan the server settled on.
+
+// customPlans is how many times the server plans a prepared statement with its
+// parameters before it weighs the generic plan (plancache.c); one more EXPLAIN
+// EXECUTE builds the generic plan, when the server prefers it.
+const customPlans = 5
+
+// warmStatement is one statement of the wake path and arguments like its callers'.
+type warmStatement struct {
+	sql  string
+	args []any
+}
+
+// warmStatements are the statements of the wake path: the claim, as a wake-up's pass
+// runs it (the newcomers' slot, then the rest; CONTRACT.md §5), the next due time
+// that ends the pass, and the store of the certificate that ends the order.
+func (q *Queue) warmStatements(directory string) []warmStatement {
+	const owner = "warm-up"
+	newcomer, newcomerArgs := q.claimStatement(owner, directory, 1, 2, 2, 1)
+	rest, restArgs := q.claimStatement(owner, directory, 3, math.MinInt16, math.MaxInt16, 3)
+	next, nextArgs := q.nextDueStatement(directory)
+	// The store of an order's certificate (MarkActive), for a claim of nothing: it is
+	// planned, not run.
+	const none = "00000000-0000-0000-0000-000000000000"
+	now := time.Now().UTC().Truncate(time.Second)
+	cert := &Certificate{ChainPEM: "-", PrivateKey: "-", NotBefore: now, NotAfter: now.Add(90 * 24 * time.Hour),
+		Issuer: "-", Serial: "-", Directory: directory}
+	cert.RenewAt = RenewAtFromValidity(cert.NotBefore, cert.NotAfter)
+	store, storeArgs := markActiveStatement(Claim{ID: none, Token: none}, cert, cert.RenewAt, nil)
+	return []warmStatement{{newcomer, newcomerArgs}, {rest, restArgs}, {next, nextArgs}, {store, storeArgs}}
+}
+
+// WarmUp prepares and plans the wake path's statements on conn (see above), for the
+// CA at directory. It is an optimisation: an error leaves conn as usable as it was,
+// and a statement it did not prepare is prepared by its first use as before.
+func (q *Queue) WarmUp(ctx context.Context, conn *pgx.Conn, directory string) error {
+	// The claim appears twice, with the newcomers' arguments and the rest's: one
+	// statement, planned with each in turn.
+	var names []string
+	calls := map[string][]string{}
+	for _, st := range q.warmStatements(directory) {
+		name := statementCacheName(st.sql)
+		if _, ok := calls[name]; !ok {
+			if _, err := conn.Prepare(ctx, name, st.sql); err != nil {
+				return fmt.Errorf("warm-up: prepare: %w", err)
+			}
+			names = append(names, name)
+		}
+		args, err := sqlLiterals(st.args)
+		if err != nil {
+			return fmt.Errorf("warm-up: %w", err)
+		}
+		calls[name] = append(calls[name], "EXPLAIN EXECUTE "+name+"("+args+")")
+	}
+	for _, name := range names {
+		for i := range customPlans + 1 {
+			if _, err := conn.Exec(ctx, calls[name][i%len(calls[name])], pgx.QueryExecModeSimpleProtocol); err != nil {
+				return fmt.Errorf("warm-up: plan: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// statementCacheName is the name pgx's statement cache (QueryExecModeCacheStatement,
+// the default) prepares sql under: internal/stmtcache.StatementName in pgx v5.
+// Should pgx name its statements otherwise, the warm-up prepares statements nobody
+// uses, and TestWarmUp fails.
+func statementCacheName(sql string) string {
+	digest := sha256.Sum256([]byte(sql))
+	return "stmtcache_" + hex.EncodeToString(digest[0:24])
+}
+
+// sqlLiterals writes args as a list of SQL literals, for EXECUTE in the simple
+// protocol.
+func sqlLiterals(args []any) (string, error) {
+	lits := make([]string, len(args))
+	for i, a := range args {
+		switch v := a.(type) {
+		case nil:
+			lits[i] = "NULL"
+		case bool:
+			lits[i] = strconv.FormatBool(v)
+		case int:
+			lits[i] = strconv.Itoa(v)
+		case int64:
+			lits[i] = strconv.FormatInt(v, 10)
+		case float64:
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				return "", fmt.Errorf("argument %d: %v has no SQL literal", i+1, v)
+			}
+			lits[i] = strconv.FormatFloat(v, 'g', -1, 64)
+		case time.Time:
+			lits[i] = "'" + v.UTC().Format(time.RFC3339Nano) + "'"
+		case *time.Time:
+			if lits[i] = "NULL"; v != nil {
+				lits[i] = "'" + v.UTC().Format(time.RFC3339Nano) + "'"
+			}
+		case *float64:
+			if v == nil {
+				lits[i] = "NULL"
+				continue
+			}
+			l, err := sqlLiterals([]any{*v})
+			if err != nil {
+				return "", fmt.Errorf("argument %d: %w", i+1, err)
+			}
+			lits[i] = l
+		case *string:
+			if v == nil {
+				lits[i] = "NULL"
+				continue
+			}
+			lits[i], _ = sqlLiterals([]any{*v})
+		case string:
+			lits[i] = "'" + strings.ReplaceAll(v, "'", "''") + "'"
+			if strings.ContainsRune(v, '\\') {
+				lits[i] = "E'" + strings.ReplaceAll(strings.ReplaceAll(v, `\`, `\\`), "'", "''") + "'"
+			}
+		default:
+			return "", fmt.Errorf("argument %d: no SQL literal for %T", i+1, a)
+		}
+	}
+	return strings.Join(lits, ", "), nil
+}

@@ -1,0 +1,114 @@
+package queue_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/certworker/certworker/internal/pgtest"
+	"github.com/certworker/certworker/queue"
+)
+
+// A new session of the worker's pool has the wake path's statements prepared and
+// planned before anyone uses it: the claims a wake-up's pass then runs on it (the newcomers' slot,
+// then the rest) are executed on the plan the server settled on during the warm-up,
+// and plan nothing themselves. Without the warm-up the claim is prepared by its
+// first use, and its first five executions are each planned (custom_plans 2 here).
+func TestWarmUp_TheWakePathsClaimRunsOnTheWarmUpsPlan(t *testing.T) {
+	ctx := context.Background()
+	dsn := wakeBenchTable(t)
+	const directory = "https://ca.invalid/directory"
+	cfg := queue.DefaultConfig()
+	pool, err := queue.NewPoolWith(ctx, dsn, queue.WorkerSessionFor(cfg, directory))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+
+	plans := func() (n, custom, generic int64) {
+		t.Helper()
+		if err := conn.QueryRow(ctx, `SELECT count(*), COALESCE(sum(custom_plans), 0), COALESCE(sum(generic_plans), 0)
+FROM pg_prepared_statements WHERE statement = $1`, queue.ClaimSQLForTest).Scan(&n, &custom, &generic); err != nil {
+			t.Fatal(err)
+		}
+		return n, custom, generic
+	}
+	if n, custom, generic := plans(); n != 1 || custom != 5 || generic != 1 {
+		t.Fatalf("after the warm-up: %d claim statements prepared, %d custom and %d generic plans; want 1, 5 and 1", n, custom, generic)
+	}
+	// The next due time and the store are prepared and planned too: every statement
+	// of the warm-up's, under pgx's statement cache names, planned five times with
+	// their arguments (and a sixth time, generic, where the server prefers it).
+	var warmed int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_statements
+WHERE name LIKE 'stmtcache\_%' AND custom_plans = 5 AND generic_plans <= 1
+  AND (statement = $1 OR statement LIKE '%WITH per_count AS%' OR statement LIKE '%INSERT INTO proxy_certificates%')`,
+		queue.ClaimSQLForTest).Scan(&warmed); err != nil {
+		t.Fatal(err)
+	}
+	if warmed != 3 {
+		t.Fatalf("%d of the claim, the next due time and the store prepared and planned by the warm-up; want 3", warmed)
+	}
+	claims, err := queue.New(conn.Conn(), cfg).ClaimInLine(ctx, "w1", directory, 4, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(claims) != 0 {
+		t.Fatalf("claimed %d rows of a queue with nothing due", len(claims))
+	}
+	if n, custom, generic := plans(); n != 1 || custom != 5 || generic != 3 {
+		t.Fatalf("after a pass's two claims: %d claim statements prepared, %d custom and %d generic plans; want 1, 5 and 3 (the warm-up's statement, run on its generic plan twice)", n, custom, generic)
+	}
+}
+
+// BenchmarkWarmUp is what warming a new connection up costs (Queue.WarmUp on a
+// session that has run nothing yet, its catalog caches cold), beside making the
+// connection alone: the price of each connection the worker's pool makes, paid in
+// the background.
+func BenchmarkWarmUp(b *testing.B) {
+	ctx := context.Background()
+	dsn := wakeBenchTable(b)
+	q := queue.New(nil, queue.DefaultConfig())
+	for _, warm := range []bool{false, true} {
+		b.Run(map[bool]string{false: "connect", true: "connect-and-warm-up"}[warm], func(b *testing.B) {
+			for b.Loop() {
+				conn, err := pgx.Connect(ctx, dsn)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if warm {
+					if err := q.WarmUp(ctx, conn, "https://ca.invalid/directory"); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StopTimer()
+				_ = conn.Close(ctx)
+				b.StartTimer()
+			}
+		})
+	}
+}
+
+// wakeBenchTable is a database with the wake benchmark's table: 1,000 rows, analysed,
+// none due. It returns its URL.
+func wakeBenchTable(tb testing.TB) string {
+	tb.Helper()
+	ctx := context.Background()
+	seed, dsn := pgtest.NewPool(tb)
+	if _, err := seed.Exec(ctx, `
+INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_status, ssl_provider)
+SELECT $1, 'warm' || g || '.example', 'pending', 'tok', 'pending', 'acme' FROM generate_series(1, 1000) g`,
+		pgtest.Tenant(tb, seed)); err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := seed.Exec(ctx, `VACUUM ANALYZE proxy_domains, proxy_certificates`); err != nil {
+		tb.Fatal(err)
+	}
+	return dsn
+}
