@@ -140,7 +140,8 @@ func (w *Worker) launch(ctx context.Context) error {
 	return nil
 }
 
-// warmPool has the pool open all its connections (MaxConns) before the wake source
+// warmPool has the pool open the connections the worker may use at once (its orders,
+// the loop and its helpers; at most the pool's MaxConns) before the wake source
 // starts, and lets them go idle. A pool set up with queue.WorkerSessionFor warms each
 // connection up as it makes it (queue.Queue.WarmUp), some 90 ms of planning each,
 // which would otherwise be paid by whichever step first needed one more connection,
@@ -152,7 +153,9 @@ func (w *Worker) launch(ctx context.Context) error {
 // and /readyz's own connection waits behind it. Best effort: a connection it cannot
 // make now is made later, when it is needed, as before.
 func (w *Worker) warmPool(ctx context.Context) {
-	n := int(w.cfg.Pool.Config().MaxConns)
+	// The loop, the maintenance, the renewal-information reads and the DNS waits.
+	const warmHelpers = 4
+	n := min(int(w.cfg.Pool.Config().MaxConns), w.cfg.Concurrency+warmHelpers)
 	ctx, cancel := w.step(ctx, false)
 	defer cancel()
 	held := make([]*pgxpool.Conn, 0, n)
