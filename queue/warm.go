@@ -21,13 +21,15 @@ import (
 // settles on one plan at the sixth. So every new connection of the pool cost the
 // wake-ups that used it some 30 ms of planning of the claim alone, 2 to 15 ms at a
 // time, and the next due time's and the store's on top: at 10 ms between verifies,
-// that alone was the p99 of the wake benchmark (bench/wake-latency.txt).
+// that alone was the p99 of the wake benchmark (bench/wake-statements.txt has each
+// statement's plans and times with and without the warm-up).
 //
 // WarmUp pays that when the connection is made (ConfigureSession's AfterConnect,
 // Session.Warm), before the pool hands it to anyone: it prepares each statement of
 // the wake path under the name pgx's statement cache gives it, and has the server
 // plan it as many times as it takes to settle (EXPLAIN EXECUTE: planned, never run,
-// so nothing is read, locked or written). The statement cache then finds the
+// so no row is read, locked or written; planning takes only the relation locks any
+// statement of the worker's takes, which the proxy's writes do not wait on). The statement cache then finds the
 // statement prepared (pgx's Conn.Prepare returns a statement already prepared
 // under that name and text without asking the server), and the first claim on the
 // connection runs on the plan the server settled on.
