@@ -91,7 +91,10 @@ func run(n int, gap time.Duration, verbose bool) error {
 		return err
 	}
 	db.Close()
-	pool, err := queue.NewPool(ctx, dsn)
+	// Set up as `certworker run` sets up its pool: the worker's bounds, and each
+	// connection warmed up for the wake path (the CA is not known yet: its directory
+	// only weighs in the warm-up's estimates).
+	pool, err := queue.NewPoolWith(ctx, dsn, queue.WorkerSessionFor(queue.DefaultConfig(), ""))
 	if err != nil {
 		return err
 	}
