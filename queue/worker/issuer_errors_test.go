@@ -63,6 +63,11 @@ func TestWorker_ARateLimitIsHandedBackUnchargedAndPausesWhatItCovers(t *testing.
 			require.Zero(t, r.Attempts, "a rate limit was charged")
 			require.Nil(t, r.Error)
 			require.Nil(t, r.Token)
+			// The order's outcome is counted once its hand-back has been written, a moment
+			// after the row reads pending (failed once on a clean-clone run).
+			workertest.Eventually(t, 10*time.Second, "the outcome counted", func() bool {
+				return in.Metric(t, "certworker_issuance_total", "rate_limited") >= 1
+			})
 			require.Equal(t, 1.0, in.Metric(t, "certworker_issuance_total", "rate_limited"))
 
 			passes := in.Logs.FilterMessage("pass finished").Len()
