@@ -19,3 +19,6 @@ func ErrorTextForTest(ctx context.Context, q *Queue, s string) string { return q
 // TwinCandidatesSQLForTest is the housekeeping's search for case twins, for EXPLAIN in
 // tests.
 var TwinCandidatesSQLForTest = twinCandidatesSQL
+
+// ReturnHeldSQLForTest is ReturnHeld's statement for the CA at directory.
+func ReturnHeldSQLForTest(q *Queue, directory string) string { return q.returnHeldStatement(directory) }

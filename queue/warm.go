@@ -47,7 +47,9 @@ type warmStatement struct {
 
 // warmStatements are the statements of the wake path: the claim, as a wake-up's pass
 // runs it (the newcomers' slot, then the rest; CONTRACT.md §5), the next due time
-// that ends the pass, and the store of the certificate that ends the order.
+// that ends the pass, the store of the certificate that ends the order, and the
+// return of held rows (ReturnHeld) that runs before the claim on the timer's passes
+// and, once a second, on a refill's, while a wake-up waits for the loop.
 func (q *Queue) warmStatements(directory string) []warmStatement {
 	const owner = "warm-up"
 	newcomer, newcomerArgs := q.claimStatement(owner, directory, 1, 2, 2, 1)
@@ -61,7 +63,8 @@ func (q *Queue) warmStatements(directory string) []warmStatement {
 		Issuer: "-", Serial: "-", Directory: directory}
 	cert.RenewAt = RenewAtFromValidity(cert.NotBefore, cert.NotAfter)
 	store, storeArgs := markActiveStatement(Claim{ID: none, Token: none}, cert, cert.RenewAt, nil)
-	return []warmStatement{{newcomer, newcomerArgs}, {rest, restArgs}, {next, nextArgs}, {store, storeArgs}}
+	return []warmStatement{{newcomer, newcomerArgs}, {rest, restArgs}, {next, nextArgs}, {store, storeArgs},
+		{q.returnHeldStatement(directory), nil}}
 }
 
 // WarmUp prepares and plans the wake path's statements on conn (see above), for the
@@ -84,10 +87,20 @@ func (q *Queue) WarmUp(ctx context.Context, conn *pgx.Conn, directory string) er
 		if err != nil {
 			return fmt.Errorf("warm-up: %w", err)
 		}
-		calls[name] = append(calls[name], "EXPLAIN EXECUTE "+name+"("+args+")")
+		call := "EXPLAIN EXECUTE " + name
+		if args != "" {
+			call += "(" + args + ")"
+		}
+		calls[name] = append(calls[name], call)
 	}
 	for _, name := range names {
-		for i := range customPlans + 1 {
+		// A statement without parameters has one plan, made at its first
+		// execution.
+		plans := customPlans + 1
+		if !strings.HasSuffix(calls[name][0], ")") {
+			plans = 1
+		}
+		for i := range plans {
 			if _, err := conn.Exec(ctx, calls[name][i%len(calls[name])], pgx.QueryExecModeSimpleProtocol); err != nil {
 				return fmt.Errorf("warm-up: plan: %w", err)
 			}

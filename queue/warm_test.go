@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/queue"
@@ -17,19 +18,8 @@ import (
 // first use, and its first five executions are each planned (custom_plans 2 here).
 func TestWarmUp_TheWakePathsClaimRunsOnTheWarmUpsPlan(t *testing.T) {
 	ctx := context.Background()
-	dsn := wakeBenchTable(t)
-	const directory = "https://ca.invalid/directory"
 	cfg := queue.DefaultConfig()
-	pool, err := queue.NewPoolWith(ctx, dsn, queue.WorkerSessionFor(cfg, directory))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
+	conn := warmedConn(t, cfg)
 
 	plans := func() (n, custom, generic int64) {
 		t.Helper()
@@ -55,7 +45,7 @@ WHERE name LIKE 'stmtcache\_%' AND custom_plans = 5 AND generic_plans <= 1
 	if warmed != 3 {
 		t.Fatalf("%d of the claim, the next due time and the store prepared and planned by the warm-up; want 3", warmed)
 	}
-	claims, err := queue.New(conn.Conn(), cfg).ClaimInLine(ctx, "w1", directory, 4, 1)
+	claims, err := queue.New(conn.Conn(), cfg).ClaimInLine(ctx, "w1", warmDirectory, 4, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,6 +55,59 @@ WHERE name LIKE 'stmtcache\_%' AND custom_plans = 5 AND generic_plans <= 1
 	if n, custom, generic := plans(); n != 1 || custom != 5 || generic != 3 {
 		t.Fatalf("after a pass's two claims: %d claim statements prepared, %d custom and %d generic plans; want 1, 5 and 3 (the warm-up's statement, run on its generic plan twice)", n, custom, generic)
 	}
+}
+
+// The return of held rows, which runs before the claim on the timer's passes and on a
+// refill's once a second while a wake-up may be waiting for the loop, is planned by
+// the warm-up, once, and never again: it has no parameters, so the server keeps the
+// one plan. With its settings as parameters the server planned it anew at every call
+// (custom plans: it never preferred the generic one), 10-28 ms each in the wake
+// benchmark, while the notification that came meanwhile waited.
+func TestWarmUp_TheReturnOfHeldRowsIsPlannedOnceNotAtEveryCall(t *testing.T) {
+	ctx := context.Background()
+	cfg := queue.DefaultConfig()
+	conn := warmedConn(t, cfg)
+	q := queue.New(conn.Conn(), cfg)
+	plans := func() (n, custom, generic int64) {
+		t.Helper()
+		if err := conn.QueryRow(ctx, `SELECT count(*), COALESCE(sum(custom_plans), 0), COALESCE(sum(generic_plans), 0)
+FROM pg_prepared_statements WHERE statement = $1`, queue.ReturnHeldSQLForTest(q, warmDirectory)).Scan(&n, &custom, &generic); err != nil {
+			t.Fatal(err)
+		}
+		return n, custom, generic
+	}
+	if n, custom, generic := plans(); n != 1 || custom != 0 || generic != 1 {
+		t.Fatalf("after the warm-up: %d statements returning held rows prepared, %d custom and %d generic plans; want 1, 0 and 1", n, custom, generic)
+	}
+	for range 7 {
+		if returned, err := q.ReturnHeld(ctx, warmDirectory); err != nil || returned != 0 {
+			t.Fatalf("return held rows of a table that holds none: %d, %v", returned, err)
+		}
+	}
+	if n, custom, generic := plans(); n != 1 || custom != 0 || generic != 8 {
+		t.Fatalf("after seven returns: %d statements prepared, %d custom and %d generic plans; want 1, 0 and 8 (the warm-up's one plan, used each time)", n, custom, generic)
+	}
+}
+
+// warmDirectory is the CA the warm-up tests' sessions are warmed up for.
+const warmDirectory = "https://ca.invalid/directory"
+
+// warmedConn is a session of the worker's pool, warmed up, on the wake benchmark's
+// table.
+func warmedConn(t *testing.T, cfg queue.Config) *pgxpool.Conn {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := queue.NewPoolWith(ctx, wakeBenchTable(t), queue.WorkerSessionFor(cfg, warmDirectory))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Release)
+	return conn
 }
 
 // BenchmarkWarmUp is what warming a new connection up costs (Queue.WarmUp on a
