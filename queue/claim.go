@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strconv"
 	"time"
 )
 
@@ -447,18 +448,13 @@ func (q *Queue) ReturnHeld(ctx context.Context, directory string) (int64, error)
 // session's first claim. Each is a setting of the process, and the same for every
 // call, so the statement is too, and one entry of the statement cache.
 func (q *Queue) returnHeldStatement(directory string) string {
-	lit := func(v any) string {
-		l, err := sqlLiterals([]any{v})
-		if err != nil {
-			panic(err) // ints, a finite float and a string: always a literal
-		}
-		return l
-	}
-	maxAttempts, batch := lit(q.cfg.MaxAttempts), lit(fillBatch)
-	base, cap := lit(seconds(q.cfg.RetryBase))+"::float8", lit(seconds(q.cfg.RetryMax))+"::float8"
+	maxAttempts, batch := strconv.Itoa(q.cfg.MaxAttempts), strconv.Itoa(fillBatch)
+	float := func(d time.Duration) string { return strconv.FormatFloat(seconds(d), 'g', -1, 64) + "::float8" }
+	base, cap := float(q.cfg.RetryBase), float(q.cfg.RetryMax)
+	dir, _ := sqlLiterals([]any{directory}) // a string always has one
 	// With a second CA a row held back at the first is not held out of line: it
 	// may go to the second once it has waited (claimRoutedSQL).
-	pause := heldByPauseSQL("d", lit(directory)+"::text")
+	pause := heldByPauseSQL("d", dir+"::text")
 	// A row held under a pause comes back once the pause has ended; with a second CA,
 	// at once, whatever holds it (the routed claim holds rows out as HeldRouted, and a
 	// row held under a pause's key was held out by a claim of one CA: a fleet that

@@ -342,3 +342,31 @@ func TestClaimInLine_LeavesHeldRowsOutAndClaimSharedBringsThemBack(t *testing.T)
 	require.NoError(t, err)
 	require.Equal(t, []string{"held.example"}, names(claims))
 }
+
+// ReturnHeld writes its settings and the CA's directory into its statement as
+// literals (so that the server plans it once per session): --retry-base still
+// decides whether a held row's backoff has run out, and a directory with a quote and
+// a backslash in it is one literal, not the end of one.
+func TestReturnHeld_ItsSettingsAndDirectoryWrittenAsLiteralsStillDecide(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	held := b.named(t, b.tenant(t), "held.example")
+	_, err := b.pool.Exec(b.ctx, `UPDATE proxy_domains SET ssl_held = 'backoff', ssl_attempts = 1,
+        ssl_last_attempt_at = now() - interval '1 hour' WHERE id = $1`, held)
+	require.NoError(t, err)
+	const directory = `https://ca.invalid/o'brien\dir`
+
+	// Attempt 1 waits 2 x --retry-base: 2 hours at a base of one hour.
+	slow := queue.DefaultConfig()
+	slow.RetryBase, slow.RetryMax = time.Hour, 24*time.Hour
+	returned, err := queue.New(b.pool, slow).ReturnHeld(b.ctx, directory)
+	require.NoError(t, err)
+	require.Zero(t, returned)
+	require.Equal(t, "backoff", b.held(t, held), "a row in its backoff came back at a base of one hour")
+
+	// At the default base (a minute) its backoff ran out long ago.
+	returned, err = queue.New(b.pool, queue.DefaultConfig()).ReturnHeld(b.ctx, directory)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, returned)
+	require.Empty(t, b.held(t, held), "a row whose backoff has run out stayed held")
+}
