@@ -93,8 +93,9 @@ FROM pg_prepared_statements WHERE statement = $1`, queue.ReturnHeldSQLForTest(q,
 // session that borrows the pool's configuration and AfterConnect hook, as the wake
 // listener's and the heartbeat's do, is set up (its bounds) but not warmed: it never
 // runs the wake path's statements. Warmed from AfterConnect, the heartbeat's session,
-// made some ten seconds into a run, spent about 100 ms of the server's time on
-// planning and gave the wake benchmark a slow wake-up in each run.
+// made at the first heartbeat (a third of a lease, 20 s, after start), spent about
+// 100 ms of the server's time on planning, during the wake benchmark's 50 ms runs and
+// whatever else the server was doing.
 func TestWarmUp_OnlyThePoolsOwnConnectionsAreWarmedUp(t *testing.T) {
 	ctx := context.Background()
 	cfg := queue.DefaultConfig()
