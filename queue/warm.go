@@ -75,6 +75,7 @@ func (q *Queue) WarmUp(ctx context.Context, conn *pgx.Conn, directory string) er
 	// statement, planned with each in turn.
 	var names []string
 	calls := map[string][]string{}
+	plans := map[string]int{}
 	for _, st := range q.warmStatements(directory) {
 		name := statementCacheName(st.sql)
 		if _, ok := calls[name]; !ok {
@@ -83,24 +84,22 @@ func (q *Queue) WarmUp(ctx context.Context, conn *pgx.Conn, directory string) er
 			}
 			names = append(names, name)
 		}
-		args, err := sqlLiterals(st.args)
-		if err != nil {
-			return fmt.Errorf("warm-up: %w", err)
-		}
 		call := "EXPLAIN EXECUTE " + name
-		if args != "" {
+		// A statement without parameters has one plan, made at its first
+		// execution.
+		plans[name] = 1
+		if len(st.args) > 0 {
+			args, err := sqlLiterals(st.args)
+			if err != nil {
+				return fmt.Errorf("warm-up: %w", err)
+			}
 			call += "(" + args + ")"
+			plans[name] = customPlans + 1
 		}
 		calls[name] = append(calls[name], call)
 	}
 	for _, name := range names {
-		// A statement without parameters has one plan, made at its first
-		// execution.
-		plans := customPlans + 1
-		if !strings.HasSuffix(calls[name][0], ")") {
-			plans = 1
-		}
-		for i := range plans {
+		for i := range plans[name] {
 			if _, err := conn.Exec(ctx, calls[name][i%len(calls[name])], pgx.QueryExecModeSimpleProtocol); err != nil {
 				return fmt.Errorf("warm-up: plan: %w", err)
 			}

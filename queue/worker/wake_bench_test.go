@@ -136,16 +136,23 @@ type latency struct {
 // it).
 func (d *benchDB) wakeLatency(tb testing.TB) latency {
 	tb.Helper()
+	return d.distribution(tb, `
+    SELECT extract(epoch FROM ssl_last_attempt_at - ssl_queued_at)::float8 * 1000 AS ms
+    FROM proxy_domains
+    WHERE ssl_status = 'active' AND ssl_queued_at IS NOT NULL AND ssl_last_attempt_at IS NOT NULL`)
+}
+
+// distribution is the distribution of the latencies, in ms, that the query samples
+// (one column, ms) returns.
+func (d *benchDB) distribution(tb testing.TB, samples string, args ...any) latency {
+	tb.Helper()
 	var l latency
 	var p []float64
 	if err := d.pool.QueryRow(d.ctx, `
-WITH w AS (
-    SELECT extract(epoch FROM ssl_last_attempt_at - ssl_queued_at)::float8 * 1000 AS ms
-    FROM proxy_domains
-    WHERE ssl_status = 'active' AND ssl_queued_at IS NOT NULL AND ssl_last_attempt_at IS NOT NULL)
+WITH w AS (`+samples+`)
 SELECT count(*), percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY ms),
        max(ms), min(ms), avg(ms)
-FROM w`).Scan(&l.n, &p, &l.max, &l.min, &l.mean); err != nil {
+FROM w`, args...).Scan(&l.n, &p, &l.max, &l.min, &l.mean); err != nil {
 		tb.Fatalf("read wake latencies: %v", err)
 	}
 	l.p50, l.p95, l.p99 = p[0], p[1], p[2]
@@ -167,20 +174,11 @@ func (d *benchDB) commitLatency(tb testing.TB, ids, xids []string) *latency {
 	if err := d.pool.QueryRow(d.ctx, `SHOW track_commit_timestamp`).Scan(&on); err != nil || on != "on" {
 		return nil
 	}
-	l := latency{}
-	var p []float64
-	if err := d.pool.QueryRow(d.ctx, `
-WITH w AS (
+	l := d.distribution(tb, `
     SELECT extract(epoch FROM d.ssl_last_attempt_at - pg_xact_commit_timestamp(v.x::xid))::float8 * 1000 AS ms
     FROM unnest($1::uuid[], $2::text[]) AS v(id, x)
     JOIN proxy_domains d ON d.id = v.id
-    WHERE d.ssl_status = 'active' AND d.ssl_last_attempt_at IS NOT NULL)
-SELECT count(*), percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY ms),
-       max(ms), min(ms), avg(ms)
-FROM w`, ids, xids).Scan(&l.n, &p, &l.max, &l.min, &l.mean); err != nil {
-		tb.Fatalf("read wake latencies from the commits: %v", err)
-	}
-	l.p50, l.p95, l.p99 = p[0], p[1], p[2]
+    WHERE d.ssl_status = 'active' AND d.ssl_last_attempt_at IS NOT NULL`, ids, xids)
 	return &l
 }
 
