@@ -3,7 +3,6 @@ package queue
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,15 +27,10 @@ type Session struct {
 	// COMMIT would otherwise hold the lock for as long as the server keeps the
 	// connection, hours with the default TCP keepalives.
 	IdleInTransactionTimeout time.Duration
-	// Warm, when set, readies each of the pool's sessions for the statements it will
-	// run (Queue.WarmUp, for the worker's pool: WorkerSessionFor), the first time the
-	// pool hands it out, after the settings. Its error is not the session's: a
-	// session it could not warm is used all the same, unless the connection itself
-	// broke. Sessions that only borrow the pool's configuration and AfterConnect (the
-	// wake listener's, the heartbeat's, a certificate reader's) are not warmed: they
-	// never run the wake path's statements, and warming one up took some 100 ms of the
-	// server's time on this 2-core machine, in the middle of the wake benchmark's runs
-	// when the heartbeat's session was made.
+	// Warm, when set, readies each new session for the statements it will run, after
+	// the settings (Queue.WarmUp, for the worker's pool: WorkerSessionFor). Its error
+	// is not the session's: a session it could not warm is used all the same, unless
+	// the connection itself broke.
 	Warm func(ctx context.Context, conn *pgx.Conn) error
 }
 
@@ -121,43 +115,12 @@ func ConfigureSession(cfg *pgxpool.Config, s Session) {
 		if _, err := conn.Exec(ctx, set, pgx.QueryExecModeSimpleProtocol); err != nil {
 			return fmt.Errorf("set up the session: %w", err)
 		}
-		return nil
-	}
-	if s.Warm != nil {
-		warmOnFirstAcquire(cfg, s.Warm)
-	}
-}
-
-// warmOnFirstAcquire has the pool run warm on each of its connections the first time
-// it hands the connection out (PrepareConn), keeping the pool's own hooks. A
-// connection whose warm-up broke it is dropped, and the pool hands out another.
-func warmOnFirstAcquire(cfg *pgxpool.Config, warm func(context.Context, *pgx.Conn) error) {
-	var warmed sync.Map // *pgx.Conn -> struct{}
-	// pgx's deprecated BeforeAcquire yields to PrepareConn; nothing here sets it.
-	prepare := cfg.PrepareConn
-	cfg.PrepareConn = func(ctx context.Context, conn *pgx.Conn) (bool, error) {
-		if prepare != nil {
-			if ok, err := prepare(ctx, conn); !ok || err != nil {
-				return ok, err
+		if s.Warm != nil {
+			if err := s.Warm(ctx, conn); err != nil && conn.IsClosed() {
+				return fmt.Errorf("set up the session: %w", err)
 			}
 		}
-		if _, done := warmed.Load(conn); done {
-			return true, nil
-		}
-		if err := warm(ctx, conn); err != nil && conn.IsClosed() {
-			// Dropped, and the acquisition tried again on another connection,
-			// unless the caller's time is up.
-			return false, ctx.Err()
-		}
-		warmed.Store(conn, struct{}{})
-		return true, nil
-	}
-	closing := cfg.BeforeClose
-	cfg.BeforeClose = func(conn *pgx.Conn) {
-		warmed.Delete(conn)
-		if closing != nil {
-			closing(conn)
-		}
+		return nil
 	}
 }
 

@@ -24,8 +24,8 @@ import (
 // that alone was the p99 of the wake benchmark (bench/wake-statements.txt has each
 // statement's plans and times with and without the warm-up).
 //
-// WarmUp pays that before the pool first hands the connection out (Session.Warm,
-// run from the pool's PrepareConn by ConfigureSession): it prepares each statement of
+// WarmUp pays that when the connection is made (ConfigureSession's AfterConnect,
+// Session.Warm), before the pool hands it to anyone: it prepares each statement of
 // the wake path under the name pgx's statement cache gives it, and has the server
 // plan it as many times as it takes to settle (EXPLAIN EXECUTE: planned, never run,
 // so no row is read, locked or written; planning takes only the relation locks any

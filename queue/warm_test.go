@@ -89,60 +89,6 @@ FROM pg_prepared_statements WHERE statement = $1`, queue.ReturnHeldSQLForTest(q,
 	}
 }
 
-// The pool's connections are warmed up before the pool first hands them out; a
-// session that borrows the pool's configuration and AfterConnect hook, as the wake
-// listener's and the heartbeat's do, is set up (its bounds) but not warmed: it never
-// runs the wake path's statements. Warmed from AfterConnect, the heartbeat's session,
-// made at the first heartbeat (a third of a lease, 20 s, after start), spent about
-// 100 ms of the server's time on planning, during the wake benchmark's 50 ms runs and
-// whatever else the server was doing.
-func TestWarmUp_OnlyThePoolsOwnConnectionsAreWarmedUp(t *testing.T) {
-	ctx := context.Background()
-	cfg := queue.DefaultConfig()
-	pool, err := queue.NewPoolWith(ctx, wakeBenchTable(t), queue.WorkerSessionFor(cfg, warmDirectory))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	prepared := func(conn *pgx.Conn) (n int) {
-		t.Helper()
-		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_statements
-WHERE name LIKE 'stmtcache\_%' AND statement LIKE '%proxy_domains%'
-  AND statement NOT LIKE '%pg_prepared_statements%'`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-
-	pc := pool.Config()
-	own, err := pgx.ConnectConfig(ctx, pc.ConnConfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer own.Close(ctx)
-	if err := pc.AfterConnect(ctx, own); err != nil {
-		t.Fatal(err)
-	}
-	var lockTimeout string
-	if err := own.QueryRow(ctx, `SHOW lock_timeout`).Scan(&lockTimeout); err != nil || lockTimeout != "2s" {
-		t.Fatalf("a session set up with the pool's AfterConnect has lock_timeout %q (%v); want the worker's 2s", lockTimeout, err)
-	}
-	// Counted before the pool's connection is acquired: a warm-up of its own would
-	// have prepared its statements by now.
-	if n := prepared(own); n != 0 {
-		t.Fatalf("a session set up with the pool's AfterConnect has %d statements of the queue prepared; want none", n)
-	}
-
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	if n := prepared(conn.Conn()); n != 4 {
-		t.Fatalf("the pool's connection has %d statements prepared; want the warm-up's 4 (the claim, the next due time, the store, the return of held rows)", n)
-	}
-}
-
 // warmDirectory is the CA the warm-up tests' sessions are warmed up for.
 const warmDirectory = "https://ca.invalid/directory"
 

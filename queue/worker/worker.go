@@ -143,7 +143,7 @@ func (w *Worker) launch(ctx context.Context) error {
 // warmPool has the pool open the connections the worker may use at once (its orders,
 // the loop and its helpers; at most the pool's MaxConns) before the wake source
 // starts, and lets them go idle. A pool set up with queue.WorkerSessionFor warms each
-// connection up before it first hands it out (queue.Queue.WarmUp), some 90 ms of planning each,
+// connection up as it makes it (queue.Queue.WarmUp), some 90 ms of planning each,
 // which would otherwise be paid by whichever step first needed one more connection,
 // the claim of the first tenants' verifies among them. The pool does not keep them
 // for ever: one it closes (after pgx's MaxConnLifetime, an hour by default, or a
