@@ -91,13 +91,32 @@ func TestCLI_MigrateTheProxysDatabase(t *testing.T) {
 	defer proxy.Close(ctx)
 	// A transaction of the proxy's that keeps an old snapshot for a while: the first
 	// concurrent index build waits for it, gives up after the lock timeout, and is
-	// retried.
+	// retried. It ends a second after the build is seen waiting for it (more than
+	// the 300 ms lock timeout), not at a fixed time: on a loaded machine migrate took
+	// longer than a second to reach the build, and never waited.
 	_, err = proxy.Exec(ctx, `BEGIN ISOLATION LEVEL REPEATABLE READ`)
 	require.NoError(t, err)
 	_, err = proxy.Exec(ctx, `SELECT 1`)
 	require.NoError(t, err)
-	release := time.AfterFunc(time.Second, func() { _, _ = proxy.Exec(ctx, `COMMIT`) })
-	defer release.Stop()
+	released := make(chan struct{})
+	go func() {
+		defer close(released)
+		defer func() { _, _ = proxy.Exec(ctx, `COMMIT`) }()
+		watch, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			return
+		}
+		defer watch.Close(ctx)
+		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			var waiting bool
+			if watch.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+WHERE pid <> pg_backend_pid() AND query ILIKE '%CREATE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock')`).Scan(&waiting) != nil || waiting {
+				time.Sleep(time.Second)
+				return
+			}
+		}
+	}()
+	defer func() { <-released }()
 
 	code, stdout, stderr = invoke(t, "migrate", "--database-url", dsn, "--lock-timeout", "300ms")
 	require.Equal(t, exitOK, code, stderr)
