@@ -1,6 +1,7 @@
 package failover
 
 import (
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -101,11 +102,11 @@ func TestFailover_PromotedAfter20sEveryInstanceIsReadyWithin5s(t *testing.T) {
 			time.Sleep(time.Until(died.Add(hadOutage)))
 			promoted := w.pair.Promote(t)
 
-			readyIn := probeReadiness(promoted, promoted.Add(readyBound), a, b)
+			readyIn, why := probeReadiness(promoted, promoted.Add(readyBound), a, b)
 			t.Logf("--wake %s: promoted %s after the primary died; ready again %s (a) and %s (b) after the promotion",
 				wake, promoted.Sub(died).Round(time.Millisecond), readyIn.of(a), readyIn.of(b))
 			for _, p := range []*proc{a, b} {
-				require.Contains(t, readyIn, p, "%s was not ready within %s of the promotion", p.name, readyBound)
+				require.Contains(t, readyIn, p, "%s was not ready within %s of the promotion; its last probe: %s", p.name, readyBound, why[p])
 			}
 
 			name := randomName("after-promotion")
@@ -137,10 +138,12 @@ func (r readiness) of(p *proc) string {
 
 // probeReadiness asks each process's /readyz every 100 ms, each probe in a goroutine
 // of its own so that a slow answer delays no other, until deadline, and returns how
-// long after from each process first answered 200 (absent: not before deadline).
-func probeReadiness(from, deadline time.Time, procs ...*proc) readiness {
+// long after from each process first answered 200 (absent: not before deadline), and
+// the last answer of each that never did, with the time it came.
+func probeReadiness(from, deadline time.Time, procs ...*proc) (readiness, map[*proc]string) {
 	var mu sync.Mutex
 	first := readiness{}
+	why := map[*proc]string{}
 	var probes sync.WaitGroup
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
@@ -153,12 +156,16 @@ func probeReadiness(from, deadline time.Time, procs ...*proc) readiness {
 		}
 		for _, p := range procs {
 			probes.Go(func() {
-				if !p.ready() {
-					return
-				}
+				sent := time.Now()
+				ok, reason := p.readiness()
 				at := time.Now()
 				mu.Lock()
 				defer mu.Unlock()
+				if !ok {
+					why[p] = fmt.Sprintf("%q, sent %s after the promotion, answered in %s",
+						reason, sent.Sub(from).Round(time.Millisecond), at.Sub(sent).Round(time.Millisecond))
+					return
+				}
 				if _, seen := first[p]; !seen && !at.After(deadline) {
 					first[p] = at.Sub(from).Round(time.Millisecond)
 				}
@@ -167,7 +174,7 @@ func probeReadiness(from, deadline time.Time, procs ...*proc) readiness {
 		<-tick.C
 	}
 	probes.Wait()
-	return first
+	return first, why
 }
 
 // A standby that lagged loses a claim with the primary: the instance that held it

@@ -205,14 +205,21 @@ func (w *world) start(t *testing.T, name, directory string, extra ...string) *pr
 
 // ready reports whether /readyz answers 200.
 func (p *proc) ready() bool {
+	ok, _ := p.readiness()
+	return ok
+}
+
+// readiness reports whether /readyz answers 200 and, when it does not, why: its
+// answer, or the probe's error.
+func (p *proc) readiness() (bool, string) {
 	c := &http.Client{Timeout: 5 * time.Second}
 	resp, err := c.Get("http://" + p.admin + "/readyz")
 	if err != nil {
-		return false
+		return false, err.Error()
 	}
 	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	return resp.StatusCode == http.StatusOK
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
+	return resp.StatusCode == http.StatusOK, strings.TrimSpace(string(body))
 }
 
 // logLine is one line of a process's JSON log.
