@@ -76,17 +76,25 @@ func (i *Issuer) accountFor(ctx context.Context, tr *orderTransport) (*account, 
 // fine: the first order registers one. A stored key that does not open is a
 // *queue.KeyError naming the key id it lacks; any other error is the database's.
 func (i *Issuer) CheckAccountKey(ctx context.Context) error {
-	_, err := i.loadAccount(ctx, i.pool)
+	return i.CheckAccountKeyOn(ctx, i.pool)
+}
+
+// CheckAccountKeyOn is CheckAccountKey on q: a connection the caller holds already,
+// as /readyz does for all its checks, so that a probe takes one connection of the
+// pool and not one for each check.
+func (i *Issuer) CheckAccountKeyOn(ctx context.Context, q Queryer) error {
+	_, err := i.loadAccount(ctx, q)
 	return err
 }
 
-// queryer is what loadAccount needs of a pool or a transaction.
-type queryer interface {
+// Queryer is what reading the stored account needs: a pool, a connection taken from
+// one, or a transaction.
+type Queryer interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // loadAccount reads the stored account, or returns nil when there is none.
-func (i *Issuer) loadAccount(ctx context.Context, q queryer) (*account, error) {
+func (i *Issuer) loadAccount(ctx context.Context, q Queryer) (*account, error) {
 	var email, stored, uri string
 	var regJSON []byte
 	err := q.QueryRow(ctx, `

@@ -126,11 +126,11 @@ func (c *runCmd) fallback(ctx context.Context, pool *pgxpool.Pool, log *zap.Logg
 
 // secondKeyReady is the part of /readyz about the second CA's stored account key, as
 // keysReady's for the first: nil without a second CA.
-func secondKeyReady(ctx context.Context, second *acme.Issuer) error {
+func secondKeyReady(ctx context.Context, second *acme.Issuer, conn acme.Queryer) error {
 	if second == nil {
 		return nil
 	}
-	err := second.CheckAccountKey(ctx)
+	err := second.CheckAccountKeyOn(ctx, conn)
 	var ke *queue.KeyError
 	switch {
 	case errors.As(err, &ke):

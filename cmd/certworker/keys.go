@@ -11,7 +11,6 @@ import (
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/certstore/seal"
 	"github.com/certworker/certworker/queue"
-	"github.com/certworker/certworker/queue/worker"
 )
 
 // keyFlags are the key encryption keys of run and rekey: the list on the command line
@@ -81,9 +80,9 @@ func checkAccountKey(ctx context.Context, issuer *acme.Issuer, databaseURL strin
 
 // keysReady is the part of /readyz about keys: an error while the worker stopped
 // claiming on a key error, or while the stored account key does not open with the
-// configured keys (CONTRACT.md §4; read afresh on every probe, so that an instance
+// configured keys (CONTRACT.md §4; read afresh at every check, so that an instance
 // left behind by a rotation shows before its next order meets it).
-func keysReady(ctx context.Context, wk *worker.Worker, issuer *acme.Issuer) error {
+func keysReady(ctx context.Context, wk workerState, issuer *acme.Issuer, conn acme.Queryer) error {
 	if err := wk.Halted(); err != nil {
 		var ke *queue.KeyError
 		if errors.As(err, &ke) {
@@ -91,7 +90,7 @@ func keysReady(ctx context.Context, wk *worker.Worker, issuer *acme.Issuer) erro
 		}
 		return err // the CA does not offer --acme-profile (worker.ProfileHalt)
 	}
-	err := issuer.CheckAccountKey(ctx)
+	err := issuer.CheckAccountKeyOn(ctx, conn)
 	var ke *queue.KeyError
 	if errors.As(err, &ke) {
 		return ke

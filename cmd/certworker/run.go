@@ -516,13 +516,10 @@ func adminMux(pool *pgxpool.Pool, wk *worker.Worker, issuer, second *acme.Issuer
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")
 	})
+	ready := newReadiness(func(ctx context.Context) string { return notReady(ctx, pool, wk, issuer, second) })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		// Long enough for a connection that tries a dead first host of a multi-host URL
-		// (the per-host connect timeout, 2 s) before the live one.
-		ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
-		defer cancel()
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		if why := notReady(ctx, pool, wk, issuer, second); why != "" {
+		if why := ready.check(r.Context()); why != "" {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			fmt.Fprintln(w, why)
 			return
@@ -531,27 +528,6 @@ func adminMux(pool *pgxpool.Pool, wk *worker.Worker, issuer, second *acme.Issuer
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	return mux
-}
-
-// readyTimeout bounds /readyz's checks.
-const readyTimeout = 5 * time.Second
-
-// notReady is why /readyz answers 503, or "" when it answers 200.
-// second is the second CA's issuer, nil for none.
-func notReady(ctx context.Context, pool *pgxpool.Pool, wk *worker.Worker, issuer, second *acme.Issuer) string {
-	switch {
-	case pool.Ping(ctx) != nil:
-		return "database unreachable"
-	case !wk.Ready():
-		return "listener not connected"
-	}
-	if err := keysReady(ctx, wk, issuer); err != nil {
-		return err.Error()
-	}
-	if err := secondKeyReady(ctx, second); err != nil {
-		return err.Error()
-	}
-	return ""
 }
 
 // newServer is an HTTP server fit to face the internet, as the HTTP-01 responder does
