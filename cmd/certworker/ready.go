@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -63,7 +64,9 @@ type workerState interface {
 func notReady(ctx context.Context, pool *pgxpool.Pool, wk workerState, issuer, second *acme.Issuer) string {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
-		return "database unreachable"
+		st := pool.Stat()
+		return fmt.Sprintf("database unreachable (no connection of the pool: %d of %d in use, %d being made)",
+			st.AcquiredConns(), st.MaxConns(), st.ConstructingConns())
 	}
 	defer conn.Release()
 	switch {

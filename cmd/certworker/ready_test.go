@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 
@@ -97,10 +98,12 @@ func (s stubWorker) Halted() error { return s.halted }
 
 // A check takes one connection of the pool for all it asks the database: the ping
 // and both CAs' stored accounts. It said so before it took three; and a halted worker
-// or a listener not connected is reported on that one connection.
+// or a listener not connected is reported on that one connection. A pool that has no
+// connection to give within the check's time is reported with how many it has and
+// in what state, so that an operator tells a pool kept busy from a server away.
 func TestReadiness_ACheckTakesOneConnectionOfThePool(t *testing.T) {
 	t.Parallel()
-	pool, _ := pgtest.NewPool(t)
+	pool, dsn := pgtest.NewPool(t)
 	ctx := context.Background()
 	issuer := func(directory string) *acme.Issuer {
 		i, err := acme.New(ctx, pool, zap.NewNop(), acme.Config{DirectoryURL: directory, HTTPTimeout: time.Second})
@@ -120,4 +123,18 @@ func TestReadiness_ACheckTakesOneConnectionOfThePool(t *testing.T) {
 		require.Equal(t, tc.want, notReady(ctx, pool, tc.wk, first, second))
 		require.Equal(t, before+1, pool.Stat().AcquireCount(), "connections taken by a check (%+v)", tc.wk)
 	}
+
+	cfg, err := pgxpool.ParseConfig(dsn)
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	one, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(one.Close)
+	held, err := one.Acquire(ctx)
+	require.NoError(t, err)
+	defer held.Release()
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	require.Equal(t, "database unreachable (no connection of the pool: 1 of 1 in use, 0 being made)",
+		notReady(short, one, stubWorker{ready: true}, first, second))
 }
