@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/certworker/certworker/internal/netrelay"
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/internal/workertest"
@@ -185,12 +186,20 @@ func TestProcess_RunServesItsEndpointsAndHandsBackAtSIGTERM(t *testing.T) {
 // (nobody reclaims until a full lease after its own reconnection), and the domains are
 // ordered again. Every domain ends active with exactly one finalized order at Pebble
 // and no attempt charged.
+//
+// The CA reaches a's responder through a relay that holds its validations until the
+// database is down: with Pebble's sleep alone (0 to 3 s, drawn per request), an order
+// whose draws were all 0 was issued before the others had their tokens, and the six
+// were never in flight at once (clean-clone CI of 213872e).
 func TestProcess_AnOutageLongerThanTheLeaseOrdersNothingTwice(t *testing.T) {
 	t.Parallel()
 	const lease = 3 * time.Second
-	w := newProcessWorld(t, pebbletest.Options{ValidationSleep: true, SleepSeconds: 4})
+	responder := workertest.FreeAddr(t)
+	gate := netrelay.Start(t, responder)
+	gate.Blackhole()
+	w := newProcessWorld(t, pebbletest.Options{ValidationSleep: true, SleepSeconds: 4, HTTPPort: gate.Port()})
 	common := []string{"--lease", lease.String(), "--concurrency", "4", "--poll-interval", "1s", "--retry-base", "1s"}
-	a := startProc(t, "a", w.dsn, w.ca.DirectoryURL, w.rootsFile, append(common, "--http01-listen", fmt.Sprintf("127.0.0.1:%d", w.ca.HTTPPort))...)
+	a := startProc(t, "a", w.dsn, w.ca.DirectoryURL, w.rootsFile, append(common, "--http01-listen", responder)...)
 	b := startProc(t, "b", w.dsn, w.ca.DirectoryURL, w.rootsFile, append(common, "--http01-listen", "")...)
 	// b orders too, and the CA validates its orders through a's responder: a must
 	// be up before there is anything to order.
@@ -217,7 +226,7 @@ func TestProcess_AnOutageLongerThanTheLeaseOrdersNothingTwice(t *testing.T) {
 	tokens, err := pgx.CollectRows(rows, pgx.RowToStructByPos[pending])
 	require.NoError(t, err)
 	for _, tok := range tokens {
-		req, err := http.NewRequest(http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/.well-known/acme-challenge/%s", w.ca.HTTPPort, tok.Token), nil)
+		req, err := http.NewRequest(http.MethodGet, fmt.Sprintf("http://%s/.well-known/acme-challenge/%s", responder, tok.Token), nil)
 		require.NoError(t, err)
 		req.Host = tok.Domain
 		resp, err := http.DefaultClient.Do(req)
@@ -229,6 +238,9 @@ func TestProcess_AnOutageLongerThanTheLeaseOrdersNothingTwice(t *testing.T) {
 	defer cancel()
 	require.NoError(t, w.srv.Stop(ctx))
 	down := time.Now()
+	// The validations held since the challenges were accepted go on (Pebble gives each
+	// 15 s), after its sleep: some orders are issued before their deadlines, some not.
+	gate.Restore()
 	time.Sleep(3 * lease)
 	require.NoError(t, w.srv.Start(ctx))
 	t.Logf("database down %s (lease %s)", time.Since(down).Round(time.Millisecond), lease)
