@@ -156,3 +156,11 @@ func NewPoolWith(ctx context.Context, dsn string, s Session) (*pgxpool.Pool, err
 	ConfigureSession(cfg, s)
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
+
+// CloseQuickly closes a session of its own (not a pool's) without waiting on a server
+// that may not answer: the goodbye gets a second, then the socket is closed anyway.
+func CloseQuickly(conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = conn.Close(ctx)
+}

@@ -250,6 +250,9 @@ func (c *runCmd) Run(g *globals) error {
 	if dnsServer != nil {
 		defer dnsServer.Shutdown()
 	}
+	// /readyz's session, made when a probe first comes; closed once the servers are.
+	probes := newProbeSession(pool, c.Lease)
+	defer probes.Close()
 	// The servers are shut down first (deferred last), the responder after them.
 	var servers []*http.Server
 	defer func() {
@@ -281,7 +284,7 @@ func (c *runCmd) Run(g *globals) error {
 	fl.Start(ctx)
 	defer fl.Stop()
 	if ln, ok := lns["admin"]; ok {
-		servers = append(servers, serve(log, "admin", ln, adminMux(pool, w, issuer, secondIssuer, reg)))
+		servers = append(servers, serve(log, "admin", ln, adminMux(probes, w, issuer, secondIssuer, reg)))
 	}
 	return w.Wait()
 }
@@ -507,16 +510,16 @@ func serve(log *zap.Logger, name string, ln net.Listener, h http.Handler, config
 	return s
 }
 
-// adminMux serves /healthz (the process is alive), /readyz (the database answers,
-// the worker's listener is connected, and the configured keys open the stored ACME
-// account key) and /metrics.
-func adminMux(pool *pgxpool.Pool, wk *worker.Worker, issuer, second *acme.Issuer, reg *prometheus.Registry) *http.ServeMux {
+// adminMux serves /healthz (the process is alive), /readyz (the database answers on
+// probes, the session of its own, the worker's listener is connected, and the
+// configured keys open the stored ACME account key) and /metrics.
+func adminMux(probes *probeSession, wk *worker.Worker, issuer, second *acme.Issuer, reg *prometheus.Registry) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")
 	})
-	ready := newReadiness(func(ctx context.Context) string { return notReady(ctx, pool, wk, issuer, second) })
+	ready := newReadiness(func(ctx context.Context) string { return notReady(ctx, probes, wk, issuer, second) })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		if why := ready.check(r.Context()); why != "" {

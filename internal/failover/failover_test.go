@@ -105,6 +105,9 @@ func TestFailover_PromotedAfter20sEveryInstanceIsReadyWithin5s(t *testing.T) {
 			readyIn, why := probeReadiness(promoted, promoted.Add(readyBound), a, b)
 			t.Logf("--wake %s: promoted %s after the primary died; ready again %s (a) and %s (b) after the promotion",
 				wake, promoted.Sub(died).Round(time.Millisecond), readyIn.of(a), readyIn.of(b))
+			if len(readyIn) < 2 {
+				t.Logf("sessions on the promoted server %s after the promotion:\n%s", time.Since(promoted).Round(time.Millisecond), w.sessions(t))
+			}
 			for _, p := range []*proc{a, b} {
 				require.Contains(t, readyIn, p, "%s was not ready within %s of the promotion; its last probe: %s", p.name, readyBound, why[p])
 			}

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
@@ -248,6 +249,27 @@ func waitReady(t *testing.T, procs ...*proc) {
 	for _, p := range procs {
 		workertest.Eventually(t, time.Minute, p.name+" ready", p.ready)
 	}
+}
+
+// sessions lists what each session on the database's server is doing, for a test
+// that failed to say why an instance waited.
+func (w *world) sessions(t *testing.T) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rows, err := w.pool.Query(ctx, `
+SELECT format('%s pid %s %s/%s %s xact %s query %s: %s', backend_type, pid, wait_event_type, wait_event, state,
+       round(extract(epoch FROM now() - xact_start)::numeric, 3), round(extract(epoch FROM now() - query_start)::numeric, 3),
+       left(regexp_replace(query, '\s+', ' ', 'g'), 160))
+FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND (datname = current_database() OR backend_type = 'walsender')
+ORDER BY backend_start`)
+	if err != nil {
+		return "pg_stat_activity: " + err.Error()
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return "pg_stat_activity: " + err.Error()
+	}
+	return strings.Join(lines, "\n")
 }
 
 // randomName is a fresh name: Pebble resolves every name to 127.0.0.1.

@@ -294,7 +294,7 @@ func (h *heartbeatConn) connect(ctx context.Context, timeout time.Duration) (*pg
 		return err
 	}
 	if err := setup(); err != nil {
-		closeQuickly(conn)
+		queue.CloseQuickly(conn)
 		return nil, fmt.Errorf("set up the heartbeat's session: %w", err)
 	}
 	return conn, nil
@@ -302,15 +302,7 @@ func (h *heartbeatConn) connect(ctx context.Context, timeout time.Duration) (*pg
 
 func (h *heartbeatConn) close() {
 	if h.conn != nil {
-		closeQuickly(h.conn)
+		queue.CloseQuickly(h.conn)
 		h.conn = nil
 	}
-}
-
-// closeQuickly closes conn without waiting on a server that may not answer: the
-// goodbye gets a second, then the socket is closed anyway.
-func closeQuickly(conn *pgx.Conn) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	_ = conn.Close(ctx)
 }
