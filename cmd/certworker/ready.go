@@ -21,7 +21,7 @@ const readyTimeout = 5 * time.Second
 // readiness answers /readyz with one check at a time: the probes that come while a
 // check runs wait for its answer instead of starting checks of their own. A prober
 // that asks often, or many probers at once, thus costs the database one session at
-// most (probePool). Without it, after a failover, when each new connection first
+// most (probeSession). Without it, after a failover, when each new connection first
 // waits out the dead host, probes every 100 ms queued some fifty checks, each wanting
 // two or three connections, on the worker's pool of four.
 type readiness struct {

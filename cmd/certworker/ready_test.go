@@ -194,8 +194,9 @@ func TestReadiness_AChecksOnASessionOfItsOwn(t *testing.T) {
 // nothing comes back), and the check after it answers ready through the second host
 // within 5 s (readyTimeout), the bound CONTRACT.md §5 gives a failover.
 //
-// Guards against a pool for the probes: its one slot was held while pgx closed the
-// silent connection, and checks answered "no connection" for 15 s.
+// Guards against a check that waits for the silent connection's close, which pgx
+// gives up to 15 s (pgconn's asyncClose); a pool of the probes' own would keep its
+// slot that long.
 func TestReadiness_ASilentServerCostsTheNextCheckAPingNotAClose(t *testing.T) {
 	t.Parallel()
 	base, dsn := pgtest.NewPool(t)
