@@ -79,9 +79,8 @@ func (i *Issuer) CheckAccountKey(ctx context.Context) error {
 	return i.CheckAccountKeyOn(ctx, i.pool)
 }
 
-// CheckAccountKeyOn is CheckAccountKey on q: a connection the caller holds already,
-// as /readyz does for all its checks, so that a probe takes one connection of the
-// pool and not one for each check.
+// CheckAccountKeyOn is CheckAccountKey on q: a session the caller holds already, as
+// /readyz does for all its checks, so that a check asks everything on one session.
 func (i *Issuer) CheckAccountKeyOn(ctx context.Context, q Queryer) error {
 	_, err := i.loadAccount(ctx, q)
 	return err

@@ -157,6 +157,23 @@ func NewPoolWith(ctx context.Context, dsn string, s Session) (*pgxpool.Pool, err
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
+// ConnectSession opens a session of its own, outside the pool cfg configures, set up
+// as the pool's are (its AfterConnect: the session's bounds, a warm-up if it has
+// one). A session whose set-up failed is closed (CloseQuickly).
+func ConnectSession(ctx context.Context, cfg *pgxpool.Config) (*pgx.Conn, error) {
+	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.AfterConnect != nil {
+		if err := cfg.AfterConnect(ctx, conn); err != nil {
+			CloseQuickly(conn)
+			return nil, err
+		}
+	}
+	return conn, nil
+}
+
 // CloseQuickly closes a session of its own (not a pool's) without waiting on a server
 // that may not answer: the goodbye gets a second, then the socket is closed anyway.
 func CloseQuickly(conn *pgx.Conn) {

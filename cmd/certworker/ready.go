@@ -67,7 +67,7 @@ func (r *readiness) check(ctx context.Context) string {
 // and reading until it answers, for up to 15 s, and the pool keeps the connection's
 // slot until then; behind it a check would wait out those 15 s after every failover.
 type probeSession struct {
-	cfg  *pgxpool.Config // its ConnConfig and AfterConnect (the session's bounds)
+	cfg  *pgxpool.Config // the session's connection and set-up (queue.ConnectSession)
 	mu   sync.Mutex
 	conn *pgx.Conn
 }
@@ -92,12 +92,7 @@ func (p *probeSession) get(ctx context.Context) (*pgx.Conn, error) {
 		}
 		p.dropLocked()
 	}
-	conn, err := pgx.ConnectConfig(ctx, p.cfg.ConnConfig)
-	if err == nil {
-		if err = p.cfg.AfterConnect(ctx, conn); err != nil {
-			go queue.CloseQuickly(conn)
-		}
-	}
+	conn, err := queue.ConnectSession(ctx, p.cfg)
 	if err != nil {
 		p.mu.Unlock()
 		return nil, err

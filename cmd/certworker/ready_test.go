@@ -158,8 +158,8 @@ func TestReadiness_AChecksOnASessionOfItsOwn(t *testing.T) {
 		{stubWorker{ready: true, halted: errors.New("--acme-profile: not offered")}, "--acme-profile: not offered"},
 	} {
 		workersBefore := workers.Stat().AcquireCount()
-		short, cancel := context.WithTimeout(ctx, 2*time.Second)
-		require.Equal(t, tc.want, notReady(short, probes, tc.wk, first, second))
+		check, cancel := context.WithTimeout(ctx, readyTimeout)
+		require.Equal(t, tc.want, notReady(check, probes, tc.wk, first, second))
 		cancel()
 		require.Equal(t, workersBefore, workers.Stat().AcquireCount(), "connections of the worker's pool taken by a check (%+v)", tc.wk)
 		require.NotNil(t, probes.conn, "the probes' session after a check (%+v)", tc.wk)

@@ -280,20 +280,11 @@ func (h *heartbeatConn) renew(ctx context.Context, qcfg queue.Config, tokens []s
 
 // connect opens the session with the pool's configuration and session set-up.
 func (h *heartbeatConn) connect(ctx context.Context, timeout time.Duration) (*pgx.Conn, error) {
-	conn, err := pgx.ConnectConfig(ctx, h.cfg.ConnConfig)
+	conn, err := queue.ConnectSession(ctx, h.cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect the heartbeat's session: %w", err)
 	}
-	setup := func() error {
-		if h.cfg.AfterConnect != nil {
-			if err := h.cfg.AfterConnect(ctx, conn); err != nil {
-				return err
-			}
-		}
-		_, err := conn.Exec(ctx, fmt.Sprintf("SET statement_timeout = %d", max(timeout.Milliseconds(), 1)))
-		return err
-	}
-	if err := setup(); err != nil {
+	if _, err := conn.Exec(ctx, fmt.Sprintf("SET statement_timeout = %d", max(timeout.Milliseconds(), 1))); err != nil {
 		queue.CloseQuickly(conn)
 		return nil, fmt.Errorf("set up the heartbeat's session: %w", err)
 	}
