@@ -3,10 +3,10 @@
 -- list makes of it (the worker computes the registered domain; the claim only needs
 -- to find it among these). '{}' for NULL and for a name of one label.
 --
--- PL/pgSQL, not SQL: the claim calls it for each row it reads while a pause of a
--- registered domain is in force. A SQL function of more than one expression is not
--- inlined: it is planned again in every statement that calls it, and each call goes
--- through the SQL function executor. A PL/pgSQL function is compiled once a session;
+-- PL/pgSQL, not SQL: the claim calls it for each row it reads while a pause is in
+-- force. A SQL function whose body reads FROM something is not inlined: it is planned
+-- again in every statement that calls it, and each call goes through the SQL
+-- function executor. A PL/pgSQL function is compiled once a session;
 -- migrations' BenchmarkSuffixes compares the two.
 CREATE OR REPLACE FUNCTION certworker_suffixes(p_name text) RETURNS text[]
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
