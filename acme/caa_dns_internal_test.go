@@ -3,22 +3,21 @@ package acme
 import (
 	"context"
 	"errors"
-	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/miekg/dns"
 	"github.com/stretchr/testify/require"
+
+	"github.com/certworker/certworker/internal/loopback"
 )
 
 // stubDNS serves answer on a loopback port over UDP and TCP, with a mux of its own
 // (challtestsrv's is the process's default one), until the test ends.
 func stubDNS(t *testing.T, answer func(q dns.Question, tcp bool) (rrs []dns.RR, truncated bool)) string {
 	t.Helper()
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	require.NoError(t, err)
-	ln, err := net.Listen("tcp", pc.LocalAddr().String())
+	pc, ln, err := loopback.ListenUDPAndTCP()
 	require.NoError(t, err)
 	handler := func(tcp bool) dns.HandlerFunc {
 		return func(w dns.ResponseWriter, r *dns.Msg) {

@@ -14,13 +14,15 @@ package dnsresolver
 
 import (
 	"errors"
-	"net"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/certworker/certworker/internal/loopback"
 )
 
 // Resolver is a running resolver. Its methods are safe for concurrent use.
@@ -44,32 +46,26 @@ func Start(upstream string) (*Resolver, error) {
 	r := &Resolver{upstream: upstream, cnames: map[string]string{}, asked: map[string]int{}}
 	mux := dns.NewServeMux()
 	mux.HandleFunc(".", r.serve)
-	for range 20 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		pc, err := net.ListenPacket("udp", ln.Addr().String())
-		if err != nil {
-			_ = ln.Close()
-			continue
-		}
-		r.Addr = ln.Addr().String()
-		for _, srv := range []*dns.Server{{PacketConn: pc, Net: "udp", Handler: mux}, {Listener: ln, Net: "tcp", Handler: mux}} {
-			started := make(chan struct{})
-			srv.NotifyStartedFunc = func() { close(started) }
-			go func() { _ = srv.ActivateAndServe() }()
-			select {
-			case <-started:
-			case <-time.After(10 * time.Second):
-				r.Close()
-				return nil, errors.New("dnsresolver: did not start")
-			}
-			r.servers = append(r.servers, srv)
-		}
-		return r, nil
+	pc, ln, err := loopback.ListenUDPAndTCP()
+	if err != nil {
+		return nil, fmt.Errorf("dnsresolver: %w", err)
 	}
-	return nil, errors.New("dnsresolver: no loopback port free for both UDP and TCP")
+	r.Addr = ln.Addr().String()
+	for _, srv := range []*dns.Server{{PacketConn: pc, Net: "udp", Handler: mux}, {Listener: ln, Net: "tcp", Handler: mux}} {
+		started := make(chan struct{})
+		srv.NotifyStartedFunc = func() { close(started) }
+		go func() { _ = srv.ActivateAndServe() }()
+		select {
+		case <-started:
+		case <-time.After(10 * time.Second):
+			r.Close()
+			_ = pc.Close()
+			_ = ln.Close()
+			return nil, errors.New("dnsresolver: did not start")
+		}
+		r.servers = append(r.servers, srv)
+	}
+	return r, nil
 }
 
 // Close stops the resolver.

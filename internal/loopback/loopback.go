@@ -10,6 +10,9 @@
 //
 // Every call opens a new connection and makes a full handshake (no session
 // resumption), so it shows what a new visitor would get.
+//
+// ListenUDPAndTCP takes one loopback port for both UDP and TCP, for the tests' DNS
+// servers.
 package loopback
 
 import (

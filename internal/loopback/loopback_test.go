@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"math/big"
+	"net"
 	"testing"
 	"time"
 
@@ -69,4 +70,33 @@ func TestServer_GetAndHandshakePresentTheCertificateForTheName(t *testing.T) {
 	_, otherRoots := selfSigned(t, "shop.example")
 	_, err = srv.Get(ctx, "shop.example", otherRoots)
 	require.ErrorContains(t, err, "certificate", "a chain to roots not given is refused")
+}
+
+// ListenUDPAndTCP gives one port for both: a datagram sent to the TCP listener's
+// address reaches the packet conn, and a TCP connection to it is accepted.
+func TestListenUDPAndTCP_OnePortForBoth(t *testing.T) {
+	t.Parallel()
+	pc, ln, err := loopback.ListenUDPAndTCP()
+	require.NoError(t, err)
+	defer pc.Close()
+	defer ln.Close()
+	require.Equal(t, ln.Addr().(*net.TCPAddr).Port, pc.LocalAddr().(*net.UDPAddr).Port)
+
+	u, err := net.Dial("udp", ln.Addr().String())
+	require.NoError(t, err)
+	defer u.Close()
+	_, err = u.Write([]byte("ping"))
+	require.NoError(t, err)
+	require.NoError(t, pc.SetReadDeadline(time.Now().Add(5*time.Second)))
+	buf := make([]byte, 16)
+	n, _, err := pc.ReadFrom(buf)
+	require.NoError(t, err)
+	require.Equal(t, "ping", string(buf[:n]))
+
+	c, err := net.Dial("tcp", pc.LocalAddr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	accepted, err := ln.Accept()
+	require.NoError(t, err)
+	require.NoError(t, accepted.Close())
 }

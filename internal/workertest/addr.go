@@ -3,6 +3,8 @@ package workertest
 import (
 	"net"
 	"testing"
+
+	"github.com/certworker/certworker/internal/loopback"
 )
 
 // FreeAddr is a loopback address (127.0.0.1:PORT) nothing listens on, for now: for a
@@ -25,19 +27,10 @@ func FreeAddr(t testing.TB) string {
 // them first is fine).
 func ListenUDPAndTCP(t testing.TB) (net.PacketConn, net.Listener) {
 	t.Helper()
-	for range 20 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("listen: %v", err)
-		}
-		pc, err := net.ListenPacket("udp", ln.Addr().String())
-		if err != nil {
-			_ = ln.Close()
-			continue
-		}
-		t.Cleanup(func() { _ = ln.Close(); _ = pc.Close() })
-		return pc, ln
+	pc, ln, err := loopback.ListenUDPAndTCP()
+	if err != nil {
+		t.Fatalf("listen: %v", err)
 	}
-	t.Fatal("no loopback port free for both UDP and TCP")
-	return nil, nil
+	t.Cleanup(func() { _ = ln.Close(); _ = pc.Close() })
+	return pc, ln
 }
