@@ -1,0 +1,91 @@
+package queue
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files of testdata/sql from the statements as rendered")
+
+// renderedStatements are the statements the package renders from named conditions,
+// whole, as PostgreSQL receives them. A review reads the whole SQL a change makes in
+// testdata/sql, not the glue.
+func renderedStatements() map[string]string {
+	return map[string]string{
+		"claim":              claimSQL,
+		"claim_routed":       claimRoutedSQL,
+		"twin_candidates":    twinCandidatesSQL,
+		"replace_progress":   replaceProgressSQL,
+		"tenant_counts":      tenantCountsSQL,
+		"status_counts":      statusCountsSQL,
+		"totals":             totalsSQL,
+		"expiring_unrenewed": expiringUnrenewedSQL,
+		"pending_over_hour":  pendingOverHourSQL,
+		"pauses":             pausesSQL,
+		"ledger":             ledgerSQL,
+		"pause":              pauseSQL,
+	}
+}
+
+// TestStatements_MatchTheirGoldenFiles fails on any difference between a rendered
+// statement and testdata/sql/NAME.sql, and on a golden file no statement has; only
+// `go test -run TestStatements_MatchTheirGoldenFiles -update ./queue/` rewrites them.
+func TestStatements_MatchTheirGoldenFiles(t *testing.T) {
+	dir := filepath.Join("testdata", "sql")
+	stmts := renderedStatements()
+	if *update {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		old, _ := filepath.Glob(filepath.Join(dir, "*.sql"))
+		for _, f := range old {
+			if err := os.Remove(f); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for name, text := range stmts {
+			if err := os.WriteFile(filepath.Join(dir, name+".sql"), []byte(text), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for name, text := range stmts {
+		want, err := os.ReadFile(filepath.Join(dir, name+".sql"))
+		if err != nil {
+			t.Errorf("%s: no golden file (go test -run %s -update ./queue/ writes it): %v", name, t.Name(), err)
+			continue
+		}
+		if string(want) != text {
+			t.Errorf("%s: the rendered statement differs from testdata/sql/%s.sql at byte %d;\nrun go test -run %s -update ./queue/ and review the diff",
+				name, name, firstDifference(string(want), text), t.Name())
+		}
+	}
+	files, err := filepath.Glob(filepath.Join(dir, "*.sql"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stray []string
+	for _, f := range files {
+		if _, ok := stmts[strings.TrimSuffix(filepath.Base(f), ".sql")]; !ok {
+			stray = append(stray, f)
+		}
+	}
+	sort.Strings(stray)
+	if len(stray) > 0 {
+		t.Errorf("golden files no statement renders: %v", stray)
+	}
+}
+
+func firstDifference(a, b string) int {
+	n := min(len(a), len(b))
+	for i := 0; i < n; i++ {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return n
+}
