@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/queue"
@@ -15,10 +16,16 @@ import (
 // a statement that waits on a locked row fails with 55P03 rather than hang the test.
 func (b *bundle) workerQueue(t *testing.T) *queue.Queue {
 	t.Helper()
+	return queue.New(b.workerPool(t), queue.DefaultConfig())
+}
+
+// workerPool is a pool whose sessions have the worker's bounds, as workerQueue's.
+func (b *bundle) workerPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
 	pool, err := queue.NewPoolWith(b.ctx, b.dsn, queue.WorkerSession(queue.DefaultLease))
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	return queue.New(pool, queue.DefaultConfig())
+	return pool
 }
 
 // abandoned makes id a claim of an instance that died: 'provisioning' under a token
@@ -153,4 +160,58 @@ func TestClaim_ALockedDueRowIsPassedOverAndTheOthersClaimedAtOnce(t *testing.T) 
 	}
 	require.ElementsMatch(t, []string{x, y}, ids)
 	require.Equal(t, "pending", b.status(t, locked))
+}
+
+// The same with a second CA: the routed claim reads its head with FOR UPDATE SKIP
+// LOCKED too, so a due row the proxy holds locked is passed over and the others are
+// claimed at once. Without SKIP LOCKED the routed claim waited for the lock and, with
+// the worker's lock timeout, claimed nothing.
+func TestClaimRouted_ALockedDueRowIsPassedOverAndTheOthersClaimedAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tn := b.tenant(t)
+	locked, _ := b.domain(t, tn, "pending", 0, nil)
+	x, _ := b.domain(t, tn, "pending", 0, nil)
+	y, _ := b.domain(t, tn, "pending", 0, nil)
+	tx := b.proxyTx(t)
+	_, err := tx.Exec(b.ctx, `SELECT 1 FROM proxy_domains WHERE id = $1 FOR UPDATE`, locked)
+	require.NoError(t, err)
+
+	claims, err := b.routedOn(b.workerPool(t), time.Minute).Claim(b.ctx, "test", testDirectory, 10)
+	require.NoError(t, err, "the routed claim waited for the locked row")
+	var ids []string
+	for _, c := range claims {
+		ids = append(ids, c.ID)
+		require.Equal(t, testDirectory, c.Directory, "%s went to the second CA with no pause of the first", c.ID)
+	}
+	require.ElementsMatch(t, []string{x, y}, ids)
+	require.Equal(t, "pending", b.status(t, locked))
+}
+
+// Two urgent renewals of one tenant, the proxy holding the one of earliest expiry
+// locked. The claim serves the tenant's urgent turn with its due renewal of earliest
+// ssl_renew_by (picks), which reads the tenant's urgent renewals again, locking them:
+// with SKIP LOCKED there too, the locked row is passed over and the other renewal is
+// claimed at once. Without it, picks waited for the proxy's lock and, with the
+// worker's lock timeout, the claim failed and took nothing.
+func TestClaim_UrgentTurnPassesOverARenewalTheProxyHoldsLocked(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tn := b.tenant(t)
+	b.urgentRenewal(t, tn, "first.example", 2*24*time.Hour)
+	b.urgentRenewal(t, tn, "second.example", 3*24*time.Hour)
+	tx := b.proxyTx(t)
+	_, err := tx.Exec(b.ctx, `SELECT 1 FROM proxy_domains WHERE domain = 'first.example' FOR UPDATE`)
+	require.NoError(t, err)
+
+	claims, err := b.workerQueue(t).Claim(b.ctx, "test", testDirectory, 10)
+	require.NoError(t, err, "the urgent turn waited for the locked renewal")
+	var names []string
+	for _, c := range claims {
+		names = append(names, c.Domain)
+	}
+	require.Equal(t, []string{"second.example"}, names)
+	var status string
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT ssl_status FROM proxy_domains WHERE domain = 'first.example'`).Scan(&status))
+	require.Equal(t, "pending", status, "the locked renewal was taken")
 }
