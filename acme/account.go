@@ -21,7 +21,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/certworker/certworker/certstore/seal"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // account is the ACME account orders are placed with; it is lego's registration.User.
@@ -74,7 +74,7 @@ func (i *Issuer) accountFor(ctx context.Context, tr *orderTransport) (*account, 
 // key id with the configured keys, and keeps nothing: `run` calls it before it claims
 // anything, and /readyz on every probe (CONTRACT.md §3, §4). No account stored yet is
 // fine: the first order registers one. A stored key that does not open is a
-// *queue.KeyError naming the key id it lacks; any other error is the database's.
+// *issuing.KeyError naming the key id it lacks; any other error is the database's.
 func (i *Issuer) CheckAccountKey(ctx context.Context) error {
 	return i.CheckAccountKeyOn(ctx, i.pool)
 }
@@ -125,11 +125,11 @@ WHERE directory = $1 AND eab_kid = $2`, i.cfg.DirectoryURL, i.cfg.EABKeyID).Scan
 	return &account{email: email, key: key, reg: reg}, nil
 }
 
-// keyError is the *queue.KeyError for a stored account key that err says cannot be
+// keyError is the *issuing.KeyError for a stored account key that err says cannot be
 // used with the configured keys: it names the key id the key is sealed under where the
 // format names one (v2), and otherwise the ids of the keys that were tried, so that
 // the operator can tell which key is missing.
-func (i *Issuer) keyError(stored string, err error) *queue.KeyError {
+func (i *Issuer) keyError(stored string, err error) *issuing.KeyError {
 	what := "ACME account key of " + i.cfg.DirectoryURL
 	if i.cfg.EABKeyID != "" {
 		what += " (EAB key id " + i.cfg.EABKeyID + ")"
@@ -144,7 +144,7 @@ func (i *Issuer) keyError(stored string, err error) *queue.KeyError {
 		err = fmt.Errorf("%w (it is sealed in the v1 format, which names no key id; tried key ids %s)",
 			err, strings.Join(i.cfg.KeyEncryptionKeys.IDs(), ", "))
 	}
-	return &queue.KeyError{Key: what, KeyID: id, Err: err}
+	return &issuing.KeyError{Key: what, KeyID: id, Err: err}
 }
 
 // reserveAccountKey makes the account's key and stores it, unregistered (an empty uri),
@@ -291,7 +291,7 @@ const problemExternalAccountRequired = problemNS + "externalAccountRequired"
 // external account binding (an unknown key id, an HMAC key that does not verify), or
 // without one where it requires one. It is the operator's configuration, never a
 // domain's: `run` exits 2 on it at start (RegisterAccount), and an order meeting it
-// returns it inside a *queue.CAUnavailableError (not charged, the CA paused for
+// returns it inside a *issuing.CAUnavailableError (not charged, the CA paused for
 // every instance) until an instance with the right key registers. Its message names
 // the directory, the key id and the CA's problem, never the HMAC key.
 type EABRefusedError struct {
@@ -335,8 +335,8 @@ func (i *Issuer) UsesEAB() bool { return i.cfg.EABKeyID != "" }
 // `run` calls it at start when the CA needs an external account binding, so that a
 // wrong key id or HMAC key is an error before anything is claimed rather than a CA
 // paused later. The error is an *EABRefusedError when the CA refused the binding, a
-// *queue.CAUnavailableError when the CA could not be reached or answered 5xx, a
-// *queue.KeyError when the stored account key does not open; any other error as
+// *issuing.CAUnavailableError when the CA could not be reached or answered 5xx, a
+// *issuing.KeyError when the stored account key does not open; any other error as
 // classified for an order. None holds the HMAC key.
 func (i *Issuer) RegisterAccount(ctx context.Context) error {
 	tr := i.orderTransport(ctx)

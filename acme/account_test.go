@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/internal/pebbletest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // registeredAccounts is how many stored accounts the CA registered: a row with an empty
@@ -37,7 +37,7 @@ func TestAccount_RegistrationHoldsNoTransactionWhileTheCAAnswers(t *testing.T) {
 
 	done := make(chan error, 1)
 	go func() {
-		_, err := iss.Issue(testCtx(t, 30*time.Second), queue.Request{Domain: randomName("r")})
+		_, err := iss.Issue(testCtx(t, 30*time.Second), issuing.Request{Domain: randomName("r")})
 		done <- err
 	}()
 	require.Eventually(t, func() bool { return front.Answered()[pebbletest.StepNewAccount] == 1 },
@@ -53,7 +53,7 @@ SELECT (SELECT count(*) FROM pg_stat_activity
 	require.Error(t, <-done, "the stalled registration")
 
 	front.Clear()
-	_, err := iss.Issue(testCtx(t, 30*time.Second), queue.Request{Domain: randomName("r")})
+	_, err := iss.Issue(testCtx(t, 30*time.Second), issuing.Request{Domain: randomName("r")})
 	require.NoError(t, err)
 	require.Equal(t, 1, countRows(t, b.pool, "certworker_acme_accounts"))
 	require.Equal(t, 1, registeredAccounts(t, b.pool))

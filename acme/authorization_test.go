@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/internal/pebbletest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // After a failed order no authorization of it is left pending at the CA (a pending
@@ -59,7 +59,7 @@ func TestIssue_FailedOrderLeavesNoPendingAuthorization(t *testing.T) {
 				ctx, cancel = context.WithTimeout(ctx, tc.cancelAfter)
 				defer cancel()
 			}
-			_, err := newIssuer(t, b.pool, nil, frontConfig(b, front)).Issue(ctx, queue.Request{Domain: randomName("z")})
+			_, err := newIssuer(t, b.pool, nil, frontConfig(b, front)).Issue(ctx, issuing.Request{Domain: randomName("z")})
 			require.Error(t, err)
 			orders := b.ca.Orders()
 			require.Len(t, orders, 1)

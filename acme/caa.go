@@ -10,10 +10,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/miekg/dns"
 	"go.uber.org/zap"
-
-	"github.com/certworker/certworker/queue"
 )
 
 // CAA: which CAs a name's DNS allows to issue for it (RFC 8659), and with which
@@ -142,8 +141,8 @@ type CAAVerdict struct {
 func (v CAAVerdict) AnyAllowed() bool { return slices.Contains(v.Allowed, true) }
 
 // Err is nil when a CA may issue. When none may and one is Undecided, it is a
-// *queue.CAUnavailableError (not charged: the CA's directory could not be read, which
-// says nothing of the name). Otherwise it is a *queue.PermanentError holding a
+// *issuing.CAUnavailableError (not charged: the CA's directory could not be read, which
+// says nothing of the name). Otherwise it is a *issuing.PermanentError holding a
 // *CAAError that says which CAs the records allow: no retry helps until the tenant
 // changes the records (then `certworker retry`).
 func (v CAAVerdict) Err() error {
@@ -151,10 +150,10 @@ func (v CAAVerdict) Err() error {
 		return nil
 	}
 	if slices.Contains(v.Undecided, true) {
-		return &queue.CAUnavailableError{Err: &CAAError{Msg: fmt.Sprintf(
+		return &issuing.CAUnavailableError{Err: &CAAError{Msg: fmt.Sprintf(
 			"the CAA records of %s name CAs, and the identities of a CA certworker orders from cannot be read now (its directory does not answer)", v.Name)}}
 	}
-	return &queue.PermanentError{Err: &CAAError{Forbidden: true, Msg: v.refusal()}}
+	return &issuing.PermanentError{Err: &CAAError{Forbidden: true, Msg: v.refusal()}}
 }
 
 // refusal is the message of a verdict that allows none of the CAs.
@@ -185,7 +184,7 @@ func (v CAAVerdict) refusal() string {
 type CAAError struct {
 	Msg string
 	// Forbidden: the records forbid every CA asked about (CAAVerdict.Err, wrapped in
-	// a *queue.PermanentError). Otherwise the look-up failed (SERVFAIL, REFUSED, no
+	// a *issuing.PermanentError). Otherwise the look-up failed (SERVFAIL, REFUSED, no
 	// answer in time): the tenant's DNS, charged like a failed preflight (As) and
 	// retried with backoff.
 	Forbidden bool
@@ -193,14 +192,14 @@ type CAAError struct {
 
 func (e *CAAError) Error() string { return CAAPrefix + e.Msg }
 
-// As makes a failed look-up a *queue.PreflightError to errors.As, so that the worker
+// As makes a failed look-up a *issuing.PreflightError to errors.As, so that the worker
 // treats it as it treats a failed preflight (charged and retried, and saying nothing
 // of whether the CA can be reached, which was not asked), while the message it
 // records, the error's own, keeps starting with "caa: ". A refusal (Forbidden) is
 // not one.
 func (e *CAAError) As(target any) bool {
-	if p, ok := target.(**queue.PreflightError); ok && !e.Forbidden {
-		*p = &queue.PreflightError{Msg: e.Error()}
+	if p, ok := target.(**issuing.PreflightError); ok && !e.Forbidden {
+		*p = &issuing.PreflightError{Msg: e.Error()}
 		return true
 	}
 	return false
@@ -647,7 +646,7 @@ func ParseCAAIdentities(flag, s string) ([]string, error) {
 // directory every order shares; while the CA does not answer, from the last directory
 // it served this process, however old). A CA whose directory lists none has none, and CAA
 // records with an issue property forbid it. The error is a
-// *queue.CAUnavailableError when the CA cannot be reached or answers 5xx.
+// *issuing.CAUnavailableError when the CA cannot be reached or answers 5xx.
 func (i *Issuer) CAAIdentities(ctx context.Context) ([]string, error) {
 	if len(i.cfg.CAAIdentities) > 0 {
 		return slices.Clone(i.cfg.CAAIdentities), nil

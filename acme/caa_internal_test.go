@@ -7,9 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/stretchr/testify/require"
-
-	"github.com/certworker/certworker/queue"
 )
 
 // The issue and issuewild grammar of RFC 8659 §4.2, read strictly: a value that does
@@ -144,7 +143,7 @@ func TestCAAVerdict_ErrNamesTheAllowedCAs(t *testing.T) {
 		rec("sectigo.com"), rec("digicert.com; accounturi=x"), rec("<script>.example"), rec("sectigo.com"),
 	}}, false, []CAAIssuer{le})
 	err := v.Err()
-	var pe *queue.PermanentError
+	var pe *issuing.PermanentError
 	require.True(t, errors.As(err, &pe), "%v", err)
 	var ce *CAAError
 	require.True(t, errors.As(err, &ce))
@@ -160,7 +159,7 @@ func TestCAAVerdict_ErrNamesTheAllowedCAs(t *testing.T) {
 	v = decideCAA("shop.example", CAASet{Domain: "shop.example", Records: []CAARecord{rec("letsencrypt.org")}}, false,
 		[]CAAIssuer{{Unknown: true}, {Identities: []string{"pki.goog"}}})
 	require.Equal(t, []bool{true, false}, v.Undecided)
-	var cu *queue.CAUnavailableError
+	var cu *issuing.CAUnavailableError
 	require.True(t, errors.As(v.Err(), &cu), "%v", v.Err())
 	require.False(t, errors.As(v.Err(), &pe))
 	v = decideCAA("shop.example", CAASet{Domain: "shop.example", Records: []CAARecord{{Flag: 128, Tag: "x", Value: ""}}}, false,

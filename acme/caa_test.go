@@ -10,7 +10,7 @@ import (
 
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/internal/pebbletest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // caaResolver asks the process's test DNS server, as --preflight-resolver would.
@@ -122,9 +122,9 @@ func TestCheckCAA_ServFailIsALookupError(t *testing.T) {
 		var ce *acme.CAAError
 		require.True(t, errors.As(err, &ce), "%v", err)
 		require.False(t, ce.Forbidden)
-		var pe *queue.PermanentError
+		var pe *issuing.PermanentError
 		require.False(t, errors.As(err, &pe), "a failed look-up is retried")
-		var pf *queue.PreflightError
+		var pf *issuing.PreflightError
 		require.True(t, errors.As(err, &pf), "the worker charges it as a failed preflight")
 		require.Equal(t, "caa: the DNS look-up of the CAA records of "+base+" failed: SERVFAIL", err.Error())
 	}
@@ -153,9 +153,9 @@ func TestCheckCAA_CriticalUnknownTagAndNeitherAllowed(t *testing.T) {
 	v, err = acme.CheckCAA(testCtx(t, 20*time.Second), r, "www."+other, caaFirst, caaSecond)
 	require.NoError(t, err)
 	require.False(t, v.AnyAllowed())
-	var pe *queue.PermanentError
+	var pe *issuing.PermanentError
 	require.True(t, errors.As(v.Err(), &pe))
-	var pf *queue.PreflightError
+	var pf *issuing.PreflightError
 	require.False(t, errors.As(v.Err(), &pf), "a refusal is not a failed look-up")
 	require.ErrorContains(t, v.Err(), "caa: the CAA records of www."+other+" (found at "+other+") allow only sectigo.com, pki.goog,")
 }

@@ -8,22 +8,21 @@ import (
 	"strings"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/go-acme/lego/v4/challenge"
 	"github.com/miekg/dns"
 	"go.uber.org/zap"
-
-	"github.com/certworker/certworker/queue"
 )
 
 // challengeChoice is the challenge an order answers, and why (for `status DOMAIN`).
 type challengeChoice struct {
-	challenge string // queue.ChallengeHTTP01 or queue.ChallengeDNS01
+	challenge string // issuing.ChallengeHTTP01 or issuing.ChallengeDNS01
 	reason    string
 }
 
 // legoType is lego's name of the challenge.
 func (c challengeChoice) legoType() challenge.Type {
-	if c.challenge == queue.ChallengeDNS01 {
+	if c.challenge == issuing.ChallengeDNS01 {
 		return challenge.DNS01
 	}
 	return challenge.HTTP01
@@ -112,12 +111,12 @@ func isWildcard(domain string) bool { return strings.HasPrefix(domain, "*.") }
 // choose picks the challenge for domain (CONTRACT §5): DNS-01 when its
 // _acme-challenge CNAME points at its target under --dns01-zone, HTTP-01 otherwise.
 // A wildcard has only DNS-01: without the CNAME it cannot be validated yet, a
-// *queue.PreflightError saying what to set. With the preflight on, DNS-01 is chosen
+// *issuing.PreflightError saying what to set. With the preflight on, DNS-01 is chosen
 // only once a probe value written to the zone is seen through the resolver by the
 // tenant's name. A resolver that does not answer leaves the choice to what the CA
 // will see: HTTP-01, or DNS-01 for a wildcard.
 func (i *Issuer) choose(ctx context.Context, domain string) (challengeChoice, error) {
-	http01 := challengeChoice{challenge: queue.ChallengeHTTP01}
+	http01 := challengeChoice{challenge: issuing.ChallengeHTTP01}
 	if i.cfg.DNS01Zone == "" {
 		http01.reason = "DNS-01 is off"
 		return http01, nil
@@ -131,7 +130,7 @@ func (i *Issuer) choose(ctx context.Context, domain string) (challengeChoice, er
 		i.log.Warn("could not read the DNS-01 CNAME; the CA decides",
 			zap.String("domain", domain), zap.String("error", err.Error()))
 		if isWildcard(domain) {
-			return challengeChoice{queue.ChallengeDNS01, "the resolver did not answer for " + at + "; a wildcard has only DNS-01"}, nil
+			return challengeChoice{issuing.ChallengeDNS01, "the resolver did not answer for " + at + "; a wildcard has only DNS-01"}, nil
 		}
 		http01.reason = "the resolver did not answer for " + at
 		return http01, nil
@@ -143,12 +142,12 @@ func (i *Issuer) choose(ctx context.Context, domain string) (challengeChoice, er
 				return challengeChoice{}, err
 			}
 		}
-		return challengeChoice{queue.ChallengeDNS01, at + " is a CNAME to " + target}, nil
+		return challengeChoice{issuing.ChallengeDNS01, at + " is a CNAME to " + target}, nil
 	case isWildcard(domain) && got != "":
-		return challengeChoice{}, &queue.PreflightError{Msg: fmt.Sprintf(
+		return challengeChoice{}, &issuing.PreflightError{Msg: fmt.Sprintf(
 			"a wildcard is validated over DNS-01 only: %s is a CNAME to %s; set it to %s", at, shownName(got), target)}
 	case isWildcard(domain):
-		return challengeChoice{}, &queue.PreflightError{Msg: fmt.Sprintf(
+		return challengeChoice{}, &issuing.PreflightError{Msg: fmt.Sprintf(
 			"a wildcard is validated over DNS-01 only: no CNAME at %s; set %s CNAME %s", at, at, target)}
 	case got != "":
 		http01.reason = fmt.Sprintf("%s is a CNAME to %s, not to %s", at, shownName(got), target)
@@ -195,7 +194,7 @@ func (i *Issuer) probeDNS01(ctx context.Context, domain, at, target string) erro
 			return nil
 		}
 	}
-	return &queue.PreflightError{Msg: fmt.Sprintf(
+	return &issuing.PreflightError{Msg: fmt.Sprintf(
 		"%s is a CNAME to %s, but the value written there is not answered by the name (%d other TXT values): is the zone delegated to certworker's name servers?",
 		at, target, len(values))}
 }

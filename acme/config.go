@@ -19,7 +19,7 @@ import (
 	"github.com/go-acme/lego/v4/certcrypto"
 
 	"github.com/certworker/certworker/certstore/seal"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // Config is what the issuer needs from the command line. Every field maps to one
@@ -123,7 +123,7 @@ func (c *Config) validate() (certcrypto.KeyType, *x509.CertPool, error) {
 		return "", nil, fmt.Errorf("--acme-email: %q is not an email address", c.Email)
 	}
 	if c.Profile != "" {
-		if err := queue.CheckProfileName(c.Profile); err != nil {
+		if err := issuing.CheckProfileName(c.Profile); err != nil {
 			return "", nil, fmt.Errorf("--acme-profile: %w", err)
 		}
 	}
@@ -295,7 +295,7 @@ func ParseDNSTarget(s string) (DNSTarget, error) {
 			t.Addrs = append(t.Addrs, a.Unmap())
 			continue
 		}
-		if _, err := queue.CheckName(strings.TrimSuffix(part, ".")); err != nil || strings.Contains(s, ",") {
+		if _, err := issuing.CheckName(strings.TrimSuffix(part, ".")); err != nil || strings.Contains(s, ",") {
 			return DNSTarget{}, fmt.Errorf("%q is neither a host name nor a list of IP addresses", s)
 		}
 		t.Host = strings.ToLower(strings.TrimSuffix(part, "."))

@@ -15,6 +15,7 @@ import (
 
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // An order's transport sends nothing once the claim's lease deadline has passed, not
@@ -40,17 +41,17 @@ func TestOrderTransport_SendsNothingPastTheLeaseDeadline(t *testing.T) {
 	t.Cleanup(ca.Close)
 	t.Cleanup(func() { close(release) })
 	const lease = time.Second
-	client := func(d *queue.Deadline) (*http.Client, *orderTransport) {
+	client := func(d *issuing.Deadline) (*http.Client, *orderTransport) {
 		tr := &orderTransport{base: http.DefaultTransport, ctx: context.Background(), session: newSession(ca.URL + "/dir"), deadline: d}
 		return &http.Client{Transport: tr, Timeout: time.Minute}, tr
 	}
 
-	passed, _ := client(queue.NewDeadline(time.Now().Add(-lease), lease))
+	passed, _ := client(issuing.NewDeadline(time.Now().Add(-lease), lease))
 	_, err := passed.Post(ca.URL+"/finalize", "application/jose+json", nil)
-	require.ErrorIs(t, err, queue.ErrLeaseDeadline)
+	require.ErrorIs(t, err, issuing.ErrLeaseDeadline)
 	require.Zero(t, received.Load(), "a request went out past the deadline")
 
-	d := queue.NewDeadline(time.Now(), lease)
+	d := issuing.NewDeadline(time.Now(), lease)
 	inFlight, tr := client(d)
 	start := time.Now()
 	resp, err := inFlight.Post(ca.URL+"/held", "application/jose+json", nil)
@@ -58,14 +59,14 @@ func TestOrderTransport_SendsNothingPastTheLeaseDeadline(t *testing.T) {
 		resp.Body.Close()
 	}
 	require.Error(t, err, "the held request was not cut off at the deadline")
-	require.ErrorIs(t, err, queue.ErrLeaseDeadline, "cut off by something else than the deadline")
+	require.ErrorIs(t, err, issuing.ErrLeaseDeadline, "cut off by something else than the deadline")
 	require.False(t, time.Now().Before(d.At()), "cut off %s before the deadline", time.Until(d.At()))
 	require.Less(t, time.Since(start), 30*time.Second, "not cut off at the deadline but by the client's timeout")
 	require.Equal(t, int32(1), received.Load())
 	require.NoError(t, tr.unreachable(), "the deadline was recorded as the CA unreachable")
 
 	_, err = inFlight.Get(ca.URL + "/dir")
-	require.ErrorIs(t, err, queue.ErrLeaseDeadline)
+	require.ErrorIs(t, err, issuing.ErrLeaseDeadline)
 	require.Equal(t, int32(1), received.Load())
 }
 
@@ -77,15 +78,15 @@ func TestFinalizeAllowed_NotWithLessThanAThirdOfTheLeaseLeft(t *testing.T) {
 	t.Parallel()
 	const lease = 3 * time.Second
 	require.NoError(t, finalizeAllowed(context.Background(), nil, nil))
-	require.NoError(t, finalizeAllowed(context.Background(), queue.NewDeadline(time.Now(), lease), nil), "a freshly renewed lease")
+	require.NoError(t, finalizeAllowed(context.Background(), issuing.NewDeadline(time.Now(), lease), nil), "a freshly renewed lease")
 	// The last renewal two thirds of a lease ago: one renewal missed.
-	late := queue.NewDeadline(time.Now().Add(-2*lease/3), lease)
-	require.ErrorIs(t, finalizeAllowed(context.Background(), late, nil), queue.ErrLeaseDeadline)
-	require.ErrorIs(t, finalizeAllowed(context.Background(), queue.NewDeadline(time.Now().Add(-lease), lease), nil), queue.ErrLeaseDeadline)
+	late := issuing.NewDeadline(time.Now().Add(-2*lease/3), lease)
+	require.ErrorIs(t, finalizeAllowed(context.Background(), late, nil), issuing.ErrLeaseDeadline)
+	require.ErrorIs(t, finalizeAllowed(context.Background(), issuing.NewDeadline(time.Now().Add(-lease), lease), nil), issuing.ErrLeaseDeadline)
 }
 
 // The finalize is gated by the worker's confirmation of the claim on the database
-// first (queue.Request.ConfirmClaim): a claim a failover lost leaves the local
+// first (issuing.Request.ConfirmClaim): a claim a failover lost leaves the local
 // deadline untouched, and only the database can say it is gone. Its refusal is
 // returned as it is, so that the worker tells a lost claim from a lease it could not
 // renew; and a confirmation that succeeds still leaves the local rule to apply.
@@ -93,13 +94,13 @@ func TestFinalizeAllowed_AsksTheDatabaseFirst(t *testing.T) {
 	t.Parallel()
 	const lease = 3 * time.Second
 	asked := 0
-	lost := func(context.Context) error { asked++; return queue.ErrClaimLost }
-	require.ErrorIs(t, finalizeAllowed(context.Background(), queue.NewDeadline(time.Now(), lease), lost), queue.ErrClaimLost)
+	lost := func(context.Context) error { asked++; return issuing.ErrClaimLost }
+	require.ErrorIs(t, finalizeAllowed(context.Background(), issuing.NewDeadline(time.Now(), lease), lost), issuing.ErrClaimLost)
 	require.Equal(t, 1, asked)
 	held := func(context.Context) error { asked++; return nil }
-	require.NoError(t, finalizeAllowed(context.Background(), queue.NewDeadline(time.Now(), lease), held))
-	late := queue.NewDeadline(time.Now().Add(-2*lease/3), lease)
-	require.ErrorIs(t, finalizeAllowed(context.Background(), late, held), queue.ErrLeaseDeadline)
+	require.NoError(t, finalizeAllowed(context.Background(), issuing.NewDeadline(time.Now(), lease), held))
+	late := issuing.NewDeadline(time.Now().Add(-2*lease/3), lease)
+	require.ErrorIs(t, finalizeAllowed(context.Background(), late, held), issuing.ErrLeaseDeadline)
 	require.Equal(t, 3, asked)
 }
 
@@ -113,10 +114,10 @@ func TestTokenStore_AStaleOrderNeitherOverwritesNorDeletesTheLiveOrdersToken(t *
 	t.Parallel()
 	pool, _ := pgtest.NewPool(t)
 	ctx := context.Background()
-	q := queue.New(pool, queue.Config{Lease: time.Minute})
+	q := queue.New(pool, issuing.Config{Lease: time.Minute})
 	const name, token = "fence.example", "shared-token"
 	id := pgtest.Domain(t, pool, pgtest.Tenant(t, pool), name)
-	claim := func() queue.Claim {
+	claim := func() issuing.Claim {
 		t.Helper()
 		claims, err := q.Claim(ctx, "test", "https://ca.invalid/directory", 1)
 		require.NoError(t, err)
@@ -128,7 +129,7 @@ func TestTokenStore_AStaleOrderNeitherOverwritesNorDeletesTheLiveOrdersToken(t *
 			token).Scan(&keyAuth, &claimToken)
 		return keyAuth, claimToken, err
 	}
-	store := func(c queue.Claim) *tokenStore {
+	store := func(c issuing.Claim) *tokenStore {
 		return &tokenStore{pool: pool, log: zap.NewNop(), ctx: ctx, claim: c.Token}
 	}
 
@@ -145,7 +146,7 @@ func TestTokenStore_AStaleOrderNeitherOverwritesNorDeletesTheLiveOrdersToken(t *
 	require.NoError(t, store(live).Present(name, token, token+".live"))
 
 	err = store(stale).Present(name, token, token+".stale")
-	require.ErrorIs(t, err, queue.ErrLeaseDeadline, "a claim no longer held stored its token")
+	require.ErrorIs(t, err, issuing.ErrLeaseDeadline, "a claim no longer held stored its token")
 	require.NoError(t, store(stale).CleanUp(name, token, ""))
 	keyAuth, owner, err := row()
 	require.NoError(t, err, "the stale order's clean-up deleted the live order's token")

@@ -16,6 +16,7 @@ import (
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/internal/workertest"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // dns01Bed is a world for DNS-01 by delegation: two instances' zone servers on one
@@ -89,7 +90,7 @@ func TestDNS01_IssuedBeforeItsARecordExists(t *testing.T) {
 	id := pgtest.Domain(t, b.pool, pgtest.Tenant(t, b.pool), name)
 
 	iss := newIssuer(t, b.pool, nil, b.config())
-	cert, err := iss.Issue(testCtx(t, 2*time.Minute), queue.Request{Domain: name, DomainID: id})
+	cert, err := iss.Issue(testCtx(t, 2*time.Minute), issuing.Request{Domain: name, DomainID: id})
 	require.NoError(t, err)
 	leaf := parseChain(t, cert.ChainPEM)[0]
 	require.Equal(t, []string{name}, leaf.DNSNames)
@@ -98,10 +99,10 @@ func TestDNS01_IssuedBeforeItsARecordExists(t *testing.T) {
 	for _, s := range b.servers {
 		require.Positive(t, asked[s], "both instances answered (%v)", asked)
 	}
-	st, err := queue.New(b.pool, queue.DefaultConfig()).State(context.Background(), name)
+	st, err := queue.New(b.pool, issuing.DefaultConfig()).State(context.Background(), name)
 	require.NoError(t, err)
 	require.NotNil(t, st.Challenge)
-	require.Equal(t, queue.ChallengeDNS01, *st.Challenge)
+	require.Equal(t, issuing.ChallengeDNS01, *st.Challenge)
 	require.Contains(t, *st.ChallengeReason, "_acme-challenge."+name+" is a CNAME to "+acme.DNS01Target(testZone, name))
 }
 
@@ -115,7 +116,7 @@ func TestDNS01_WildcardIssuedThroughItsBaseCNAME(t *testing.T) {
 	name := "*." + base
 	b.delegate(name)
 	iss := newIssuer(t, b.pool, nil, b.config())
-	cert, err := iss.Issue(testCtx(t, 2*time.Minute), queue.Request{Domain: name})
+	cert, err := iss.Issue(testCtx(t, 2*time.Minute), issuing.Request{Domain: name})
 	require.NoError(t, err)
 	leaf := parseChain(t, cert.ChainPEM)[0]
 	require.Equal(t, []string{name}, leaf.DNSNames)
@@ -132,8 +133,8 @@ func TestDNS01_WildcardWithoutItsCNAMEIsNotOrdered(t *testing.T) {
 	b := setupDNS01(t)
 	base := randomName("dns01-wild-none")
 	iss := newIssuer(t, b.pool, nil, b.config())
-	_, err := iss.Issue(testCtx(t, time.Minute), queue.Request{Domain: "*." + base})
-	var pe *queue.PreflightError
+	_, err := iss.Issue(testCtx(t, time.Minute), issuing.Request{Domain: "*." + base})
+	var pe *issuing.PreflightError
 	require.True(t, errors.As(err, &pe), "%v", err)
 	require.Contains(t, pe.Error(), "no CNAME at _acme-challenge."+base+"; set _acme-challenge."+base+" CNAME "+acme.DNS01Target(testZone, base))
 	require.Zero(t, b.ca.OrderRequests())
@@ -149,8 +150,8 @@ func TestDNS01_PreflightChecksTheValueIsVisible(t *testing.T) {
 	name := randomName("dns01-undelegated")
 	b.delegate(name)
 	iss := newIssuer(t, b.pool, nil, b.config())
-	_, err := iss.Issue(testCtx(t, time.Minute), queue.Request{Domain: name})
-	var pe *queue.PreflightError
+	_, err := iss.Issue(testCtx(t, time.Minute), issuing.Request{Domain: name})
+	var pe *issuing.PreflightError
 	require.True(t, errors.As(err, &pe), "%v", err)
 	require.Contains(t, pe.Error(), "the value written there is not answered by the name")
 	require.Zero(t, b.ca.OrderRequests())
@@ -166,11 +167,11 @@ func TestDNS01_ACNAMEElsewhereMeansHTTP01(t *testing.T) {
 	b.resolver.SetCNAME("_acme-challenge."+name, "acme.other-provider.example")
 	id := pgtest.Domain(t, b.pool, pgtest.Tenant(t, b.pool), name)
 	iss := newIssuer(t, b.pool, nil, b.config())
-	_, err := iss.Issue(testCtx(t, time.Minute), queue.Request{Domain: name, DomainID: id})
-	var pe *queue.PreflightError
+	_, err := iss.Issue(testCtx(t, time.Minute), issuing.Request{Domain: name, DomainID: id})
+	var pe *issuing.PreflightError
 	require.True(t, errors.As(err, &pe), "the HTTP-01 preflight ran (nothing listens): %v", err)
-	st, err := queue.New(b.pool, queue.DefaultConfig()).State(context.Background(), name)
+	st, err := queue.New(b.pool, issuing.DefaultConfig()).State(context.Background(), name)
 	require.NoError(t, err)
-	require.Equal(t, queue.ChallengeHTTP01, *st.Challenge)
+	require.Equal(t, issuing.ChallengeHTTP01, *st.Challenge)
 	require.Contains(t, *st.ChallengeReason, "is a CNAME to acme.other-provider.example, not to "+acme.DNS01Target(testZone, name))
 }

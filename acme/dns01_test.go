@@ -17,6 +17,7 @@ import (
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/internal/workertest"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 const testZone = "acme.certworker.test"
@@ -256,7 +257,7 @@ func TestDNS01Target_MatchesTheDatabaseFunction(t *testing.T) {
 	var got *string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT certworker_dns01_target('shop.example')`).Scan(&got))
 	require.Nil(t, got, "NULL while DNS-01 is off")
-	q := queue.New(pool, queue.DefaultConfig())
+	q := queue.New(pool, issuing.DefaultConfig())
 	require.NoError(t, q.RecordDNS01Zone(ctx, "ACME.certworker.test."))
 	want := acme.DNS01Target(testZone, "shop.example")
 	require.True(t, strings.HasSuffix(want, "."+testZone))

@@ -1,5 +1,5 @@
 // Package acme turns a domain name into a certificate over ACME (RFC 8555), with
-// lego. It implements queue.Issuer; it knows nothing of the queue's states.
+// lego. It implements issuing.Issuer; it knows nothing of the queue's states.
 //
 // # Overview
 //
@@ -10,9 +10,9 @@
 // renewal names the certificate it replaces (RFC 9773 "replaces"); the renewal time
 // comes from the CA's ACME Renewal Information when it offers it (a uniformly random
 // point of its suggested window, never in the certificate's last tenth:
-// queue.RenewAtFromWindow), otherwise from RenewAtFromValidity (a third of the lifetime
+// issuing.RenewAtFromWindow), otherwise from RenewAtFromValidity (a third of the lifetime
 // before expiry, half of it below 10 days). Issuer.RenewalInfo asks the CA again for a stored certificate
-// (queue.RenewalInformer), so that a window the CA moves earlier is acted on.
+// (issuing.RenewalInformer), so that a window the CA moves earlier is acted on.
 //
 // An order is driven step by step on lego's protocol layer (api.Core: JWS,
 // nonces, problem documents), not lego's Certifier.Obtain, which hides the order:
@@ -51,7 +51,7 @@
 // http://NAME:PORT/.well-known/acme-challenge/TOKEN is fetched for a random probe
 // token stored like an HTTP-01 token (so any instance's responder answers it, and
 // deleted after), following redirects by the CA's rules. When it fails, nothing is
-// sent to the CA and Issue returns a *queue.PreflightError saying what was seen: no
+// sent to the CA and Issue returns a *issuing.PreflightError saying what was seen: no
 // such name, no answer at ADDRESS, or answered by something else, with its status
 // code (never the server's body, reason phrase or other words: the tenant reads
 // ssl_error). A resolver that does not answer at all lets the order go: that is the
@@ -72,7 +72,7 @@
 // with, http-01) whether its issue or issuewild properties, their RFC 8657
 // accounturi and validationmethods parameters, and any critical property allow it.
 // A failed look-up is a *CAAError ("caa: ..."), charged and retried; records that
-// allow none of the CAs give a verdict whose Err is a *queue.PermanentError naming
+// allow none of the CAs give a verdict whose Err is a *issuing.PermanentError naming
 // the issuer domain names they allow. Issuer.CAAIssuer gives an issuer's CA: its
 // Config.CAAIdentities (--acme-caa-identities), else its directory's
 // meta.caaIdentities. Issue itself reads no CAA: the worker, which knows every CA it
@@ -84,7 +84,7 @@
 // (the HMAC key from --acme-eab-hmac or ReadEABHMACFile). A registration the CA
 // refuses for its binding is an *EABRefusedError (never holding the key): `run`
 // exits 2 on it at start (RegisterAccount), and Issue returns it inside a
-// *queue.CAUnavailableError (not charged).
+// *issuing.CAUnavailableError (not charged).
 //
 // # HTTP-01
 //
@@ -104,22 +104,22 @@
 //
 // # Failures
 //
-// Issue returns what queue.Issuer asks for (classify):
+// Issue returns what issuing.Issuer asks for (classify):
 //
-//   - *queue.RateLimitError for a rate limit (problem type rateLimited, or any HTTP
+//   - *issuing.RateLimitError for a rate limit (problem type rateLimited, or any HTTP
 //     429), with the CA's Retry-After (0 when it gave none), the reach of the limit
 //     its detail names (Let's Encrypt's texts, old and new: see rateLimits) and the
 //     limit's name (Limit*). Not charged; paused by reach.
-//   - *queue.CAUnavailableError when the CA could not be reached at some step (no
+//   - *issuing.CAUnavailableError when the CA could not be reached at some step (no
 //     connection, a reset, a request that timed out) or answered 5xx. Not charged.
-//   - *queue.PreflightError when the preflight failed; nothing was sent to the CA.
-//   - *queue.PermanentError for a refusal no retry can fix, with the CA's problem
+//   - *issuing.PreflightError when the preflight failed; nothing was sent to the CA.
+//   - *issuing.PermanentError for a refusal no retry can fix, with the CA's problem
 //     in the message: rejectedIdentifier, unsupportedIdentifier, caa (also as a
 //     subproblem), and Let's Encrypt's pause of the account and name after many
 //     failed validations, with the link that lifts it.
 //   - *Error for another ACME problem: "acme: <problem type>: <detail>". One that
 //     is the CA's verdict on the order's authorization (a failed validation) is a
-//     queue.AuthorizationFailure.
+//     issuing.AuthorizationFailure.
 //   - a plain error starting "acme: " for anything else (an answer that is not
 //     ACME, a database error).
 //

@@ -7,10 +7,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	legoacme "github.com/go-acme/lego/v4/acme"
 	"github.com/go-acme/lego/v4/acme/api"
-
-	"github.com/certworker/certworker/queue"
 )
 
 // Problem types the issuer acts on (RFC 8555 §6.7, RFC 9773 §7.4).
@@ -41,7 +40,7 @@ const (
 // tls), which a DNS change in flight fixes by itself; problems about the worker
 // rather than the name (badCSR, badPublicKey, externalAccountRequired,
 // userActionRequired), which a permanent failure would spread to every domain.
-// invalidProfile is neither: Issue returns it as a *queue.ProfileError, and the worker
+// invalidProfile is neither: Issue returns it as a *issuing.ProfileError, and the worker
 // decides by whose profile it was (the domain's own, or --acme-profile).
 var permanentProblems = map[string]bool{
 	problemRejectedIdentifier:    true,
@@ -60,7 +59,7 @@ const (
 // Error is a CA's answer that is an ACME problem document (RFC 8555 §6.7) about the
 // order: a failed validation, a refused name, a bad CSR. The worker charges it to
 // the domain and retries with backoff (a refusal no retry can fix comes wrapped in a
-// *queue.PermanentError).
+// *issuing.PermanentError).
 type Error struct {
 	// Type is the problem type, e.g. urn:ietf:params:acme:error:unauthorized.
 	Type string
@@ -78,10 +77,10 @@ func (e *Error) Error() string {
 	return truncate("acme: " + e.Type + ": " + e.Detail)
 }
 
-// AuthorizationFailed implements queue.AuthorizationFailure.
+// AuthorizationFailed implements issuing.AuthorizationFailure.
 func (e *Error) AuthorizationFailed() bool { return e.Authorization }
 
-var _ queue.AuthorizationFailure = (*Error)(nil)
+var _ issuing.AuthorizationFailure = (*Error)(nil)
 
 // failure is any other failure (an answer that is not ACME, a local error): its
 // message is cut to a length fit for ssl_error, and it wraps the cause so that
@@ -117,12 +116,12 @@ func (e *validationFailure) Error() string { return e.err.Error() }
 func (e *validationFailure) Unwrap() error { return e.err }
 
 // classify turns what an order ended with into what the worker acts on:
-//   - a *queue.KeyError as it is (the stored account key does not open);
-//   - a *queue.PermanentError for the CA's pause of the account and name (its
+//   - a *issuing.KeyError as it is (the stored account key does not open);
+//   - a *issuing.PermanentError for the CA's pause of the account and name (its
 //     unpause link kept for the log) and for the refusals in permanentProblems;
-//   - a *queue.RateLimitError for a rate limit (rateLimited, or any HTTP 429),
+//   - a *issuing.RateLimitError for a rate limit (rateLimited, or any HTTP 429),
 //     scoped by classifyRateLimit;
-//   - a *queue.CAUnavailableError when the CA answered 5xx, or could not be
+//   - a *issuing.CAUnavailableError when the CA answered 5xx, or could not be
 //     reached at some step (tr saw it) and no problem document says otherwise;
 //   - an *Error for any other problem document;
 //   - a *failure for the rest.
@@ -133,7 +132,7 @@ func classify(err error, tr *orderTransport) error {
 	if err == nil {
 		return nil
 	}
-	var ke *queue.KeyError
+	var ke *issuing.KeyError
 	if errors.As(err, &ke) {
 		// The operator's problem, told apart by its type: the worker charges
 		// nothing for it.
@@ -156,7 +155,7 @@ func classify(err error, tr *orderTransport) error {
 			return rateLimit("the CA answered HTTP 429 Too Many Requests", parseRetryAfter(retryAfter))
 		}
 		if cause := tr.unreachable(); cause != nil {
-			return &queue.CAUnavailableError{Err: &failure{msg: truncate("acme: " + cause.Error()), err: cause}}
+			return &issuing.CAUnavailableError{Err: &failure{msg: truncate("acme: " + cause.Error()), err: cause}}
 		}
 	}
 	return &failure{msg: truncate("acme: " + err.Error()), err: err}
@@ -167,7 +166,7 @@ func classify(err error, tr *orderTransport) error {
 func classifyProblem(pd *legoacme.ProblemDetails, retryAfter time.Duration, authorization bool) error {
 	detail := problemDetail(pd)
 	if link, ok := unpauseLink(pd.Detail); ok {
-		return &queue.PermanentError{Err: &pausedError{link: link, detail: beforeUnpauseLink(pd.Detail)}}
+		return &issuing.PermanentError{Err: &pausedError{link: link, detail: beforeUnpauseLink(pd.Detail)}}
 	}
 	if pd.Type == problemRateLimited || pd.HTTPStatus == http.StatusTooManyRequests {
 		return rateLimit(detail, retryAfter)
@@ -182,10 +181,10 @@ func classifyProblem(pd *legoacme.ProblemDetails, retryAfter time.Duration, auth
 	// authorization or an order is the CA's verdict on the name, whatever its
 	// status.
 	if pd.URL != "" && pd.HTTPStatus >= http.StatusInternalServerError {
-		return &queue.CAUnavailableError{Err: e}
+		return &issuing.CAUnavailableError{Err: e}
 	}
 	if isPermanent(pd) {
-		return &queue.PermanentError{Err: e, Refused: true, CAA: hasProblem(pd, problemCAA)}
+		return &issuing.PermanentError{Err: e, Refused: true, CAA: hasProblem(pd, problemCAA)}
 	}
 	return e
 }
@@ -232,10 +231,10 @@ func retryAfterOf(err error, tr *orderTransport) time.Duration {
 	return 0
 }
 
-// rateLimit is a *queue.RateLimitError scoped by what the detail names.
+// rateLimit is a *issuing.RateLimitError scoped by what the detail names.
 func rateLimit(detail string, retryAfter time.Duration) error {
 	scope, limit := classifyRateLimit(detail)
-	return &queue.RateLimitError{RetryAfter: retryAfter, Detail: detail, Scope: scope, Limit: limit}
+	return &issuing.RateLimitError{RetryAfter: retryAfter, Detail: detail, Scope: scope, Limit: limit}
 }
 
 // problemDetail is a problem's detail followed by its subproblems.

@@ -6,10 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	legoacme "github.com/go-acme/lego/v4/acme"
 	"github.com/stretchr/testify/require"
-
-	"github.com/certworker/certworker/queue"
 )
 
 // Every rate-limit text Let's Encrypt has sent is recognised, with the reach that
@@ -29,47 +28,47 @@ func TestClassify_RateLimitScopeFromDetail(t *testing.T) {
 	}{
 		{"new orders per account (current)",
 			"too many new orders (300) from this account in the last 3h0m0s, retry after 2026-08-07 16:18:04 UTC: see https://letsencrypt.org/docs/rate-limits/#new-orders-per-account",
-			queue.ScopeCA, LimitOrdersPerAccount},
+			issuing.ScopeCA, LimitOrdersPerAccount},
 		{"new orders per account (legacy)",
 			"Error creating new order :: too many new orders recently: see https://letsencrypt.org/docs/rate-limits/",
-			queue.ScopeCA, LimitOrdersPerAccount},
+			issuing.ScopeCA, LimitOrdersPerAccount},
 		{"certificates per registered domain (current)",
 			`too many certificates (50) already issued for "shop.example.co.uk" in the last 168h0m0s, retry after 2026-08-12 09:41:27 UTC: see https://letsencrypt.org/docs/rate-limits/#new-certificates-per-registered-domain`,
-			queue.ScopeRegisteredDomain, LimitCertsPerRegisteredDomain},
+			issuing.ScopeRegisteredDomain, LimitCertsPerRegisteredDomain},
 		{"certificates per registered domain (legacy)",
 			`Error creating new order :: too many certificates already issued for "example.com". Retry after 2024-06-01T10:00:00Z: see https://letsencrypt.org/docs/rate-limits/`,
-			queue.ScopeRegisteredDomain, LimitCertsPerRegisteredDomain},
+			issuing.ScopeRegisteredDomain, LimitCertsPerRegisteredDomain},
 		{"exact set of identifiers (since 2025-07)",
 			"too many certificates (5) already issued for this exact set of identifiers in the last 168h0m0s, retry after 2026-08-09 02:13:55 UTC: see https://letsencrypt.org/docs/rate-limits/#new-certificates-per-exact-set-of-identifiers",
-			queue.ScopeDomain, LimitCertsPerExactSet},
+			issuing.ScopeDomain, LimitCertsPerExactSet},
 		{"exact set of domains (2024-10 to 2025-06)",
 			"too many certificates (5) already issued for this exact set of domains in the last 168h0m0s, retry after 2025-03-04 11:22:33 UTC: see https://letsencrypt.org/docs/rate-limits/#new-certificates-per-exact-set-of-hostnames",
-			queue.ScopeDomain, LimitCertsPerExactSet},
+			issuing.ScopeDomain, LimitCertsPerExactSet},
 		{"duplicate certificate (legacy)",
 			"Error creating new order :: too many certificates (5) already issued for this exact set of domains in the last 168 hours: shop.example.com, retry after 2024-06-01T10:00:00Z: see https://letsencrypt.org/docs/duplicate-certificate-limit/",
-			queue.ScopeDomain, LimitCertsPerExactSet},
+			issuing.ScopeDomain, LimitCertsPerExactSet},
 		{"failed authorizations per identifier (since 2026-01)",
 			`too many failed authorizations (5) for "shop.example.com" in the last 1h0m0s, retry after 2026-08-07 15:16:40 UTC: see https://letsencrypt.org/docs/rate-limits/#authorization-failures-per-identifier-per-account`,
-			queue.ScopeDomain, LimitFailedAuthzPerName},
+			issuing.ScopeDomain, LimitFailedAuthzPerName},
 		{"failed authorizations per hostname (2024-10 to 2026-01)",
 			`too many failed authorizations (5) for "shop.example.com" in the last 1h0m0s, retry after 2025-05-06 07:08:09 UTC: see https://letsencrypt.org/docs/rate-limits/#authorization-failures-per-hostname-per-account`,
-			queue.ScopeDomain, LimitFailedAuthzPerName},
+			issuing.ScopeDomain, LimitFailedAuthzPerName},
 		{"failed validation (legacy)",
 			"Error creating new order :: too many failed authorizations recently: see https://letsencrypt.org/docs/failed-validation-limit/",
-			queue.ScopeDomain, LimitFailedAuthzPerName},
+			issuing.ScopeDomain, LimitFailedAuthzPerName},
 		{"new registrations per IP address",
 			"too many new registrations (10) from this IP address in the last 3h0m0s, retry after 2026-08-07 17:00:00 UTC: see https://letsencrypt.org/docs/rate-limits/#new-registrations-per-ip-address",
-			queue.ScopeCA, LimitRegistrationsPerIP},
+			issuing.ScopeCA, LimitRegistrationsPerIP},
 		{"new registrations per IPv6 range",
 			"too many new registrations (500) from this /48 subnet of IPv6 addresses in the last 3h0m0s, retry after 2026-08-07 17:00:00 UTC: see https://letsencrypt.org/docs/rate-limits/#new-registrations-per-ipv6-range",
-			queue.ScopeCA, LimitRegistrationsPerIP},
+			issuing.ScopeCA, LimitRegistrationsPerIP},
 		{"registrations for this IP (legacy)",
 			"Error creating new account :: too many registrations for this IP: see https://letsencrypt.org/docs/too-many-registrations-for-this-ip/",
-			queue.ScopeCA, LimitRegistrationsPerIP},
+			issuing.ScopeCA, LimitRegistrationsPerIP},
 		{"pending authorizations (legacy)",
 			"Error creating new order :: too many currently pending authorizations: 300: see https://letsencrypt.org/docs/rate-limits/",
-			queue.ScopeCA, LimitPendingAuthzPerAccount},
-		{"unrecognised: the whole CA", "slow down", queue.ScopeCA, ""},
+			issuing.ScopeCA, LimitPendingAuthzPerAccount},
+		{"unrecognised: the whole CA", "slow down", issuing.ScopeCA, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -80,7 +79,7 @@ func TestClassify_RateLimitScopeFromDetail(t *testing.T) {
 				},
 				RetryAfter: "3600",
 			}, nil)
-			rl, ok := queue.IsRateLimit(err)
+			rl, ok := issuing.IsRateLimit(err)
 			require.True(t, ok, "want a RateLimitError, got %T: %v", err, err)
 			require.Equal(t, tc.scope, rl.Scope)
 			require.Equal(t, tc.limit, rl.Limit)
@@ -104,9 +103,9 @@ func TestClassify_PausedIsPermanentWithUnpauseLink(t *testing.T) {
 		Detail:     "Your account is temporarily prevented from requesting certificates for shop.example.com and possibly others. Please visit: " + link,
 		HTTPStatus: http.StatusTooManyRequests, Method: http.MethodPost, URL: "https://ca.example/acme/new-order",
 	}}, nil)
-	var pe *queue.PermanentError
+	var pe *issuing.PermanentError
 	require.ErrorAs(t, err, &pe)
-	_, isRL := queue.IsRateLimit(err)
+	_, isRL := issuing.IsRateLimit(err)
 	require.False(t, isRL)
 	require.NotContains(t, err.Error(), "portal.letsencrypt.org")
 	require.Contains(t, err.Error(), "with the link in certworker's log (unpause_url) (")
@@ -145,7 +144,7 @@ func TestClassify_PermanentProblems(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			err := classify(tc.pd, nil)
-			var pe *queue.PermanentError
+			var pe *issuing.PermanentError
 			require.Equal(t, tc.permanent, errors.As(err, &pe), "%T: %v", err, err)
 			e, ok := err.(interface{ Unwrap() error })
 			if tc.permanent {
@@ -166,11 +165,11 @@ func TestClassify(t *testing.T) {
 		ProblemDetails: &legoacme.ProblemDetails{Type: legoacme.RateLimitedErr, Detail: "slow", HTTPStatus: 429},
 		RetryAfter:     "12",
 	}, nil)
-	var rle *queue.RateLimitError
+	var rle *issuing.RateLimitError
 	require.ErrorAs(t, rl, &rle)
 	require.Equal(t, 12*time.Second, rle.RetryAfter)
 	require.Equal(t, "slow", rle.Detail)
-	require.Equal(t, queue.ScopeCA, rle.Scope)
+	require.Equal(t, issuing.ScopeCA, rle.Scope)
 
 	wrapped := classify(errors.Join(errors.New("order"), &legoacme.ProblemDetails{
 		Type: "urn:ietf:params:acme:error:malformed", Detail: "bad", HTTPStatus: 400, URL: "u",
@@ -187,12 +186,12 @@ func TestClassify(t *testing.T) {
 
 	// A 5xx problem the CA answered a request with is the CA's trouble; a problem
 	// inside an authorization is the CA's verdict on the name, whatever its status.
-	var ue *queue.CAUnavailableError
+	var ue *issuing.CAUnavailableError
 	require.ErrorAs(t, classify(&legoacme.ProblemDetails{Type: problemServerInternal, HTTPStatus: 500, URL: "u"}, nil), &ue)
 	verdict := classify(&validationFailure{err: &legoacme.ProblemDetails{Type: problemServerInternal, HTTPStatus: 500}}, nil)
 	require.False(t, errors.As(verdict, &ue))
-	require.True(t, queue.IsAuthorizationFailure(verdict), "a validation's verdict feeds the failed-authorizations ledger")
-	require.False(t, queue.IsAuthorizationFailure(wrapped), "a refused order is not a failed authorization")
+	require.True(t, issuing.IsAuthorizationFailure(verdict), "a validation's verdict feeds the failed-authorizations ledger")
+	require.False(t, issuing.IsAuthorizationFailure(wrapped), "a refused order is not a failed authorization")
 
 	down := &orderTransport{}
 	down.noteUnavailable(errors.New("POST https://ca.example/acme/new-order: connection refused"))

@@ -18,7 +18,7 @@ import (
 
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/internal/pebbletest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // frontConfig is an issuer configuration for the bed's CA seen through front.
@@ -28,7 +28,7 @@ func frontConfig(b *bed, front *pebbletest.Front) acme.Config {
 	return cfg
 }
 
-// A CA's rate limit comes back as *queue.RateLimitError with its Retry-After and the
+// A CA's rate limit comes back as *issuing.RateLimitError with its Retry-After and the
 // reach of the limit its detail names, whether or not the body is a problem
 // document, so that the worker pauses what the limit covers instead of charging the
 // domain. The details are Let's Encrypt's own (pebbletest's answers). Guards against
@@ -46,28 +46,28 @@ func TestIssue_RateLimitIsScopedRateLimitError(t *testing.T) {
 		wantDetail string
 	}{
 		{"new orders per account", func(string) pebbletest.Answer { return pebbletest.RateLimitedOrdersPerAccount(3 * time.Hour) },
-			3 * time.Hour, queue.ScopeCA, acme.LimitOrdersPerAccount, "too many new orders (300) from this account"},
+			3 * time.Hour, issuing.ScopeCA, acme.LimitOrdersPerAccount, "too many new orders (300) from this account"},
 		{"certificates per registered domain", func(n string) pebbletest.Answer { return pebbletest.RateLimitedRegisteredDomain(n, 7*24*time.Hour) },
-			7 * 24 * time.Hour, queue.ScopeRegisteredDomain, acme.LimitCertsPerRegisteredDomain, "too many certificates (50) already issued for"},
+			7 * 24 * time.Hour, issuing.ScopeRegisteredDomain, acme.LimitCertsPerRegisteredDomain, "too many certificates (50) already issued for"},
 		{"certificates per exact set", func(string) pebbletest.Answer { return pebbletest.RateLimitedExactSet(34 * time.Hour) },
-			34 * time.Hour, queue.ScopeDomain, acme.LimitCertsPerExactSet, "this exact set of identifiers"},
+			34 * time.Hour, issuing.ScopeDomain, acme.LimitCertsPerExactSet, "this exact set of identifiers"},
 		{"failed authorizations per name", func(n string) pebbletest.Answer { return pebbletest.RateLimitedFailedAuthorizations(n, 12*time.Minute) },
-			12 * time.Minute, queue.ScopeDomain, acme.LimitFailedAuthzPerName, "too many failed authorizations (5)"},
+			12 * time.Minute, issuing.ScopeDomain, acme.LimitFailedAuthzPerName, "too many failed authorizations (5)"},
 		{"problem document of another type on HTTP 429, Retry-After", func(string) pebbletest.Answer {
 			return pebbletest.Answer{Status: http.StatusTooManyRequests, RetryAfter: 7 * time.Second,
 				Problem: &pebbletest.Problem{Type: "urn:ietf:params:acme:error:serverInternal", Detail: "slow down"}}
-		}, 7 * time.Second, queue.ScopeCA, "", "slow down"},
+		}, 7 * time.Second, issuing.ScopeCA, "", "slow down"},
 		{"HTML 429 without Retry-After", func(string) pebbletest.Answer {
 			return pebbletest.Answer{Status: http.StatusTooManyRequests, ContentType: "text/html", Body: "<html>Too Many Requests</html>"}
-		}, 0, queue.ScopeCA, "", "429"},
+		}, 0, issuing.ScopeCA, "", "429"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			front := pebbletest.NewFront(t, b.ca)
 			name := randomName("l")
 			front.Add(pebbletest.Rule{Step: pebbletest.StepNewOrder, Names: []string{name}, Answer: tc.answer(name)})
-			_, err := newIssuer(t, b.pool, nil, frontConfig(b, front)).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: name})
-			rl, ok := queue.IsRateLimit(err)
+			_, err := newIssuer(t, b.pool, nil, frontConfig(b, front)).Issue(testCtx(t, 30*time.Second), issuing.Request{Domain: name})
+			rl, ok := issuing.IsRateLimit(err)
 			require.True(t, ok, "want a RateLimitError, got %T: %v", err, err)
 			require.InDelta(t, tc.wantAfter.Seconds(), rl.RetryAfter.Seconds(), 2)
 			require.Equal(t, tc.wantScope, rl.Scope)
@@ -79,7 +79,7 @@ func TestIssue_RateLimitIsScopedRateLimitError(t *testing.T) {
 }
 
 // A CA that cannot be reached at some step of an order (no connection, a reset, a
-// request that times out) or answers 5xx is *queue.CAUnavailableError, which the
+// request that times out) or answers 5xx is *issuing.CAUnavailableError, which the
 // worker does not charge to the domain. Each row breaks one step of a first order
 // (a fresh issuer and database: the order fetches the directory and a nonce and
 // registers the account) and leaves the rest to Pebble. Guards against an outage
@@ -120,18 +120,18 @@ func TestIssue_CAUnreachableOrFailingAtAnyStepIsCAUnavailable(t *testing.T) {
 			cfg := frontConfig(b, front)
 			cfg.HTTPTimeout = time.Second
 			start := time.Now()
-			_, err := newIssuer(t, b.pool, nil, cfg).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: randomName("d")})
-			var ue *queue.CAUnavailableError
+			_, err := newIssuer(t, b.pool, nil, cfg).Issue(testCtx(t, 30*time.Second), issuing.Request{Domain: randomName("d")})
+			var ue *issuing.CAUnavailableError
 			require.ErrorAs(t, err, &ue, "%T: %v", err, err)
 			require.Contains(t, err.Error(), tc.want)
 			require.NotZero(t, front.Answered()[tc.step], "the rule must have been reached")
-			require.False(t, queue.IsAuthorizationFailure(err))
+			require.False(t, issuing.IsAuthorizationFailure(err))
 			require.Less(t, time.Since(start), 15*time.Second)
 		})
 	}
 }
 
-// The CA stopped (nothing listens any more) is *queue.CAUnavailableError for an
+// The CA stopped (nothing listens any more) is *issuing.CAUnavailableError for an
 // issuer that never reached it and for one that has its directory and nonces
 // already. Guards against the shared directory hiding an outage, or turning it into
 // an error charged to the domain.
@@ -139,15 +139,15 @@ func TestIssue_CAStoppedIsCAUnavailable(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pebbletest.Options{}, true)
 	warm := newIssuer(t, b.pool, nil, b.config())
-	_, err := warm.Issue(testCtx(t, 30*time.Second), queue.Request{Domain: randomName("s")})
+	_, err := warm.Issue(testCtx(t, 30*time.Second), issuing.Request{Domain: randomName("s")})
 	require.NoError(t, err)
 	pool, _ := newTestPool(t)
 	cold := newIssuer(t, pool, nil, b.config())
 	require.NoError(t, b.ca.Close())
 
 	for name, iss := range map[string]*acme.Issuer{"warm": warm, "cold": cold} {
-		_, err := iss.Issue(testCtx(t, 30*time.Second), queue.Request{Domain: randomName("s")})
-		var ue *queue.CAUnavailableError
+		_, err := iss.Issue(testCtx(t, 30*time.Second), issuing.Request{Domain: randomName("s")})
+		var ue *issuing.CAUnavailableError
 		require.ErrorAs(t, err, &ue, "%s: %T: %v", name, err, err)
 		require.Contains(t, err.Error(), "connection refused", name)
 	}
@@ -208,12 +208,12 @@ func TestIssue_CAAnsweringGarbageIsPlainError(t *testing.T) {
 			cfg.HTTPTimeout = 2 * time.Second
 			iss := newIssuer(t, pool, nil, cfg)
 			start := time.Now()
-			_, err := iss.Issue(testCtx(t, time.Minute), queue.Request{Domain: randomName("g")})
+			_, err := iss.Issue(testCtx(t, time.Minute), issuing.Request{Domain: randomName("g")})
 			require.Less(t, time.Since(start), 20*time.Second)
 			require.Error(t, err)
-			_, isRL := queue.IsRateLimit(err)
+			_, isRL := issuing.IsRateLimit(err)
 			require.False(t, isRL, "not a rate limit: %v", err)
-			var ue *queue.CAUnavailableError
+			var ue *issuing.CAUnavailableError
 			require.False(t, errors.As(err, &ue), "not unavailable: %v", err)
 			require.True(t, strings.HasPrefix(err.Error(), "acme: "), "error %q", err)
 			require.LessOrEqual(t, len(err.Error()), 1000, "error messages are bounded")
@@ -245,15 +245,15 @@ func TestIssue_ValidationFailureReportsProblemType(t *testing.T) {
 			} else {
 				_ = b.ln.Close()
 			}
-			_, err := newIssuer(t, b.pool, nil, b.config()).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: randomName("v")})
+			_, err := newIssuer(t, b.pool, nil, b.config()).Issue(testCtx(t, 30*time.Second), issuing.Request{Domain: randomName("v")})
 			require.Error(t, err)
 			e, ok := asAcmeError(err)
 			require.True(t, ok, "want *acme.Error, got %T: %v", err, err)
 			require.Equal(t, tc.wantType, e.Type)
 			require.True(t, strings.HasPrefix(err.Error(), "acme: "+tc.wantType+": "), "error %q", err)
-			require.True(t, queue.IsAuthorizationFailure(err), "a failed validation feeds the ledger's failed-authorizations limit")
-			var ue *queue.CAUnavailableError
-			var pe *queue.PermanentError
+			require.True(t, issuing.IsAuthorizationFailure(err), "a failed validation feeds the ledger's failed-authorizations limit")
+			var ue *issuing.CAUnavailableError
+			var pe *issuing.PermanentError
 			require.False(t, errors.As(err, &ue) || errors.As(err, &pe), "charged and retried: %T", err)
 			require.Zero(t, countRows(t, b.pool, "certworker_http01_tokens"), "the token must be deleted after a failed challenge")
 		})
@@ -276,7 +276,7 @@ func TestIssue_ReturnsPromptlyWhenCancelled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	start := time.Now()
-	_, err := iss.Issue(ctx, queue.Request{Domain: randomName("x")})
+	_, err := iss.Issue(ctx, issuing.Request{Domain: randomName("x")})
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Less(t, time.Since(start), 4*time.Second)
 }
@@ -292,12 +292,12 @@ func TestIssue_RegistersAccountOnceCAComesBack(t *testing.T) {
 	front.Add(pebbletest.Rule{Answer: pebbletest.Unavailable(http.StatusServiceUnavailable)})
 	iss := newIssuer(t, b.pool, nil, frontConfig(b, front))
 
-	_, err := iss.Issue(testCtx(t, 30*time.Second), queue.Request{Domain: randomName("w")})
+	_, err := iss.Issue(testCtx(t, 30*time.Second), issuing.Request{Domain: randomName("w")})
 	require.Error(t, err)
 	require.Zero(t, registeredAccounts(t, b.pool))
 
 	front.Clear()
-	_, err = iss.Issue(testCtx(t, 30*time.Second), queue.Request{Domain: randomName("w")})
+	_, err = iss.Issue(testCtx(t, 30*time.Second), issuing.Request{Domain: randomName("w")})
 	require.NoError(t, err)
 	require.Equal(t, 1, countRows(t, b.pool, "certworker_acme_accounts"))
 }
@@ -322,18 +322,18 @@ func TestIssue_ForgetsAccountTheCADoesNotKnow(t *testing.T) {
 	iss := newIssuer(t, b.pool, nil, cfg)
 	ctx := testCtx(t, 30*time.Second)
 
-	_, err := iss.Issue(ctx, queue.Request{Domain: randomName("f")})
+	_, err := iss.Issue(ctx, issuing.Request{Domain: randomName("f")})
 	require.NoError(t, err)
 
 	// The CA behind the URL is reset: a new Pebble that knows no account.
 	reset := proxyHandler(t, second)
 	backend.Store(&reset)
-	_, err = iss.Issue(ctx, queue.Request{Domain: randomName("f")})
+	_, err = iss.Issue(ctx, issuing.Request{Domain: randomName("f")})
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "urn:ietf:params:acme:error:accountDoesNotExist")
 	require.Zero(t, countRows(t, b.pool, "certworker_acme_accounts"), "the unknown account must be forgotten")
 
-	_, err = iss.Issue(ctx, queue.Request{Domain: randomName("f")})
+	_, err = iss.Issue(ctx, issuing.Request{Domain: randomName("f")})
 	require.NoError(t, err)
 	require.Equal(t, 1, second.NewAccounts())
 }

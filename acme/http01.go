@@ -13,14 +13,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/go-acme/lego/v4/challenge/http01"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"golang.org/x/time/rate"
-
-	"github.com/certworker/certworker/queue"
 )
 
 const (
@@ -54,7 +53,7 @@ type tokenStore struct {
 	// ctx is the order's: an order cancelled before its token is stored stores
 	// nothing. CleanUp runs even so.
 	ctx context.Context
-	// claim is the order's claim token (queue.Request.ClaimToken), or "" for an
+	// claim is the order's claim token (issuing.Request.ClaimToken), or "" for an
 	// order outside the worker, whose writes are not fenced.
 	claim string
 	// presented is set once a token has been stored: lego got as far as the
@@ -101,7 +100,7 @@ func heldSQL(fenced bool, n int) string {
 
 // Present stores the token, and returns once the row is committed: lego tells the
 // CA to validate only after Present returns, and the CA may reach any instance. It
-// stores nothing, and returns an error wrapping queue.ErrLeaseDeadline, when the
+// stores nothing, and returns an error wrapping issuing.ErrLeaseDeadline, when the
 // order's claim is no longer held.
 func (s *tokenStore) Present(domain, token, keyAuth string) error {
 	ctx, cancel := context.WithTimeout(s.ctx, tokenWriteTimeout)
@@ -116,7 +115,7 @@ func (s *tokenStore) Present(domain, token, keyAuth string) error {
 
 // writeFenced runs a fenced write (presentSQL's shape), with the claim as the last
 // argument when there is one. No row means the claim is no longer held: an error
-// wrapping queue.ErrLeaseDeadline.
+// wrapping issuing.ErrLeaseDeadline.
 func writeFenced(ctx context.Context, pool *pgxpool.Pool, sql, claim string, args []any, what string) error {
 	if claim != "" {
 		args = append(args, claim)
@@ -124,7 +123,7 @@ func writeFenced(ctx context.Context, pool *pgxpool.Pool, sql, claim string, arg
 	var one int
 	err := pool.QueryRow(ctx, sql, args...).Scan(&one)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("%s: the order's claim is no longer held: %w", what, queue.ErrLeaseDeadline)
+		return fmt.Errorf("%s: the order's claim is no longer held: %w", what, issuing.ErrLeaseDeadline)
 	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)

@@ -23,7 +23,7 @@ import (
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/internal/pgtest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 const (
@@ -93,12 +93,12 @@ func BenchmarkHTTP01Flood(b *testing.B) {
 	time.Sleep(floodOrderAfter)
 	orderStart := time.Now()
 	name := randomName("flood")
-	cert, orderErr := issuer.Issue(ctx, queue.Request{Domain: name})
+	cert, orderErr := issuer.Issue(ctx, issuing.Request{Domain: name})
 	orderTook := time.Since(orderStart)
 	sent, byStatus, took := flood.wait()
 	during := xacts() - before - 1
 	require.NoError(b, orderErr, "the order failed under the flood")
-	leaf, err := queue.LeafFromPEM(cert.ChainPEM)
+	leaf, err := issuing.LeafFromPEM(cert.ChainPEM)
 	require.NoError(b, err)
 	require.Equal(b, []string{name}, leaf.DNSNames)
 

@@ -24,13 +24,14 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // userAgent is sent with every request to the CA (RFC 8555 §6.1 asks for one); lego
 // appends its own.
 const userAgent = "certworker"
 
-// Issuer is the queue.Issuer that orders certificates over ACME. It is safe for
+// Issuer is the issuing.Issuer that orders certificates over ACME. It is safe for
 // concurrent use: each order has its own lego client and HTTP transport, which
 // carries the order's context; the account, the CA's directory and its unused
 // nonces are shared (session).
@@ -55,7 +56,7 @@ type Issuer struct {
 	usualPaceOnly atomic.Bool
 }
 
-var _ queue.Issuer = (*Issuer)(nil)
+var _ issuing.Issuer = (*Issuer)(nil)
 
 // New checks cfg and returns an Issuer. It does not contact the CA or the database:
 // the account is loaded or registered by the first order, so a CA that is down when
@@ -101,13 +102,13 @@ func (i *Issuer) DirectoryURL() string { return i.cfg.DirectoryURL }
 //
 // req.Deadline is enforced by the order's transport: nothing is sent to the CA once
 // it has passed (no finalize, and no deactivation either), and each request ends at
-// it; such an order returns an error wrapping queue.ErrLeaseDeadline. Its HTTP-01
+// it; such an order returns an error wrapping issuing.ErrLeaseDeadline. Its HTTP-01
 // token is written under req.ClaimToken (tokenStore).
 //
-// Errors are typed as queue.Issuer asks (see classify); none holds key material,
+// Errors are typed as issuing.Issuer asks (see classify); none holds key material,
 // nor the database's errors, key ids or the CA's unpause link, which go to the log
 // (forTenant); and nothing panics: a panic inside lego is turned into an error.
-func (i *Issuer) Issue(ctx context.Context, req queue.Request) (*queue.Certificate, error) {
+func (i *Issuer) Issue(ctx context.Context, req issuing.Request) (*issuing.Certificate, error) {
 	if req.Domain == "" {
 		return nil, errors.New("acme: empty domain")
 	}
@@ -115,7 +116,7 @@ func (i *Issuer) Issue(ctx context.Context, req queue.Request) (*queue.Certifica
 		return nil, fmt.Errorf("acme: order for %s not started: %w", req.Domain, err)
 	}
 	type result struct {
-		cert *queue.Certificate
+		cert *issuing.Certificate
 		err  error
 	}
 	done := make(chan result, 1)
@@ -145,16 +146,16 @@ func (i *Issuer) Issue(ctx context.Context, req queue.Request) (*queue.Certifica
 }
 
 // issue is one order, start to end.
-func (i *Issuer) issue(ctx context.Context, req queue.Request) (*queue.Certificate, error) {
+func (i *Issuer) issue(ctx context.Context, req issuing.Request) (*issuing.Certificate, error) {
 	log := i.log.With(zap.String("domain", req.Domain), zap.String("domain_id", req.DomainID))
 	choice, err := i.choose(ctx, req.Domain)
 	if err != nil {
 		return nil, i.waiting(ctx, req.Domain, err)
 	}
 	i.recordChallenge(ctx, req, choice, log)
-	if i.preflight != nil && choice.challenge == queue.ChallengeHTTP01 {
+	if i.preflight != nil && choice.challenge == issuing.ChallengeHTTP01 {
 		if msg, off := i.offTarget(ctx, req.Domain); off {
-			return nil, &queue.WaitingError{Msg: i.waitMessage(req.Domain, msg), Answer: i.dnsAnswer(ctx, req.Domain)}
+			return nil, &issuing.WaitingError{Msg: i.waitMessage(req.Domain, msg), Answer: i.dnsAnswer(ctx, req.Domain)}
 		}
 		if err := i.preflight.check(ctx, req.Domain); err != nil {
 			return nil, i.waiting(ctx, req.Domain, err)
@@ -175,7 +176,7 @@ func (i *Issuer) issue(ctx context.Context, req queue.Request) (*queue.Certifica
 		var refused *EABRefusedError
 		if errors.As(err, &refused) && ctx.Err() == nil {
 			// The operator's binding, not the name: nothing charged, the CA paused.
-			return nil, &queue.CAUnavailableError{Err: refused}
+			return nil, &issuing.CAUnavailableError{Err: refused}
 		}
 		return nil, i.fail(ctx, err, tr)
 	}
@@ -189,7 +190,7 @@ func (i *Issuer) issue(ctx context.Context, req queue.Request) (*queue.Certifica
 	}
 	replaces := replacesCertID(req.CurrentPEM, log)
 	var tokens challenge.Provider = &tokenStore{pool: i.pool, log: log, ctx: ctx, claim: req.ClaimToken}
-	if choice.challenge == queue.ChallengeDNS01 {
+	if choice.challenge == issuing.ChallengeDNS01 {
 		tokens = &valueStore{pool: i.pool, log: log, ctx: ctx, zone: i.cfg.DNS01Zone, claim: req.ClaimToken}
 	}
 	o := &order{
@@ -215,7 +216,7 @@ func (i *Issuer) issue(ctx context.Context, req queue.Request) (*queue.Certifica
 			i.forgetAccount(context.WithoutCancel(ctx), acct)
 		case problemInvalidProfile:
 			if ctx.Err() == nil {
-				return nil, &queue.ProfileError{Profile: profile, Offered: offered, Detail: problemDetailOf(err)}
+				return nil, &issuing.ProfileError{Profile: profile, Offered: offered, Detail: problemDetailOf(err)}
 			}
 		}
 		return nil, i.fail(ctx, err, tr)
@@ -235,11 +236,11 @@ func (i *Issuer) issue(ctx context.Context, req queue.Request) (*queue.Certifica
 
 // recordChallenge records the challenge chosen for `status DOMAIN`; a failure to
 // record it is logged and does not stop the order.
-func (i *Issuer) recordChallenge(ctx context.Context, req queue.Request, c challengeChoice, log *zap.Logger) {
+func (i *Issuer) recordChallenge(ctx context.Context, req issuing.Request, c challengeChoice, log *zap.Logger) {
 	if req.DomainID == "" || i.cfg.DNS01Zone == "" {
 		return // without DNS-01, every order is HTTP-01
 	}
-	if err := queue.New(i.pool, queue.DefaultConfig()).RecordChallenge(ctx, req.DomainID, c.challenge, c.reason); err != nil {
+	if err := queue.New(i.pool, issuing.DefaultConfig()).RecordChallenge(ctx, req.DomainID, c.challenge, c.reason); err != nil {
 		log.Warn("could not record the challenge chosen", zap.Error(err))
 	}
 	log.Debug("challenge chosen", zap.String("challenge", c.challenge), zap.String("reason", c.reason))
@@ -259,7 +260,7 @@ func (i *Issuer) checkProfile(ctx context.Context, profile string) ([]string, er
 	}
 	offered := offeredProfiles(dir)
 	if profile != "" && !slices.Contains(offered, profile) {
-		return offered, &queue.ProfileError{Profile: profile, Offered: offered}
+		return offered, &issuing.ProfileError{Profile: profile, Offered: offered}
 	}
 	return offered, nil
 }
@@ -273,7 +274,7 @@ func offeredProfiles(dir legoacme.Directory) []string {
 // Profiles are the ACME profiles the CA offers (its directory's meta.profiles),
 // sorted: `run` checks --acme-profile against them at start. The directory is the one
 // every order uses (fetched when the session has none fresh). The error is a
-// *queue.CAUnavailableError when the CA cannot be reached or answers 5xx.
+// *issuing.CAUnavailableError when the CA cannot be reached or answers 5xx.
 func (i *Issuer) Profiles(ctx context.Context) ([]string, error) {
 	dir, err := i.sharedDirectory(ctx)
 	if err != nil {
@@ -283,14 +284,14 @@ func (i *Issuer) Profiles(ctx context.Context) ([]string, error) {
 }
 
 // sharedDirectory is the directory every order uses (fetched when the session has
-// none fresh). The error is a *queue.CAUnavailableError when the CA cannot be
+// none fresh). The error is a *issuing.CAUnavailableError when the CA cannot be
 // reached or answers 5xx.
 func (i *Issuer) sharedDirectory(ctx context.Context) (legoacme.Directory, error) {
 	tr := i.orderTransport(ctx)
 	dir, err := i.directory(i.httpClient(tr))
 	if err != nil {
 		if cause := tr.unreachable(); cause != nil {
-			return dir, &queue.CAUnavailableError{Err: &failure{msg: truncate("acme: " + cause.Error()), err: cause}}
+			return dir, &issuing.CAUnavailableError{Err: &failure{msg: truncate("acme: " + cause.Error()), err: cause}}
 		}
 		return dir, err
 	}
@@ -330,7 +331,7 @@ func (i *Issuer) release(ctx context.Context, acct *account, o *order) {
 
 // certificate checks the CA's chain and builds what the queue stores: the sealed
 // key, and when to renew and to ask the CA again.
-func (i *Issuer) certificate(domain string, chainPEM []byte, key crypto.PrivateKey, tr *orderTransport, log *zap.Logger) (*queue.Certificate, error) {
+func (i *Issuer) certificate(domain string, chainPEM []byte, key crypto.PrivateKey, tr *orderTransport, log *zap.Logger) (*issuing.Certificate, error) {
 	chain, err := parseChain(chainPEM)
 	if err != nil {
 		return nil, err
@@ -353,7 +354,7 @@ func (i *Issuer) certificate(domain string, chainPEM []byte, key crypto.PrivateK
 	for _, c := range chain {
 		_ = pem.Encode(&out, &pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
 	}
-	cert := &queue.Certificate{
+	cert := &issuing.Certificate{
 		ChainPEM:      out.String(),
 		PrivateKey:    sealed,
 		NotBefore:     leaf.NotBefore,
@@ -405,7 +406,7 @@ func (i *Issuer) fail(ctx context.Context, err error, tr *orderTransport) error 
 	if derr := tr.deadline.Check(); derr != nil {
 		return fmt.Errorf("acme: order stopped: %w", derr)
 	}
-	if errors.Is(err, queue.ErrLeaseDeadline) || errors.Is(err, queue.ErrClaimLost) {
+	if errors.Is(err, issuing.ErrLeaseDeadline) || errors.Is(err, issuing.ErrClaimLost) {
 		return fmt.Errorf("acme: order stopped: %w", err) // the claim could not be confirmed
 	}
 	return classify(err, tr)

@@ -19,7 +19,7 @@ import (
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/certstore/seal"
 	"github.com/certworker/certworker/internal/pebbletest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // The whole path: order, HTTP-01 answered from PostgreSQL by HTTP01Handler, chain,
@@ -33,7 +33,7 @@ func TestIssue_ObtainsCertificateThroughHTTP01Responder(t *testing.T) {
 	iss := newIssuer(t, b.pool, nil, b.config())
 	name := randomName("a")
 
-	cert, err := iss.Issue(testCtx(t, 30*time.Second), queue.Request{DomainID: "d-1", Domain: name})
+	cert, err := iss.Issue(testCtx(t, 30*time.Second), issuing.Request{DomainID: "d-1", Domain: name})
 	require.NoError(t, err)
 
 	chain := parseChain(t, cert.ChainPEM)
@@ -86,7 +86,7 @@ func TestIssue_ChallengeAnsweredByAnotherInstance(t *testing.T) {
 	issA := newIssuer(t, poolA, nil, b.config())
 
 	name := randomName("b")
-	cert, err := issA.Issue(testCtx(t, 30*time.Second), queue.Request{DomainID: "d-2", Domain: name})
+	cert, err := issA.Issue(testCtx(t, 30*time.Second), issuing.Request{DomainID: "d-2", Domain: name})
 	require.NoError(t, err)
 	require.NoError(t, parseChain(t, cert.ChainPEM)[0].VerifyHostname(name))
 }
@@ -106,7 +106,7 @@ func TestAccount_OnePerDirectoryWhenInstancesStartTogether(t *testing.T) {
 	errs := make([]error, len(issuers)*2)
 	for n := range errs {
 		wg.Go(func() {
-			_, errs[n] = issuers[n%2].Issue(ctx, queue.Request{Domain: randomName("c")})
+			_, errs[n] = issuers[n%2].Issue(ctx, issuing.Request{Domain: randomName("c")})
 		})
 	}
 	wg.Wait()
@@ -118,7 +118,7 @@ func TestAccount_OnePerDirectoryWhenInstancesStartTogether(t *testing.T) {
 	require.Len(t, b.ca.Orders(), len(errs))
 
 	// A restart (a new Issuer) reuses it.
-	_, err := newIssuer(t, b.pool, nil, b.config()).Issue(ctx, queue.Request{Domain: randomName("c")})
+	_, err := newIssuer(t, b.pool, nil, b.config()).Issue(ctx, issuing.Request{Domain: randomName("c")})
 	require.NoError(t, err)
 	require.Equal(t, 1, b.ca.NewAccounts(), "a restarted instance must reuse the stored account")
 }
@@ -137,12 +137,12 @@ func TestIssue_RenewalNamesReplacedCertificate(t *testing.T) {
 	name := randomName("r")
 	ctx := testCtx(t, 30*time.Second)
 
-	first, err := iss.Issue(ctx, queue.Request{Domain: name})
+	first, err := iss.Issue(ctx, issuing.Request{Domain: name})
 	require.NoError(t, err)
 	lifetime := first.NotAfter.Sub(first.NotBefore)
 	require.InDelta(t, (5 * time.Minute).Seconds(), lifetime.Seconds(), 2, "the short profile must be used")
 
-	second, err := iss.Issue(ctx, queue.Request{Domain: name, CurrentPEM: first.ChainPEM})
+	second, err := iss.Issue(ctx, issuing.Request{Domain: name, CurrentPEM: first.ChainPEM})
 	require.NoError(t, err)
 	require.NotEqual(t, first.Serial, second.Serial, "a renewal is a new certificate")
 
@@ -174,10 +174,10 @@ func TestIssue_RenewalOfUnknownCertificateOrdersWithoutReplaces(t *testing.T) {
 	// A certificate from another CA, stored as if uploaded by hand.
 	otherCfg := b.config()
 	otherCfg.DirectoryURL, otherCfg.CABundle = other.DirectoryURL, other.RootsFile
-	foreign, err := newIssuer(t, b.pool, nil, otherCfg).Issue(ctx, queue.Request{Domain: name})
+	foreign, err := newIssuer(t, b.pool, nil, otherCfg).Issue(ctx, issuing.Request{Domain: name})
 	require.NoError(t, err)
 
-	renewed, err := newIssuer(t, b.pool, nil, b.config()).Issue(ctx, queue.Request{Domain: name, CurrentPEM: foreign.ChainPEM})
+	renewed, err := newIssuer(t, b.pool, nil, b.config()).Issue(ctx, issuing.Request{Domain: name, CurrentPEM: foreign.ChainPEM})
 	require.NoError(t, err)
 	require.NoError(t, parseChain(t, renewed.ChainPEM)[0].VerifyHostname(name))
 	orders := b.ca.Orders()
@@ -198,13 +198,13 @@ func TestIssue_RenewalOfAlreadyReplacedCertificateOrdersWithoutReplaces(t *testi
 	iss := newIssuer(t, b.pool, nil, b.config())
 	name := randomName("a")
 	ctx := testCtx(t, 30*time.Second)
-	first, err := iss.Issue(ctx, queue.Request{Domain: name})
+	first, err := iss.Issue(ctx, issuing.Request{Domain: name})
 	require.NoError(t, err)
-	_, err = iss.Issue(ctx, queue.Request{Domain: name, CurrentPEM: first.ChainPEM})
+	_, err = iss.Issue(ctx, issuing.Request{Domain: name, CurrentPEM: first.ChainPEM})
 	require.NoError(t, err)
 	require.Equal(t, 2, b.ca.OrderRequests())
 
-	again, err := iss.Issue(ctx, queue.Request{Domain: name, CurrentPEM: first.ChainPEM})
+	again, err := iss.Issue(ctx, issuing.Request{Domain: name, CurrentPEM: first.ChainPEM})
 	require.NoError(t, err, "a renewal refused for its replaces is retried without, uncharged")
 	require.NoError(t, parseChain(t, again.ChainPEM)[0].VerifyHostname(name))
 	require.Equal(t, 4, b.ca.OrderRequests(), "one refused order naming the replaced certificate, one without")
@@ -222,7 +222,7 @@ func TestIssue_SucceedsDespiteNonceRejectionAndValidationSleep(t *testing.T) {
 	b := setup(t, pebbletest.Options{NonceReject: 30, ValidationSleep: true, SleepSeconds: 3}, true)
 	iss := newIssuer(t, b.pool, nil, b.config())
 	name := randomName("n")
-	cert, err := iss.Issue(testCtx(t, 45*time.Second), queue.Request{Domain: name})
+	cert, err := iss.Issue(testCtx(t, 45*time.Second), issuing.Request{Domain: name})
 	require.NoError(t, err)
 	require.NoError(t, parseChain(t, cert.ChainPEM)[0].VerifyHostname(name))
 }
@@ -253,7 +253,7 @@ func TestIssue_KeyTypeDecidesCertificateKey(t *testing.T) {
 			t.Parallel()
 			cfg := b.config()
 			cfg.KeyType = tc.keyType
-			cert, err := newIssuer(t, b.pool, nil, cfg).Issue(testCtx(t, 60*time.Second), queue.Request{Domain: randomName("k")})
+			cert, err := newIssuer(t, b.pool, nil, cfg).Issue(testCtx(t, 60*time.Second), issuing.Request{Domain: randomName("k")})
 			require.NoError(t, err)
 			tc.check(t, parseChain(t, cert.ChainPEM)[0].PublicKey)
 		})
@@ -273,7 +273,7 @@ func TestIssue_SealsKeysWithKeyEncryptionKey(t *testing.T) {
 	cfg := b.config()
 	cfg.KeyEncryptionKeys = seal.Keyring{kek}
 	name := randomName("s")
-	cert, err := newIssuer(t, b.pool, nil, cfg).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: name})
+	cert, err := newIssuer(t, b.pool, nil, cfg).Issue(testCtx(t, 30*time.Second), issuing.Request{Domain: name})
 	require.NoError(t, err)
 
 	require.True(t, strings.HasPrefix(cert.PrivateKey, seal.PrefixV2+seal.KeyID(kek)+":"), "certificate key must be sealed, naming its key")
@@ -297,7 +297,7 @@ func TestIssue_SealsKeysWithKeyEncryptionKey(t *testing.T) {
 	// still listed) opens the account sealed under the old key and reuses it.
 	rotated := cfg
 	rotated.KeyEncryptionKeys = seal.Keyring{make([]byte, 32), kek}
-	_, err = newIssuer(t, b.newPool(t), nil, rotated).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: randomName("s")})
+	_, err = newIssuer(t, b.newPool(t), nil, rotated).Issue(testCtx(t, 30*time.Second), issuing.Request{Domain: randomName("s")})
 	require.NoError(t, err)
 	require.Equal(t, 1, b.ca.NewAccounts())
 }
@@ -309,13 +309,13 @@ func TestIssue_ExternalAccountBinding(t *testing.T) {
 	const kid, hmac = "kid-1", "zWNDZM6eQGHWpSRTPal5eIUYFTu7EajVIoguysqZ9wG44nMEtx3MUAsUDkMTQ12W"
 	b := setup(t, pebbletest.Options{RequireEAB: true, EABKeys: map[string]string{kid: hmac}}, true)
 
-	_, err := newIssuer(t, b.pool, nil, b.config()).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: randomName("e")})
+	_, err := newIssuer(t, b.pool, nil, b.config()).Issue(testCtx(t, 30*time.Second), issuing.Request{Domain: randomName("e")})
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "urn:ietf:params:acme:error:externalAccountRequired")
 
 	cfg := b.config()
 	cfg.EABKeyID, cfg.EABHMAC = kid, hmac
-	_, err = newIssuer(t, b.pool, nil, cfg).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: randomName("e")})
+	_, err = newIssuer(t, b.pool, nil, cfg).Issue(testCtx(t, 30*time.Second), issuing.Request{Domain: randomName("e")})
 	require.NoError(t, err)
 	var storedKid string
 	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT eab_kid FROM certworker_acme_accounts").Scan(&storedKid))
@@ -332,7 +332,7 @@ func TestRenewAtFromValidity_AThirdLeftOrHalfBelowTenDays(t *testing.T) {
 	require.Equal(t, start.Add(60*day), acme.RenewAtFromValidity(start, start.Add(90*day)))
 	require.Equal(t, start.Add(3*day), acme.RenewAtFromValidity(start, start.Add(6*day)))
 	require.Equal(t, start.Add(80*time.Hour), acme.RenewAtFromValidity(start, start.Add(160*time.Hour)))
-	require.Equal(t, queue.RenewAtFromValidity(start, start.Add(47*day)), acme.RenewAtFromValidity(start, start.Add(47*day)))
+	require.Equal(t, issuing.RenewAtFromValidity(start, start.Add(47*day)), acme.RenewAtFromValidity(start, start.Add(47*day)))
 }
 
 // An order whose lease renewals are failing (less than a third of the lease left
@@ -344,10 +344,10 @@ func TestIssue_DoesNotFinalizeOnceItsLeaseRenewalsFail(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pebbletest.Options{}, true)
 	// The last renewal was sent 40 s into a 60 s lease: 17 s left, one renewal missed.
-	d := queue.NewDeadline(time.Now().Add(-40*time.Second), time.Minute)
+	d := issuing.NewDeadline(time.Now().Add(-40*time.Second), time.Minute)
 	name := randomName("f")
-	_, err := newIssuer(t, b.pool, nil, b.config()).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: name, Deadline: d})
-	require.ErrorIs(t, err, queue.ErrLeaseDeadline)
+	_, err := newIssuer(t, b.pool, nil, b.config()).Issue(testCtx(t, 30*time.Second), issuing.Request{Domain: name, Deadline: d})
+	require.ErrorIs(t, err, issuing.ErrLeaseDeadline)
 	require.Contains(t, err.Error(), "not finalizing")
 	require.Len(t, b.ca.Orders(), 1, "the order was not placed")
 	require.False(t, b.ca.Orders()[0].Finalized)

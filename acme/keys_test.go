@@ -12,11 +12,11 @@ import (
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/certstore/seal"
 	"github.com/certworker/certworker/internal/pebbletest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // An account key sealed under a key this issuer lacks (another instance, half way
-// through a rotation, registered it under the new key) is a *queue.KeyError, from
+// through a rotation, registered it under the new key) is a *issuing.KeyError, from
 // CheckAccountKey and from Issue alike, which names the key id it lacks where the
 // stored format names one (v2; v1 names none, so the message gives the ids it
 // tried); nothing is sent to the CA, and no second account is registered. Guards
@@ -36,7 +36,7 @@ func TestAccountKey_SealedUnderAKeyTheIssuerLacksIsAKeyError(t *testing.T) {
 		return newIssuer(t, b.newPool(t), nil, cfg)
 	}
 	ctx := testCtx(t, 2*time.Minute)
-	_, err := withKeys(seal.Keyring{newKey}).Issue(ctx, queue.Request{Domain: randomName("reg")})
+	_, err := withKeys(seal.Keyring{newKey}).Issue(ctx, issuing.Request{Domain: randomName("reg")})
 	require.NoError(t, err, "the account is registered under the new key")
 	orders := b.ca.OrderRequests()
 
@@ -46,7 +46,7 @@ func TestAccountKey_SealedUnderAKeyTheIssuerLacksIsAKeyError(t *testing.T) {
 		issueErr(ctx, stale, randomName("stale")),
 		withKeys(nil).CheckAccountKey(ctx),
 	} {
-		var ke *queue.KeyError
+		var ke *issuing.KeyError
 		require.True(t, errors.As(err, &ke), "%T: %v", err, err)
 		require.Equal(t, seal.KeyID(newKey), ke.KeyID)
 		require.Contains(t, err.Error(), "cannot open the stored ACME account key of "+b.ca.DirectoryURL)
@@ -62,7 +62,7 @@ func TestAccountKey_SealedUnderAKeyTheIssuerLacksIsAKeyError(t *testing.T) {
 	require.NoError(t, err)
 	b.storeAccountKey(t, seal.PrefixV1+v2[strings.LastIndex(v2, ":")+1:])
 	err = stale.CheckAccountKey(ctx)
-	var ke *queue.KeyError
+	var ke *issuing.KeyError
 	require.True(t, errors.As(err, &ke), "%T: %v", err, err)
 	require.Empty(t, ke.KeyID)
 	require.Contains(t, err.Error(), "v1 format, which names no key id; tried key ids "+seal.KeyID(oldKey))
@@ -70,7 +70,7 @@ func TestAccountKey_SealedUnderAKeyTheIssuerLacksIsAKeyError(t *testing.T) {
 	// Stored as PEM, as without a key: it opens with any keys, and orders use it.
 	b.storeAccountKey(t, string(keyPEM))
 	require.NoError(t, stale.CheckAccountKey(ctx))
-	cert, err := stale.Issue(ctx, queue.Request{Domain: randomName("pem")})
+	cert, err := stale.Issue(ctx, issuing.Request{Domain: randomName("pem")})
 	require.NoError(t, err)
 	require.Equal(t, seal.KeyID(oldKey), seal.SealedKeyID(cert.PrivateKey), "new keys are sealed with the first key")
 	require.Equal(t, 1, b.ca.NewAccounts())
@@ -79,7 +79,7 @@ func TestAccountKey_SealedUnderAKeyTheIssuerLacksIsAKeyError(t *testing.T) {
 
 // issueErr is the error of an order for name.
 func issueErr(ctx context.Context, iss *acme.Issuer, name string) error {
-	_, err := iss.Issue(ctx, queue.Request{Domain: name})
+	_, err := iss.Issue(ctx, issuing.Request{Domain: name})
 	return err
 }
 

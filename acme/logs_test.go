@@ -16,7 +16,7 @@ import (
 
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/internal/workertest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // No private key, the certificate's or the account's, reaches a log, at any level,
@@ -36,14 +36,14 @@ func TestIssue_KeysNeverReachLogs(t *testing.T) {
 	iss := newIssuer(t, b.pool, log, b.config())
 	name := randomName("logs")
 	ctx := testCtx(t, 30*time.Second)
-	first, err := iss.Issue(ctx, queue.Request{DomainID: "d-logs", Domain: name})
+	first, err := iss.Issue(ctx, issuing.Request{DomainID: "d-logs", Domain: name})
 	require.NoError(t, err)
-	second, err := iss.Issue(ctx, queue.Request{DomainID: "d-logs", Domain: name, CurrentPEM: first.ChainPEM})
+	second, err := iss.Issue(ctx, issuing.Request{DomainID: "d-logs", Domain: name, CurrentPEM: first.ChainPEM})
 	require.NoError(t, err)
 	// A failing order too: errors are logged by the worker.
 	failing := b.config()
 	failing.DirectoryURL = "https://" + workertest.FreeAddr(t) + "/dir"
-	_, failErr := newIssuer(t, b.pool, log, failing).Issue(ctx, queue.Request{Domain: name})
+	_, failErr := newIssuer(t, b.pool, log, failing).Issue(ctx, issuing.Request{Domain: name})
 	require.Error(t, failErr)
 
 	var storedAccountKey string

@@ -8,13 +8,12 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	legoacme "github.com/go-acme/lego/v4/acme"
 	"github.com/go-acme/lego/v4/acme/api"
 	"github.com/go-acme/lego/v4/certcrypto"
 	"github.com/go-acme/lego/v4/challenge"
 	"go.uber.org/zap"
-
-	"github.com/certworker/certworker/queue"
 )
 
 const (
@@ -80,7 +79,7 @@ type order struct {
 	log             *zap.Logger
 	domain          string
 	finalizeTimeout time.Duration
-	// confirm is the worker's check that the claim is still held (queue.Request's
+	// confirm is the worker's check that the claim is still held (issuing.Request's
 	// ConfirmClaim), or nil.
 	confirm func(context.Context) error
 
@@ -93,7 +92,7 @@ type order struct {
 	// wasted counts the early looks that found the CA still at work
 	// (earlyLooksWasted).
 	wasted int
-	// readmit is the request's Readmit (queue.Request), or nil.
+	// readmit is the request's Readmit (issuing.Request), or nil.
 	readmit func(context.Context) error
 }
 
@@ -311,7 +310,7 @@ func (o *order) finalize(key crypto.PrivateKey) ([]byte, error) {
 // after a failover to a standby that had not received it, the row is pending again
 // and another instance may be ordering it. So confirm, the worker's renewal of the
 // lease under the claim's token, runs first, and its renewal moves the deadline.
-func finalizeAllowed(ctx context.Context, d *queue.Deadline, confirm func(context.Context) error) error {
+func finalizeAllowed(ctx context.Context, d *issuing.Deadline, confirm func(context.Context) error) error {
 	if confirm != nil {
 		if err := confirm(ctx); err != nil {
 			return fmt.Errorf("acme: not finalizing: %w", err)
@@ -322,7 +321,7 @@ func finalizeAllowed(ctx context.Context, d *queue.Deadline, confirm func(contex
 	}
 	if left := d.Left(); left < d.Lease()/3 {
 		return fmt.Errorf("acme: not finalizing with %s left before the lease deadline (renewals are failing): %w",
-			max(left, 0).Round(time.Millisecond), queue.ErrLeaseDeadline)
+			max(left, 0).Round(time.Millisecond), issuing.ErrLeaseDeadline)
 	}
 	return nil
 }

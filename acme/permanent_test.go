@@ -10,10 +10,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/internal/pebbletest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
-// A refusal no retry can fix is *queue.PermanentError with the CA's problem in the
+// A refusal no retry can fix is *issuing.PermanentError with the CA's problem in the
 // message, so that the worker fails the domain at once: Pebble refusing a blocked
 // name (rejectedIdentifier, its own text), Let's Encrypt's texts for a name refused
 // by policy and for the pause of an account and name (its unpause link in the log,
@@ -47,16 +47,16 @@ func TestIssue_RefusalsNoRetryCanFixArePermanent(t *testing.T) {
 			front := pebbletest.NewFront(t, b.ca)
 			name := randomName("p")
 			tc.setup(t, front, name)
-			_, err := newIssuer(t, b.pool, nil, frontConfig(b, front)).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: name})
-			var pe *queue.PermanentError
+			_, err := newIssuer(t, b.pool, nil, frontConfig(b, front)).Issue(testCtx(t, 30*time.Second), issuing.Request{Domain: name})
+			var pe *issuing.PermanentError
 			require.ErrorAs(t, err, &pe, "%T: %v", err, err)
-			_, isRL := queue.IsRateLimit(err)
+			_, isRL := issuing.IsRateLimit(err)
 			require.False(t, isRL)
 			for _, want := range tc.want {
 				require.Contains(t, err.Error(), want)
 			}
 			require.True(t, strings.Contains(err.Error(), name), "the message names the domain: %v", err)
-			var ue *queue.CAUnavailableError
+			var ue *issuing.CAUnavailableError
 			require.False(t, errors.As(err, &ue))
 		})
 	}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/internal/pebbletest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 const ms = time.Millisecond
@@ -67,7 +67,7 @@ func TestIssue_ASlowCACostsAtMostTwoRequestsMore(t *testing.T) {
 	ctx := testCtx(t, time.Minute)
 	order := func() map[pebbletest.Step]int {
 		before := b.ca.Requests()
-		_, err := iss.Issue(ctx, queue.Request{Domain: randomName("slow")})
+		_, err := iss.Issue(ctx, issuing.Request{Domain: randomName("slow")})
 		require.NoError(t, err)
 		return diff(b.ca.Requests(), before)
 	}

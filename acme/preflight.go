@@ -20,11 +20,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/go-acme/lego/v4/challenge/http01"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
-
-	"github.com/certworker/certworker/queue"
 )
 
 // Preflight modes (Config.Preflight, --preflight).
@@ -102,7 +101,7 @@ func newPreflight(pool *pgxpool.Pool, log *zap.Logger, cfg Config) *preflight {
 	return p
 }
 
-// check runs the preflight for domain. It returns a *queue.PreflightError saying
+// check runs the preflight for domain. It returns a *issuing.PreflightError saying
 // what was seen when the CA's validation would fail; nil when it would pass, and
 // also when the configured resolver did not answer (that is the worker's trouble,
 // not the name's: the CA decides). Nothing is sent to the CA.
@@ -201,7 +200,7 @@ type probeRun struct {
 // the log.
 func (r *probeRun) resolve(ctx context.Context, host string) ([]netip.Addr, error) {
 	addrs, err := r.lookUp(ctx, host)
-	var pe *queue.PreflightError
+	var pe *issuing.PreflightError
 	if host != r.domain && errors.As(err, &pe) {
 		r.p.log.Info("preflight: a redirect's host has no public address", zap.String("domain", r.domain),
 			zap.String("redirect_host", host), zap.String("reason", pe.Msg))
@@ -213,7 +212,7 @@ func (r *probeRun) resolve(ctx context.Context, host string) ([]netip.Addr, erro
 // redirectUnreachable is the preflight's one verdict on a redirect's host that the CA
 // could not reach: unknown, reserved, or failing to resolve alike (resolve).
 func redirectUnreachable(domain, host string) error {
-	return &queue.PreflightError{Msg: fmt.Sprintf("%s redirects to %s, which has no public address the CA could reach", domain, host)}
+	return &issuing.PreflightError{Msg: fmt.Sprintf("%s redirects to %s, which has no public address the CA could reach", domain, host)}
 }
 
 // lookUp is resolve's look-up, with what the tenant may be told of its own name.
@@ -226,7 +225,7 @@ func (r *probeRun) lookUp(ctx context.Context, host string) ([]netip.Addr, error
 	}
 	if ip, err := netip.ParseAddr(host); err == nil {
 		if isReserved(ip, r.p.allow) {
-			return nil, &queue.PreflightError{Msg: fmt.Sprintf("%s is a reserved address", ip.Unmap())}
+			return nil, &issuing.PreflightError{Msg: fmt.Sprintf("%s is a reserved address", ip.Unmap())}
 		}
 		return []netip.Addr{ip}, nil
 	}
@@ -239,11 +238,11 @@ func (r *probeRun) lookUp(ctx context.Context, host string) ([]netip.Addr, error
 		// The order was given up (or the preflight's time is over): no verdict.
 		return nil, fmt.Errorf("acme: preflight: look up %s: %w", host, context.Cause(ctx))
 	case errors.As(err, &dnsErr) && dnsErr.IsNotFound, err == nil && len(addrs) == 0:
-		return nil, &queue.PreflightError{Msg: fmt.Sprintf("no such name: %s does not resolve to an address", host)}
+		return nil, &issuing.PreflightError{Msg: fmt.Sprintf("no such name: %s does not resolve to an address", host)}
 	case errors.As(err, &dnsErr) && dnsErr.IsTimeout && ctx.Err() == nil:
 		return nil, fmt.Errorf("%w: %s", errResolverSilent, dnsErr.Error())
 	case errors.As(err, &dnsErr):
-		return nil, &queue.PreflightError{Msg: fmt.Sprintf("DNS lookup of %s failed: %s", host, dnsErr.Err)}
+		return nil, &issuing.PreflightError{Msg: fmt.Sprintf("DNS lookup of %s failed: %s", host, dnsErr.Err)}
 	case err != nil:
 		return nil, fmt.Errorf("acme: preflight: look up %s: %w", host, err)
 	}
@@ -346,7 +345,7 @@ func (e *reservedDialError) Error() string {
 
 // reservedAnswer is the preflight's verdict on a host with a reserved address.
 func reservedAnswer(host string, addr netip.Addr) error {
-	return &queue.PreflightError{Msg: fmt.Sprintf("%s resolves to a reserved address (%s)", host, addr.Unmap().WithZone(""))}
+	return &issuing.PreflightError{Msg: fmt.Sprintf("%s resolves to a reserved address (%s)", host, addr.Unmap().WithZone(""))}
 }
 
 // lastAddr is the address the probe last connected to, or tried, as ssl_error may
@@ -397,10 +396,10 @@ func (r *probeRun) probe(ctx context.Context, domain, token string) error {
 	// The status by its code alone: the reason phrase, like the body and the
 	// headers, is whatever the server sent, and ssl_error is the tenant's to read.
 	if resp.StatusCode != http.StatusOK {
-		return &queue.PreflightError{Msg: fmt.Sprintf("answered by something else at %s: HTTP %s", where, statusText(resp.StatusCode))}
+		return &issuing.PreflightError{Msg: fmt.Sprintf("answered by something else at %s: HTTP %s", where, statusText(resp.StatusCode))}
 	}
 	if len(body) >= maxProbeBody || string(bytes.TrimRight(body, " \t\r\n")) != token {
-		return &queue.PreflightError{Msg: fmt.Sprintf("answered by something else at %s: HTTP %s with a body that is not the probe token", where, statusText(resp.StatusCode))}
+		return &issuing.PreflightError{Msg: fmt.Sprintf("answered by something else at %s: HTTP %s with a body that is not the probe token", where, statusText(resp.StatusCode))}
 	}
 	return nil
 }
@@ -434,7 +433,7 @@ func shownURL(u *url.URL) string {
 
 // unanswered is the error of a probe that got no answer.
 func (r *probeRun) unanswered(ctx context.Context, err error) error {
-	var pe *queue.PreflightError
+	var pe *issuing.PreflightError
 	switch {
 	case errors.As(err, &pe):
 		return pe
@@ -447,7 +446,7 @@ func (r *probeRun) unanswered(ctx context.Context, err error) error {
 	if addr == "" {
 		addr = "its address"
 	}
-	return &queue.PreflightError{Msg: fmt.Sprintf("no answer at %s: %s", addr, netReason(ctx, err))}
+	return &issuing.PreflightError{Msg: fmt.Sprintf("no answer at %s: %s", addr, netReason(ctx, err))}
 }
 
 // netReason says in a few words why a connection gave no answer.
@@ -487,7 +486,7 @@ func netReason(ctx context.Context, err error) string {
 // CA would not.
 func (r *probeRun) checkRedirect(req *http.Request, via []*http.Request) error {
 	refuse := func(why string) error {
-		return &queue.PreflightError{Msg: fmt.Sprintf("redirected to %s, which the CA does not follow: %s", shownURL(req.URL), why)}
+		return &issuing.PreflightError{Msg: fmt.Sprintf("redirected to %s, which the CA does not follow: %s", shownURL(req.URL), why)}
 	}
 	if len(via) > maxProbeRedirects {
 		return refuse(fmt.Sprintf("more than %d redirects", maxProbeRedirects))
@@ -514,7 +513,7 @@ func (r *probeRun) checkRedirect(req *http.Request, via []*http.Request) error {
 	// A redirect's host passes the rules of a domain's name (Boulder's VA refuses an
 	// IP literal or a single label too): a single label would be looked up through
 	// the resolver's search list, inside the operator's network.
-	if _, err := queue.CheckName(strings.TrimSuffix(host, ".")); err != nil {
+	if _, err := issuing.CheckName(strings.TrimSuffix(host, ".")); err != nil {
 		return refuse("not a public host name: " + err.Error())
 	}
 	for _, v := range via {

@@ -13,10 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
-
-	"github.com/certworker/certworker/queue"
 )
 
 // A resolver that does not answer is the worker's trouble, not the name's: the
@@ -39,7 +38,7 @@ func TestPreflight_SilentResolverLetsTheOrderGo(t *testing.T) {
 	cancel()
 	err = p.check(ctx, "silent.example")
 	require.Error(t, err)
-	var pe *queue.PreflightError
+	var pe *issuing.PreflightError
 	require.False(t, errors.As(err, &pe), "%T: %v", err, err)
 }
 
@@ -85,7 +84,7 @@ func TestPreflight_RedirectRules(t *testing.T) {
 				require.NoError(t, err)
 				return
 			}
-			var pe *queue.PreflightError
+			var pe *issuing.PreflightError
 			require.ErrorAs(t, err, &pe)
 			require.Contains(t, err.Error(), "which the CA does not follow: "+tc.want)
 		})
@@ -185,7 +184,7 @@ func TestPreflight_DialerRefusesAReservedAddressItIsHanded(t *testing.T) {
 			"changed.example": {netip.MustParseAddr(addr)},
 		}}
 		_, err := r.dial(context.Background(), "tcp", net.JoinHostPort("changed.example", strconv.Itoa(port)))
-		var pe *queue.PreflightError
+		var pe *issuing.PreflightError
 		require.ErrorAs(t, err, &pe, "%s: %v", addr, err)
 		require.Equal(t, "preflight: changed.example resolves to a reserved address (127.0.0.1)", pe.Error())
 	}

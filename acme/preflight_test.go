@@ -16,7 +16,7 @@ import (
 
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/internal/pebbletest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // preflightConfig is the bed's configuration with --preflight http, asking the DNS
@@ -140,8 +140,8 @@ func TestIssue_PreflightNeverConnectsToAReservedAddress(t *testing.T) {
 			untouched := tc.arrange(t, b, name, other)
 			cfg := preflightConfig(b)
 			cfg.PreflightAllowCIDR = tc.allow
-			_, err := newIssuer(t, b.pool, nil, cfg).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: name})
-			var pe *queue.PreflightError
+			_, err := newIssuer(t, b.pool, nil, cfg).Issue(testCtx(t, 30*time.Second), issuing.Request{Domain: name})
+			var pe *issuing.PreflightError
 			require.ErrorAs(t, err, &pe, "%T: %v", err, err)
 			require.Equal(t, strings.NewReplacer("NAME", name, "OTHER", other, "PORT", strconv.Itoa(b.ca.HTTPPort)).Replace(tc.want), pe.Error())
 			if strings.Contains(tc.want, "OTHER") {
@@ -192,8 +192,8 @@ func TestIssue_PreflightErrorNeverQuotesTheProbedServer(t *testing.T) {
 			name := randomName("q")
 			pointAt(t, name, "127.0.0.2")
 			tc.serve(t, b, name)
-			_, err := newIssuer(t, b.pool, nil, preflightConfig(b)).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: name})
-			var pe *queue.PreflightError
+			_, err := newIssuer(t, b.pool, nil, preflightConfig(b)).Issue(testCtx(t, 30*time.Second), issuing.Request{Domain: name})
+			var pe *issuing.PreflightError
 			require.ErrorAs(t, err, &pe, "%T: %v", err, err)
 			require.NotContains(t, err.Error(), secret)
 			require.Equal(t, strings.NewReplacer("NAME", name, "PORT", strconv.Itoa(b.ca.HTTPPort)).Replace(tc.want), pe.Error())
@@ -301,7 +301,7 @@ func TestIssue_PreflightSendsNothingToTheCAForANameItWouldFail(t *testing.T) {
 			if tc.arrange != nil {
 				tc.arrange(t, b, name)
 			}
-			cert, err := newIssuer(t, b.pool, nil, preflightConfig(b)).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: name})
+			cert, err := newIssuer(t, b.pool, nil, preflightConfig(b)).Issue(testCtx(t, 30*time.Second), issuing.Request{Domain: name})
 			require.Zero(t, countRows(t, b.pool, "certworker_http01_tokens"), "the probe token is deleted")
 			if tc.want == "" {
 				require.NoError(t, err)
@@ -309,12 +309,12 @@ func TestIssue_PreflightSendsNothingToTheCAForANameItWouldFail(t *testing.T) {
 				require.Equal(t, 1, b.ca.OrderRequests())
 				return
 			}
-			var pe *queue.PreflightError
+			var pe *issuing.PreflightError
 			require.ErrorAs(t, err, &pe, "%T: %v", err, err)
 			want := strings.NewReplacer("NAME", name, "PORT", strconv.Itoa(b.ca.HTTPPort)).Replace(tc.want)
 			require.True(t, strings.HasPrefix(pe.Error(), want), "error %q, want %q", pe, want)
 			require.Empty(t, b.ca.Requests(), "nothing is sent to the CA, not even for its directory")
-			var ue *queue.CAUnavailableError
+			var ue *issuing.CAUnavailableError
 			require.False(t, errors.As(err, &ue))
 		})
 	}
@@ -330,7 +330,7 @@ func TestIssue_PreflightOffOrdersWithoutProbing(t *testing.T) {
 	pointAt(t, name, "127.0.0.3")
 	cfg := preflightConfig(b)
 	cfg.Preflight = acme.PreflightOff
-	_, err := newIssuer(t, b.pool, nil, cfg).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: name})
+	_, err := newIssuer(t, b.pool, nil, cfg).Issue(testCtx(t, 30*time.Second), issuing.Request{Domain: name})
 	e, ok := asAcmeError(err)
 	require.True(t, ok, "the CA's own verdict: %T: %v", err, err)
 	require.Equal(t, "urn:ietf:params:acme:error:connection", e.Type)

@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/internal/pebbletest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // An order names the profile it is asked for (Request.Profile, else --acme-profile),
@@ -21,16 +21,16 @@ func TestIssue_NamesTheRequestedProfileAndRecordsIt(t *testing.T) {
 	ctx := testCtx(t, time.Minute)
 	iss := newIssuer(t, b.pool, nil, b.config())
 
-	own, err := iss.Issue(ctx, queue.Request{Domain: randomName("own"), Profile: pebbletest.AltProfile})
+	own, err := iss.Issue(ctx, issuing.Request{Domain: randomName("own"), Profile: pebbletest.AltProfile})
 	require.NoError(t, err)
 	require.Equal(t, pebbletest.AltProfile, own.Profile)
-	fleet, err := iss.Issue(ctx, queue.Request{Domain: randomName("fleet")})
+	fleet, err := iss.Issue(ctx, issuing.Request{Domain: randomName("fleet")})
 	require.NoError(t, err)
 	require.Equal(t, pebbletest.DefaultProfile, fleet.Profile)
 
 	cfg := b.config()
 	cfg.Profile = ""
-	caDefault, err := newIssuer(t, b.pool, nil, cfg).Issue(ctx, queue.Request{Domain: randomName("none")})
+	caDefault, err := newIssuer(t, b.pool, nil, cfg).Issue(ctx, issuing.Request{Domain: randomName("none")})
 	require.NoError(t, err)
 	require.Contains(t, []string{pebbletest.DefaultProfile, pebbletest.AltProfile}, caDefault.Profile,
 		"the CA's choice is recorded")
@@ -52,8 +52,8 @@ func TestIssue_AProfileTheCADoesNotOfferIsProfileError(t *testing.T) {
 	b := setup(t, pebbletest.Options{}, true)
 	ctx := testCtx(t, time.Minute)
 
-	_, err := newIssuer(t, b.pool, nil, b.config()).Issue(ctx, queue.Request{Domain: randomName("bogus"), Profile: "bogus"})
-	var pe *queue.ProfileError
+	_, err := newIssuer(t, b.pool, nil, b.config()).Issue(ctx, issuing.Request{Domain: randomName("bogus"), Profile: "bogus"})
+	var pe *issuing.ProfileError
 	require.ErrorAs(t, err, &pe, "%T: %v", err, err)
 	require.Equal(t, "bogus", pe.Profile)
 	require.Equal(t, []string{pebbletest.AltProfile, pebbletest.DefaultProfile}, pe.Offered)
@@ -64,12 +64,12 @@ func TestIssue_AProfileTheCADoesNotOfferIsProfileError(t *testing.T) {
 
 	name := randomName("refused")
 	iss := newIssuer(t, b.pool, nil, b.config())
-	current, err := iss.Issue(ctx, queue.Request{Domain: name})
+	current, err := iss.Issue(ctx, issuing.Request{Domain: name})
 	require.NoError(t, err)
 	front := pebbletest.NewFront(t, b.ca)
 	front.Add(pebbletest.Rule{Step: pebbletest.StepNewOrder, Names: []string{name}, Answer: pebbletest.InvalidProfile(pebbletest.AltProfile)})
 	_, err = newIssuer(t, b.pool, nil, frontConfig(b, front)).Issue(ctx,
-		queue.Request{Domain: name, Profile: pebbletest.AltProfile, CurrentPEM: current.ChainPEM})
+		issuing.Request{Domain: name, Profile: pebbletest.AltProfile, CurrentPEM: current.ChainPEM})
 	require.ErrorAs(t, err, &pe, "%T: %v", err, err)
 	require.Equal(t, pebbletest.AltProfile, pe.Profile)
 	require.Equal(t, `profile name "alternate" not recognized`, pe.Detail)

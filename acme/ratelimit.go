@@ -4,10 +4,10 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
-// The limits a CA's rate-limit answer is recognised as (queue.RateLimitError.Limit).
+// The limits a CA's rate-limit answer is recognised as (issuing.RateLimitError.Limit).
 // Where the worker's ledger mirrors the limit, the name is the ledger's key in the
 // fleet's settings (certworker_settings.limits), so that status and logs name a
 // limit the same way whoever enforced it.
@@ -40,40 +40,40 @@ var rateLimits = []struct {
 	limit, scope string
 	markers      *regexp.Regexp
 }{
-	{LimitCertsPerExactSet, queue.ScopeDomain, anyOf(
+	{LimitCertsPerExactSet, issuing.ScopeDomain, anyOf(
 		"#new-certificates-per-exact-set-of-identifiers", // since 2025-07
 		"#new-certificates-per-exact-set-of-hostnames",   // 2024-10 to 2025-07
 		"/docs/duplicate-certificate-limit",              // until 2024-10
 		"already issued for this exact set of",           // "identifiers" since 2025-06, "domains" before
 	)},
-	{LimitFailedAuthzPerName, queue.ScopeDomain, anyOf(
+	{LimitFailedAuthzPerName, issuing.ScopeDomain, anyOf(
 		"#authorization-failures-per-identifier-per-account", // since 2026-01
 		"#authorization-failures-per-hostname-per-account",   // 2024-10 to 2026-01
 		"/docs/failed-validation-limit",                      // until 2024-10
 		"too many failed authorizations",
 	)},
-	{LimitCertsPerRegisteredDomain, queue.ScopeRegisteredDomain, anyOf(
+	{LimitCertsPerRegisteredDomain, issuing.ScopeRegisteredDomain, anyOf(
 		"#new-certificates-per-registered-domain",
 		`too many certificates .*already issued for`, // with "(50)" since 2024-08, without in the legacy texts (gone 2025-01)
 	)},
-	{LimitOrdersPerAccount, queue.ScopeCA, anyOf(
+	{LimitOrdersPerAccount, issuing.ScopeCA, anyOf(
 		"#new-orders-per-account",
 		"too many new orders",
 	)},
-	{LimitRegistrationsPerIP, queue.ScopeCA, anyOf(
+	{LimitRegistrationsPerIP, issuing.ScopeCA, anyOf(
 		"#new-registrations-per-ip-address",
 		"#new-registrations-per-ipv6-range",
 		"/docs/too-many-registrations-for-this-ip", // until 2024-10
 		"too many new registrations",
 		"too many registrations for this ip", // legacy (gone 2025-01)
 	)},
-	{LimitPendingAuthzPerAccount, queue.ScopeCA, anyOf(
+	{LimitPendingAuthzPerAccount, issuing.ScopeCA, anyOf(
 		"too many currently pending authorizations", // legacy (gone 2025-01)
 	)},
 }
 
 // classifyRateLimit is the scope and the limit a rate-limit detail names;
-// queue.ScopeCA and "" when it names none that is known.
+// issuing.ScopeCA and "" when it names none that is known.
 func classifyRateLimit(detail string) (scope, limit string) {
 	d := strings.ToLower(detail)
 	for _, rl := range rateLimits {
@@ -81,7 +81,7 @@ func classifyRateLimit(detail string) (scope, limit string) {
 			return rl.scope, rl.limit
 		}
 	}
-	return queue.ScopeCA, ""
+	return issuing.ScopeCA, ""
 }
 
 // anyOf matches a detail, in lower case, that holds one of the markers (regular

@@ -8,24 +8,24 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/certworker/certworker/certstore/seal"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // An order's error becomes the domain's ssl_error, which the proxy shows its tenant
-// (queue.Issuer: any error but a rate limit or an unreachable CA is recorded as it
+// (issuing.Issuer: any error but a rate limit or an unreachable CA is recorded as it
 // reads). Three kinds of text in it are the operator's, not the tenant's:
 //
 //   - the database's errors: pgx's connection errors name the database's user,
 //     host and port ("failed to connect to `user=certworker database=proxy`:
 //     10.0.3.7:5432 ..."), its I/O errors the server's address;
 //   - key errors: a sealed key names the id of the key encryption key it needs (a
-//     *queue.KeyError is left as it is: the worker never records it as ssl_error);
+//     *issuing.KeyError is left as it is: the worker never records it as ssl_error);
 //   - Let's Encrypt's unpause link, which acts for the whole account.
 //
 // forTenant logs each, in full, with the domain, and returns an error that says
 // what failed in words the tenant may read. The returned error wraps err, so the
 // worker still classifies it by type.
-func (i *Issuer) forTenant(err error, req queue.Request) error {
+func (i *Issuer) forTenant(err error, req issuing.Request) error {
 	if err == nil {
 		return nil
 	}
@@ -39,10 +39,10 @@ func (i *Issuer) forTenant(err error, req queue.Request) error {
 		log.Warn("order failed on a database error", zap.Error(err))
 		return &redacted{msg: prefixOf(err, db) + "a database error (the details are in certworker's log)", err: err}
 	}
-	var ke *queue.KeyError
+	var ke *issuing.KeyError
 	if errors.As(err, &ke) {
 		// Never written to ssl_error: the worker hands the claim back uncharged and
-		// logs it, key id included, for the operator (queue.KeyError).
+		// logs it, key id included, for the operator (issuing.KeyError).
 		return err
 	}
 	if keyError(err) {

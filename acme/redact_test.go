@@ -16,7 +16,7 @@ import (
 	"github.com/certworker/certworker/certstore/seal"
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/internal/workertest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // logged is every logged line of obs, with its fields, as text.
@@ -61,7 +61,7 @@ func TestIssue_ErrorNeverNamesTheDatabasesUserOrHost(t *testing.T) {
 			if tc.preflight {
 				cfg = preflightConfig(b)
 			}
-			_, err := newIssuer(t, pool, zap.New(core), cfg).Issue(testCtx(t, 20*time.Second), queue.Request{Domain: randomName("d"), DomainID: "d1"})
+			_, err := newIssuer(t, pool, zap.New(core), cfg).Issue(testCtx(t, 20*time.Second), issuing.Request{Domain: randomName("d"), DomainID: "d1"})
 			require.Error(t, err)
 			require.Equal(t, tc.want, err.Error())
 			for _, secret := range []string{"leaky_user", "leaky_db", "leaky_password", host, port} {
@@ -76,7 +76,7 @@ func TestIssue_ErrorNeverNamesTheDatabasesUserOrHost(t *testing.T) {
 }
 
 // A stored account key sealed under a key encryption key this instance lacks fails
-// the order with a *queue.KeyError naming the missing key id for the operator, which
+// the order with a *issuing.KeyError naming the missing key id for the operator, which
 // the worker never records as ssl_error. Guards against key ids in the tenant's
 // ssl_error through an error of another kind, which would be charged and shown.
 func TestIssue_ErrorNeverNamesAKeyID(t *testing.T) {
@@ -87,19 +87,19 @@ func TestIssue_ErrorNeverNamesAKeyID(t *testing.T) {
 	_, _ = rand.Read(keyB)
 	cfg := b.config()
 	cfg.KeyEncryptionKeys = seal.Keyring{keyA}
-	_, err := newIssuer(t, b.pool, nil, cfg).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: randomName("k")})
+	_, err := newIssuer(t, b.pool, nil, cfg).Issue(testCtx(t, 30*time.Second), issuing.Request{Domain: randomName("k")})
 	require.NoError(t, err, "the account is registered and sealed under key A")
 
 	cfg.KeyEncryptionKeys = seal.Keyring{keyB}
-	_, err = newIssuer(t, b.pool, nil, cfg).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: randomName("k")})
+	_, err = newIssuer(t, b.pool, nil, cfg).Issue(testCtx(t, 30*time.Second), issuing.Request{Domain: randomName("k")})
 	require.Error(t, err)
 	require.ErrorIs(t, err, seal.ErrUnknownKey, "the worker can still tell what it is")
-	// A *queue.KeyError is the one kind of error the worker never records as
+	// A *issuing.KeyError is the one kind of error the worker never records as
 	// ssl_error (it hands the claim back uncharged and halts: see the worker's
 	// TestWorker_AKeyErrorIsNotChargedAndStopsTheInstanceClaiming), so its text may
 	// name the missing key id for the operator's log; nothing else may.
-	var ke *queue.KeyError
-	require.ErrorAs(t, err, &ke, "a key error that is not a *queue.KeyError would be charged and shown to the tenant")
+	var ke *issuing.KeyError
+	require.ErrorAs(t, err, &ke, "a key error that is not a *issuing.KeyError would be charged and shown to the tenant")
 	require.Equal(t, seal.KeyID(keyA), ke.KeyID)
 	require.NotContains(t, err.Error(), seal.KeyID(keyB))
 }
@@ -115,8 +115,8 @@ func TestIssue_UnpauseLinkGoesToTheLogNotTheError(t *testing.T) {
 	name := randomName("u")
 	front.Add(pebbletest.Rule{Step: pebbletest.StepNewOrder, Names: []string{name}, Answer: pebbletest.Paused(name)})
 	core, obs := observer.New(zap.DebugLevel)
-	_, err := newIssuer(t, b.pool, zap.New(core), frontConfig(b, front)).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: name, DomainID: "u1"})
-	var pe *queue.PermanentError
+	_, err := newIssuer(t, b.pool, zap.New(core), frontConfig(b, front)).Issue(testCtx(t, 30*time.Second), issuing.Request{Domain: name, DomainID: "u1"})
+	var pe *issuing.PermanentError
 	require.ErrorAs(t, err, &pe, "%T: %v", err, err)
 	require.NotContains(t, err.Error(), pebbletest.UnpauseLinkPrefix)
 	require.NotContains(t, err.Error(), "jwt")

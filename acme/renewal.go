@@ -16,16 +16,17 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // RenewAtFromValidity is the renewal time of a certificate whose CA offers no ACME
 // Renewal Information: when a third of its lifetime remains for 10 days or more (a
 // 90-day certificate renews after 60 days), half below (a 6-day one after 3). It is
-// queue.RenewAtFromValidity: the queue applies the same rule to certificates
+// issuing.RenewAtFromValidity: the queue applies the same rule to certificates
 // uploaded by hand, and the two have to agree. (The queue cannot import this
 // package, which imports it.)
 func RenewAtFromValidity(notBefore, notAfter time.Time) time.Time {
-	return queue.RenewAtFromValidity(notBefore, notAfter)
+	return issuing.RenewAtFromValidity(notBefore, notAfter)
 }
 
 // renewalSchedule is when to renew leaf, just issued, and when to ask the CA about
@@ -34,25 +35,25 @@ func RenewAtFromValidity(notBefore, notAfter time.Time) time.Time {
 // takes a token of the fleet's budget (--ari-requests-per-second) like every other;
 // when the budget is spent it is not made here but left to the worker's reads, due
 // at once, which make it as soon as the budget allows.
-func (i *Issuer) renewalSchedule(tr *orderTransport, leaf *x509.Certificate, log *zap.Logger) (at time.Time, used queue.RenewalWindow, infoIn time.Duration, fromWindow bool) {
+func (i *Issuer) renewalSchedule(tr *orderTransport, leaf *x509.Certificate, log *zap.Logger) (at time.Time, used issuing.RenewalWindow, infoIn time.Duration, fromWindow bool) {
 	if !i.renewalInfoToken(tr.ctx, log) {
 		log.Debug("the fleet's renewal-information budget is spent; the worker reads the new certificate's soon")
-		return RenewAtFromValidity(leaf.NotBefore, leaf.NotAfter), used, queue.RenewalInfoSoon, false
+		return RenewAtFromValidity(leaf.NotBefore, leaf.NotAfter), used, issuing.RenewalInfoSoon, false
 	}
 	window, err := i.renewalInfo(tr, leaf)
 	switch {
 	case err == nil:
-		infoIn = queue.RenewalInfoIn(window.RetryAfter)
-	case errors.Is(err, queue.ErrNoRenewalInfo):
+		infoIn = issuing.RenewalInfoIn(window.RetryAfter)
+	case errors.Is(err, issuing.ErrNoRenewalInfo):
 		// The CA offers no renewal information: the lifetime rule applies.
 	default:
 		log.Warn("could not get the CA's renewal information; renewing by the certificate's lifetime",
 			zap.String("error", truncate(err.Error())))
-		infoIn = queue.RenewalInfoRetryIn()
+		infoIn = issuing.RenewalInfoRetryIn()
 	}
 	at, fromWindow = renewAt(leaf, window, time.Now())
 	if fromWindow {
-		used = queue.RenewalWindow{Start: window.Start, End: window.End}
+		used = issuing.RenewalWindow{Start: window.Start, End: window.End}
 	}
 	return at, used, infoIn, fromWindow
 }
@@ -65,7 +66,7 @@ func (i *Issuer) renewalInfoToken(ctx context.Context, log *zap.Logger) bool {
 	if i.cfg.RenewalInfoPerSecond <= 0 {
 		return true
 	}
-	got, _, err := queue.New(i.pool, queue.Config{}).TakeRenewalInfoTokens(ctx, i.cfg.DirectoryURL, 1, i.cfg.RenewalInfoPerSecond)
+	got, _, err := queue.New(i.pool, issuing.Config{}).TakeRenewalInfoTokens(ctx, i.cfg.DirectoryURL, 1, i.cfg.RenewalInfoPerSecond)
 	if err != nil {
 		log.Warn("could not take a token of the fleet's renewal-information budget; reading without one", zap.Error(err))
 		return true
@@ -75,16 +76,16 @@ func (i *Issuer) renewalInfoToken(ctx context.Context, log *zap.Logger) bool {
 
 // renewAt is the renewal time of a certificate just issued: from the ARI window when
 // the CA gave a usable one, else the lifetime rule. fromWindow says which.
-func renewAt(leaf *x509.Certificate, w *queue.RenewalWindow, now time.Time) (at time.Time, fromWindow bool) {
+func renewAt(leaf *x509.Certificate, w *issuing.RenewalWindow, now time.Time) (at time.Time, fromWindow bool) {
 	if w != nil {
-		if t, ok := queue.RenewAtFromWindow(w.Start, w.End, leaf.NotBefore, leaf.NotAfter, now); ok {
+		if t, ok := issuing.RenewAtFromWindow(w.Start, w.End, leaf.NotBefore, leaf.NotAfter, now); ok {
 			return t, true
 		}
 	}
 	return RenewAtFromValidity(leaf.NotBefore, leaf.NotAfter), false
 }
 
-var _ queue.RenewalInformer = (*Issuer)(nil)
+var _ issuing.RenewalInformer = (*Issuer)(nil)
 
 // RenewalInfo asks the CA for its suggested renewal window of the certificate
 // chainPEM starts with (ACME Renewal Information, RFC 9773): the worker asks again,
@@ -92,32 +93,32 @@ var _ queue.RenewalInformer = (*Issuer)(nil)
 // a window the CA moves earlier (a revocation coming) is acted on. It sends one GET
 // (the directory comes from the Issuer's session) and needs no account.
 //
-// It returns queue.ErrNoRenewalInfo when the CA offers none, or the certificate
-// cannot be named to it (no authority key identifier); a *queue.CAUnavailableError
+// It returns issuing.ErrNoRenewalInfo when the CA offers none, or the certificate
+// cannot be named to it (no authority key identifier); a *issuing.CAUnavailableError
 // when the CA cannot be reached or answers 5xx; another error when the CA refuses
 // the question (it does not know the certificate) or its answer is not a window.
-func (i *Issuer) RenewalInfo(ctx context.Context, chainPEM string) (*queue.RenewalWindow, error) {
+func (i *Issuer) RenewalInfo(ctx context.Context, chainPEM string) (*issuing.RenewalWindow, error) {
 	chain, err := parseChain([]byte(chainPEM))
 	if err != nil {
 		return nil, fmt.Errorf("renewal information: %w", err)
 	}
 	tr := i.orderTransport(ctx)
 	w, err := i.renewalInfo(tr, chain[0])
-	if err != nil && !errors.Is(err, queue.ErrNoRenewalInfo) {
+	if err != nil && !errors.Is(err, issuing.ErrNoRenewalInfo) {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("renewal information: %w", context.Cause(ctx))
 		}
 		if cause := tr.unreachable(); cause != nil {
-			return nil, &queue.CAUnavailableError{Err: &failure{msg: truncate("acme: " + cause.Error()), err: cause}}
+			return nil, &issuing.CAUnavailableError{Err: &failure{msg: truncate("acme: " + cause.Error()), err: cause}}
 		}
 	}
 	return w, err
 }
 
 // renewalInfo fetches leaf's renewal information through tr.
-func (i *Issuer) renewalInfo(tr *orderTransport, leaf *x509.Certificate) (*queue.RenewalWindow, error) {
+func (i *Issuer) renewalInfo(tr *orderTransport, leaf *x509.Certificate) (*issuing.RenewalWindow, error) {
 	if len(leaf.AuthorityKeyId) == 0 {
-		return nil, fmt.Errorf("renewal information: the certificate has no authority key identifier to name it by: %w", queue.ErrNoRenewalInfo)
+		return nil, fmt.Errorf("renewal information: the certificate has no authority key identifier to name it by: %w", issuing.ErrNoRenewalInfo)
 	}
 	id, err := certificate.MakeARICertID(leaf)
 	if err != nil {
@@ -129,7 +130,7 @@ func (i *Issuer) renewalInfo(tr *orderTransport, leaf *x509.Certificate) (*queue
 		return nil, err
 	}
 	if base == "" {
-		return nil, queue.ErrNoRenewalInfo
+		return nil, issuing.ErrNoRenewalInfo
 	}
 	resp, err := hc.Get(strings.TrimSuffix(base, "/") + "/" + id)
 	if err != nil {
@@ -153,7 +154,7 @@ func (i *Issuer) renewalInfo(tr *orderTransport, leaf *x509.Certificate) (*queue
 	if w.Start.IsZero() || !w.End.After(w.Start) {
 		return nil, fmt.Errorf("acme: renewal information: the CA's window [%s, %s) is empty", w.Start, w.End)
 	}
-	return &queue.RenewalWindow{Start: w.Start, End: w.End, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"))}, nil
+	return &issuing.RenewalWindow{Start: w.Start, End: w.End, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"))}, nil
 }
 
 // renewalInfoURL is the directory's renewalInfo URL, "" when the CA offers none. It

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/stretchr/testify/require"
 )
 
@@ -55,7 +55,7 @@ func TestRenewAtFromWindow_Edges(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			for range 200 {
-				got, ok := queue.RenewAtFromWindow(tc.start, tc.end, notBefore, notAfter, tc.now)
+				got, ok := issuing.RenewAtFromWindow(tc.start, tc.end, notBefore, notAfter, tc.now)
 				require.Equal(t, tc.ok, ok)
 				if !ok {
 					require.True(t, got.IsZero())

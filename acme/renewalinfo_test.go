@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/internal/pebbletest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // The issued certificate carries the CA's renewal window and when to ask the CA
@@ -26,7 +26,7 @@ func TestRenewalInfo_FollowsTheCAsWindow(t *testing.T) {
 	b := setup(t, pebbletest.Options{}, true)
 	iss := newIssuer(t, b.pool, nil, b.config())
 	ctx := testCtx(t, 30*time.Second)
-	cert, err := iss.Issue(ctx, queue.Request{Domain: randomName("i")})
+	cert, err := iss.Issue(ctx, issuing.Request{Domain: randomName("i")})
 	require.NoError(t, err)
 
 	// Pebble's window: two days around the point a third of the lifetime before
@@ -61,7 +61,7 @@ func TestRenewalInfo_ConcurrentReadsFetchTheDirectoryOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pebbletest.Options{}, true)
 	ctx := testCtx(t, 30*time.Second)
-	cert, err := newIssuer(t, b.pool, nil, b.config()).Issue(ctx, queue.Request{Domain: randomName("i")})
+	cert, err := newIssuer(t, b.pool, nil, b.config()).Issue(ctx, issuing.Request{Domain: randomName("i")})
 	require.NoError(t, err)
 
 	iss := newIssuer(t, b.pool, nil, b.config())
@@ -104,22 +104,22 @@ func TestIssue_TheReadAfterIssuanceTakesATokenOfTheFleetsBudget(t *testing.T) {
 	ctx := testCtx(t, 30*time.Second)
 	asked := func() int { return b.ca.Requests()[pebbletest.StepRenewalInfo] }
 
-	first, err := iss.Issue(ctx, queue.Request{Domain: randomName("budget")})
+	first, err := iss.Issue(ctx, issuing.Request{Domain: randomName("budget")})
 	require.NoError(t, err)
 	require.Equal(t, 1, asked())
 	require.False(t, first.WindowEnd.IsZero(), "the first issuance read the CA's window")
 	requireJittered(t, 6*time.Hour, first.RenewalInfoIn, "Pebble's Retry-After")
 
-	second, err := iss.Issue(ctx, queue.Request{Domain: randomName("budget")})
+	second, err := iss.Issue(ctx, issuing.Request{Domain: randomName("budget")})
 	require.NoError(t, err)
 	require.Equal(t, 1, asked(), "a read without a token")
 	require.True(t, second.WindowEnd.IsZero())
-	require.Equal(t, queue.RenewalInfoSoon, second.RenewalInfoIn, "the worker reads it as soon as the budget allows")
-	require.Equal(t, queue.RenewAtFromValidity(second.NotBefore, second.NotAfter), second.RenewAt)
+	require.Equal(t, issuing.RenewalInfoSoon, second.RenewalInfoIn, "the worker reads it as soon as the budget allows")
+	require.Equal(t, issuing.RenewAtFromValidity(second.NotBefore, second.NotAfter), second.RenewAt)
 }
 
 // RenewalInfo says ErrNoRenewalInfo for a CA that offers none (the worker stops
-// asking), *queue.CAUnavailableError for a CA that cannot be reached (the worker
+// asking), *issuing.CAUnavailableError for a CA that cannot be reached (the worker
 // asks again later), and an error for a certificate the CA does not know. An
 // issuance from such a CA has no window and no time to ask again. Guards against a
 // worker asking a CA without ARI for ever, or giving up on ARI over one outage.
@@ -127,19 +127,19 @@ func TestRenewalInfo_CAWithoutARIOrUnreachable(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pebbletest.Options{}, true)
 	ctx := testCtx(t, 30*time.Second)
-	cert, err := newIssuer(t, b.pool, nil, b.config()).Issue(ctx, queue.Request{Domain: randomName("i")})
+	cert, err := newIssuer(t, b.pool, nil, b.config()).Issue(ctx, issuing.Request{Domain: randomName("i")})
 	require.NoError(t, err)
 
 	front := pebbletest.NewFront(t, b.ca)
 	front.Add(pebbletest.Rule{Step: pebbletest.StepDirectory, Answer: directoryWithout(t, b, "renewalInfo")})
 	noARI := newIssuer(t, b.pool, nil, frontConfig(b, front))
 	_, err = noARI.RenewalInfo(ctx, cert.ChainPEM)
-	require.ErrorIs(t, err, queue.ErrNoRenewalInfo)
-	plain, err := noARI.Issue(ctx, queue.Request{Domain: randomName("i")})
+	require.ErrorIs(t, err, issuing.ErrNoRenewalInfo)
+	plain, err := noARI.Issue(ctx, issuing.Request{Domain: randomName("i")})
 	require.NoError(t, err)
 	require.True(t, plain.WindowEnd.IsZero(), "no window from a CA without ARI")
 	require.Zero(t, plain.RenewalInfoIn, "nothing to ask a CA without ARI")
-	require.Equal(t, queue.RenewAtFromValidity(plain.NotBefore, plain.NotAfter), plain.RenewAt)
+	require.Equal(t, issuing.RenewAtFromValidity(plain.NotBefore, plain.NotAfter), plain.RenewAt)
 
 	down := pebbletest.NewFront(t, b.ca)
 	iss := newIssuer(t, b.pool, nil, frontConfig(b, down))
@@ -147,7 +147,7 @@ func TestRenewalInfo_CAWithoutARIOrUnreachable(t *testing.T) {
 	require.NoError(t, err)
 	down.SetDown(true)
 	_, err = iss.RenewalInfo(ctx, cert.ChainPEM)
-	var ue *queue.CAUnavailableError
+	var ue *issuing.CAUnavailableError
 	require.ErrorAs(t, err, &ue, "%T: %v", err, err)
 
 	other := pebbletest.StartT(t, pebbletest.Options{})
@@ -155,7 +155,7 @@ func TestRenewalInfo_CAWithoutARIOrUnreachable(t *testing.T) {
 	otherCfg.DirectoryURL, otherCfg.CABundle = other.DirectoryURL, other.RootsFile
 	_, err = newIssuer(t, b.pool, nil, otherCfg).RenewalInfo(ctx, cert.ChainPEM)
 	require.Error(t, err)
-	require.False(t, errors.Is(err, queue.ErrNoRenewalInfo) || errors.As(err, &ue), "%T: %v", err, err)
+	require.False(t, errors.Is(err, issuing.ErrNoRenewalInfo) || errors.As(err, &ue), "%T: %v", err, err)
 }
 
 // directoryWithout is an answer with the CA's directory minus one of its fields.
@@ -194,7 +194,7 @@ func TestIssue_RenewalWindowInTheLastTenthRenewsAtItsStart(t *testing.T) {
 		Status: http.StatusOK, ContentType: "application/json", Body: string(window), RetryAfter: time.Hour,
 	}})
 
-	cert, err := newIssuer(t, b.pool, nil, frontConfig(b, front)).Issue(testCtx(t, 30*time.Second), queue.Request{Domain: randomName("t")})
+	cert, err := newIssuer(t, b.pool, nil, frontConfig(b, front)).Issue(testCtx(t, 30*time.Second), issuing.Request{Domain: randomName("t")})
 	require.NoError(t, err)
 	require.InDelta(t, (90 * day).Hours(), cert.NotAfter.Sub(cert.NotBefore).Hours(), 1)
 	require.True(t, cert.RenewAt.Equal(start), "RenewAt %s, want the window's start %s", cert.RenewAt, start)
@@ -203,7 +203,7 @@ func TestIssue_RenewalWindowInTheLastTenthRenewsAtItsStart(t *testing.T) {
 }
 
 // requireJittered checks that the time to ask the CA again is its Retry-After, spread
-// over a tenth of it (queue.RenewalInfoIn).
+// over a tenth of it (issuing.RenewalInfoIn).
 func requireJittered(t *testing.T, retryAfter, got time.Duration, what string) {
 	t.Helper()
 	require.GreaterOrEqual(t, got, retryAfter, what)

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/internal/pebbletest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // requestsPerOrder issues one order to warm the issuer up (the account's
@@ -23,11 +23,11 @@ func requestsPerOrder(t *testing.T, b *bed, n int) (first, rest map[pebbletest.S
 	iss := newIssuer(t, b.pool, nil, b.config())
 	ctx := testCtx(t, time.Minute)
 	before := b.ca.Requests()
-	_, err := iss.Issue(ctx, queue.Request{Domain: randomName("q")})
+	_, err := iss.Issue(ctx, issuing.Request{Domain: randomName("q")})
 	require.NoError(t, err)
 	warm := b.ca.Requests()
 	for range n {
-		_, err := iss.Issue(ctx, queue.Request{Domain: randomName("q")})
+		_, err := iss.Issue(ctx, issuing.Request{Domain: randomName("q")})
 		require.NoError(t, err)
 	}
 	return diff(warm, before), diff(b.ca.Requests(), warm)
@@ -115,7 +115,7 @@ func TestIssue_OrdersShareTheSessionButAreCancelledAlone(t *testing.T) {
 	defer cancel()
 	heldErr := make(chan error, 1)
 	go func() {
-		_, err := iss.Issue(held, queue.Request{Domain: randomName("held")})
+		_, err := iss.Issue(held, issuing.Request{Domain: randomName("held")})
 		heldErr <- err
 	}()
 	require.Eventually(t, func() bool { return front.Answered()[pebbletest.StepChallenge] == 1 },
@@ -123,7 +123,7 @@ func TestIssue_OrdersShareTheSessionButAreCancelledAlone(t *testing.T) {
 
 	otherErr := make(chan error, 1)
 	go func() {
-		_, err := iss.Issue(testCtx(t, 30*time.Second), queue.Request{Domain: randomName("free")})
+		_, err := iss.Issue(testCtx(t, 30*time.Second), issuing.Request{Domain: randomName("free")})
 		otherErr <- err
 	}()
 	cancel()

@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // maxResponseBody caps what is read from the CA in one response. A certificate chain
@@ -28,7 +28,7 @@ const maxResponseBody = 4 << 20
 // that a nonce serves whichever order signs next (lego's own pool then stays
 // empty, and asks here for each request).
 //
-// An order's transport also enforces the claim's lease deadline (queue.Issuer): no
+// An order's transport also enforces the claim's lease deadline (issuing.Issuer): no
 // request goes out once it has passed, not even one the session could answer, and
 // each request that goes out ends at the deadline at the latest.
 //
@@ -41,7 +41,7 @@ type orderTransport struct {
 	ctx     context.Context
 	session *session
 	// deadline is the claim's lease deadline, or nil (renewal information, tests).
-	deadline *queue.Deadline
+	deadline *issuing.Deadline
 
 	mu          sync.Mutex // guards the fields below
 	saw429      bool

@@ -8,9 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/stretchr/testify/require"
-
-	"github.com/certworker/certworker/queue"
 )
 
 // countingTransport counts the requests that reach it, and answers none.
@@ -34,7 +33,7 @@ func TestOrderTransport_AfterTheDeadlineNothingIsAnsweredFromTheCache(t *testing
 	s.keepDirectory([]byte(`{"newNonce": "https://ca.test/nonce", "newOrder": "https://ca.test/order"}`), now)
 	s.pushNonce("cached-nonce", now)
 	base := &countingTransport{}
-	deadline := queue.NewDeadline(now, time.Minute)
+	deadline := issuing.NewDeadline(now, time.Minute)
 	tr := &orderTransport{base: base, ctx: context.Background(), session: s, deadline: deadline}
 
 	// Before the deadline, both come from the cache.
@@ -43,7 +42,7 @@ func TestOrderTransport_AfterTheDeadlineNothingIsAnsweredFromTheCache(t *testing
 	_ = resp.Body.Close()
 	require.Zero(t, base.n.Load(), "the cached directory was not used: the test does not test what it says")
 
-	passed := queue.NewDeadline(now.Add(-time.Hour), time.Minute)
+	passed := issuing.NewDeadline(now.Add(-time.Hour), time.Minute)
 	tr.deadline = passed
 	for _, req := range []*http.Request{
 		httptest.NewRequest(http.MethodGet, dirURL, nil),
@@ -53,7 +52,7 @@ func TestOrderTransport_AfterTheDeadlineNothingIsAnsweredFromTheCache(t *testing
 		if resp != nil {
 			_ = resp.Body.Close()
 		}
-		require.ErrorIs(t, err, queue.ErrLeaseDeadline, "%s %s answered after the deadline", req.Method, req.URL)
+		require.ErrorIs(t, err, issuing.ErrLeaseDeadline, "%s %s answered after the deadline", req.Method, req.URL)
 	}
 	require.Zero(t, base.n.Load(), "a request went out after the deadline")
 	nonce, ok := s.popNonce(time.Now())

@@ -13,7 +13,7 @@ import (
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/internal/workertest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 const (
@@ -56,9 +56,9 @@ func TestTwoCAs_IssueIndependentlyWithTheirOwnIdentities(t *testing.T) {
 	require.Equal(t, acme.CAAIssuer{Identities: []string{"pebble-one.test"}, Method: acme.ValidationHTTP01}, ca1, "no account yet")
 
 	n1, n2 := randomName("one"), randomName("two")
-	_, err = first.Issue(ctx, queue.Request{Domain: n1})
+	_, err = first.Issue(ctx, issuing.Request{Domain: n1})
 	require.NoError(t, err)
-	cert, err := second.Issue(ctx, queue.Request{Domain: n2})
+	cert, err := second.Issue(ctx, issuing.Request{Domain: n2})
 	require.NoError(t, err)
 	require.Len(t, b.ca.Orders(), 1)
 	require.Equal(t, []string{n1}, b.ca.Orders()[0].Identifiers)
@@ -113,7 +113,7 @@ func TestTwoCAs_CAADecidesByIdentityAndAccount(t *testing.T) {
 	_, twoCfg := b.second(t)
 	first, second := newIssuer(t, b.pool, nil, b.config()), newIssuer(t, b.pool, nil, twoCfg)
 	ctx := testCtx(t, time.Minute)
-	_, err := second.Issue(ctx, queue.Request{Domain: randomName("register")})
+	_, err := second.Issue(ctx, issuing.Request{Domain: randomName("register")})
 	require.NoError(t, err)
 	ca1, err := first.CAAIssuer(ctx)
 	require.NoError(t, err)
@@ -151,12 +151,12 @@ func TestFront_RefusesANameWithCAA(t *testing.T) {
 	front.Add(pebbletest.Rule{Step: pebbletest.StepFinalize, Names: []string{atFinalize}, Answer: pebbletest.CAAForbidden(atFinalize)})
 
 	for _, name := range []string{atOrder, atFinalize} {
-		_, err := iss.Issue(testCtx(t, time.Minute), queue.Request{Domain: name})
-		var pe *queue.PermanentError
+		_, err := iss.Issue(testCtx(t, time.Minute), issuing.Request{Domain: name})
+		var pe *issuing.PermanentError
 		require.True(t, errors.As(err, &pe), "%s: %v", name, err)
 		require.Contains(t, err.Error(), "urn:ietf:params:acme:error:caa: While processing CAA for "+name)
 	}
-	_, err := iss.Issue(testCtx(t, time.Minute), queue.Request{Domain: other})
+	_, err := iss.Issue(testCtx(t, time.Minute), issuing.Request{Domain: other})
 	require.NoError(t, err, "other names pass")
 	require.Equal(t, map[pebbletest.Step]int{pebbletest.StepNewOrder: 1, pebbletest.StepFinalize: 1}, front.Answered())
 	for _, o := range b.ca.Orders() {
@@ -165,7 +165,7 @@ func TestFront_RefusesANameWithCAA(t *testing.T) {
 }
 
 // A binding the CA refuses met by an order (the CA was down at start, or the account
-// was forgotten) is the operator's: a *queue.CAUnavailableError holding an
+// was forgotten) is the operator's: a *issuing.CAUnavailableError holding an
 // *acme.EABRefusedError, not charged to the name, and the HMAC key is in neither the
 // error nor the log. Guards against every due domain being charged, and failed, for
 // the operator's key.
@@ -177,8 +177,8 @@ func TestIssue_ARefusedBindingIsNotTheDomainsAndLeaksNoKey(t *testing.T) {
 	cfg.EABHMAC = wrong
 	core, logs := observer.New(zap.DebugLevel)
 	iss := newIssuer(t, b.pool, zap.New(core), cfg)
-	_, err := iss.Issue(testCtx(t, time.Minute), queue.Request{Domain: randomName("eab")})
-	var unavailable *queue.CAUnavailableError
+	_, err := iss.Issue(testCtx(t, time.Minute), issuing.Request{Domain: randomName("eab")})
+	var unavailable *issuing.CAUnavailableError
 	require.True(t, errors.As(err, &unavailable), "%v", err)
 	var refused *acme.EABRefusedError
 	require.True(t, errors.As(err, &refused))
@@ -205,7 +205,7 @@ func TestIssue_ARefusedBindingIsNotTheDomainsAndLeaksNoKey(t *testing.T) {
 
 // A CA whose directory has not answered since the worker started (and no
 // --acme-caa-identities) is left undecided by CheckCAAFor, not refused: with records
-// that name only it, the domain is held back uncharged (a *queue.CAUnavailableError),
+// that name only it, the domain is held back uncharged (a *issuing.CAUnavailableError),
 // never failed; the other CA is still decided. Guards against a primary CA's outage
 // failing for good every domain whose records name only that CA.
 func TestCheckCAAFor_ACAThatCannotBeAskedIsUndecided(t *testing.T) {
@@ -224,7 +224,7 @@ func TestCheckCAAFor_ACAThatCannotBeAskedIsUndecided(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []bool{false, false}, v.Allowed)
 	require.Equal(t, []bool{true, false}, v.Undecided)
-	var cu *queue.CAUnavailableError
+	var cu *issuing.CAUnavailableError
 	require.True(t, errors.As(v.Err(), &cu), "%v", v.Err())
 
 	upToo := randomName("up")

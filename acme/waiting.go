@@ -8,33 +8,32 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/miekg/dns"
-
-	"github.com/certworker/certworker/queue"
 )
 
-var _ queue.DNSChecker = (*Issuer)(nil)
+var _ issuing.DNSChecker = (*Issuer)(nil)
 
-// CheckDNS is queue.DNSChecker: whether a domain waiting for its DNS can be validated
+// CheckDNS is issuing.DNSChecker: whether a domain waiting for its DNS can be validated
 // now, by the same checks an order's preflight makes, sending nothing to the CA. The
 // HTTP probe runs only when the DNS answer differs from answer (the fingerprint the
 // last check saw), or when --dns-target is given and the answer matches it; while
-// the answer is unchanged the result is a *queue.WaitingError with no message (what
+// the answer is unchanged the result is a *issuing.WaitingError with no message (what
 // the tenant reads stays as it is).
 func (i *Issuer) CheckDNS(ctx context.Context, domain, answer string) error {
 	choice, err := i.choose(ctx, domain)
 	if err != nil {
 		return i.waiting(ctx, domain, err)
 	}
-	if choice.challenge == queue.ChallengeDNS01 || i.preflight == nil {
+	if choice.challenge == issuing.ChallengeDNS01 || i.preflight == nil {
 		return nil
 	}
 	seen := i.dnsAnswer(ctx, domain)
 	if seen == answer && answer != "" {
-		return &queue.WaitingError{Answer: seen}
+		return &issuing.WaitingError{Answer: seen}
 	}
 	if msg, ok := i.offTarget(ctx, domain); ok {
-		return &queue.WaitingError{Msg: i.waitMessage(domain, msg), Answer: seen}
+		return &issuing.WaitingError{Msg: i.waitMessage(domain, msg), Answer: seen}
 	}
 	if err := i.preflight.check(ctx, domain); err != nil {
 		return i.waiting(ctx, domain, err)
@@ -42,15 +41,15 @@ func (i *Issuer) CheckDNS(ctx context.Context, domain, answer string) error {
 	return nil
 }
 
-// waiting turns a preflight's verdict on a name into a *queue.WaitingError (with
+// waiting turns a preflight's verdict on a name into a *issuing.WaitingError (with
 // --preflight http; with it off, the CA decides, and the error stays as it is). Other
 // errors are returned unchanged.
 func (i *Issuer) waiting(ctx context.Context, domain string, err error) error {
-	var pe *queue.PreflightError
+	var pe *issuing.PreflightError
 	if i.preflight == nil || !errors.As(err, &pe) {
 		return err
 	}
-	return &queue.WaitingError{Msg: i.waitMessage(domain, pe.Msg), Answer: i.dnsAnswer(ctx, domain), Seen: pe}
+	return &issuing.WaitingError{Msg: i.waitMessage(domain, pe.Msg), Answer: i.dnsAnswer(ctx, domain), Seen: pe}
 }
 
 // waitMessage is what a waiting domain's ssl_error says after its prefix: what was

@@ -10,7 +10,7 @@ import (
 
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/internal/pebbletest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // A waiting name's check probes over HTTP only when the DNS answer changed from the
@@ -28,7 +28,7 @@ func TestCheckDNS_ProbesOnlyWhenTheAnswerChangedAndMatchesTheTarget(t *testing.T
 	ctx := testCtx(t, time.Minute)
 
 	err := iss.CheckDNS(ctx, name, "")
-	var we *queue.WaitingError
+	var we *issuing.WaitingError
 	require.True(t, errors.As(err, &we), "%v", err)
 	require.Contains(t, we.Msg, "answered by something else at 127.0.0.2")
 	require.Contains(t, we.Msg, "point "+name+" at this proxy's addresses")

@@ -26,6 +26,7 @@ import (
 
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // logicalBenchCommand is how bench/logical.txt was produced, written into it.
@@ -83,7 +84,7 @@ func BenchmarkWakeModes(b *testing.B) {
 	fmt.Fprintf(&out, "## worker's channel). Same host, same clock: the server runs in a local container.\n\n")
 	tw := tabwriter.NewWriter(&out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "mode\tn\tp50 ms\tp95 ms\tp99 ms\tmax ms\tmean ms\t")
-	for _, mode := range []string{queue.WakeNotify, queue.WakeLogical} {
+	for _, mode := range []string{issuing.WakeNotify, issuing.WakeLogical} {
 		lat := benchLatency(b, srv, mode)
 		slices.Sort(lat)
 		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t\n", mode, len(lat),
@@ -104,7 +105,7 @@ func BenchmarkWakeModes(b *testing.B) {
 	fmt.Fprintf(&out, "## worker's side received after merging (a reader that drains its channel at once);\n")
 	fmt.Fprintf(&out, "## waiting on a lock is the mean number of the %d writers queued on a heavyweight lock\n", writers)
 	fmt.Fprintf(&out, "## (pg_stat_activity sampled every 20 ms, all rounds): NOTIFY's commit lock is one.\n\n")
-	modes := []string{queue.WakeNotify, queue.WakeLogical, "none"}
+	modes := []string{issuing.WakeNotify, issuing.WakeLogical, "none"}
 	results := map[string][]writeResult{}
 	for round := range rounds {
 		for i := range modes {
@@ -164,9 +165,9 @@ func benchWaker(b *testing.B, pool *pgxpool.Pool, mode string) Waker {
 	b.Helper()
 	var w Waker
 	switch mode {
-	case queue.WakeNotify:
+	case issuing.WakeNotify:
 		w = New(pool, zap.NewNop(), Options{})
-	case queue.WakeLogical:
+	case issuing.WakeLogical:
 		w = NewLogical(pool, zap.NewNop(), Options{})
 	default:
 		return nil
@@ -263,9 +264,9 @@ func benchWrites(b *testing.B, srv *pgtest.Server, mode string) writeResult {
 	dsn := srv.NewDatabase(b)
 	pool := benchPool(b, dsn, writers+2)
 	defer dropDatabase(b, srv, dsn)
-	setting := queue.WakeLogical
-	if mode == queue.WakeNotify {
-		setting = queue.WakeNotify
+	setting := issuing.WakeLogical
+	if mode == issuing.WakeNotify {
+		setting = issuing.WakeNotify
 	}
 	if _, err := setWakeMode(ctx, pool, setting); err != nil {
 		b.Fatal(err)
@@ -416,5 +417,5 @@ func loadAverage() string {
 
 // setWakeMode records the wake mode as `certworker run` does.
 func setWakeMode(ctx context.Context, pool *pgxpool.Pool, mode string) (string, error) {
-	return queue.New(pool, queue.DefaultConfig()).SetWakeMode(ctx, mode)
+	return queue.New(pool, issuing.DefaultConfig()).SetWakeMode(ctx, mode)
 }

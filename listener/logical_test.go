@@ -20,7 +20,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/certworker/certworker/internal/pgtest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // logicalSettings start a server the logical waker can stream from. The package's
@@ -314,7 +314,7 @@ func TestLogical(t *testing.T) {
 		require.Len(t, lost, 1)
 		require.Equal(t, zapcore.WarnLevel, lost[0].Level)
 		require.Contains(t, lost[0].ContextMap(), "retry_in")
-		require.Equal(t, queue.WakeLogical, lost[0].ContextMap()["mode"])
+		require.Equal(t, issuing.WakeLogical, lost[0].ContextMap()["mode"])
 		require.Len(t, b.logs.FilterMessage("listener reconnected").All(), 1)
 
 		b.domain(t, "verified", "pending", "acme")

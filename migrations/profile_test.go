@@ -9,6 +9,7 @@ import (
 
 	"github.com/certworker/certworker/migrations"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // 00014 on the proxy's database: the profile columns come NULL everywhere, so no
@@ -35,7 +36,7 @@ SELECT (SELECT count(*) FROM proxy_domains WHERE ssl_profile IS NOT NULL OR ssl_
 	// Every tenant setting a profile does not replace a certificate either.
 	_, err = conn.Exec(ctx, `UPDATE proxy_domains SET ssl_profile = 'shortlived'`)
 	require.NoError(t, err)
-	n, err := queue.New(conn, queue.DefaultConfig()).RequeueProfileChanges(ctx)
+	n, err := queue.New(conn, issuing.DefaultConfig()).RequeueProfileChanges(ctx)
 	require.NoError(t, err)
 	require.Zero(t, n, "a certificate with no recorded profile matches any")
 

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -64,7 +65,7 @@ FROM proxy_domains d WHERE lower(domain) = lower($1) ORDER BY domain FOR UPDATE`
 		return named{}, fmt.Errorf("look up %s: %w", name, err)
 	}
 	if len(found) == 0 {
-		return named{}, ErrNotFound
+		return named{}, issuing.ErrNotFound
 	}
 	i, err := pickTwin(name, len(found), func(i int) (string, string, bool) {
 		return found[i].id, found[i].domain, found[i].keeps
@@ -117,7 +118,7 @@ func pickTwin(name string, n int, at func(i int) (id, domain string, keeps bool)
 func (q *Queue) Retry(ctx context.Context, domain string) error {
 	return pgx.BeginFunc(ctx, q.db, func(tx pgx.Tx) error {
 		d, err := lookUp(ctx, tx, domain)
-		if errors.Is(err, ErrNotFound) {
+		if errors.Is(err, issuing.ErrNotFound) {
 			return &RefusedError{fmt.Sprintf("%s: unknown domain", domain)}
 		}
 		if err != nil {

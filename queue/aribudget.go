@@ -2,26 +2,12 @@ package queue
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/certworker/certworker/queue/issuing"
 )
-
-// DefaultRenewalInfoPerSecond is --ari-requests-per-second: the renewal-information
-// requests the whole fleet sends one CA in a second. Asking about a million
-// certificates at Let's Encrypt's Retry-After of six hours is 1,000,000 / 21,600 s =
-// 46 a second; 50 keeps up with that, with room for the questions after an error
-// (asked again an hour later) and for the jitter.
-const DefaultRenewalInfoPerSecond = 50.0
-
-// ErrBadRate: a renewal-information rate that is not a positive number.
-var ErrBadRate = errors.New("the renewal-information rate must be a positive number of requests a second")
-
-// renewalInfoBurst is what the bucket holds at most: a second's worth, and at least
-// one token. A fleet that was idle may then spend one second's requests at once and no
-// more, so in any span of t seconds the CA sees at most rate * (t + 1) requests.
-func renewalInfoBurst(perSecond float64) float64 { return max(perSecond, 1) }
 
 // TakeRenewalInfoTokens takes up to want tokens from the fleet's bucket of
 // renewal-information requests to the CA at directory, refilled at perSecond. Every
@@ -34,7 +20,7 @@ func renewalInfoBurst(perSecond float64) float64 { return max(perSecond, 1) }
 // instances whose clocks differ share one bucket.
 func (q *Queue) TakeRenewalInfoTokens(ctx context.Context, directory string, want int, perSecond float64) (got int, wait time.Duration, err error) {
 	if !(perSecond > 0) || math.IsInf(perSecond, 0) {
-		return 0, 0, ErrBadRate
+		return 0, 0, issuing.ErrBadRate
 	}
 	if want <= 0 {
 		return 0, 0, nil
@@ -68,7 +54,7 @@ func (q *Queue) ReturnRenewalInfoTokens(ctx context.Context, directory string, n
 		return nil
 	}
 	if !(perSecond > 0) || math.IsInf(perSecond, 0) {
-		return ErrBadRate
+		return issuing.ErrBadRate
 	}
 	if _, err := q.db.Exec(ctx, `
 UPDATE certworker_ari_buckets SET tokens = LEAST($3, tokens + $2) WHERE directory = $1`,
@@ -77,3 +63,8 @@ UPDATE certworker_ari_buckets SET tokens = LEAST($3, tokens + $2) WHERE director
 	}
 	return nil
 }
+
+// renewalInfoBurst is what the bucket holds at most: a second's worth, and at least
+// one token. A fleet that was idle may then spend one second's requests at once and no
+// more, so in any span of t seconds the CA sees at most rate * (t + 1) requests.
+func renewalInfoBurst(perSecond float64) float64 { return max(perSecond, 1) }

@@ -5,9 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/stretchr/testify/require"
-
-	"github.com/certworker/certworker/queue"
 )
 
 // The fleet's renewal-information budget is one bucket per CA in the database: it
@@ -53,6 +52,6 @@ func TestTakeRenewalInfoTokens_OneBucketPerCAShared(t *testing.T) {
 
 	for _, rate := range []float64{0, -1, math.NaN(), math.Inf(1)} {
 		_, _, err := b.q.TakeRenewalInfoTokens(b.ctx, ca, 1, rate)
-		require.ErrorIs(t, err, queue.ErrBadRate, "rate %v", rate)
+		require.ErrorIs(t, err, issuing.ErrBadRate, "rate %v", rate)
 	}
 }

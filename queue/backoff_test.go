@@ -5,14 +5,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/stretchr/testify/require"
-
-	"github.com/certworker/certworker/queue"
 )
 
 func TestBackoff_GrowsThenStops(t *testing.T) {
 	t.Parallel()
-	c := queue.DefaultConfig()
+	c := issuing.DefaultConfig()
 	// One minute, doubling.
 	require.Equal(t, time.Minute, c.Backoff(0))
 	require.Equal(t, 2*time.Minute, c.Backoff(1))
@@ -30,7 +29,7 @@ func TestBackoff_GrowsThenStops(t *testing.T) {
 // first attempt to reach the cap must be within the attempt limit.
 func TestBackoff_CapIsReachable(t *testing.T) {
 	t.Parallel()
-	c := queue.DefaultConfig()
+	c := issuing.DefaultConfig()
 	first := -1
 	for n := 0; n <= c.MaxAttempts; n++ {
 		if c.Backoff(n) == c.RetryMax {
@@ -46,7 +45,7 @@ func TestBackoff_CapIsReachable(t *testing.T) {
 // a negative count panics in Rust's debug builds and is meaningless in Go.
 func TestBackoff_NegativeCountIsTheFirstStep(t *testing.T) {
 	t.Parallel()
-	c := queue.DefaultConfig()
+	c := issuing.DefaultConfig()
 	require.Equal(t, time.Minute, c.Backoff(-1))
 	require.Equal(t, time.Minute, c.Backoff(math.MinInt32))
 	require.Equal(t, time.Minute, c.Backoff(math.MinInt))
@@ -55,7 +54,7 @@ func TestBackoff_NegativeCountIsTheFirstStep(t *testing.T) {
 // The claim in DefaultMaxAttempts' comment, checked rather than asserted in prose.
 func TestBackoff_TenAttemptsSpanAboutADay(t *testing.T) {
 	t.Parallel()
-	c := queue.DefaultConfig()
+	c := issuing.DefaultConfig()
 	var total time.Duration
 	for n := range c.MaxAttempts {
 		total += c.Backoff(n)
@@ -84,7 +83,7 @@ func TestRenewAtFromValidity_LeavesRoomToNotice(t *testing.T) {
 		{6 * day, 3 * day},
 		{6 * time.Minute, 3 * time.Minute},
 	} {
-		got := queue.RenewAtFromValidity(start, start.Add(tc.lifetime))
+		got := issuing.RenewAtFromValidity(start, start.Add(tc.lifetime))
 		require.Equal(t, start.Add(tc.renewAfter), got, "lifetime %s", tc.lifetime)
 	}
 	remaining := 90*24*time.Hour - 60*24*time.Hour

@@ -6,55 +6,9 @@ import (
 	"math"
 	"strconv"
 	"time"
-)
 
-// Claim is a domain this instance has claimed and holds a lease on.
-type Claim struct {
-	ID       string
-	TenantID string
-	// Domain as stored; CheckName gives the name to order.
-	Domain string
-	// Attempts before this one (as stored: may be negative in a hand-edited row).
-	Attempts int
-	// Token identifies this claim; every write that finishes it checks the token.
-	Token string
-	// ClaimedAt is the claiming transaction's time.
-	ClaimedAt time.Time
-	// DueAt is when the row became claimable: when it entered the claimable set, or
-	// when its backoff ran out, whichever is later. Zero when unknown.
-	DueAt time.Time
-	// CurrentPEM is the stored certificate this order renews, or "".
-	CurrentPEM string
-	// Profile is the domain's own ACME profile (ssl_profile), nil for --acme-profile.
-	Profile *string
-	// ProfileRefused is the domain's profile the CA does not offer
-	// (ssl_profile_refused), or "". The worker sets it when the CA refuses the
-	// profile during the order, and clears it when the order used the domain's own.
-	ProfileRefused string
-	// CertProfile is the profile the stored certificate was issued under, or "" when
-	// none is recorded (no certificate, one issued before migration 00014, an upload).
-	CertProfile string
-	// FirstIssuance: the row was claimed from the first issuances' tier (2): the
-	// domain holds no certificate certworker renews (its first issuance, or a retry).
-	FirstIssuance bool
-	// Directory is the ACME directory of the CA the order goes to, as the claim
-	// decided (fallback.go); FallbackCause is why it is the second CA (Fallback*), or
-	// "" for the first.
-	Directory     string
-	FallbackCause string
-	// RefusedBy is the directory of the CA that refused the name for good
-	// (ssl_ca_refused), or "", and RefusedCause why (ssl_ca_refused_cause:
-	// RefusedByCAA, RefusedByCA, or "" for a refusal recorded before it was kept).
-	RefusedBy, RefusedCause string
-	// CertDirectory is the directory of the CA that issued the stored certificate, or
-	// "" when none is recorded (no certificate, one stored before migration 00017, an
-	// upload): the first CA's, then.
-	CertDirectory string
-	// Notice is what ssl_error says of the domain once its certificate is stored
-	// (MarkActive), or "" for nothing: set by the worker when it renewed under the
-	// certificate's profile because the CA does not offer the domain's own.
-	Notice string
-}
+	"github.com/certworker/certworker/queue/issuing"
+)
 
 // claimOrderSQL is the claim's order of service (see claimSQL).
 const claimOrderSQL = `ORDER BY COALESCE(d.ssl_queue_tier, 2), COALESCE(d.ssl_queue_seq, 0), d.ssl_queued_at DESC NULLS LAST`
@@ -264,7 +218,7 @@ const claimRounds = 8
 // Claim takes up to limit due domains for owner (an instance name, for operators and
 // for ReleaseUntracked), from the CA at directory (whose pause it respects). It
 // returns none when nothing is due.
-func (q *Queue) Claim(ctx context.Context, owner, directory string, limit int) ([]Claim, error) {
+func (q *Queue) Claim(ctx context.Context, owner, directory string, limit int) ([]issuing.Claim, error) {
 	return q.ClaimShared(ctx, owner, directory, limit, 0)
 }
 
@@ -276,7 +230,7 @@ func (q *Queue) Claim(ctx context.Context, owner, directory string, limit int) (
 // tier: 1 to 3, and any other value ssl_queue_tier holds, which a hand edit may have
 // put there, so that no row is left out of every claim). Rows held out of line whose
 // time has come are brought back first (ReturnHeld).
-func (q *Queue) ClaimShared(ctx context.Context, owner, directory string, limit, newcomers int) ([]Claim, error) {
+func (q *Queue) ClaimShared(ctx context.Context, owner, directory string, limit, newcomers int) ([]issuing.Claim, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
@@ -292,11 +246,11 @@ func (q *Queue) ClaimShared(ctx context.Context, owner, directory string, limit,
 // back costs a statement (most of it planning) before the claim, on the path from a
 // tenant's "verify" to its order, and a held row's time is known in advance
 // (NextDue), so the worker's timer brings it back when it comes.
-func (q *Queue) ClaimInLine(ctx context.Context, owner, directory string, limit, newcomers int) ([]Claim, error) {
+func (q *Queue) ClaimInLine(ctx context.Context, owner, directory string, limit, newcomers int) ([]issuing.Claim, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
-	var claims []Claim
+	var claims []issuing.Claim
 	if newcomers > 0 {
 		got, err := q.claimTiers(ctx, owner, directory, min(newcomers, limit), 2, 2)
 		if err != nil {
@@ -310,8 +264,8 @@ func (q *Queue) ClaimInLine(ctx context.Context, owner, directory string, limit,
 
 // claimTiers claims up to limit due domains of tiers lo to hi, reading on while a
 // statement came back short but took rows out of line or read a full window.
-func (q *Queue) claimTiers(ctx context.Context, owner, directory string, limit, lo, hi int) ([]Claim, error) {
-	var claims []Claim
+func (q *Queue) claimTiers(ctx context.Context, owner, directory string, limit, lo, hi int) ([]issuing.Claim, error) {
+	var claims []issuing.Claim
 	grow := 0
 	for round := 0; round < claimRounds && len(claims) < limit; round++ {
 		n := limit - len(claims)
@@ -334,13 +288,13 @@ func (q *Queue) claimTiers(ctx context.Context, owner, directory string, limit, 
 func (q *Queue) claimStatement(owner, directory string, n, lo, hi, window int) (string, []any) {
 	if q.cfg.Fallback != nil {
 		return claimRoutedSQL, append([]any{q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax),
-			owner, seconds(q.cfg.Lease), n, directory}, append(q.cfg.Fallback.args(), lo, hi, window)...)
+			owner, seconds(q.cfg.Lease), n, directory}, append(fallbackArgs(q.cfg.Fallback), lo, hi, window)...)
 	}
 	return claimSQL, []any{q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax),
 		owner, seconds(q.cfg.Lease), n, directory, lo, hi, window}
 }
 
-func (q *Queue) claimOnce(ctx context.Context, owner, directory string, n, lo, hi, window int) (claims []Claim, takenOut, read int, err error) {
+func (q *Queue) claimOnce(ctx context.Context, owner, directory string, n, lo, hi, window int) (claims []issuing.Claim, takenOut, read int, err error) {
 	sql, args := q.claimStatement(owner, directory, n, lo, hi, window)
 	rows, err := q.db.Query(ctx, sql, args...)
 	if err != nil {
@@ -348,7 +302,7 @@ func (q *Queue) claimOnce(ctx context.Context, owner, directory string, n, lo, h
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var c Claim
+		var c issuing.Claim
 		var id, tenant, domain, token, pem, refused, certProfile, dir, cause, refusedBy, refusedCause, certDir *string
 		var attempts *int
 		var first *bool

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 func TestClaim_FreshPendingDomainIsClaimed(t *testing.T) {
@@ -167,7 +168,7 @@ SELECT $1, 'c' || g || '.example', 'verified', 'tok', 'pending', 'acme' FROM gen
 // ends in two seconds is not.
 func TestBackoff_GoAndTheClaimAgree(t *testing.T) {
 	t.Parallel()
-	for _, cfg := range []queue.Config{
+	for _, cfg := range []issuing.Config{
 		{RetryBase: time.Minute, RetryMax: 4 * time.Hour, MaxAttempts: math.MaxInt32, Lease: time.Minute},
 		{RetryBase: 3 * time.Second, RetryMax: 10 * time.Second, MaxAttempts: math.MaxInt32, Lease: time.Minute},
 	} {

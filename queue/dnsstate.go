@@ -6,13 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/jackc/pgx/v5"
-)
-
-// The ACME challenges an order can be validated with (certworker_dns_state.challenge).
-const (
-	ChallengeHTTP01 = "http-01"
-	ChallengeDNS01  = "dns-01"
 )
 
 // maxChallengeReason bounds the reason stored: it quotes DNS names, 253 bytes each.
@@ -85,12 +80,12 @@ func WaitCheckIn(now, since time.Time, stale int) time.Duration {
 // issued (MarkActive forgets the clock, and writes ssl_error), retried (the proxy's retry and `certworker
 // retry` clear it), or failed at the CA meanwhile (charged, and bounded by
 // --max-attempts instead). Otherwise a name whose DNS flaps never reaches the max.
-func (q *Queue) Wait(ctx context.Context, c Claim, msg, answer string, checkIn time.Duration) error {
+func (q *Queue) Wait(ctx context.Context, c issuing.Claim, msg, answer string, checkIn time.Duration) error {
 	msg = q.errorText(ctx, msg) // the preflight's words carry the tenant's DNS and redirects
 	var one int
 	err := q.quietly(ctx, `
 WITH before AS (
-    SELECT COALESCE(ssl_error LIKE '`+WaitingPrefix+`%', false) AS waited FROM proxy_domains WHERE id = $1
+    SELECT COALESCE(ssl_error LIKE '`+issuing.WaitingPrefix+`%', false) AS waited FROM proxy_domains WHERE id = $1
 ), d AS (
     UPDATE proxy_domains SET
         ssl_status = 'pending', ssl_last_attempt_at = ssl_claim_prev_attempt_at, updated_at = now(),

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // A domain handed back to wait for its DNS is pending, uncharged and out of line:
@@ -26,7 +27,7 @@ func TestWait_OutOfLineUntilItsWaitEndsOrARetry(t *testing.T) {
 	waits := func() time.Time {
 		t.Helper()
 		c := b.claimOne(t, id)
-		require.NoError(t, b.q.Wait(b.ctx, c, queue.WaitingPrefix+"no such name", "answer-1", queue.WaitCheckFirst))
+		require.NoError(t, b.q.Wait(b.ctx, c, issuing.WaitingPrefix+"no such name", "answer-1", queue.WaitCheckFirst))
 		var status, held, msg string
 		var attempts int
 		var since, next, updated time.Time
@@ -67,7 +68,7 @@ FROM proxy_domains d JOIN certworker_dns_state s ON s.domain_id = d.id WHERE d.i
 	require.NoError(t, b.q.Retry(b.ctx, name))
 	require.True(t, waits().After(again), "certworker retry kept the clock of the wait before it")
 
-	failed, err := b.q.ExpireWait(b.ctx, id, queue.WaitingPrefix+"its DNS never pointed here")
+	failed, err := b.q.ExpireWait(b.ctx, id, issuing.WaitingPrefix+"its DNS never pointed here")
 	require.NoError(t, err)
 	require.True(t, failed)
 	require.Equal(t, "failed", b.status(t, id))
@@ -83,7 +84,7 @@ func TestDueWaits_TakesDueChecksOnce(t *testing.T) {
 	tenant := b.tenant(t)
 	id, name := b.domain(t, tenant, "pending", 0, nil)
 	c := b.claimOne(t, id)
-	require.NoError(t, b.q.Wait(b.ctx, c, queue.WaitingPrefix+"x", "answer-1", queue.WaitCheckFirst))
+	require.NoError(t, b.q.Wait(b.ctx, c, issuing.WaitingPrefix+"x", "answer-1", queue.WaitCheckFirst))
 	due, _, err := b.q.DueWaits(b.ctx, 10)
 	require.NoError(t, err)
 	require.Empty(t, due, "not due yet")
@@ -134,7 +135,7 @@ func TestWait_NotDueByBackoffAndReturnedOnceRetried(t *testing.T) {
 	tenant := b.tenant(t)
 	id, name := b.domain(t, tenant, "pending", 0, nil)
 	c := b.claimOne(t, id)
-	require.NoError(t, b.q.Wait(b.ctx, c, queue.WaitingPrefix+"x", "a", queue.WaitCheckFirst))
+	require.NoError(t, b.q.Wait(b.ctx, c, issuing.WaitingPrefix+"x", "a", queue.WaitCheckFirst))
 	_, ok, err := b.q.NextDue(b.ctx, testDirectory)
 	require.NoError(t, err)
 	require.False(t, ok, "nothing is due by backoff")
@@ -154,7 +155,7 @@ UPDATE proxy_domains SET ssl_error = NULL WHERE id = '`+id+`'; COMMIT`)
 	// certworker retry (and the proxy's): its trigger, certworker_retried, lifts the
 	// hold in the same write, so the domain is back in line at once.
 	c = b.claimOne(t, id)
-	require.NoError(t, b.q.Wait(b.ctx, c, queue.WaitingPrefix+"x", "a", queue.WaitCheckFirst))
+	require.NoError(t, b.q.Wait(b.ctx, c, issuing.WaitingPrefix+"x", "a", queue.WaitCheckFirst))
 	require.NoError(t, b.q.Retry(b.ctx, name))
 	var held *string
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT ssl_held FROM proxy_domains WHERE id = $1`, id).Scan(&held))
@@ -175,7 +176,7 @@ func TestWait_ItsWordsAreSanitisedLikeAnyError(t *testing.T) {
 	b := setup(t)
 	tenant := b.tenant(t)
 	id, _ := b.domain(t, tenant, "pending", 0, nil)
-	hostile := queue.WaitingPrefix + "redirect to \x1b[31mred\x00\x07 " + strings.Repeat("x", 4*queue.MaxErrorBytes)
+	hostile := issuing.WaitingPrefix + "redirect to \x1b[31mred\x00\x07 " + strings.Repeat("x", 4*queue.MaxErrorBytes)
 	stored := func() string {
 		t.Helper()
 		var msg string
@@ -218,7 +219,7 @@ func TestWait_TheClockRunsAcrossFlapsUntilTheDomainIsIssued(t *testing.T) {
 		return s
 	}
 	c := b.claimOne(t, id)
-	require.NoError(t, b.q.Wait(b.ctx, c, queue.WaitingPrefix+"x", "a", queue.WaitCheckFirst))
+	require.NoError(t, b.q.Wait(b.ctx, c, issuing.WaitingPrefix+"x", "a", queue.WaitCheckFirst))
 	b.exec(t, `UPDATE certworker_dns_state SET waiting_since = now() - interval '200 hours' WHERE domain_id = $1`, id)
 	started := since()
 	for range 3 {
@@ -226,7 +227,7 @@ func TestWait_TheClockRunsAcrossFlapsUntilTheDomainIsIssued(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, back)
 		c = b.claimOne(t, id)
-		require.NoError(t, b.q.Wait(b.ctx, c, queue.WaitingPrefix+"x", "a", queue.WaitCheckFirst))
+		require.NoError(t, b.q.Wait(b.ctx, c, issuing.WaitingPrefix+"x", "a", queue.WaitCheckFirst))
 		require.True(t, since().Equal(started), "a wait that ended and began again started its clock over")
 	}
 	b.exec(t, `UPDATE certworker_dns_state SET next_check_at = now() - interval '1 s' WHERE domain_id = $1`, id)
@@ -248,6 +249,6 @@ func TestWait_TheClockRunsAcrossFlapsUntilTheDomainIsIssued(t *testing.T) {
 	b.exec(t, `UPDATE proxy_domains SET ssl_status = 'pending', ssl_renew_by = now() - interval '1 hour',
     ssl_last_attempt_at = NULL WHERE id = $1`, id)
 	c = b.claimOne(t, id)
-	require.NoError(t, b.q.Wait(b.ctx, c, queue.WaitingPrefix+"x", "a", queue.WaitCheckFirst))
+	require.NoError(t, b.q.Wait(b.ctx, c, issuing.WaitingPrefix+"x", "a", queue.WaitCheckFirst))
 	require.True(t, since().After(started.Add(199*time.Hour)), "a wait after the issuance kept the clock of one before it")
 }

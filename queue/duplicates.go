@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -29,7 +30,7 @@ import (
 // changes nothing. Marking them is a second statement, on their ids only: one
 // statement doing both is planned for a third of the table and spends longer
 // compiling it (JIT) than running it.
-func (q *Queue) MarkCaseDuplicates(ctx context.Context) (marked, restored []BadRow, err error) {
+func (q *Queue) MarkCaseDuplicates(ctx context.Context) (marked, restored []issuing.BadRow, err error) {
 	rows, err := q.db.Query(ctx, twinCandidatesSQL)
 	if err != nil {
 		return nil, nil, fmt.Errorf("find case duplicates: %w", err)
@@ -65,7 +66,7 @@ SELECT id::text, domain, ssl_error, back FROM back`, ids)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var b BadRow
+		var b issuing.BadRow
 		var back bool
 		if err := rows.Scan(&b.ID, &b.Domain, &b.Reason, &back); err != nil {
 			return nil, nil, fmt.Errorf("mark case duplicates: %w", err)

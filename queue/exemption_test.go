@@ -4,9 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/stretchr/testify/require"
-
-	"github.com/certworker/certworker/queue"
 )
 
 // The ledger follows the CA's exemptions (issue #18), in the claim and in Admit. A
@@ -45,13 +44,13 @@ VALUES ($1, $2, $3, now() + interval '1 day', 'test')`, scope, key, source)
 		scope, key, source string
 		want               []string
 	}{
-		{queue.ScopeCA, testDirectory, queue.PauseLedger, []string{inWindow, outside}},
-		{queue.ScopeRegisteredDomain, "window.example", queue.PauseLedger, []string{inWindow, outside}},
-		{queue.ScopeDomain, "in.window.example", queue.PauseLedger, []string{inWindow, outside, fresh}},
-		{queue.ScopeDomain, "out.window.example", queue.PauseLedger, []string{inWindow, fresh}},
-		{queue.ScopeCA, testDirectory, queue.PauseRateLimit, nil},
-		{queue.ScopeRegisteredDomain, "window.example", queue.PauseRateLimit, nil},
-		{queue.ScopeDomain, "in.window.example", queue.PauseRateLimit, []string{outside, fresh}},
+		{issuing.ScopeCA, testDirectory, issuing.PauseLedger, []string{inWindow, outside}},
+		{issuing.ScopeRegisteredDomain, "window.example", issuing.PauseLedger, []string{inWindow, outside}},
+		{issuing.ScopeDomain, "in.window.example", issuing.PauseLedger, []string{inWindow, outside, fresh}},
+		{issuing.ScopeDomain, "out.window.example", issuing.PauseLedger, []string{inWindow, fresh}},
+		{issuing.ScopeCA, testDirectory, issuing.PauseRateLimit, nil},
+		{issuing.ScopeRegisteredDomain, "window.example", issuing.PauseRateLimit, nil},
+		{issuing.ScopeDomain, "in.window.example", issuing.PauseRateLimit, []string{outside, fresh}},
 	} {
 		pause(tc.scope, tc.key, tc.source)
 		require.ElementsMatch(t, tc.want, claimed(), "a %s pause of %s %s", tc.source, tc.scope, tc.key)
@@ -77,8 +76,8 @@ VALUES ($1, 'in.window.example'), ($1, 'out.window.example')`, testDirectory)
 INSERT INTO certworker_ledger (directory, name, registered_domain, renewal, outcome)
 SELECT $1, n, 'window.example', false, o
 FROM unnest(ARRAY['in.window.example', 'out.window.example']) n, unnest(ARRAY['issued', 'failed_authz']) o`, testDirectory)
-	hour := queue.Limit{Count: 1, Window: time.Hour}
-	limits := queue.Limits{OrdersPerAccount: hour, CertsPerRegisteredDomain: hour, CertsPerExactSet: hour, FailedAuthzPerName: hour}
+	hour := issuing.Limit{Count: 1, Window: time.Hour}
+	limits := issuing.Limits{OrdersPerAccount: hour, CertsPerRegisteredDomain: hour, CertsPerExactSet: hour, FailedAuthzPerName: hour}
 	admitted, refused, err := b.q.Admit(b.ctx, testDirectory, limits, b.admissions(t, true))
 	require.NoError(t, err)
 	require.Len(t, admitted, 1)
@@ -105,7 +104,7 @@ func TestRecordRenewalInfo_RecordsTheWindowsStart(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, batch, 1)
 	start, end := nowSecond().Add(-time.Hour), nowSecond().Add(time.Hour)
-	_, err = b.q.RecordRenewalInfo(b.ctx, batch[0], queue.RenewalInfo{WindowStart: start, WindowEnd: end, NextIn: time.Second})
+	_, err = b.q.RecordRenewalInfo(b.ctx, batch[0], issuing.RenewalInfo{WindowStart: start, WindowEnd: end, NextIn: time.Second})
 	require.NoError(t, err)
 	var gotStart, gotEnd time.Time
 	read := func() {
@@ -121,7 +120,7 @@ SELECT ari_window_start, ari_window_end FROM proxy_certificates WHERE domain = $
 	batch, _, err = b.q.ClaimRenewalInfo(b.ctx, 1)
 	require.NoError(t, err)
 	require.Len(t, batch, 1)
-	_, err = b.q.RecordRenewalInfo(b.ctx, batch[0], queue.RenewalInfo{NextIn: time.Hour}) // a failed read
+	_, err = b.q.RecordRenewalInfo(b.ctx, batch[0], issuing.RenewalInfo{NextIn: time.Hour}) // a failed read
 	require.NoError(t, err)
 	read()
 	require.True(t, gotStart.Equal(start), "a read without a window forgot the last one's start")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -27,8 +28,8 @@ const givenUpFormat = "(given up: %s attempts, at or above --max-attempts %s; `c
 // The new ssl_error is composed here, not in SQL, so that it goes through errorText
 // like every other (the last attempt's words stay, cut to leave room for why it
 // stopped): read, then written, in one short transaction that holds the rows it read.
-func (q *Queue) FailExhausted(ctx context.Context) ([]BadRow, error) {
-	var out []BadRow
+func (q *Queue) FailExhausted(ctx context.Context) ([]issuing.BadRow, error) {
+	var out []issuing.BadRow
 	for {
 		batch, err := q.failExhausted(ctx)
 		out = append(out, batch...)
@@ -42,8 +43,8 @@ func (q *Queue) FailExhausted(ctx context.Context) ([]BadRow, error) {
 }
 
 // failExhausted is one batch of FailExhausted.
-func (q *Queue) failExhausted(ctx context.Context) ([]BadRow, error) {
-	var out []BadRow
+func (q *Queue) failExhausted(ctx context.Context) ([]issuing.BadRow, error) {
+	var out []issuing.BadRow
 	ascii := q.asciiOnly(ctx)
 	err := pgx.BeginFunc(ctx, q.db, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `
@@ -55,7 +56,7 @@ FOR UPDATE SKIP LOCKED`, q.cfg.MaxAttempts, fillBatch)
 		if err != nil {
 			return err
 		}
-		var b BadRow
+		var b issuing.BadRow
 		var last string
 		var attempts int
 		var ids, reasons []string

@@ -18,6 +18,7 @@ import (
 
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // fifoOrder is the order the claim had before issue #13: oldest attempt first, never
@@ -58,7 +59,7 @@ func claimStatement(order string) string {
 // claimWith claims up to n rows with the statement, as Queue.Claim does (every tier,
 // its first window), and returns how many it claimed.
 func claimWith(ctx context.Context, pool *pgxpool.Pool, sql string, n int) (int, error) {
-	cfg := queue.DefaultConfig()
+	cfg := issuing.DefaultConfig()
 	rows, err := pool.Query(ctx, sql, cfg.MaxAttempts, cfg.RetryBase.Seconds(), cfg.RetryMax.Seconds(),
 		"bench", cfg.Lease.Seconds(), n, testDirectory, 1, 3, n)
 	if err != nil {

@@ -5,9 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/stretchr/testify/require"
-
-	"github.com/certworker/certworker/queue"
 )
 
 // bulk inserts n domains for tenant and verifies them in one statement, as a tenant's
@@ -69,7 +68,7 @@ func TestClaim_UrgentRenewalsFirstRenewalsWithTimeToSpareLast(t *testing.T) {
 		notBefore := notAfter.Add(-90 * 24 * time.Hour)
 		_, err := b.pool.Exec(b.ctx, `
 INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_status, ssl_provider, ssl_renew_by)
-VALUES ($1, $2, 'verified', 'tok', 'active', 'acme', $3)`, tn, name, queue.RenewBy(notBefore, notAfter, time.Time{}))
+VALUES ($1, $2, 'verified', 'tok', 'active', 'acme', $3)`, tn, name, issuing.RenewBy(notBefore, notAfter, time.Time{}))
 		require.NoError(t, err)
 		_, err = b.pool.Exec(b.ctx, `UPDATE proxy_domains SET ssl_status = 'pending' WHERE domain = $1`, name)
 		require.NoError(t, err)
@@ -105,7 +104,7 @@ func TestClaim_AfterTheAccountLimitANewcomerIsNext(t *testing.T) {
 	a, newcomer := b.tenant(t), b.tenant(t)
 	b.bulk(t, a, "a", 50)
 	require.Len(t, b.claimNames(t, 10), 10)
-	_, err := b.q.Pause(b.ctx, queue.ScopeCA, testDirectory, queue.PauseLedger, time.Hour,
+	_, err := b.q.Pause(b.ctx, issuing.ScopeCA, testDirectory, issuing.PauseLedger, time.Hour,
 		"ledger: 300 new orders from the account in 3h0m0s")
 	require.NoError(t, err)
 	b.named(t, newcomer, "new.example")

@@ -4,9 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
-	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -34,92 +33,6 @@ import (
 // it is held back). Pauses are kept per CA (certworker_pauses.directory; '' is the
 // first's, written before migration 00017): nothing one CA says holds a domain back at
 // the other.
-
-// Why a claim went to the second CA (ssl_ca_cause; the label of
-// certworker_fallback_decisions_total).
-const (
-	// FallbackOutage: the first CA's outage pause (unreachable, 5xx) held the domain
-	// back for longer than --acme-fallback-after.
-	FallbackOutage = "outage"
-	// FallbackRateLimit: a rate-limit pause of the first CA did.
-	FallbackRateLimit = "rate_limit"
-	// FallbackLedger: the ledger's pause of the first CA did.
-	FallbackLedger = "ledger"
-	// FallbackRefused: the first CA refused the name for good (caa,
-	// rejectedIdentifier, unsupportedIdentifier).
-	FallbackRefused = "refused"
-	// FallbackRenewal: the certificate is the second CA's, and the first is held back.
-	FallbackRenewal = "renewal"
-)
-
-// DefaultFallbackAfter is --acme-fallback-after: long enough that a CA's hiccup (a
-// deploy, a few 5xx) or a rate limit that lifts within minutes does not spread a
-// fleet's domains over two CAs, short enough that a tenant who just clicked "verify"
-// is not kept waiting through a real outage.
-const DefaultFallbackAfter = 10 * time.Minute
-
-// Fallback is the second CA as the claim sees it.
-type Fallback struct {
-	// Directory is the second CA's ACME directory URL.
-	Directory string
-	// After is how long a domain may be held back at the first CA before the second
-	// is asked (DefaultFallbackAfter when 0).
-	After time.Duration
-}
-
-// Verdict says which CAs may be asked for a name, by directory (CAA, RFC 8659; the
-// worker's). A nil Verdict allows every CA.
-type Verdict func(directory string) bool
-
-// Allows reports whether v allows the CA at directory.
-func (v Verdict) Allows(directory string) bool { return v == nil || v(directory) }
-
-// Decision is where a claim's order goes.
-type Decision struct {
-	// Directory is the CA to order from; "" when none is asked now (Wait says why).
-	Directory string
-	// Cause is why it is the second CA (Fallback*), or "" for the first.
-	Cause string
-	// Wait: no CA may be asked now, but the first may be later (CAA forbids the
-	// second, and the first is held back): the claim goes back uncharged. With
-	// Directory "" and Wait false, no CA may ever be asked: the domain fails.
-	Wait bool
-}
-
-// Decide is where the worker sends claim c's order, whose CA the claim chose
-// (c.Directory, c.FallbackCause), given what CAA allows (allowed) and whether the
-// first CA has just refused the name for good (refused). primary is the first CA's
-// directory; fb the second, nil for none. A CA that CAA forbids, or that refused the
-// name, is never asked: the other is, if it may be, at once; when both may not, the
-// domain fails. A claim sent to the second for a hold of the first waits for the
-// first when CAA forbids the second.
-func Decide(c Claim, primary string, fb *Fallback, refused bool, allowed Verdict) Decision {
-	firstOK := !refused && allowed.Allows(primary)
-	if fb == nil {
-		if !firstOK {
-			return Decision{}
-		}
-		return Decision{Directory: primary}
-	}
-	secondOK := allowed.Allows(fb.Directory)
-	if c.Directory == fb.Directory {
-		firstOK = firstOK && c.FallbackCause != FallbackRefused
-		switch {
-		case secondOK:
-			return Decision{Directory: fb.Directory, Cause: c.FallbackCause}
-		case firstOK:
-			return Decision{Wait: true}
-		}
-		return Decision{}
-	}
-	switch {
-	case firstOK:
-		return Decision{Directory: primary}
-	case secondOK:
-		return Decision{Directory: fb.Directory, Cause: FallbackRefused}
-	}
-	return Decision{}
-}
 
 // pauseOfFirstSQL matches a pause p in force of the first CA ($7) that holds row d
 // back: the CA's own, or its pause of d's registered domain or name.
@@ -150,15 +63,15 @@ const HeldRouted = "routed"
 // end of the second's pauses that hold the row back. Every lookup is one probe of
 // certworker_pauses or of proxy_certificates, made only for the rows the claim read.
 var routeSQL = `SELECT CASE
-        WHEN d.ssl_ca_refused = $7 THEN CASE WHEN sp.until IS NOT NULL THEN 'held' ELSE '` + FallbackRefused + `' END
+        WHEN d.ssl_ca_refused = $7 THEN CASE WHEN sp.until IS NOT NULL THEN 'held' ELSE '` + issuing.FallbackRefused + `' END
         WHEN hp.source IS NULL THEN NULL
         WHEN d.ssl_ca_refused = $8 THEN 'held'
         WHEN hp.since >= now() - make_interval(secs => $9) AND NOT sc.second THEN 'held'
         WHEN sp.until IS NOT NULL THEN 'held'
-        WHEN hp.since >= now() - make_interval(secs => $9) THEN '` + FallbackRenewal + `'
-        WHEN hp.source = 'unreachable' THEN '` + FallbackOutage + `'
-        WHEN hp.source = 'rate_limit' THEN '` + FallbackRateLimit + `'
-        ELSE '` + FallbackLedger + `'
+        WHEN hp.since >= now() - make_interval(secs => $9) THEN '` + issuing.FallbackRenewal + `'
+        WHEN hp.source = 'unreachable' THEN '` + issuing.FallbackOutage + `'
+        WHEN hp.source = 'rate_limit' THEN '` + issuing.FallbackRateLimit + `'
+        ELSE '` + issuing.FallbackLedger + `'
     END AS cause,
     COALESCE(LEAST(hp.paused_until, sp.until,
                    CASE WHEN hp.since + make_interval(secs => $9) > now() THEN hp.since + make_interval(secs => $9) END),
@@ -261,28 +174,19 @@ LEFT JOIN (claimed c JOIN due t ON t.id = c.id) ON true
 ORDER BY t.rn`
 
 // fallbackArgs are the routed claim's parameters after claimSQL's seven.
-func (f *Fallback) args() []any {
+func fallbackArgs(f *issuing.Fallback) []any {
 	after := f.After
 	if after <= 0 {
-		after = DefaultFallbackAfter
+		after = issuing.DefaultFallbackAfter
 	}
 	return []any{f.Directory, seconds(after)}
 }
-
-// Why a CA refused a name (proxy_domains.ssl_ca_refused_cause).
-const (
-	// RefusedByCAA: the name's CAA records forbade the CA (the worker's own check, or
-	// the CA's caa problem). CAA that allows the CA again overrides it.
-	RefusedByCAA = "caa"
-	// RefusedByCA: the CA's own refusal (rejectedIdentifier, unsupportedIdentifier).
-	RefusedByCA = "refused"
-)
 
 // RecordRefused records, under claim c, that the CA at directory refused c's name for
 // good, and why (RefusedByCAA, RefusedByCA): from now on its orders go to the other CA
 // at once. The claim stays held (the worker hands it back, uncharged, for the next
 // claim to route).
-func (q *Queue) RecordRefused(ctx context.Context, c Claim, directory, cause string) error {
+func (q *Queue) RecordRefused(ctx context.Context, c issuing.Claim, directory, cause string) error {
 	var one int
 	err := q.db.QueryRow(ctx, `
 UPDATE proxy_domains SET ssl_ca_refused = $3, ssl_ca_refused_cause = $4
@@ -299,7 +203,7 @@ RETURNING 1`, c.ID, c.Token, directory, cause).Scan(&one)
 
 // ForgetRefused forgets, under claim c, the refusal of c's name recorded for the CA
 // at c.RefusedBy: the name's CAA records caused it, and now allow that CA.
-func (q *Queue) ForgetRefused(ctx context.Context, c Claim) error {
+func (q *Queue) ForgetRefused(ctx context.Context, c issuing.Claim) error {
 	var one int
 	err := q.db.QueryRow(ctx, `
 UPDATE proxy_domains SET ssl_ca_refused = NULL, ssl_ca_refused_cause = NULL
@@ -316,7 +220,7 @@ RETURNING 1`, c.ID, c.Token).Scan(&one)
 
 // RedirectClaim records, under claim c, that its order goes to directory for cause
 // (Decide's decision, when CAA overrides the claim's).
-func (q *Queue) RedirectClaim(ctx context.Context, c Claim, d Decision) error {
+func (q *Queue) RedirectClaim(ctx context.Context, c issuing.Claim, d issuing.Decision) error {
 	var one int
 	err := q.db.QueryRow(ctx, `
 UPDATE proxy_domains SET ssl_ca_directory = $3, ssl_ca_cause = NULLIF($4, '')
@@ -329,12 +233,4 @@ RETURNING 1`, c.ID, c.Token, d.Directory, d.Cause).Scan(&one)
 		return fmt.Errorf("record the claim's CA: %w", err)
 	}
 	return nil
-}
-
-// CAShort is a directory for logs and metrics' sake: "primary" or "fallback".
-func CAShort(directory, primary string) string {
-	if directory == "" || strings.EqualFold(directory, primary) {
-		return "primary"
-	}
-	return "fallback"
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // BenchmarkClaimRouted compares the claim of a fleet with one CA with the claim that
@@ -22,10 +23,10 @@ func BenchmarkClaimRouted(b *testing.B) {
 	for _, held := range []bool{false, true} {
 		for _, tc := range []struct {
 			name     string
-			fallback *queue.Fallback
+			fallback *issuing.Fallback
 		}{
 			{"one_CA", nil},
-			{"two_CAs", &queue.Fallback{Directory: secondDirectory, After: time.Hour}},
+			{"two_CAs", &issuing.Fallback{Directory: secondDirectory, After: time.Hour}},
 		} {
 			name := "no_pause/" + tc.name
 			if held {
@@ -36,7 +37,7 @@ func BenchmarkClaimRouted(b *testing.B) {
 	}
 }
 
-func benchClaim(b *testing.B, held bool, fb *queue.Fallback) {
+func benchClaim(b *testing.B, held bool, fb *issuing.Fallback) {
 	ctx := context.Background()
 	pool, _ := pgtest.NewPool(b)
 	for i := range 100 {
@@ -48,20 +49,20 @@ FROM generate_series(1, 100) g`, tn, strconv.Itoa(i)); err != nil {
 			b.Fatal(err)
 		}
 	}
-	q := queue.New(pool, queue.DefaultConfig())
+	q := queue.New(pool, issuing.DefaultConfig())
 	for i := range 100 {
 		if !held {
 			break
 		}
-		if _, err := q.PauseAt(ctx, testDirectory, queue.ScopeRegisteredDomain, "t"+strconv.Itoa(i)+".held.example",
-			queue.PauseRateLimit, time.Hour, "bench"); err != nil {
+		if _, err := q.PauseAt(ctx, testDirectory, issuing.ScopeRegisteredDomain, "t"+strconv.Itoa(i)+".held.example",
+			issuing.PauseRateLimit, time.Hour, "bench"); err != nil {
 			b.Fatal(err)
 		}
 	}
 	if _, err := pool.Exec(ctx, `ANALYZE`); err != nil {
 		b.Fatal(err)
 	}
-	cfg := queue.DefaultConfig()
+	cfg := issuing.DefaultConfig()
 	cfg.Fallback = fb
 	q = queue.New(pool, cfg)
 	b.ResetTimer()

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // secondDirectory is the second CA of the tests of the routed claim (issue #19).
@@ -20,15 +21,15 @@ func (b *bundle) routed(after time.Duration) *queue.Queue {
 
 // routedOn is routed on db.
 func (b *bundle) routedOn(db queue.DB, after time.Duration) *queue.Queue {
-	cfg := queue.DefaultConfig()
-	cfg.Fallback = &queue.Fallback{Directory: secondDirectory, After: after}
+	cfg := issuing.DefaultConfig()
+	cfg.Fallback = &issuing.Fallback{Directory: secondDirectory, After: after}
 	return queue.New(db, cfg)
 }
 
 // claimAll claims everything due through q and returns the claims by id.
-func (b *bundle) claimAll(t *testing.T, q *queue.Queue) map[string]queue.Claim {
+func (b *bundle) claimAll(t *testing.T, q *queue.Queue) map[string]issuing.Claim {
 	t.Helper()
-	out := map[string]queue.Claim{}
+	out := map[string]issuing.Claim{}
 	for {
 		claims, err := q.Claim(b.ctx, "test", testDirectory, 10)
 		require.NoError(t, err)
@@ -95,10 +96,10 @@ func TestClaimRouted_AnOutageLongerThanAfterSendsADomainToTheSecondCA(t *testing
 	got := b.claimAll(t, b.routed(10*time.Minute))
 	require.Len(t, got, 1, "a domain held back for less than --acme-fallback-after was claimed")
 	require.Equal(t, secondDirectory, got[long].Directory)
-	require.Equal(t, queue.FallbackOutage, got[long].FallbackCause)
+	require.Equal(t, issuing.FallbackOutage, got[long].FallbackCause)
 	dir, cause := b.decision(t, long)
 	require.Equal(t, secondDirectory, *dir)
-	require.Equal(t, queue.FallbackOutage, *cause)
+	require.Equal(t, issuing.FallbackOutage, *cause)
 
 	// The outage began 5 minutes ago: nobody goes anywhere yet.
 	b2 := setup(t)
@@ -117,7 +118,7 @@ func TestClaimRouted_ARateLimitedRegisteredDomainGoesToTheSecondCAOthersStay(t *
 	tn := b.tenant(t)
 	held := b.named(t, tn, "a.shop.example")
 	other := b.named(t, b.tenant(t), "www.elsewhere.example")
-	_, err := b.q.PauseAt(b.ctx, testDirectory, queue.ScopeRegisteredDomain, "shop.example", queue.PauseRateLimit, time.Hour, "too many")
+	_, err := b.q.PauseAt(b.ctx, testDirectory, issuing.ScopeRegisteredDomain, "shop.example", issuing.PauseRateLimit, time.Hour, "too many")
 	require.NoError(t, err)
 	b.backdate(t, held, 3600, 1200)
 	b.backdate(t, other, 3600, 1200)
@@ -125,7 +126,7 @@ func TestClaimRouted_ARateLimitedRegisteredDomainGoesToTheSecondCAOthersStay(t *
 	got := b.claimAll(t, b.routed(10*time.Minute))
 	require.Len(t, got, 2)
 	require.Equal(t, secondDirectory, got[held].Directory)
-	require.Equal(t, queue.FallbackRateLimit, got[held].FallbackCause)
+	require.Equal(t, issuing.FallbackRateLimit, got[held].FallbackCause)
 	require.Equal(t, testDirectory, got[other].Directory)
 }
 
@@ -135,7 +136,7 @@ func TestClaimRouted_OneCAsPauseDoesNotHoldADomainBackAtTheOther(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	id := b.named(t, b.tenant(t), "a.shop.example")
-	_, err := b.q.PauseAt(b.ctx, secondDirectory, queue.ScopeRegisteredDomain, "shop.example", queue.PauseRateLimit, time.Hour, "second's limit")
+	_, err := b.q.PauseAt(b.ctx, secondDirectory, issuing.ScopeRegisteredDomain, "shop.example", issuing.PauseRateLimit, time.Hour, "second's limit")
 	require.NoError(t, err)
 	b.backdate(t, id, 3600, 1200)
 	// Neither the routed claim nor a fleet's with one CA.
@@ -145,7 +146,7 @@ func TestClaimRouted_OneCAsPauseDoesNotHoldADomainBackAtTheOther(t *testing.T) {
 	require.Equal(t, testDirectory, got[id].Directory)
 
 	b.exec(t, `UPDATE proxy_domains SET ssl_status = 'pending', ssl_last_attempt_at = NULL WHERE id = $1`, id)
-	_, err = b.q.PauseAt(b.ctx, testDirectory, queue.ScopeRegisteredDomain, "shop.example", queue.PauseLedger, time.Hour, "first's ledger")
+	_, err = b.q.PauseAt(b.ctx, testDirectory, issuing.ScopeRegisteredDomain, "shop.example", issuing.PauseLedger, time.Hour, "first's ledger")
 	require.NoError(t, err)
 	b.backdate(t, id, 3600, 1200)
 	require.Empty(t, b.claimAll(t, b.routed(10*time.Minute)), "a domain both CAs hold back was claimed")
@@ -165,7 +166,7 @@ func TestClaimRouted_ARefusedNameGoesToTheOtherCAAtOnce(t *testing.T) {
 
 	got := b.claimAll(t, b.routed(time.Hour))
 	require.Equal(t, secondDirectory, got[refusedByFirst].Directory)
-	require.Equal(t, queue.FallbackRefused, got[refusedByFirst].FallbackCause)
+	require.Equal(t, issuing.FallbackRefused, got[refusedByFirst].FallbackCause)
 	require.Equal(t, testDirectory, got[refusedByFirst].RefusedBy)
 	require.Equal(t, testDirectory, got[refusedBySecond].Directory)
 	require.Equal(t, secondDirectory, got[refusedBySecond].RefusedBy)
@@ -194,11 +195,11 @@ func TestClaimRouted_ACertificateOfTheSecondCAIsRenewedByTheFirstWhenItIsFree(t 
 	require.Equal(t, secondDirectory, got[id].CertDirectory)
 
 	b.exec(t, `UPDATE proxy_domains SET ssl_status = 'pending', ssl_last_attempt_at = NULL`)
-	_, err := b.q.PauseAt(b.ctx, testDirectory, queue.ScopeCA, testDirectory, queue.PauseLedger, time.Hour, "first's ledger")
+	_, err := b.q.PauseAt(b.ctx, testDirectory, issuing.ScopeCA, testDirectory, issuing.PauseLedger, time.Hour, "first's ledger")
 	require.NoError(t, err)
 	got = b.claimAll(t, b.routed(time.Hour))
 	require.Equal(t, secondDirectory, got[id].Directory, "the first CA is held back: renewed by the second at once")
-	require.Equal(t, queue.FallbackRenewal, got[id].FallbackCause)
+	require.Equal(t, issuing.FallbackRenewal, got[id].FallbackCause)
 }
 
 // How long a hold has lasted is from its start: a pause extended while in force
@@ -215,15 +216,15 @@ func TestPause_AHoldBeginsAgainOnlyAfterItEnded(t *testing.T) {
 			testDirectory).Scan(&secs))
 		return time.Duration(secs * float64(time.Second))
 	}
-	_, err := b.q.PauseAt(b.ctx, testDirectory, queue.ScopeDomain, "a.example", queue.PauseRateLimit, time.Hour, "one")
+	_, err := b.q.PauseAt(b.ctx, testDirectory, issuing.ScopeDomain, "a.example", issuing.PauseRateLimit, time.Hour, "one")
 	require.NoError(t, err)
 	b.exec(t, `UPDATE certworker_pauses SET held_since = now() - interval '20 minutes'`)
-	_, err = b.q.PauseAt(b.ctx, testDirectory, queue.ScopeDomain, "a.example", queue.PauseRateLimit, time.Hour, "two")
+	_, err = b.q.PauseAt(b.ctx, testDirectory, issuing.ScopeDomain, "a.example", issuing.PauseRateLimit, time.Hour, "two")
 	require.NoError(t, err)
 	require.InDelta(t, (20 * time.Minute).Seconds(), since().Seconds(), 5, "extending a pause in force moved its start")
 
 	b.exec(t, `UPDATE certworker_pauses SET paused_until = now() - interval '1 second'`)
-	_, err = b.q.PauseAt(b.ctx, testDirectory, queue.ScopeDomain, "a.example", queue.PauseRateLimit, time.Hour, "three")
+	_, err = b.q.PauseAt(b.ctx, testDirectory, issuing.ScopeDomain, "a.example", issuing.PauseRateLimit, time.Hour, "three")
 	require.NoError(t, err)
 	require.Less(t, since(), 5*time.Second, "a pause written again after it ended kept the old start")
 }
@@ -234,7 +235,7 @@ func TestNextDue_WithASecondCAIsNoLaterThanTheFallback(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.domain(t, b.tenant(t), "pending", 0, nil)
-	_, err := b.q.PauseAt(b.ctx, testDirectory, queue.ScopeCA, testDirectory, queue.PauseRateLimit, time.Hour, "slow down")
+	_, err := b.q.PauseAt(b.ctx, testDirectory, issuing.ScopeCA, testDirectory, issuing.PauseRateLimit, time.Hour, "slow down")
 	require.NoError(t, err)
 	d, ok, err := b.q.NextDue(b.ctx, testDirectory)
 	require.NoError(t, err)
@@ -259,7 +260,7 @@ func TestMarkActive_RecordsTheIssuingCA(t *testing.T) {
 	id, name := b.domain(t, b.tenant(t), "pending", 0, nil)
 	c := b.claimOne(t, id)
 	now := time.Now()
-	require.NoError(t, b.markActive(c, &queue.Certificate{ChainPEM: "chain", PrivateKey: "key", NotBefore: now,
+	require.NoError(t, b.markActive(c, &issuing.Certificate{ChainPEM: "chain", PrivateKey: "key", NotBefore: now,
 		NotAfter: now.Add(90 * 24 * time.Hour), Directory: secondDirectory}))
 	require.Equal(t, []string{secondDirectory}, b.strings(t, `SELECT issuer_directory FROM proxy_certificates WHERE domain = $1`, name))
 	o, err := b.q.Overview(b.ctx)
@@ -292,8 +293,8 @@ func TestRetry_ForgetsACAsRefusal(t *testing.T) {
 // the domain fails only when both may not be.
 func TestDecide(t *testing.T) {
 	t.Parallel()
-	fb := &queue.Fallback{Directory: secondDirectory}
-	only := func(dirs ...string) queue.Verdict {
+	fb := &issuing.Fallback{Directory: secondDirectory}
+	only := func(dirs ...string) issuing.Verdict {
 		return func(d string) bool {
 			for _, x := range dirs {
 				if x == d {
@@ -303,30 +304,30 @@ func TestDecide(t *testing.T) {
 			return false
 		}
 	}
-	atFirst := queue.Claim{Directory: testDirectory}
-	atSecond := queue.Claim{Directory: secondDirectory, FallbackCause: queue.FallbackOutage}
-	refusedFirst := queue.Claim{Directory: secondDirectory, FallbackCause: queue.FallbackRefused, RefusedBy: testDirectory}
+	atFirst := issuing.Claim{Directory: testDirectory}
+	atSecond := issuing.Claim{Directory: secondDirectory, FallbackCause: issuing.FallbackOutage}
+	refusedFirst := issuing.Claim{Directory: secondDirectory, FallbackCause: issuing.FallbackRefused, RefusedBy: testDirectory}
 	for _, tc := range []struct {
 		name    string
-		c       queue.Claim
-		fb      *queue.Fallback
+		c       issuing.Claim
+		fb      *issuing.Fallback
 		refused bool
-		allowed queue.Verdict
-		want    queue.Decision
+		allowed issuing.Verdict
+		want    issuing.Decision
 	}{
-		{"first, anything allowed", atFirst, fb, false, nil, queue.Decision{Directory: testDirectory}},
-		{"second for an outage", atSecond, fb, false, nil, queue.Decision{Directory: secondDirectory, Cause: queue.FallbackOutage}},
-		{"first refused: second at once", atFirst, fb, true, nil, queue.Decision{Directory: secondDirectory, Cause: queue.FallbackRefused}},
-		{"CAA forbids the first: second at once", atFirst, fb, false, only(secondDirectory), queue.Decision{Directory: secondDirectory, Cause: queue.FallbackRefused}},
-		{"CAA allows the first only: it waits for the first", atSecond, fb, false, only(testDirectory), queue.Decision{Wait: true}},
-		{"CAA allows neither", atFirst, fb, false, only(), queue.Decision{}},
-		{"first refused, CAA forbids the second", atFirst, fb, true, only(testDirectory), queue.Decision{}},
-		{"refused by the first before, CAA forbids the second", refusedFirst, fb, false, only(testDirectory), queue.Decision{}},
-		{"one CA, refused", atFirst, nil, true, nil, queue.Decision{}},
-		{"one CA", atFirst, nil, false, nil, queue.Decision{Directory: testDirectory}},
+		{"first, anything allowed", atFirst, fb, false, nil, issuing.Decision{Directory: testDirectory}},
+		{"second for an outage", atSecond, fb, false, nil, issuing.Decision{Directory: secondDirectory, Cause: issuing.FallbackOutage}},
+		{"first refused: second at once", atFirst, fb, true, nil, issuing.Decision{Directory: secondDirectory, Cause: issuing.FallbackRefused}},
+		{"CAA forbids the first: second at once", atFirst, fb, false, only(secondDirectory), issuing.Decision{Directory: secondDirectory, Cause: issuing.FallbackRefused}},
+		{"CAA allows the first only: it waits for the first", atSecond, fb, false, only(testDirectory), issuing.Decision{Wait: true}},
+		{"CAA allows neither", atFirst, fb, false, only(), issuing.Decision{}},
+		{"first refused, CAA forbids the second", atFirst, fb, true, only(testDirectory), issuing.Decision{}},
+		{"refused by the first before, CAA forbids the second", refusedFirst, fb, false, only(testDirectory), issuing.Decision{}},
+		{"one CA, refused", atFirst, nil, true, nil, issuing.Decision{}},
+		{"one CA", atFirst, nil, false, nil, issuing.Decision{Directory: testDirectory}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			require.Equal(t, tc.want, queue.Decide(tc.c, testDirectory, tc.fb, tc.refused, tc.allowed))
+			require.Equal(t, tc.want, issuing.Decide(tc.c, testDirectory, tc.fb, tc.refused, tc.allowed))
 		})
 	}
 }
@@ -370,10 +371,10 @@ func TestNextDue_WithASecondCAIsExactWithTheSecondsPauses(t *testing.T) {
 	b := setup(t)
 	tn := b.tenant(t)
 	id, _ := b.domain(t, tn, "pending", 0, nil)
-	_, err := b.q.PauseAt(b.ctx, testDirectory, queue.ScopeCA, testDirectory, queue.PauseRateLimit, time.Hour, "slow down")
+	_, err := b.q.PauseAt(b.ctx, testDirectory, issuing.ScopeCA, testDirectory, issuing.PauseRateLimit, time.Hour, "slow down")
 	require.NoError(t, err)
 	b.backdate(t, id, 3600, 3600)
-	_, err = b.q.PauseAt(b.ctx, secondDirectory, queue.ScopeCA, secondDirectory, queue.PauseRateLimit, 10*time.Minute, "slow down too")
+	_, err = b.q.PauseAt(b.ctx, secondDirectory, issuing.ScopeCA, secondDirectory, issuing.PauseRateLimit, 10*time.Minute, "slow down too")
 	require.NoError(t, err)
 	q := b.routed(2 * time.Minute)
 	require.Empty(t, b.claimAll(t, q), "a row both CAs hold back was claimed")
@@ -387,6 +388,6 @@ func TestNextDue_WithASecondCAIsExactWithTheSecondsPauses(t *testing.T) {
 	d, ok, err = q.NextDue(b.ctx, testDirectory)
 	require.NoError(t, err)
 	require.True(t, ok)
-	want := queue.DefaultConfig().Backoff(3)
+	want := issuing.DefaultConfig().Backoff(3)
 	require.InDelta(t, want.Seconds(), d.Seconds(), 5, "the row's own backoff")
 }

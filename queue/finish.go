@@ -7,6 +7,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -93,12 +94,12 @@ func leaseEndSQL(x, lease string) string {
 //
 // Nothing is written when the claim is no longer held (ErrClaimLost) or the domain is
 // no longer an ACME domain (ErrNotACME; Disown drops the claim).
-func (q *Queue) MarkActive(ctx context.Context, c Claim, cert *Certificate) (time.Duration, error) {
+func (q *Queue) MarkActive(ctx context.Context, c issuing.Claim, cert *issuing.Certificate) (time.Duration, error) {
 	renewAt := cert.RenewAt
 	if renewAt.IsZero() {
 		// An issuer that gave no renewal time must not make the certificate due at
 		// once (and on every pass after).
-		renewAt = RenewAtFromValidity(cert.NotBefore, cert.NotAfter)
+		renewAt = issuing.RenewAtFromValidity(cert.NotBefore, cert.NotAfter)
 	}
 	var renewIn float64
 	sql, args := markActiveStatement(c, cert, renewAt, nullString(q.errorText(ctx, c.Notice)))
@@ -114,7 +115,7 @@ func (q *Queue) MarkActive(ctx context.Context, c Claim, cert *Certificate) (tim
 
 // markActiveStatement is MarkActive's statement and its arguments: notice is what
 // ssl_error says once the certificate is stored (NULL for nothing).
-func markActiveStatement(c Claim, cert *Certificate, renewAt time.Time, notice *string) (string, []any) {
+func markActiveStatement(c issuing.Claim, cert *issuing.Certificate, renewAt time.Time, notice *string) (string, []any) {
 	return `
 WITH d AS (
     UPDATE proxy_domains SET
@@ -122,7 +123,7 @@ WITH d AS (
         ssl_last_attempt_at = CASE WHEN ` + profileMovedOnSQL + ` THEN NULL ELSE ssl_last_attempt_at END,
         ssl_expires_at = $3, ssl_attempts = 0,
         ssl_error = CASE WHEN ssl_profile = $14
-                         THEN CASE WHEN ssl_error LIKE '` + ProfilePrefix + `%' THEN ssl_error ELSE $15 END END,
+                         THEN CASE WHEN ssl_error LIKE '` + issuing.ProfilePrefix + `%' THEN ssl_error ELSE $15 END END,
         ssl_profile_refused = CASE WHEN ssl_profile = $14 THEN $14 END,
         ssl_ca_refused = NULL, ssl_ca_refused_cause = NULL,
         ssl_renew_by = $10, updated_at = now(), ` + releaseClaimSQL + `
@@ -145,7 +146,7 @@ WITH d AS (
 )
 SELECT ` + secondsUntilSQL("renew_at") + ` FROM c`, []any{
 			c.ID, c.Token, cert.NotAfter, cert.ChainPEM, cert.PrivateKey, cert.NotBefore,
-			cert.Issuer, cert.Serial, renewAt, RenewBy(cert.NotBefore, cert.NotAfter, cert.WindowEnd),
+			cert.Issuer, cert.Serial, renewAt, issuing.RenewBy(cert.NotBefore, cert.NotAfter, cert.WindowEnd),
 			nullTime(cert.WindowEnd), nullSeconds(cert.RenewalInfoIn), nullString(cert.Profile),
 			nullString(c.ProfileRefused), notice, nullTime(cert.WindowStart), nullString(cert.Directory)}
 }
@@ -158,17 +159,6 @@ SELECT ` + secondsUntilSQL("renew_at") + ` FROM c`, []any{
 const profileMovedOnSQL = `(ssl_profile IS NOT NULL AND $13::text IS NOT NULL AND ssl_profile <> $13::text
           AND ssl_profile IS DISTINCT FROM $14::text
           AND COALESCE((SELECT x.auto_renew FROM proxy_certificates x WHERE x.domain = proxy_domains.domain), true))`
-
-// RenewBy is when a renewal of a certificate becomes urgent (CONTRACT.md §5): when a
-// fifth of its lifetime is left, or at the end of the CA's renewal window if that comes
-// first. A renewal past it is served before first issuances.
-func RenewBy(notBefore, notAfter, windowEnd time.Time) time.Time {
-	by := notAfter.Add(-notAfter.Sub(notBefore) / 5)
-	if !windowEnd.IsZero() && windowEnd.Before(by) {
-		return windowEnd
-	}
-	return by
-}
 
 // nullSeconds is d in seconds, or NULL for 0.
 func nullSeconds(d time.Duration) *float64 {
@@ -197,7 +187,7 @@ func nullTime(t time.Time) *time.Time {
 // whyNotHeld tells a lost claim (ErrClaimLost) from a row that is no longer an ACME
 // domain (ErrNotACME), still held by the claim or with its claim dropped by the
 // switch, after a finishing write matched nothing.
-func (q *Queue) whyNotHeld(ctx context.Context, c Claim) error {
+func (q *Queue) whyNotHeld(ctx context.Context, c issuing.Claim) error {
 	// The provider first: a switch away from acme drops the claim with it (the
 	// trigger certworker_provider_switched), and the reason to give is the switch.
 	var provider string
@@ -206,35 +196,24 @@ SELECT ssl_provider FROM proxy_domains WHERE id = $1 AND (ssl_claim_token = $2 O
 		c.ID, c.Token).Scan(&provider)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return ErrClaimLost
+		return issuing.ErrClaimLost
 	case err != nil:
 		return fmt.Errorf("read claim: %w", err)
 	case provider != "acme":
-		return ErrNotACME
+		return issuing.ErrNotACME
 	}
-	return ErrClaimLost
+	return issuing.ErrClaimLost
 }
 
 // Disown drops this claim from a row that is no longer an ACME domain, leaving its
 // state to whoever changed the provider. It reports whether the claim was still held.
-func (q *Queue) Disown(ctx context.Context, c Claim) (bool, error) {
+func (q *Queue) Disown(ctx context.Context, c issuing.Claim) (bool, error) {
 	tag, err := q.db.Exec(ctx, `
 UPDATE proxy_domains SET `+releaseClaimSQL+` WHERE id = $1 AND ssl_claim_token = $2`, c.ID, c.Token)
 	if err != nil {
 		return false, fmt.Errorf("disown claim: %w", err)
 	}
 	return tag.RowsAffected() > 0, nil
-}
-
-// Failure is what MarkFailed recorded.
-type Failure struct {
-	// Attempts is the new count.
-	Attempts int
-	// GaveUp: the domain reached the limit and is now 'failed'.
-	GaveUp bool
-	// RetryIn is the time until the backoff runs out, on the database's clock (0 when
-	// it gave up).
-	RetryIn time.Duration
 }
 
 // MarkFailed records a failure: ssl_error, one more attempt, and back to 'pending', or
@@ -246,8 +225,8 @@ type Failure struct {
 // backoff, which the worker's timer covers, so the wake trigger keeps quiet; and out
 // of line (ssl_held 'backoff'), so that no claim reads it before ReturnHeld brings
 // it back.
-func (q *Queue) MarkFailed(ctx context.Context, c Claim, reason string) (Failure, error) {
-	var f Failure
+func (q *Queue) MarkFailed(ctx context.Context, c issuing.Claim, reason string) (issuing.Failure, error) {
+	var f issuing.Failure
 	var status string
 	var retryIn float64
 	err := q.quietly(ctx, `
@@ -305,7 +284,7 @@ func (q *Queue) quietly(ctx context.Context, sql string, args []any, dest ...any
 // MarkPermanent fails a domain at once, whatever its attempts: a name no CA can issue
 // for, a CA's refusal that no retry changes (CONTRACT.md §5). reason is stored as
 // ssl_error; the attempt is counted.
-func (q *Queue) MarkPermanent(ctx context.Context, c Claim, reason string) error {
+func (q *Queue) MarkPermanent(ctx context.Context, c issuing.Claim, reason string) error {
 	tag, err := q.db.Exec(ctx, `
 UPDATE proxy_domains SET
     ssl_status = 'failed', ssl_error = $3,
@@ -330,7 +309,7 @@ WHERE `+heldSQL, c.ID, c.Token, q.errorText(ctx, reason))
 // claimable set), unless quiet: a hand-back because of a pause is for nobody, since
 // the claim will not take the row before the pause ends, and a fleet handing back its
 // orders at once would wake every instance for nothing.
-func (q *Queue) Release(ctx context.Context, c Claim, quiet bool) error {
+func (q *Queue) Release(ctx context.Context, c issuing.Claim, quiet bool) error {
 	sql := `
 UPDATE proxy_domains SET
     ssl_status = 'pending', ssl_last_attempt_at = ssl_claim_prev_attempt_at, updated_at = now(),

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // sslRow is a domain's SSL state and claim columns, as stored.
@@ -99,17 +100,17 @@ func mintPEM(t *testing.T, name string, notBefore, notAfter time.Time) (string, 
 
 // mintCertificate is what an issuer without ARI hands back for name: a certificate
 // valid from notBefore to notAfter, renewed by RenewAtFromValidity.
-func mintCertificate(t *testing.T, name string, notBefore, notAfter time.Time) *queue.Certificate {
+func mintCertificate(t *testing.T, name string, notBefore, notAfter time.Time) *issuing.Certificate {
 	t.Helper()
 	chain, leaf := mintPEM(t, name, notBefore, notAfter)
-	return &queue.Certificate{
+	return &issuing.Certificate{
 		ChainPEM:   chain,
 		PrivateKey: "-----BEGIN PRIVATE KEY-----\nnot a real key " + uuid.NewString() + "\n-----END PRIVATE KEY-----\n",
 		NotBefore:  leaf.NotBefore,
 		NotAfter:   leaf.NotAfter,
 		Issuer:     leaf.Issuer.String(),
 		Serial:     leaf.SerialNumber.Text(16),
-		RenewAt:    queue.RenewAtFromValidity(leaf.NotBefore, leaf.NotAfter),
+		RenewAt:    issuing.RenewAtFromValidity(leaf.NotBefore, leaf.NotAfter),
 	}
 }
 
@@ -172,7 +173,7 @@ func TestMarkActive_WithALostClaimWritesNoCertificate(t *testing.T) {
 	now := nowSecond()
 
 	err := b.markActive(stale, mintCertificate(t, name, now, now.Add(90*24*time.Hour)))
-	require.ErrorIs(t, err, queue.ErrClaimLost)
+	require.ErrorIs(t, err, issuing.ErrClaimLost)
 
 	require.Empty(t, b.certRows(t, name), "a certificate was stored by a claim that no longer holds the row")
 	r := b.sslRow(t, id)
@@ -199,7 +200,7 @@ func TestMarkActive_ACertificateThatCannotBeStoredLeavesTheDomainUntouched(t *te
 	// The failure must be the certificate's, after the domain's update succeeded, or
 	// this test proves nothing about the transaction.
 	require.ErrorContains(t, err, "store certificate")
-	require.NotErrorIs(t, err, queue.ErrClaimLost)
+	require.NotErrorIs(t, err, issuing.ErrClaimLost)
 
 	require.Empty(t, b.certRows(t, name))
 	r := b.sslRow(t, id)
@@ -287,7 +288,7 @@ func TestMarkFailed_GivesUpAtTheLimit(t *testing.T) {
 
 	f, err := b.q.MarkFailed(b.ctx, c, "unauthorized: 404 for the challenge")
 	require.NoError(t, err)
-	require.Equal(t, queue.Failure{Attempts: 10, GaveUp: true, RetryIn: 0}, f)
+	require.Equal(t, issuing.Failure{Attempts: 10, GaveUp: true, RetryIn: 0}, f)
 
 	r := b.sslRow(t, id)
 	require.Equal(t, "failed", r.Status)
@@ -303,7 +304,7 @@ func TestMarkFailed_GivesUpAtTheLimit(t *testing.T) {
 func TestMarkFailed_GivesUpAtTheConfiguredLimit(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	cfg := queue.DefaultConfig()
+	cfg := issuing.DefaultConfig()
 	cfg.MaxAttempts = 2
 	q := queue.New(b.pool, cfg)
 	tn := b.tenant(t)
@@ -361,14 +362,14 @@ func TestMarkFailed_WithAStaleTokenReturnsErrClaimLostAndChangesNothing(t *testi
 	before := b.sslRow(t, id)
 
 	_, err = b.q.MarkFailed(b.ctx, old, "late failure")
-	require.ErrorIs(t, err, queue.ErrClaimLost)
+	require.ErrorIs(t, err, issuing.ErrClaimLost)
 	require.Equal(t, before, b.sslRow(t, id), "a stale claim changed the row")
 
 	// A token that never held the row at all, likewise.
 	wrong := current
 	wrong.Token = uuid.NewString()
 	_, err = b.q.MarkFailed(b.ctx, wrong, "wrong token")
-	require.ErrorIs(t, err, queue.ErrClaimLost)
+	require.ErrorIs(t, err, issuing.ErrClaimLost)
 	require.Equal(t, before, b.sslRow(t, id), "a wrong token changed the row")
 
 	// The current claim is unaffected.
@@ -383,7 +384,7 @@ func TestMarkInvalid_FailsTheDomainAtOnceWithTheReason(t *testing.T) {
 	b := setup(t)
 	id, _ := b.domain(t, b.tenant(t), "pending", 0, nil)
 	c := b.claimOne(t, id)
-	reason := queue.InvalidDomainPrefix + "trailing dot"
+	reason := issuing.InvalidDomainPrefix + "trailing dot"
 
 	require.NoError(t, b.q.MarkPermanent(b.ctx, c, reason))
 
@@ -397,7 +398,7 @@ func TestMarkInvalid_FailsTheDomainAtOnceWithTheReason(t *testing.T) {
 	require.False(t, b.claimsInclude(t, id))
 
 	// And a stale claim cannot fail someone else's order.
-	require.ErrorIs(t, b.q.MarkPermanent(b.ctx, c, reason), queue.ErrClaimLost)
+	require.ErrorIs(t, b.q.MarkPermanent(b.ctx, c, reason), issuing.ErrClaimLost)
 }
 
 // A hand-back (shutdown, CA rate limit) costs the domain nothing: no attempt, and
@@ -469,7 +470,7 @@ func TestRelease_WakesTheOtherInstancesUnlessQuiet(t *testing.T) {
 	require.Equal(t, 2, r.Attempts, "a quiet hand-back was charged")
 
 	// A hand-back of a claim already gone changes nothing and wakes nobody.
-	n = b.notifications(t, func() { require.ErrorIs(t, b.q.Release(b.ctx, c, false), queue.ErrClaimLost) })
+	n = b.notifications(t, func() { require.ErrorIs(t, b.q.Release(b.ctx, c, false), issuing.ErrClaimLost) })
 	require.Zero(t, n)
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -34,7 +35,7 @@ type bundle struct {
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	pool, dsn := pgtest.NewPool(t)
-	return &bundle{ctx: context.Background(), pool: pool, dsn: dsn, q: queue.New(pool, queue.DefaultConfig())}
+	return &bundle{ctx: context.Background(), pool: pool, dsn: dsn, q: queue.New(pool, issuing.DefaultConfig())}
 }
 
 // tenant inserts a tenant to hang domains off.
@@ -101,7 +102,7 @@ func (b *bundle) status(t *testing.T, id string) string {
 }
 
 // claimOne claims the one due domain, which must be id.
-func (b *bundle) claimOne(t *testing.T, id string) queue.Claim {
+func (b *bundle) claimOne(t *testing.T, id string) issuing.Claim {
 	t.Helper()
 	claims, err := b.q.Claim(b.ctx, "test", testDirectory, 10)
 	require.NoError(t, err)
@@ -111,7 +112,7 @@ func (b *bundle) claimOne(t *testing.T, id string) queue.Claim {
 }
 
 // markActive stores cert under claim c, for tests that do not look at the renewal delay.
-func (b *bundle) markActive(c queue.Claim, cert *queue.Certificate) error {
+func (b *bundle) markActive(c issuing.Claim, cert *issuing.Certificate) error {
 	_, err := b.q.MarkActive(b.ctx, c, cert)
 	return err
 }

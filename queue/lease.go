@@ -2,9 +2,10 @@ package queue
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
+
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // Leases is what Heartbeat found of the claims it was given, by token.
@@ -62,11 +63,6 @@ func (q *Queue) Heartbeat(ctx context.Context, tokens []string) (Leases, error) 
 	return l, nil
 }
 
-// ErrClaimBusy: ConfirmClaim found the claim held and unexpired, but another
-// transaction had the row locked (the proxy's open write), so it could not renew the
-// lease this time.
-var ErrClaimBusy = errors.New("the claim's row is locked by another transaction: lease not renewed")
-
 // ConfirmClaim renews the lease of the claim with this token, as Heartbeat does, and
 // returns how much of the lease is left on the database's clock once the statement
 // has run. It is the check before a step that cannot be taken back (a finalize, which
@@ -85,13 +81,13 @@ func (q *Queue) ConfirmClaim(ctx context.Context, token string) (time.Duration, 
 	}
 	switch {
 	case len(rows) == 0:
-		return 0, ErrClaimLost
+		return 0, issuing.ErrClaimLost
 	case rows[0].renewed:
 		return rows[0].left, nil
 	case rows[0].unexpired:
-		return 0, ErrClaimBusy
+		return 0, issuing.ErrClaimBusy
 	}
-	return 0, fmt.Errorf("confirm the claim: the lease had run out: %w", ErrLeaseDeadline)
+	return 0, fmt.Errorf("confirm the claim: the lease had run out: %w", issuing.ErrLeaseDeadline)
 }
 
 // leaseRow is what renewLeases found of one claim still on its row.

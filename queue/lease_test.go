@@ -5,9 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/stretchr/testify/require"
-
-	"github.com/certworker/certworker/queue"
 )
 
 // A lease that ran out is not renewed, even though nobody took the row (issue #17).
@@ -42,7 +41,7 @@ func TestHeartbeat_DoesNotRenewALeaseThatRanOut(t *testing.T) {
 	require.Len(t, got, 1)
 	require.Equal(t, expiredID, got[0].ID)
 	// Its holder, handing it back now, finds it gone.
-	require.ErrorIs(t, b.q.Release(b.ctx, expired, false), queue.ErrClaimLost)
+	require.ErrorIs(t, b.q.Release(b.ctx, expired, false), issuing.ErrClaimLost)
 }
 
 // One row held by another transaction (the proxy's open write to that domain) does
@@ -101,14 +100,14 @@ func TestConfirmClaim_RenewsAHeldClaimAndRefusesTheRest(t *testing.T) {
 	_, err = b.pool.Exec(b.ctx, `UPDATE proxy_domains SET ssl_status = 'pending', ssl_claim_token = NULL, ssl_lease_expires_at = NULL WHERE id = $1`, lostID)
 	require.NoError(t, err)
 	_, err = b.q.ConfirmClaim(b.ctx, lost.Token)
-	require.ErrorIs(t, err, queue.ErrClaimLost)
+	require.ErrorIs(t, err, issuing.ErrClaimLost)
 
 	expiredID, _ := b.domain(t, tn, "pending", 0, nil)
 	expired := b.claimOne(t, expiredID)
 	_, err = b.pool.Exec(b.ctx, `UPDATE proxy_domains SET ssl_lease_expires_at = now() - interval '1 second' WHERE id = $1`, expiredID)
 	require.NoError(t, err)
 	_, err = b.q.ConfirmClaim(b.ctx, expired.Token)
-	require.ErrorIs(t, err, queue.ErrLeaseDeadline)
+	require.ErrorIs(t, err, issuing.ErrLeaseDeadline)
 
 	lockedID, _ := b.domain(t, tn, "pending", 0, nil)
 	locked := b.claimOne(t, lockedID)
@@ -116,7 +115,7 @@ func TestConfirmClaim_RenewsAHeldClaimAndRefusesTheRest(t *testing.T) {
 	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
 	defer cancel()
 	_, err = b.q.ConfirmClaim(ctx, locked.Token)
-	require.ErrorIs(t, err, queue.ErrClaimBusy)
+	require.ErrorIs(t, err, issuing.ErrClaimBusy)
 }
 
 // lockRow holds the domain's row locked in a transaction of its own, as the proxy's
@@ -136,25 +135,25 @@ func lockRow(t *testing.T, b *bundle, id string) {
 func TestDeadline_RunsALeaseLessTheMarginFromTheLastSend(t *testing.T) {
 	t.Parallel()
 	const lease = 3 * time.Second
-	require.Equal(t, 150*time.Millisecond, queue.LeaseMargin(lease))
+	require.Equal(t, 150*time.Millisecond, issuing.LeaseMargin(lease))
 	sent := time.Now()
-	d := queue.NewDeadline(sent, lease)
-	require.Equal(t, sent.Add(lease-queue.LeaseMargin(lease)), d.At())
+	d := issuing.NewDeadline(sent, lease)
+	require.Equal(t, sent.Add(lease-issuing.LeaseMargin(lease)), d.At())
 	require.NoError(t, d.Check())
 
 	d.Renewed(sent.Add(time.Second))
-	require.Equal(t, sent.Add(time.Second+lease-queue.LeaseMargin(lease)), d.At())
+	require.Equal(t, sent.Add(time.Second+lease-issuing.LeaseMargin(lease)), d.At())
 	d.Renewed(sent) // an older renewal answering late
-	require.Equal(t, sent.Add(time.Second+lease-queue.LeaseMargin(lease)), d.At())
+	require.Equal(t, sent.Add(time.Second+lease-issuing.LeaseMargin(lease)), d.At())
 
-	past := queue.NewDeadline(time.Now().Add(-lease), lease)
-	require.ErrorIs(t, past.Check(), queue.ErrLeaseDeadline)
+	past := issuing.NewDeadline(time.Now().Add(-lease), lease)
+	require.ErrorIs(t, past.Check(), issuing.ErrLeaseDeadline)
 	ctx, cancel := past.Bound(context.Background())
 	defer cancel()
 	<-ctx.Done()
-	require.ErrorIs(t, context.Cause(ctx), queue.ErrLeaseDeadline)
+	require.ErrorIs(t, context.Cause(ctx), issuing.ErrLeaseDeadline)
 
-	var none *queue.Deadline
+	var none *issuing.Deadline
 	require.NoError(t, none.Check())
 	ctx, cancel = none.Bound(context.Background())
 	require.NoError(t, ctx.Err())
@@ -166,7 +165,7 @@ func TestDeadline_RunsALeaseLessTheMarginFromTheLastSend(t *testing.T) {
 func TestDeadline_BoundFollowsRenewals(t *testing.T) {
 	t.Parallel()
 	const lease = time.Second
-	d := queue.NewDeadline(time.Now(), lease)
+	d := issuing.NewDeadline(time.Now(), lease)
 	ctx, cancel := d.Bound(context.Background())
 	defer cancel()
 	first := d.At()
@@ -177,7 +176,7 @@ func TestDeadline_BoundFollowsRenewals(t *testing.T) {
 	case <-time.After(time.Until(first) + 300*time.Millisecond):
 	}
 	<-ctx.Done()
-	require.ErrorIs(t, context.Cause(ctx), queue.ErrLeaseDeadline)
+	require.ErrorIs(t, context.Cause(ctx), issuing.ErrLeaseDeadline)
 	require.False(t, time.Now().Before(d.At()), "the bound ended before the deadline")
 }
 
@@ -186,18 +185,18 @@ func TestDeadline_BoundFollowsRenewals(t *testing.T) {
 // shutdown expires an order it hands back itself).
 func TestDeadline_ExpireEndsItForGood(t *testing.T) {
 	t.Parallel()
-	d := queue.NewDeadline(time.Now(), time.Hour)
+	d := issuing.NewDeadline(time.Now(), time.Hour)
 	ctx, cancel := d.Bound(context.Background())
 	defer cancel()
 	require.NoError(t, d.Check())
 	d.Expire()
-	require.ErrorIs(t, d.Check(), queue.ErrLeaseDeadline)
+	require.ErrorIs(t, d.Check(), issuing.ErrLeaseDeadline)
 	select {
 	case <-ctx.Done():
-		require.ErrorIs(t, context.Cause(ctx), queue.ErrLeaseDeadline)
+		require.ErrorIs(t, context.Cause(ctx), issuing.ErrLeaseDeadline)
 	case <-time.After(10 * time.Second):
 		t.Fatal("a wait bound by the deadline did not end")
 	}
 	d.Renewed(time.Now())
-	require.ErrorIs(t, d.Check(), queue.ErrLeaseDeadline, "a renewal brought an expired deadline back")
+	require.ErrorIs(t, d.Check(), issuing.ErrLeaseDeadline, "a renewal brought an expired deadline back")
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -52,28 +53,9 @@ import (
 // account and certificates per registered domain, and no ledger pause of those holds
 // it back.
 
-// The outcomes of a ledger row (certworker_ledger.outcome).
-const (
-	// LedgerPending: the order is in flight; it counts as a certificate.
-	LedgerPending = "pending"
-	// LedgerIssued: the certificate was issued.
-	LedgerIssued = "issued"
-	// LedgerFailed: the order reached the CA and failed (counts as an order only).
-	LedgerFailed = "failed"
-	// LedgerFailedAuthz: the order's authorization failed at the CA.
-	LedgerFailedAuthz = "failed_authz"
-	// LedgerNotSent: nothing reached the CA that it counts (a preflight that
-	// failed, a new order it refused).
-	LedgerNotSent = "not_sent"
-	// LedgerUnknown: the order outlived any order without its end being recorded
-	// (its instance died, or could not write it). It counts as the CA may have
-	// counted it: as an order and a certificate (SettleStaleLedger).
-	LedgerUnknown = "unknown"
-)
-
 // Admission is a claim the ledger is asked about before its order.
 type Admission struct {
-	Claim Claim
+	Claim issuing.Claim
 	// Name is the name to order (CheckName's), RegisteredDomain its registered
 	// domain (RegisteredDomain).
 	Name, RegisteredDomain string
@@ -89,7 +71,7 @@ type Admission struct {
 
 // Refusal is a claim the ledger refused: handed back uncharged, with why.
 type Refusal struct {
-	Claim  Claim
+	Claim  issuing.Claim
 	Reason string
 }
 
@@ -120,7 +102,7 @@ type ledgerKey struct{ kind, key string }
 // ErrCommitUnknown: then the claims' rows may be there, and the caller, which places
 // none of their orders, settles them as not sent (LedgerNotSent) once it can; a
 // token without a row is matched by nothing.
-func (q *Queue) Admit(ctx context.Context, directory string, limits Limits, as []Admission) (admitted []Claim, refused []Refusal, err error) {
+func (q *Queue) Admit(ctx context.Context, directory string, limits issuing.Limits, as []Admission) (admitted []issuing.Claim, refused []Refusal, err error) {
 	as, err = q.knownRenewals(ctx, directory, as)
 	if err != nil {
 		return nil, nil, fmt.Errorf("ledger: %w", err)
@@ -272,14 +254,6 @@ const (
 	ledgerRetryPause = 50 * time.Millisecond
 )
 
-var (
-	// ErrLedgerBusy: the ledger's lock could not be taken before the context ended.
-	ErrLedgerBusy = errors.New("the ledger's lock is held by another session")
-	// ErrCommitUnknown: the COMMIT of a ledger transaction failed, which may mean its
-	// answer was lost after it went through: what it recorded may or may not be there.
-	ErrCommitUnknown = errors.New("commit of the ledger's transaction may or may not have gone through")
-)
-
 // inLedger runs fn in a transaction that holds the ledger's lock of directory, a
 // transaction-scoped advisory lock every instance takes to read and write the ledger
 // and its pauses. The lock is waited for ledgerLockWait at a time (lock_timeout for
@@ -296,7 +270,7 @@ func (q *Queue) inLedger(ctx context.Context, directory string, fn func(pgx.Tx) 
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("%w (%d tries of %s): %w", ErrLedgerBusy, try, ledgerLockWait, err)
+			return fmt.Errorf("%w (%d tries of %s): %w", issuing.ErrLedgerBusy, try, ledgerLockWait, err)
 		case <-t.C:
 		}
 	}
@@ -329,7 +303,7 @@ func (q *Queue) ledgerTx(ctx context.Context, directory string, fn func(pgx.Tx) 
 		return locked, err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return true, fmt.Errorf("%w: %w", ErrCommitUnknown, err)
+		return true, fmt.Errorf("%w: %w", issuing.ErrCommitUnknown, err)
 	}
 	return true, nil
 }
@@ -357,7 +331,7 @@ func milliseconds(d time.Duration) string {
 }
 
 // ledgerCounts reads, for every limit that is on, what counts for the keys of as.
-func ledgerCounts(ctx context.Context, tx pgx.Tx, directory string, l Limits, as []Admission) (map[ledgerKey]ledgerCount, error) {
+func ledgerCounts(ctx context.Context, tx pgx.Tx, directory string, l issuing.Limits, as []Admission) (map[ledgerKey]ledgerCount, error) {
 	var rds, names []string
 	for _, a := range as {
 		rds, names = append(rds, a.RegisteredDomain), append(names, a.Name)
@@ -380,8 +354,8 @@ SELECT 'failed_authz', name, count(*), min(at) + make_interval(secs => $7) FROM 
  WHERE $7 > 0 AND directory = $1 AND name = ANY($6) AND at > now() - make_interval(secs => $7)
    AND outcome = 'failed_authz'
  GROUP BY name`,
-		directory, seconds(l.OrdersPerAccount.window()), seconds(l.CertsPerRegisteredDomain.window()), rds,
-		seconds(l.CertsPerExactSet.window()), names, seconds(l.FailedAuthzPerName.window()))
+		directory, seconds(l.OrdersPerAccount.ActiveWindow()), seconds(l.CertsPerRegisteredDomain.ActiveWindow()), rds,
+		seconds(l.CertsPerExactSet.ActiveWindow()), names, seconds(l.FailedAuthzPerName.ActiveWindow()))
 	if err != nil {
 		return nil, fmt.Errorf("count orders: %w", err)
 	}
@@ -400,7 +374,7 @@ SELECT 'failed_authz', name, count(*), min(at) + make_interval(secs => $7) FROM 
 
 // ledgerDecision applies the limits to a batch, counting what it admits.
 type ledgerDecision struct {
-	limits    Limits
+	limits    issuing.Limits
 	directory string
 	counts    map[ledgerKey]ledgerCount
 	rows      []Admission
@@ -411,13 +385,13 @@ type ledgerDecision struct {
 // checks are the limits that apply to a, with their keys and flags.
 func (d *ledgerDecision) checks(a Admission) []struct {
 	k     ledgerKey
-	limit Limit
+	limit issuing.Limit
 	flag  string
 	what  string
 } {
 	type check = struct {
 		k     ledgerKey
-		limit Limit
+		limit issuing.Limit
 		flag  string
 		what  string
 	}
@@ -474,10 +448,10 @@ func (d *ledgerDecision) markFull(k ledgerKey, why string) {
 	d.full[k] = why
 }
 
-// window is the window of a limit kind.
+// Window is the window of a limit kind.
 func (d *ledgerDecision) window(kind string) time.Duration {
 	switch kind {
-	case "account", ScopeTenant:
+	case "account", issuing.ScopeTenant:
 		return d.limits.OrdersPerAccount.Window
 	case "registered_domain":
 		return d.limits.CertsPerRegisteredDomain.Window
@@ -507,14 +481,14 @@ UPDATE proxy_domains SET
 WHERE `+heldSQL, r.Claim.ID, r.Claim.Token)
 	}
 	for k, why := range d.full {
-		scope, key := ScopeDomain, k.key
+		scope, key := issuing.ScopeDomain, k.key
 		switch k.kind {
 		case "account":
-			scope = ScopeCA
+			scope = issuing.ScopeCA
 		case "registered_domain":
-			scope = ScopeRegisteredDomain
-		case ScopeTenant:
-			scope = ScopeTenant
+			scope = issuing.ScopeRegisteredDomain
+		case issuing.ScopeTenant:
+			scope = issuing.ScopeTenant
 		}
 		var frees *time.Time
 		if c, ok := d.counts[k]; ok {
@@ -538,7 +512,7 @@ ON CONFLICT (directory, scope, key, source) DO UPDATE SET
 // claim's own row is left out of the counts and written again as what it now is. A
 // refusal returns a *LedgerRefusedError, pauses what the order hit, as Admit does, and
 // leaves no row for the claim (the order is not sent).
-func (q *Queue) Readmit(ctx context.Context, directory string, limits Limits, a Admission) error {
+func (q *Queue) Readmit(ctx context.Context, directory string, limits issuing.Limits, a Admission) error {
 	a.Renewal, a.exempt = false, false
 	var why string
 	err := q.inLedger(ctx, directory, func(tx pgx.Tx) error {
@@ -565,7 +539,7 @@ DELETE FROM certworker_ledger WHERE directory = $1 AND claim_token = $2`, direct
 		return fmt.Errorf("ledger: %w", err)
 	}
 	if why != "" {
-		return &LedgerRefusedError{Reason: why}
+		return &issuing.LedgerRefusedError{Reason: why}
 	}
 	return nil
 }
@@ -583,7 +557,7 @@ DELETE FROM certworker_ledger WHERE directory = $1 AND claim_token = $2`, direct
 // row). An issued certificate records that the CA has issued for the name
 // (certworker_issued_names), which makes its later orders renewals. A row recorded
 // as unknown (SettleStaleLedger) takes the outcome that arrives late.
-func (q *Queue) SettleLedger(ctx context.Context, directory, token, outcome string, limits Limits) error {
+func (q *Queue) SettleLedger(ctx context.Context, directory, token, outcome string, limits issuing.Limits) error {
 	err := q.inLedger(ctx, directory, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `
 WITH l AS (
@@ -615,7 +589,7 @@ FROM authz WHERE n >= $4
 ON CONFLICT (directory, scope, key, source) DO UPDATE SET
     held_since = `+heldSinceSQL+`,
     paused_until = EXCLUDED.paused_until, reason = EXCLUDED.reason, updated_at = now()`,
-			token, outcome, directory, limits.FailedAuthzPerName.Count, seconds(limits.FailedAuthzPerName.window()),
+			token, outcome, directory, limits.FailedAuthzPerName.Count, seconds(limits.FailedAuthzPerName.ActiveWindow()),
 			limits.FailedAuthzPerName.Window.String(), limits.FailedAuthzPerName.String())
 		return err
 	})

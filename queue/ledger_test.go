@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // admissions claims everything due and makes the ledger's questions of the claims.
@@ -18,14 +19,14 @@ func (b *bundle) admissions(t *testing.T, renewal bool) []queue.Admission {
 	require.NoError(t, err)
 	var as []queue.Admission
 	for _, c := range claims {
-		name, err := queue.CheckName(c.Domain)
+		name, err := issuing.CheckName(c.Domain)
 		require.NoError(t, err)
-		as = append(as, queue.Admission{Claim: c, Name: name, RegisteredDomain: queue.RegisteredDomain(name), Renewal: renewal})
+		as = append(as, queue.Admission{Claim: c, Name: name, RegisteredDomain: issuing.RegisteredDomain(name), Renewal: renewal})
 	}
 	return as
 }
 
-func names(cs []queue.Claim) []string {
+func names(cs []issuing.Claim) []string {
 	var out []string
 	for _, c := range cs {
 		out = append(out, c.Domain)
@@ -40,18 +41,18 @@ func TestAdmit_EachLimitHoldsBackWhatItCovers(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name     string
-		limits   queue.Limits
+		limits   issuing.Limits
 		domains  []string
 		admitted int
 		scope    string
 		key      string
 	}{
-		{"orders per account", queue.Limits{OrdersPerAccount: queue.Limit{Count: 3, Window: time.Hour}},
+		{"orders per account", issuing.Limits{OrdersPerAccount: issuing.Limit{Count: 3, Window: time.Hour}},
 			[]string{"a.one.example", "b.two.example", "c.three.example", "d.four.example", "e.five.example"}, 3,
-			queue.ScopeCA, testDirectory},
-		{"certificates per registered domain", queue.Limits{CertsPerRegisteredDomain: queue.Limit{Count: 2, Window: time.Hour}},
+			issuing.ScopeCA, testDirectory},
+		{"certificates per registered domain", issuing.Limits{CertsPerRegisteredDomain: issuing.Limit{Count: 2, Window: time.Hour}},
 			[]string{"a.shop.example", "b.shop.example", "c.shop.example", "other.example"}, 3,
-			queue.ScopeRegisteredDomain, "shop.example"},
+			issuing.ScopeRegisteredDomain, "shop.example"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -61,7 +62,7 @@ func TestAdmit_EachLimitHoldsBackWhatItCovers(t *testing.T) {
 			for _, d := range tc.domains {
 				ids[d] = b.named(t, tn, d)
 			}
-			var admitted []queue.Claim
+			var admitted []issuing.Claim
 			var refused []queue.Refusal
 			n := b.notifications(t, func() {
 				var err error
@@ -103,9 +104,9 @@ func TestAdmit_RenewalsAreExemptOnlyWhereTheCAExemptsThem(t *testing.T) {
 SELECT $1, 'r' || g || '.shop.example' FROM generate_series(0, 3) g`, testDirectory)
 	// And hold the certificate the renewal replaces (the claim's rule, renewalSQL).
 	b.exec(t, `INSERT INTO proxy_certificates (domain, certificate_pem, private_key_pem) SELECT domain, 'pem', 'key' FROM proxy_domains`)
-	limits := queue.Limits{
-		OrdersPerAccount:         queue.Limit{Count: 1, Window: time.Hour},
-		CertsPerRegisteredDomain: queue.Limit{Count: 1, Window: time.Hour},
+	limits := issuing.Limits{
+		OrdersPerAccount:         issuing.Limit{Count: 1, Window: time.Hour},
+		CertsPerRegisteredDomain: issuing.Limit{Count: 1, Window: time.Hour},
 	}
 	admitted, refused, err := b.q.Admit(b.ctx, testDirectory, limits, b.admissions(t, true))
 	require.NoError(t, err)
@@ -119,7 +120,7 @@ INSERT INTO certworker_ledger (directory, name, registered_domain, renewal, outc
 SELECT $1, 'again.example', 'again.example', true, 'issued' FROM generate_series(1, 5)`, testDirectory)
 	require.NoError(t, err)
 	admitted, refused, err = other.q.Admit(other.ctx, testDirectory,
-		queue.Limits{CertsPerExactSet: queue.Limit{Count: 5, Window: time.Hour}}, other.admissions(t, true))
+		issuing.Limits{CertsPerExactSet: issuing.Limit{Count: 5, Window: time.Hour}}, other.admissions(t, true))
 	require.NoError(t, err)
 	require.Empty(t, admitted, "a renewal went past the exact-set limit, which counts renewals")
 	require.Len(t, refused, 1)
@@ -136,7 +137,7 @@ func TestAdmit_ConcurrentInstancesNeverExceedALimit(t *testing.T) {
 	for i := range 16 {
 		b.named(t, tn, fmt.Sprintf("c%d.shop.example", i))
 	}
-	limits := queue.Limits{CertsPerRegisteredDomain: queue.Limit{Count: 3, Window: time.Hour}}
+	limits := issuing.Limits{CertsPerRegisteredDomain: issuing.Limit{Count: 3, Window: time.Hour}}
 	var mu sync.Mutex
 	total := 0
 	var wg sync.WaitGroup
@@ -171,9 +172,9 @@ func TestSettleLedger_FailuresFreeSlotsAndFailedAuthorizationsCount(t *testing.T
 	tn := b.tenant(t)
 	b.named(t, tn, "a.shop.example")
 	b.named(t, tn, "b.shop.example")
-	limits := queue.Limits{
-		CertsPerRegisteredDomain: queue.Limit{Count: 1, Window: time.Hour},
-		FailedAuthzPerName:       queue.Limit{Count: 1, Window: time.Hour},
+	limits := issuing.Limits{
+		CertsPerRegisteredDomain: issuing.Limit{Count: 1, Window: time.Hour},
+		FailedAuthzPerName:       issuing.Limit{Count: 1, Window: time.Hour},
 	}
 	admitted, refused, err := b.q.Admit(b.ctx, testDirectory, limits, b.admissions(t, false))
 	require.NoError(t, err)
@@ -181,7 +182,7 @@ func TestSettleLedger_FailuresFreeSlotsAndFailedAuthorizationsCount(t *testing.T
 	require.Len(t, refused, 1)
 	require.Empty(t, b.drain(t), "the registered domain is not paused")
 
-	require.NoError(t, b.q.SettleLedger(b.ctx, testDirectory, admitted[0].Token, queue.LedgerFailedAuthz, limits))
+	require.NoError(t, b.q.SettleLedger(b.ctx, testDirectory, admitted[0].Token, issuing.LedgerFailedAuthz, limits))
 	var n int
 	require.NoError(t, b.pool.QueryRow(b.ctx,
 		`SELECT count(*) FROM certworker_pauses WHERE scope = 'registered_domain' AND source = 'ledger'`).Scan(&n))

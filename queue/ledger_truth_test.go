@@ -6,10 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-
-	"github.com/certworker/certworker/queue"
 )
 
 // holdLedgerLock takes the ledger's lock of testDirectory in a transaction of a
@@ -62,16 +61,16 @@ func (b *bundle) ledgerOutcomes(t *testing.T) []string {
 // rows at now() let through.
 func TestAdmit_RowsOlderThanTheWindowDoNotCount(t *testing.T) {
 	t.Parallel()
-	hour := queue.Limit{Count: 2, Window: time.Hour}
+	hour := issuing.Limit{Count: 2, Window: time.Hour}
 	for _, tc := range []struct {
 		name    string
-		limits  queue.Limits
+		limits  issuing.Limits
 		outcome string
 	}{
-		{"orders per account", queue.Limits{OrdersPerAccount: hour}, queue.LedgerFailed},
-		{"certificates per registered domain", queue.Limits{CertsPerRegisteredDomain: hour}, queue.LedgerIssued},
-		{"certificates per exact set", queue.Limits{CertsPerExactSet: hour}, queue.LedgerIssued},
-		{"failed authorizations per name", queue.Limits{FailedAuthzPerName: hour}, queue.LedgerFailedAuthz},
+		{"orders per account", issuing.Limits{OrdersPerAccount: hour}, issuing.LedgerFailed},
+		{"certificates per registered domain", issuing.Limits{CertsPerRegisteredDomain: hour}, issuing.LedgerIssued},
+		{"certificates per exact set", issuing.Limits{CertsPerExactSet: hour}, issuing.LedgerIssued},
+		{"failed authorizations per name", issuing.Limits{FailedAuthzPerName: hour}, issuing.LedgerFailedAuthz},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -96,11 +95,11 @@ FROM generate_series(0, 1) g`, testDirectory, tc.outcome)
 		b.exec(t, `
 INSERT INTO certworker_ledger (at, directory, name, registered_domain, outcome)
 SELECT now() - interval '2 hours', $1, 'authz.example', 'authz.example', 'failed_authz' FROM generate_series(1, 5)`, testDirectory)
-		limits := queue.Limits{FailedAuthzPerName: hour}
+		limits := issuing.Limits{FailedAuthzPerName: hour}
 		admitted, _, err := b.q.Admit(b.ctx, testDirectory, limits, b.admissions(t, false))
 		require.NoError(t, err)
 		require.Len(t, admitted, 1)
-		require.NoError(t, b.q.SettleLedger(b.ctx, testDirectory, admitted[0].Token, queue.LedgerFailedAuthz, limits))
+		require.NoError(t, b.q.SettleLedger(b.ctx, testDirectory, admitted[0].Token, issuing.LedgerFailedAuthz, limits))
 		require.Empty(t, b.strings(t, `SELECT reason FROM certworker_pauses`), "old failed authorizations were counted")
 	})
 }
@@ -116,7 +115,7 @@ func TestAdmit_GivesUpOnABusyLedgerWhenItsContextEnds(t *testing.T) {
 	tn := b.tenant(t)
 	b.named(t, tn, "a.busy.example")
 	b.named(t, tn, "b.busy.example")
-	limits := queue.Limits{OrdersPerAccount: queue.Limit{Count: 10, Window: time.Hour}}
+	limits := issuing.Limits{OrdersPerAccount: issuing.Limit{Count: 10, Window: time.Hour}}
 	as := b.admissions(t, false)
 	release := b.holdLedgerLock(t)
 
@@ -143,7 +142,7 @@ WHERE l.locktype = 'advisory' AND NOT l.granted AND l.waitstart IS NOT NULL AND 
 			}
 		}
 	}
-	require.ErrorIs(t, err, queue.ErrLedgerBusy)
+	require.ErrorIs(t, err, issuing.ErrLedgerBusy)
 	require.GreaterOrEqual(t, len(waits), 2, "the lock was waited for in one wait, not tried again")
 	require.Empty(t, b.ledgerOutcomes(t))
 	require.Eventually(t, func() bool { return b.waitingForLocks(t) == 0 }, 3*time.Second, 20*time.Millisecond,
@@ -169,7 +168,7 @@ func TestSettleLedger_LiftsPausesOnlyUnderTheLedgersLock(t *testing.T) {
 	tn := b.tenant(t)
 	b.named(t, tn, "a.shop.example")
 	b.named(t, tn, "b.shop.example")
-	limits := queue.Limits{CertsPerRegisteredDomain: queue.Limit{Count: 1, Window: time.Hour}}
+	limits := issuing.Limits{CertsPerRegisteredDomain: issuing.Limit{Count: 1, Window: time.Hour}}
 	admitted, refused, err := b.q.Admit(b.ctx, testDirectory, limits, b.admissions(t, false))
 	require.NoError(t, err)
 	require.Len(t, admitted, 1)
@@ -180,13 +179,13 @@ func TestSettleLedger_LiftsPausesOnlyUnderTheLedgersLock(t *testing.T) {
 	release := b.holdLedgerLock(t)
 	ctx, cancel := context.WithTimeout(b.ctx, 1500*time.Millisecond)
 	defer cancel()
-	err = b.q.SettleLedger(ctx, testDirectory, admitted[0].Token, queue.LedgerFailed, limits)
-	require.ErrorIs(t, err, queue.ErrLedgerBusy)
+	err = b.q.SettleLedger(ctx, testDirectory, admitted[0].Token, issuing.LedgerFailed, limits)
+	require.ErrorIs(t, err, issuing.ErrLedgerBusy)
 	require.Equal(t, []string{"shop.example"}, b.strings(t, pause), "the pause was lifted without the ledger's lock")
 	require.Equal(t, []string{admitted[0].Domain + " pending"}, b.ledgerOutcomes(t))
 
 	release()
-	require.NoError(t, b.q.SettleLedger(b.ctx, testDirectory, admitted[0].Token, queue.LedgerFailed, limits))
+	require.NoError(t, b.q.SettleLedger(b.ctx, testDirectory, admitted[0].Token, issuing.LedgerFailed, limits))
 	require.Empty(t, b.strings(t, pause))
 	require.Equal(t, []string{admitted[0].Domain + " failed"}, b.ledgerOutcomes(t))
 }
@@ -199,14 +198,14 @@ func TestAdmit_AForeignCertificateDoesNotMakeARenewal(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	tn := b.tenant(t)
-	limits := queue.Limits{OrdersPerAccount: queue.Limit{Count: 1, Window: time.Hour}}
+	limits := issuing.Limits{OrdersPerAccount: issuing.Limit{Count: 1, Window: time.Hour}}
 
 	// ours.example is issued through the ledger: a new order, then issued.
 	b.named(t, tn, "ours.example")
 	admitted, _, err := b.q.Admit(b.ctx, testDirectory, limits, b.admissions(t, false))
 	require.NoError(t, err)
 	require.Len(t, admitted, 1)
-	require.NoError(t, b.q.SettleLedger(b.ctx, testDirectory, admitted[0].Token, queue.LedgerIssued, limits))
+	require.NoError(t, b.q.SettleLedger(b.ctx, testDirectory, admitted[0].Token, issuing.LedgerIssued, limits))
 	// The account's limit is now full; both domains come back holding a certificate.
 	// The account's pause goes (the claim would take neither): this is about Admit.
 	b.exec(t, `UPDATE proxy_domains SET ssl_status = 'pending', ssl_last_attempt_at = NULL, `+
@@ -244,13 +243,13 @@ VALUES (now() - interval '20 minutes', $1, 'stale.example', 'stale.example', '11
 	require.Equal(t, int64(1), n)
 	require.Equal(t, []string{"stale.example unknown", "young.example pending"}, b.ledgerOutcomes(t))
 
-	limits := queue.Limits{CertsPerExactSet: queue.Limit{Count: 1, Window: time.Hour}}
+	limits := issuing.Limits{CertsPerExactSet: issuing.Limit{Count: 1, Window: time.Hour}}
 	admitted, refused, err := b.q.Admit(b.ctx, testDirectory, limits, b.admissions(t, false))
 	require.NoError(t, err)
 	require.Empty(t, admitted, "an order of unknown outcome no longer counts as a certificate")
 	require.Len(t, refused, 1)
 
-	require.NoError(t, b.q.SettleLedger(b.ctx, testDirectory, "11111111-1111-1111-1111-111111111111", queue.LedgerFailed, limits))
+	require.NoError(t, b.q.SettleLedger(b.ctx, testDirectory, "11111111-1111-1111-1111-111111111111", issuing.LedgerFailed, limits))
 	require.Equal(t, []string{"stale.example failed", "young.example pending"}, b.ledgerOutcomes(t))
 }
 
@@ -273,7 +272,7 @@ func TestAdmit_AStatementTimeoutAtTheDeadlineIsABusyLedger(t *testing.T) {
 	b := setup(t)
 	tn := b.tenant(t)
 	b.named(t, tn, "a.early.example")
-	limits := queue.Limits{OrdersPerAccount: queue.Limit{Count: 10, Window: time.Hour}}
+	limits := issuing.Limits{OrdersPerAccount: issuing.Limit{Count: 10, Window: time.Hour}}
 	as := b.admissions(t, false)
 	release := b.holdLedgerLock(t)
 	defer release()
@@ -282,6 +281,6 @@ func TestAdmit_AStatementTimeoutAtTheDeadlineIsABusyLedger(t *testing.T) {
 	defer cancel()
 	ctx := earlyDeadline{Context: done, at: time.Now().Add(300 * time.Millisecond)}
 	_, _, err := b.q.Admit(ctx, testDirectory, limits, as)
-	require.ErrorIs(t, err, queue.ErrLedgerBusy)
+	require.ErrorIs(t, err, issuing.ErrLedgerBusy)
 	require.Empty(t, b.ledgerOutcomes(t))
 }

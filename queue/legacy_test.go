@@ -13,6 +13,7 @@ import (
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/migrations"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // The worker's maintenance passes on the database they will really meet: the proxy's
@@ -31,7 +32,7 @@ func TestPasses_OnTheProxysMigratedDatabase(t *testing.T) {
 	pool, err := pgxpool.New(ctx, url)
 	require.NoError(t, err)
 	defer pool.Close()
-	b := &bundle{ctx: ctx, pool: pool, dsn: url, q: queue.New(pool, queue.DefaultConfig())}
+	b := &bundle{ctx: ctx, pool: pool, dsn: url, q: queue.New(pool, issuing.DefaultConfig())}
 	count := func(sql string) int {
 		var n int
 		require.NoError(t, pool.QueryRow(ctx, sql).Scan(&n))
@@ -90,7 +91,7 @@ WHERE d.ssl_status = 'active' AND d.ssl_provider = 'acme' AND d.verification_sta
 	require.Zero(t, pruned)
 }
 
-func domainsOf(rows []queue.BadRow) []string {
+func domainsOf(rows []issuing.BadRow) []string {
 	out := make([]string, len(rows))
 	for i, r := range rows {
 		out[i] = r.Domain

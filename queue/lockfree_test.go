@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // unverified inserts a pending ACME domain of tenant that is not verified yet: the
@@ -117,7 +118,7 @@ func TestOpenVerify_DelaysNoWriteOfOurs(t *testing.T) {
 	claims, err := b.q.Claim(b.ctx, "test", testDirectory, 2)
 	require.NoError(t, err)
 	require.Len(t, claims, 2)
-	var fail queue.Claim
+	var fail issuing.Claim
 	for _, c := range claims {
 		if c.ID == failing {
 			fail = c
@@ -185,7 +186,7 @@ func (b *bundle) urgentRenewal(t *testing.T, tenant, name string, expiresIn time
 	_, err := b.pool.Exec(b.ctx, `
 INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_status, ssl_provider, ssl_renew_by)
 VALUES ($1, $2, 'verified', 'tok', 'active', 'acme', $3)`, tenant, name,
-		queue.RenewBy(notAfter.Add(-90*24*time.Hour), notAfter, time.Time{}))
+		issuing.RenewBy(notAfter.Add(-90*24*time.Hour), notAfter, time.Time{}))
 	require.NoError(t, err)
 	_, err = b.pool.Exec(b.ctx, `UPDATE proxy_domains SET ssl_status = 'pending' WHERE domain = $1`, name)
 	require.NoError(t, err)
@@ -277,7 +278,7 @@ func TestClaim_ARowInBackoffIsOutOfLineUntilTheCurrentFormulaSaysSo(t *testing.T
 	require.Equal(t, "backoff", b.held(t, id))
 
 	// A fleet restarted with a shorter --retry-base: the same row is due now.
-	cfg := queue.DefaultConfig()
+	cfg := issuing.DefaultConfig()
 	cfg.RetryBase = time.Millisecond
 	short := queue.New(b.pool, cfg)
 	time.Sleep(5 * time.Millisecond)
@@ -297,7 +298,7 @@ func TestClaim_RowsUnderAPauseAreTakenOutOfLineAndComeBack(t *testing.T) {
 		ids = append(ids, b.named(t, tn, fmt.Sprintf("s%d.paused.example", i)))
 	}
 	b.named(t, tn, "free.example")
-	_, err := b.q.Pause(b.ctx, queue.ScopeRegisteredDomain, "paused.example", queue.PauseRateLimit, time.Hour, "rate limited")
+	_, err := b.q.Pause(b.ctx, issuing.ScopeRegisteredDomain, "paused.example", issuing.PauseRateLimit, time.Hour, "rate limited")
 	require.NoError(t, err)
 	require.Equal(t, []string{"free.example"}, b.claimNames(t, 10))
 	for _, id := range ids {
@@ -357,7 +358,7 @@ func TestReturnHeld_ItsSettingsAndDirectoryWrittenAsLiteralsStillDecide(t *testi
 	const directory = `https://ca.invalid/o'brien\dir`
 
 	// Attempt 1 waits 2 x --retry-base: 2 hours at a base of one hour.
-	slow := queue.DefaultConfig()
+	slow := issuing.DefaultConfig()
 	slow.RetryBase, slow.RetryMax = time.Hour, 24*time.Hour
 	returned, err := queue.New(b.pool, slow).ReturnHeld(b.ctx, directory)
 	require.NoError(t, err)
@@ -365,7 +366,7 @@ func TestReturnHeld_ItsSettingsAndDirectoryWrittenAsLiteralsStillDecide(t *testi
 	require.Equal(t, "backoff", b.held(t, held), "a row in its backoff came back at a base of one hour")
 
 	// At the default base (a minute) its backoff ran out long ago.
-	returned, err = queue.New(b.pool, queue.DefaultConfig()).ReturnHeld(b.ctx, directory)
+	returned, err = queue.New(b.pool, issuing.DefaultConfig()).ReturnHeld(b.ctx, directory)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, returned)
 	require.Empty(t, b.held(t, held), "a row whose backoff has run out stayed held")

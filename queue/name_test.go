@@ -6,9 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/stretchr/testify/require"
-
-	"github.com/certworker/certworker/queue"
 )
 
 var (
@@ -63,7 +62,7 @@ var checkNameCases = []struct {
 func TestCheckName_AcceptsOnlyNamesAPublicCACanIssue(t *testing.T) {
 	t.Parallel()
 	for _, tc := range checkNameCases {
-		got, err := queue.CheckName(tc.name)
+		got, err := issuing.CheckName(tc.name)
 		if tc.want == "" {
 			require.Error(t, err, "%q was accepted as %q", tc.name, got)
 			require.Empty(t, got, "%q: a refused name came back non-empty", tc.name)
@@ -87,7 +86,7 @@ func FuzzCheckName(f *testing.F) {
 		f.Add(tc.name)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
-		got, err := queue.CheckName(in)
+		got, err := issuing.CheckName(in)
 		if err != nil {
 			if got != "" {
 				t.Fatalf("CheckName(%q) refused the name but returned %q", in, got)
@@ -118,7 +117,7 @@ func FuzzCheckName(f *testing.F) {
 		if _, err := netip.ParseAddr(got); err == nil {
 			t.Fatalf("CheckName(%q) = %q, an IP address", in, got)
 		}
-		again, err := queue.CheckName(got)
+		again, err := issuing.CheckName(got)
 		if err != nil || again != got {
 			t.Fatalf("CheckName(%q) = %q, but CheckName(%q) = %q, %v", in, got, got, again, err)
 		}
@@ -131,15 +130,15 @@ func FuzzCheckName(f *testing.F) {
 // it over HTTP-01) and against "*.com" or "a.*.example" reaching the CA.
 func TestCheckNameFor_WildcardsOnlyWithDNS01AndOnlyAsTheFirstLabel(t *testing.T) {
 	t.Parallel()
-	got, err := queue.CheckNameFor("*.Shop.Example", true)
+	got, err := issuing.CheckNameFor("*.Shop.Example", true)
 	require.NoError(t, err)
 	require.Equal(t, "*.shop.example", got)
 	for _, bad := range []string{"*.com", "*.*.shop.example", "a.*.shop.example", "*", "*.", "*.shop.example.", "*.-x.example"} {
-		_, err := queue.CheckNameFor(bad, true)
+		_, err := issuing.CheckNameFor(bad, true)
 		require.Error(t, err, bad)
 	}
-	_, err = queue.CheckNameFor("*.shop.example", false)
+	_, err = issuing.CheckNameFor("*.shop.example", false)
 	require.ErrorContains(t, err, "a wildcard")
-	_, err = queue.CheckName("*.shop.example")
+	_, err = issuing.CheckName("*.shop.example")
 	require.ErrorContains(t, err, "a wildcard")
 }

@@ -7,10 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
-
-	"github.com/certworker/certworker/queue"
 )
 
 // putCert writes a certificate row by hand, as the reference, the proxy or an
@@ -153,7 +152,7 @@ func TestMarkRenewals_OddRowsInOnePassWithHealthyOnes(t *testing.T) {
 	pass, err := b.q.MarkRenewals(b.ctx)
 	require.NoError(t, err, "an odd row stopped the renewal pass")
 
-	bad := map[string]queue.BadRow{}
+	bad := map[string]issuing.BadRow{}
 	for _, r := range append(dups, pass.Bad...) {
 		bad[r.ID] = r
 	}

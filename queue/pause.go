@@ -6,17 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/jackc/pgx/v5"
-)
-
-// The sources of a pause (certworker_pauses.source).
-const (
-	// PauseRateLimit: the CA answered rateLimited.
-	PauseRateLimit = "rate_limit"
-	// PauseLedger: the worker's own ledger says the CA would refuse.
-	PauseLedger = "ledger"
-	// PauseUnreachable: the CA could not be reached, or answered 5xx.
-	PauseUnreachable = "unreachable"
 )
 
 // Pause holds back what scope and key cover (ScopeCA: an ACME directory URL;
@@ -27,7 +18,7 @@ const (
 // CA's (PauseAt names the CA).
 func (q *Queue) Pause(ctx context.Context, scope, key, source string, wait time.Duration, reason string) (time.Duration, error) {
 	directory := ""
-	if scope == ScopeCA {
+	if scope == issuing.ScopeCA {
 		directory = key
 	}
 	return q.PauseAt(ctx, directory, scope, key, source, wait, reason)
@@ -40,7 +31,7 @@ const heldSinceSQL = `CASE WHEN p.paused_until > now() THEN COALESCE(p.held_sinc
 // PauseAt is Pause for the CA at directory: nothing it says holds a domain back at
 // another CA. A ScopeCA pause's key is the directory.
 func (q *Queue) PauseAt(ctx context.Context, directory, scope, key, source string, wait time.Duration, reason string) (time.Duration, error) {
-	if scope == ScopeCA {
+	if scope == issuing.ScopeCA {
 		key = directory
 	}
 	var left float64
@@ -65,15 +56,6 @@ RETURNING `+secondsUntilSQL("paused_until"), scope, key, source, seconds(wait), 
 // first only when its pause ends, and an outage must not look new at each try.
 const outageForgotten = time.Hour
 
-// Unreachable is what PauseUnreachable recorded.
-type Unreachable struct {
-	// Failures is the number of consecutive orders that found the CA unreachable,
-	// this one included, across the fleet.
-	Failures int
-	// For is how long ordering from the CA is paused.
-	For time.Duration
-}
-
 // PauseUnreachable records that the CA at directory could not be reached and pauses
 // ordering from it for every instance, for base doubled per consecutive failure up to
 // limit: the CA's own backoff, kept apart from any domain's (nothing is charged). The
@@ -85,8 +67,8 @@ type Unreachable struct {
 // an answer (ClearUnreachable), through the gaps between the pause's end and the next
 // try. A row whose pause ended longer than outageForgotten ago is a new outage: no
 // instance told of the CA's answer (the one that saw it down was restarted).
-func (q *Queue) PauseUnreachable(ctx context.Context, directory, reason string, base, limit time.Duration) (Unreachable, error) {
-	var u Unreachable
+func (q *Queue) PauseUnreachable(ctx context.Context, directory, reason string, base, limit time.Duration) (issuing.Unreachable, error) {
+	var u issuing.Unreachable
 	var left float64
 	err := q.db.QueryRow(ctx, `
 INSERT INTO certworker_pauses AS p (directory, scope, key, source, paused_until, reason, failures, held_since)
@@ -123,21 +105,9 @@ DELETE FROM certworker_pauses WHERE scope = 'ca' AND key = $1 AND source = 'unre
 	return tag.RowsAffected() > 0, nil
 }
 
-// PauseState is one pause in force.
-type PauseState struct {
-	Scope       string    `json:"scope"`
-	Key         string    `json:"key"`
-	Source      string    `json:"source"`
-	PausedUntil time.Time `json:"paused_until"`
-	Reason      string    `json:"reason"`
-	// Directory is the CA the pause belongs to ("" for a pause written before
-	// migration 00017: the first CA's).
-	Directory string `json:"directory"`
-}
-
 // CAPause is the pause in force on the CA at directory that ends last, or nil.
-func (q *Queue) CAPause(ctx context.Context, directory string) (*PauseState, error) {
-	var p PauseState
+func (q *Queue) CAPause(ctx context.Context, directory string) (*issuing.PauseState, error) {
+	var p issuing.PauseState
 	err := q.db.QueryRow(ctx, `
 SELECT scope, key, source, paused_until, reason, directory FROM certworker_pauses
 WHERE scope = 'ca' AND key = $1 AND paused_until > now()

@@ -4,9 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/stretchr/testify/require"
-
-	"github.com/certworker/certworker/queue"
 )
 
 // A rate-limit pause is shared by every instance and only ever grows: an instance
@@ -20,17 +19,17 @@ func TestPause_ALaterShorterPauseDoesNotShortenIt(t *testing.T) {
 	require.NoError(t, err)
 	require.Nil(t, p, "a CA never paused reads as paused")
 
-	left, err := b.q.Pause(b.ctx, queue.ScopeCA, testDirectory, queue.PauseRateLimit, time.Hour, "first")
+	left, err := b.q.Pause(b.ctx, issuing.ScopeCA, testDirectory, issuing.PauseRateLimit, time.Hour, "first")
 	require.NoError(t, err)
 	require.InDelta(t, time.Hour.Seconds(), left.Seconds(), 1)
-	left, err = b.q.Pause(b.ctx, queue.ScopeCA, testDirectory, queue.PauseRateLimit, time.Minute, "second, shorter")
+	left, err = b.q.Pause(b.ctx, issuing.ScopeCA, testDirectory, issuing.PauseRateLimit, time.Minute, "second, shorter")
 	require.NoError(t, err)
 	require.InDelta(t, time.Hour.Seconds(), left.Seconds(), 1, "a shorter pause shortened a longer one")
 	p, err = b.q.CAPause(b.ctx, testDirectory)
 	require.NoError(t, err)
 	require.Equal(t, "first", p.Reason, "the reason of the longer pause is kept")
 
-	left, err = b.q.Pause(b.ctx, queue.ScopeCA, testDirectory, queue.PauseRateLimit, 2*time.Hour, "third, longer")
+	left, err = b.q.Pause(b.ctx, issuing.ScopeCA, testDirectory, issuing.PauseRateLimit, 2*time.Hour, "third, longer")
 	require.NoError(t, err)
 	require.InDelta(t, (2 * time.Hour).Seconds(), left.Seconds(), 1, "a longer pause did not extend")
 
@@ -45,7 +44,7 @@ func TestPause_AnExpiredPauseHoldsNothingBack(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	id, _ := b.domain(t, b.tenant(t), "pending", 0, nil)
-	_, err := b.q.Pause(b.ctx, queue.ScopeCA, testDirectory, queue.PauseRateLimit, 0, "over")
+	_, err := b.q.Pause(b.ctx, issuing.ScopeCA, testDirectory, issuing.PauseRateLimit, 0, "over")
 	require.NoError(t, err)
 	p, err := b.q.CAPause(b.ctx, testDirectory)
 	require.NoError(t, err)
@@ -64,14 +63,14 @@ func TestClaim_SkipsWhatAPauseCovers(t *testing.T) {
 		scope, key    string
 		held, notHeld []string
 	}{
-		{"the CA", queue.ScopeCA, testDirectory,
+		{"the CA", issuing.ScopeCA, testDirectory,
 			[]string{"a.shop.example", "other.example"}, nil},
-		{"a registered domain", queue.ScopeRegisteredDomain, "shop.example",
+		{"a registered domain", issuing.ScopeRegisteredDomain, "shop.example",
 			[]string{"shop.example", "a.shop.example", "x.y.shop.example"},
 			[]string{"myshop.example", "shop.example.net", "other.example"}},
-		{"a registered domain under a multi-label suffix", queue.ScopeRegisteredDomain, "shop.co.uk",
+		{"a registered domain under a multi-label suffix", issuing.ScopeRegisteredDomain, "shop.co.uk",
 			[]string{"www.shop.co.uk"}, []string{"www.other.co.uk"}},
-		{"one name", queue.ScopeDomain, "a.shop.example",
+		{"one name", issuing.ScopeDomain, "a.shop.example",
 			[]string{"A.Shop.Example"}, []string{"b.a.shop.example", "shop.example", "b.shop.example"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -82,7 +81,7 @@ func TestClaim_SkipsWhatAPauseCovers(t *testing.T) {
 			for _, n := range append(append([]string{}, tc.held...), tc.notHeld...) {
 				ids[n] = b.named(t, tn, n)
 			}
-			_, err := b.q.Pause(b.ctx, tc.scope, tc.key, queue.PauseRateLimit, time.Hour, "test")
+			_, err := b.q.Pause(b.ctx, tc.scope, tc.key, issuing.PauseRateLimit, time.Hour, "test")
 			require.NoError(t, err)
 			claimed := b.drain(t)
 			for _, n := range tc.held {

@@ -25,6 +25,7 @@ import (
 
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // recorder runs statements on a pool and keeps each one's text and arguments, so
@@ -185,7 +186,7 @@ func BenchmarkPlansAtAMillion(b *testing.B) {
 	fillMillion(b, pool)
 	b.Logf("filled in %s", time.Since(start).Round(time.Second))
 	rec := &recorder{Pool: pool}
-	q := queue.New(rec, queue.DefaultConfig())
+	q := queue.New(rec, issuing.DefaultConfig())
 	ctx := context.Background()
 	const dir = "https://ca.invalid/directory"
 	var tokens []string
@@ -204,7 +205,7 @@ func BenchmarkPlansAtAMillion(b *testing.B) {
 		{"promote urgent renewals (maintenance)", func() error { _, err := q.PromoteUrgentRenewals(ctx); return err }},
 		{"next renewal-information read (ARI loop)", func() error { _, _, err := q.NextRenewalInfo(ctx); return err }},
 		{"take 16 renewal-information tokens (ARI loop)", func() error {
-			_, _, err := q.TakeRenewalInfoTokens(ctx, dir, 16, queue.DefaultRenewalInfoPerSecond)
+			_, _, err := q.TakeRenewalInfoTokens(ctx, dir, 16, issuing.DefaultRenewalInfoPerSecond)
 			return err
 		}},
 		{"claim 16 renewal-information reads (ARI loop)", func() error { _, _, err := q.ClaimRenewalInfo(ctx, 16); return err }},
@@ -284,8 +285,8 @@ WHERE ssl_status = 'pending' AND ssl_held IS NULL AND (domain LIKE '%.backoff.ex
 	// step's timeout and claim nothing: the first claims take them out of line (their
 	// wall time, and the longest statement, are reported), and the claim of 16 is
 	// explained as above.
-	cfg := queue.DefaultConfig()
-	cfg.Fallback = &queue.Fallback{Directory: "https://second.invalid/directory", After: time.Hour}
+	cfg := issuing.DefaultConfig()
+	cfg.Fallback = &issuing.Fallback{Directory: "https://second.invalid/directory", After: time.Hour}
 	routed := queue.New(rec, cfg)
 	for _, held := range []string{"100,000", "500,000"} {
 		if held == "500,000" {

@@ -4,9 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/stretchr/testify/require"
-
-	"github.com/certworker/certworker/queue"
 )
 
 // The progress of a mass replacement (issue #18): the certificates whose renewal
@@ -58,7 +57,7 @@ FROM (VALUES ($1, true, '1 minute'), ($1, true, '2 minutes'), ($1, true, '3 minu
 	require.NoError(t, err)
 	require.Equal(t, 4, p.Replaced)
 	require.NotNil(t, p.DoneBy)
-	require.WithinDuration(t, p.At.Add(queue.ReplacePaceWindow/2), *p.DoneBy, time.Second)
+	require.WithinDuration(t, p.At.Add(issuing.ReplacePaceWindow/2), *p.DoneBy, time.Second)
 	require.False(t, p.Late())
 
 	// Replaced: the new certificate's window has not started.

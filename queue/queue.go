@@ -2,9 +2,10 @@ package queue
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -26,31 +27,18 @@ var _ DB = (*pgxpool.Pool)(nil)
 // concurrent use.
 type Queue struct {
 	db  DB
-	cfg Config
+	cfg issuing.Config
 	// enc is the database's server encoding, as errorText needs it.
 	enc *serverEncoding
 }
 
 // New returns a Queue on db with the given curve (zero fields take the defaults).
-func New(db DB, cfg Config) *Queue {
+func New(db DB, cfg issuing.Config) *Queue {
 	return &Queue{db: db, cfg: cfg.WithDefaults(), enc: &serverEncoding{}}
 }
 
 // Config is the queue's effective configuration.
-func (q *Queue) Config() Config { return q.cfg }
-
-// Sentinel errors.
-var (
-	// ErrClaimLost: the row is no longer held by this claim (its lease ran out and
-	// another instance requeued it). The result is dropped.
-	ErrClaimLost = errors.New("claim lost: the domain was requeued by another instance")
-	// ErrNotFound: no such domain (or not the caller's tenant's).
-	ErrNotFound = errors.New("domain not found")
-	// ErrNotACME: the row is still held by the claim, but its provider is no longer
-	// acme (the tenant switched it mid-order). The result is dropped and the claim
-	// disowned, so that what the tenant uploaded stays.
-	ErrNotACME = errors.New("the domain is no longer an ACME domain")
-)
+func (q *Queue) Config() issuing.Config { return q.cfg }
 
 // backoffSQL is Config.Backoff in SQL, in seconds, for the attempt count in the column
 // attempts: base * 2^attempts, capped, negative counts as 0. base and cap are the
@@ -58,10 +46,13 @@ var (
 // backoff with the clock (the claim, the next due time, status) uses it, so they
 // cannot disagree with each other or, through the same parameters, with Go.
 func backoffSQL(attempts, base, cap string) string {
-	return fmt.Sprintf("LEAST(%s * power(2, LEAST(GREATEST(%s, 0), %d)), %s)", base, attempts, maxShift, cap)
+	return fmt.Sprintf("LEAST(%s * power(2, LEAST(GREATEST(%s, 0), %d)), %s)", base, attempts, issuing.MaxShift, cap)
 }
 
 // nextAttemptSQL is the attempt count after one more attempt: negative counts as 0,
 // and a hand-edited count at the top of int4 stays in range instead of making the
 // whole statement fail (and with it every other row it would have moved).
 const nextAttemptSQL = "(LEAST(GREATEST(ssl_attempts, 0), 2147483646) + 1)"
+
+// seconds turns a duration into the float the SQL's make_interval takes.
+func seconds(d time.Duration) float64 { return d.Seconds() }

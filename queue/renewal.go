@@ -3,53 +3,13 @@ package queue
 import (
 	"context"
 	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/certworker/certworker/queue/issuing"
 )
-
-// shortLived is the lifetime below which a certificate renews at half its lifetime
-// instead of at two thirds (CONTRACT.md §5). Let's Encrypt advises renewing its 6-day
-// (160 h) certificates every 2 to 3 days: at two thirds a 6-day certificate would
-// have 2 days left for a failed renewal to be noticed and fixed, at half it has 3.
-// Its 45-day and 90-day profiles stay at two thirds (15 and 30 days left). Ten days
-// sits between the two kinds, far from either.
-const shortLived = 10 * 24 * time.Hour
-
-// RenewAtFromValidity is the renewal time of a certificate whose CA gives no ACME
-// Renewal Information: when a third of its lifetime remains for a lifetime of 10 days
-// or more (a 90-day certificate renews after 60 days), when half remains for a
-// shorter one (a 6-day certificate after 3). The reference's fixed "30 days before
-// expiry" renewed any certificate shorter than 30 days on every poll. requeueDue
-// inverts this rule in SQL, and the two have to agree.
-func RenewAtFromValidity(notBefore, notAfter time.Time) time.Time {
-	lifetime := notAfter.Sub(notBefore)
-	if lifetime < shortLived {
-		return notAfter.Add(-lifetime / 2)
-	}
-	return notAfter.Add(-lifetime / 3)
-}
-
-// BadRow is a row the worker cannot use as it is. The pass that first meets it deals
-// with it (each method says how) and returns it, once: the caller logs it and counts
-// it, and later passes do not return it again. Other rows carry on.
-type BadRow struct {
-	// ID is the domain's id (proxy_domains.id), or "" for a certificate row whose
-	// domain does not exist.
-	ID     string
-	Domain string
-	Reason string
-}
-
-// RenewalPass is what MarkRenewals did.
-type RenewalPass struct {
-	// Marked is how many domains went back to 'pending' for a new certificate.
-	Marked int64
-	// Bad are the certificate rows it could not use, each due for issuance now.
-	Bad []BadRow
-}
 
 // MarkRenewals moves active domains whose certificate is due for renewal back to
 // 'pending' (which wakes every instance through the trigger), and reports how many.
@@ -72,8 +32,8 @@ type RenewalPass struct {
 // one (a statement cut off, a row it cannot store) never keeps the certificates already
 // due from being requeued; the error of each is returned, joined. Rows another
 // transaction holds locked are passed over and left for the next pass.
-func (q *Queue) MarkRenewals(ctx context.Context) (RenewalPass, error) {
-	var pass RenewalPass
+func (q *Queue) MarkRenewals(ctx context.Context) (issuing.RenewalPass, error) {
+	var pass issuing.RenewalPass
 	fillErr := q.fillRenewalTimes(ctx, &pass)
 	marked, err := q.requeueDue(ctx)
 	pass.Marked += marked
@@ -82,7 +42,7 @@ func (q *Queue) MarkRenewals(ctx context.Context) (RenewalPass, error) {
 
 // fillRenewalTimes gives the certificate rows without a renewal time one, in batches
 // (schedule), adding what it did to pass.
-func (q *Queue) fillRenewalTimes(ctx context.Context, pass *RenewalPass) error {
+func (q *Queue) fillRenewalTimes(ctx context.Context, pass *issuing.RenewalPass) error {
 	for after := ""; ; {
 		batch, err := q.readUnscheduled(ctx, after)
 		if err != nil || len(batch) == 0 {
@@ -133,7 +93,7 @@ WITH due AS (
 UPDATE proxy_domains d SET
     ssl_status = 'pending', ssl_attempts = 0, updated_at = now(), ssl_renew_by = due.renew_by
 FROM due
-WHERE d.id = due.id`, fillBatch, seconds(2*shortLived/3))
+WHERE d.id = due.id`, fillBatch, seconds(2*issuing.ShortLived/3))
 		if err != nil {
 			return total, fmt.Errorf("mark renewals: %w", err)
 		}
@@ -191,20 +151,20 @@ ORDER BY c.id LIMIT $2`, after, fillBatch)
 // about the certificate (not before, issuer, serial); and marks the domains of the
 // rows it cannot use due for issuance. It returns how many domains it marked, and the
 // rows it could not use.
-func (q *Queue) schedule(ctx context.Context, batch []unscheduled) (int64, []BadRow, error) {
+func (q *Queue) schedule(ctx context.Context, batch []unscheduled) (int64, []issuing.BadRow, error) {
 	var ids, issuers, serials []string
 	var renewAts, notBefores []time.Time
 	var badIDs, reasons []string
-	var bad []BadRow
+	var bad []issuing.BadRow
 	for _, u := range batch {
 		leaf, reason := judge(u.chain, u.domain)
 		if reason != "" {
 			badIDs, reasons = append(badIDs, u.id), append(reasons, reason)
-			bad = append(bad, BadRow{ID: u.domainID, Domain: u.domain, Reason: reason})
+			bad = append(bad, issuing.BadRow{ID: u.domainID, Domain: u.domain, Reason: reason})
 			continue
 		}
 		ids = append(ids, u.id)
-		renewAts = append(renewAts, RenewAtFromValidity(leaf.NotBefore, leaf.NotAfter))
+		renewAts = append(renewAts, issuing.RenewAtFromValidity(leaf.NotBefore, leaf.NotAfter))
 		notBefores = append(notBefores, leaf.NotBefore)
 		issuers = append(issuers, leaf.Issuer.String())
 		serials = append(serials, leaf.SerialNumber.Text(16))
@@ -280,7 +240,7 @@ WHERE x.id = d.id`, ids, reasons)
 // judge parses a stored chain's leaf and checks that it names its domain. It returns
 // the leaf, or why the certificate cannot be used for the domain.
 func judge(chain, domain string) (*x509.Certificate, string) {
-	leaf, err := LeafFromPEM(chain)
+	leaf, err := issuing.LeafFromPEM(chain)
 	if err != nil {
 		return nil, fmt.Sprintf("stored certificate cannot be read (%v); ordering a new one", err)
 	}
@@ -293,19 +253,4 @@ func judge(chain, domain string) (*x509.Certificate, string) {
 			strings.Join(names, ", "), domain)
 	}
 	return leaf, ""
-}
-
-// LeafFromPEM parses the first certificate of a PEM chain.
-func LeafFromPEM(chain string) (*x509.Certificate, error) {
-	rest := []byte(chain)
-	for {
-		var block *pem.Block
-		block, rest = pem.Decode(rest)
-		if block == nil {
-			return nil, errors.New("no certificate in PEM")
-		}
-		if block.Type == "CERTIFICATE" {
-			return x509.ParseCertificate(block.Bytes)
-		}
-	}
 }

@@ -4,10 +4,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
-
-	"github.com/certworker/certworker/queue"
 )
 
 const day = 24 * time.Hour
@@ -55,7 +54,7 @@ func TestMarkRenewals_RequeuesACertificatePastItsRenewalTime(t *testing.T) {
 	chain, _ := mintPEM(t, name, now.Add(-61*day), now.Add(29*day))
 	b.storeCert(t, name, chain, now.Add(29*day), timePtr(now.Add(-day)), true)
 
-	var pass queue.RenewalPass
+	var pass issuing.RenewalPass
 	wakes := b.notifications(t, func() {
 		pass, err = b.q.MarkRenewals(b.ctx)
 		require.NoError(t, err)
@@ -259,7 +258,7 @@ func TestMarkRenewals_AJustIssuedShortLivedCertificateIsNotRenewedAgain(t *testi
 		require.Zero(t, pass.Marked, "the renewed certificate was renewed again before its new renewal time")
 	}
 	require.Equal(t, "active", b.status(t, id))
-	require.WithinDuration(t, queue.RenewAtFromValidity(now, now.Add(6*day)), *b.storedRenewAt(t, name), 0)
+	require.WithinDuration(t, issuing.RenewAtFromValidity(now, now.Add(6*day)), *b.storedRenewAt(t, name), 0)
 }
 
 // A certificate replaced by someone else (the proxy, an operator uploading one) is
@@ -305,7 +304,7 @@ func TestMarkRenewals_ACertificateReplacedBySomeoneElseIsRescheduledFromTheNewOn
 			require.NoError(t, err)
 			require.Zero(t, pass.Marked, "the upload was renewed at once")
 			require.Equal(t, "active", b.status(t, id))
-			want := queue.RenewAtFromValidity(now, now.Add(6*day))
+			want := issuing.RenewAtFromValidity(now, now.Add(6*day))
 			if tc.ownTime {
 				want = ownRenewAt
 			}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -26,7 +27,7 @@ const (
 	// asked about now (its domain's renewal is under way, it failed, it is not
 	// verified), is looked at again. Its next read is then due when the domain is
 	// active again, at worst this late.
-	renewalInfoIneligibleIn = RenewalInfoDefault
+	renewalInfoIneligibleIn = issuing.RenewalInfoDefault
 	// renewalInfoSweep is how many due rows that are not to be asked about one claim
 	// moves out of the way besides the reads it claims. Without it they would stay due
 	// and keep the earliest ari_next_at in the past, and an instance would wake for
@@ -149,27 +150,6 @@ SELECT `+secondsUntilSQL(`(SELECT min(ari_next_at) FROM proxy_certificates WHERE
 	return durationFromSeconds(*secs), true, nil
 }
 
-// RenewalInfo is what the worker learnt of a stored certificate's renewal window.
-type RenewalInfo struct {
-	// RenewAt, when not zero, is an earlier renewal time than the stored one: the CA
-	// moved its window earlier. A later window never postpones a renewal.
-	RenewAt time.Time
-	// RenewNow: the CA's window is over; the certificate is due now (the database's
-	// now).
-	RenewNow bool
-	// WindowStart and WindowEnd are the CA's window (zero: none). Past its end the
-	// renewal is urgent; inside it, a renewal naming the certificate is exempt from
-	// every limit (Admit).
-	WindowStart, WindowEnd time.Time
-	// NextIn is how long until the CA is asked again, from the database's now; 0
-	// stops asking (the CA offers no renewal information).
-	NextIn time.Duration
-}
-
-// ErrCertificateReplaced: the certificate whose renewal information was read was
-// replaced (or its row deleted) while the CA was asked; nothing was written.
-var ErrCertificateReplaced = errors.New("the certificate was replaced while its renewal information was read")
-
 // RecordRenewalInfo records what the CA said of the claimed certificate c's renewal
 // window, and returns how long until the row's renewal time, on the database's clock.
 // A renewal time that moved earlier also moves the domain's urgency (ssl_renew_by),
@@ -181,7 +161,7 @@ var ErrCertificateReplaced = errors.New("the certificate was replaced while its 
 // whenever the certificate, its key or its domain changes, including an upload that
 // keeps a stale serial). A certificate replaced meanwhile keeps its own schedule, and
 // the call returns ErrCertificateReplaced.
-func (q *Queue) RecordRenewalInfo(ctx context.Context, c RenewalInfoCandidate, info RenewalInfo) (time.Duration, error) {
+func (q *Queue) RecordRenewalInfo(ctx context.Context, c RenewalInfoCandidate, info issuing.RenewalInfo) (time.Duration, error) {
 	var renewIn float64
 	err := q.db.QueryRow(ctx, `
 WITH c AS (
@@ -202,7 +182,7 @@ SELECT `+secondsUntilSQL("renew_at")+` FROM c`,
 		c.ID, nullTime(info.RenewAt), nullTime(info.WindowEnd), nullSeconds(info.NextIn), c.serial, c.version, info.RenewNow,
 		nullTime(info.WindowStart)).Scan(&renewIn)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, ErrCertificateReplaced
+		return 0, issuing.ErrCertificateReplaced
 	}
 	if err != nil {
 		return 0, fmt.Errorf("record renewal information: %w", err)

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // ariCert stores a 90-day certificate for a new verified ACME domain in status, as the
@@ -72,7 +73,7 @@ func TestClaimRenewalInfo_InstancesTakeDifferentReads(t *testing.T) {
 	other, err := pgxpool.New(b.ctx, b.dsn)
 	require.NoError(t, err)
 	t.Cleanup(other.Close)
-	queues := []*queue.Queue{b.q, queue.New(other, queue.DefaultConfig())}
+	queues := []*queue.Queue{b.q, queue.New(other, issuing.DefaultConfig())}
 	var mu sync.Mutex
 	seen := map[string]int{}
 	var wg sync.WaitGroup
@@ -142,7 +143,7 @@ func TestClaimRenewalInfo_MovesReadsNotToBeMadeOutOfTheWay(t *testing.T) {
 	for _, name := range []string{renewing, failed, manual} {
 		r := b.ariRow(t, name)
 		require.NotNil(t, r.NextAt, name)
-		require.WithinDuration(t, r.Now.Add(queue.RenewalInfoDefault), *r.NextAt, 5*time.Second, name)
+		require.WithinDuration(t, r.Now.Add(issuing.RenewalInfoDefault), *r.NextAt, 5*time.Second, name)
 	}
 	next, ok, err := b.q.NextRenewalInfo(b.ctx)
 	require.NoError(t, err)
@@ -188,10 +189,10 @@ func TestRecordRenewalInfo_ACertificateReplacedMeanwhileKeepsItsOwnSchedule(t *t
 			require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT ssl_renew_by FROM proxy_domains WHERE id = $1`, id).Scan(&renewByBefore))
 
 			// The CA moved the old certificate's window into the past (a revocation).
-			_, err = b.q.RecordRenewalInfo(b.ctx, batch[0], queue.RenewalInfo{
+			_, err = b.q.RecordRenewalInfo(b.ctx, batch[0], issuing.RenewalInfo{
 				RenewNow: true, WindowEnd: time.Now().Add(-time.Minute), NextIn: time.Minute,
 			})
-			require.ErrorIs(t, err, queue.ErrCertificateReplaced)
+			require.ErrorIs(t, err, issuing.ErrCertificateReplaced)
 			after := b.ariRow(t, name)
 			require.Equal(t, before.RenewAt, after.RenewAt, "the new certificate took the old one's renewal time")
 			require.Equal(t, before.WindowEnd, after.WindowEnd, "the new certificate took the old one's window")
@@ -218,14 +219,14 @@ func TestRecordRenewalInfo_WritesTheDatabasesTime(t *testing.T) {
 	defer func() { _ = tx.Rollback(b.ctx) }()
 	var txNow time.Time
 	require.NoError(t, tx.QueryRow(b.ctx, `SELECT now()`).Scan(&txNow))
-	q := queue.New(tx, queue.DefaultConfig())
+	q := queue.New(tx, issuing.DefaultConfig())
 	batch, _, err := q.ClaimRenewalInfo(b.ctx, 1)
 	require.NoError(t, err)
 	require.Len(t, batch, 1)
 	require.True(t, batch[0].Now.Equal(txNow), "the claim's time %s is not the database's %s", batch[0].Now, txNow)
 
 	windowEnd := txNow.Add(-time.Hour).Truncate(time.Second)
-	renewIn, err := q.RecordRenewalInfo(b.ctx, batch[0], queue.RenewalInfo{RenewNow: true, WindowEnd: windowEnd, NextIn: 90 * time.Minute})
+	renewIn, err := q.RecordRenewalInfo(b.ctx, batch[0], issuing.RenewalInfo{RenewNow: true, WindowEnd: windowEnd, NextIn: 90 * time.Minute})
 	require.NoError(t, err)
 	require.Zero(t, renewIn)
 	var nextAt, renewAt, renewBy time.Time
@@ -255,14 +256,14 @@ func TestRenewalInfoIn_ClampedAndJittered(t *testing.T) {
 	} {
 		seen := map[time.Duration]bool{}
 		for range 50 {
-			d := queue.RenewalInfoIn(tc.retryAfter)
+			d := issuing.RenewalInfoIn(tc.retryAfter)
 			require.GreaterOrEqual(t, d, tc.from, "Retry-After %s", tc.retryAfter)
 			require.LessOrEqual(t, d, tc.to, "Retry-After %s", tc.retryAfter)
 			seen[d] = true
 		}
 		require.Greater(t, len(seen), 40, "Retry-After %s: no jitter", tc.retryAfter)
 	}
-	d := queue.RenewalInfoRetryIn()
-	require.GreaterOrEqual(t, d, queue.RenewalInfoAfterError)
-	require.LessOrEqual(t, d, queue.RenewalInfoAfterError*11/10)
+	d := issuing.RenewalInfoRetryIn()
+	require.GreaterOrEqual(t, d, issuing.RenewalInfoAfterError)
+	require.LessOrEqual(t, d, issuing.RenewalInfoAfterError*11/10)
 }

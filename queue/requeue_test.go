@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // The tenant operations are SQL functions (migration 00006) that the proxy calls; these
@@ -195,7 +196,7 @@ func TestUpdateDomainSQL_SwitchingAwayFromAcmeDropsTheClaim(t *testing.T) {
 	require.Nil(t, r.Token)
 	require.Nil(t, r.Lease)
 	err := b.markActive(c, mintCertificate(t, name, nowSecond(), nowSecond().Add(90*day)))
-	require.ErrorIs(t, err, queue.ErrNotACME, "the result's refusal says why: the switch")
+	require.ErrorIs(t, err, issuing.ErrNotACME, "the result's refusal says why: the switch")
 	require.Empty(t, b.certRows(t, name), "the result of an order for a domain no longer acme was stored")
 }
 

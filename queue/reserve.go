@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"strings"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -30,41 +30,9 @@ import (
 // uncharged, out of line, and are not claimed and handed back on every pass; after
 // --acme-fallback-after a second CA may take them, under its own ledger and reserve.
 
-// ScopeTenant is a pause of one tenant's orders at a CA: the tenant reserve.
-const ScopeTenant = "tenant"
-
-// DefaultTenantReserve is --limit-tenant-reserve: a quarter of the account's orders
-// is kept for the other tenants. At Let's Encrypt's 300 orders in 3 hours, one
-// tenant may take 225, and 75 are left for everyone else, each of whom may take
-// up to 74 of them.
-const DefaultTenantReserve = 0.25
-
-// MaxTenantReserve bounds --limit-tenant-reserve: above a half, R would be more than
-// L − R, and a tenant alone could take R orders while "the last R" is more than what
-// is left after L − R.
-const MaxTenantReserve = 0.5
-
-// ParseTenantReserve reads --limit-tenant-reserve: a percentage ("25%") or a fraction
-// ("0.25"), from 0 (off) to 50%.
-func ParseTenantReserve(s string) (float64, error) {
-	s = strings.TrimSpace(s)
-	pct := strings.HasSuffix(s, "%")
-	v, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(s, "%")), 64)
-	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
-		return 0, fmt.Errorf("%q is not a percentage (such as 25%%) or 0", s)
-	}
-	if pct {
-		v /= 100
-	}
-	if v < 0 || v > MaxTenantReserve {
-		return 0, fmt.Errorf("%q: the reserve must be between 0 (off) and 50%%", s)
-	}
-	return v, nil
-}
-
 // tenantReserve is R for limit l: ⌈Count × reserve⌉, at most Count − 1 (a limit of 1
 // has no reserve: it would leave no order to anyone); 0 when off.
-func tenantReserve(l Limit, reserve float64) int {
+func tenantReserve(l issuing.Limit, reserve float64) int {
 	if l.Off() || reserve <= 0 {
 		return 0
 	}
@@ -82,7 +50,7 @@ SELECT tenant_id::text, count(*), min(at) + make_interval(secs => $2) FROM certw
 
 // reserveCounts adds to counts, under the key ("tenant", id), what each tenant of as
 // has ordered in the account's window, when the reserve is on.
-func reserveCounts(ctx context.Context, tx pgx.Tx, directory string, l Limits, as []Admission, counts map[ledgerKey]ledgerCount) error {
+func reserveCounts(ctx context.Context, tx pgx.Tx, directory string, l issuing.Limits, as []Admission, counts map[ledgerKey]ledgerCount) error {
 	if tenantReserve(l.OrdersPerAccount, l.TenantReserve) == 0 {
 		return nil
 	}
@@ -92,7 +60,7 @@ func reserveCounts(ctx context.Context, tx pgx.Tx, directory string, l Limits, a
 			tenants = append(tenants, a.Claim.TenantID)
 		}
 	}
-	rows, err := tx.Query(ctx, tenantCountsSQL, directory, seconds(l.OrdersPerAccount.window()), tenants)
+	rows, err := tx.Query(ctx, tenantCountsSQL, directory, seconds(l.OrdersPerAccount.ActiveWindow()), tenants)
 	if err != nil {
 		return fmt.Errorf("count orders per tenant: %w", err)
 	}
@@ -103,7 +71,7 @@ func reserveCounts(ctx context.Context, tx pgx.Tx, directory string, l Limits, a
 		if err := rows.Scan(&tenant, &c.n, &c.frees); err != nil {
 			return fmt.Errorf("count orders per tenant: %w", err)
 		}
-		counts[ledgerKey{ScopeTenant, tenant}] = c
+		counts[ledgerKey{issuing.ScopeTenant, tenant}] = c
 	}
 	return rows.Err()
 }
@@ -120,14 +88,14 @@ func (d *ledgerDecision) reserveHolds(a Admission) string {
 		return ""
 	}
 	account := d.counts[ledgerKey{"account", d.directory}].n
-	own := d.counts[ledgerKey{ScopeTenant, a.Claim.TenantID}].n
+	own := d.counts[ledgerKey{issuing.ScopeTenant, a.Claim.TenantID}].n
 	if account < l.Count-r || own < r {
 		return ""
 	}
 	why := fmt.Sprintf("ledger: %d of the account's %d orders in %s are taken, %d by this tenant; the last %d go to "+
 		"tenants with fewer than %d (--limit-tenant-reserve %s of --limit-orders-per-account %s)",
 		account, l.Count, l.Window, own, r, r, strconv.FormatFloat(d.limits.TenantReserve*100, 'f', -1, 64)+"%", l)
-	k := ledgerKey{ScopeTenant, a.Claim.TenantID}
+	k := ledgerKey{issuing.ScopeTenant, a.Claim.TenantID}
 	if c, f := d.counts[k], d.counts[ledgerKey{"account", d.directory}].frees; f != nil && (c.frees == nil || f.Before(*c.frees)) {
 		c.frees = f
 		d.counts[k] = c
@@ -141,7 +109,7 @@ func (d *ledgerDecision) recordReserve(a Admission) {
 	if a.Renewal || a.Claim.TenantID == "" || tenantReserve(d.limits.OrdersPerAccount, d.limits.TenantReserve) == 0 {
 		return
 	}
-	k := ledgerKey{ScopeTenant, a.Claim.TenantID}
+	k := ledgerKey{issuing.ScopeTenant, a.Claim.TenantID}
 	c := d.counts[k]
 	c.n++
 	d.counts[k] = c
@@ -152,6 +120,6 @@ func (d *ledgerDecision) recordReserve(a Admission) {
 // per account (renewalSQL, with second the second CA's directory or ""): such a pause
 // holds x back.
 func tenantReservePauseSQL(p, x, directory, second string) string {
-	return `(` + p + `.scope = '` + ScopeTenant + `' AND ` + p + `.directory = ` + directory + `
+	return `(` + p + `.scope = '` + issuing.ScopeTenant + `' AND ` + p + `.directory = ` + directory + `
          AND ` + p + `.key = ` + x + `.tenant_id::text AND NOT ` + renewalSQL(x+".domain", directory, second) + `)`
 }

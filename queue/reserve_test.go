@@ -9,10 +9,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // reserveLimits: 8 orders an hour, a quarter kept: R = 2, a tenant alone takes 6.
-var reserveLimits = queue.Limits{OrdersPerAccount: queue.Limit{Count: 8, Window: time.Hour}, TenantReserve: 0.25}
+var reserveLimits = issuing.Limits{OrdersPerAccount: issuing.Limit{Count: 8, Window: time.Hour}, TenantReserve: 0.25}
 
 // bulk adds n verified domains of tenant named PREFIX-i.example.
 func (b *bundle) bulkNamed(t *testing.T, tenant, prefix string, n int) []string {
@@ -26,7 +27,7 @@ func (b *bundle) bulkNamed(t *testing.T, tenant, prefix string, n int) []string 
 
 // admitAll claims what is due and asks the ledger about it, settling each admitted
 // order as outcome (an order the CA counts).
-func (b *bundle) admitAll(t *testing.T, limits queue.Limits, outcome string) (admitted []queue.Claim, refused []queue.Refusal) {
+func (b *bundle) admitAll(t *testing.T, limits issuing.Limits, outcome string) (admitted []issuing.Claim, refused []queue.Refusal) {
 	t.Helper()
 	admitted, refused, err := b.q.Admit(b.ctx, testDirectory, limits, b.admissions(t, false))
 	require.NoError(t, err)
@@ -88,11 +89,11 @@ func TestTenantReserve_OneTenantsFailingNamesThenAnotherTenantsNewcomerIsAdmitte
 	b := setup(t)
 	tt, u := b.tenant(t), b.tenant(t)
 	b.bulkNamed(t, tt, "failing", 12)
-	admitted, _ := b.admitAll(t, reserveLimits, queue.LedgerFailedAuthz)
+	admitted, _ := b.admitAll(t, reserveLimits, issuing.LedgerFailedAuthz)
 	require.Len(t, admitted, 6)
 	// Their backoff over, T's names are due again: still held.
 	b.exec(t, `UPDATE proxy_domains SET ssl_last_attempt_at = now() - interval '1 day'`)
-	admitted, _ = b.admitAll(t, reserveLimits, queue.LedgerFailedAuthz)
+	admitted, _ = b.admitAll(t, reserveLimits, issuing.LedgerFailedAuthz)
 	require.Empty(t, admitted, "the tenant took more than L - R")
 
 	newcomer := b.named(t, u, "newcomer.example")
@@ -111,7 +112,7 @@ func TestTenantReserve_DeleteAndReAddDoesNotResetTheCount(t *testing.T) {
 	b := setup(t)
 	tn := b.tenant(t)
 	b.bulkNamed(t, tn, "gone", 6)
-	admitted, _ := b.admitAll(t, reserveLimits, queue.LedgerFailed)
+	admitted, _ := b.admitAll(t, reserveLimits, issuing.LedgerFailed)
 	require.Len(t, admitted, 6)
 	b.exec(t, `DELETE FROM proxy_domains WHERE tenant_id = $1`, tn)
 	b.exec(t, `DELETE FROM certworker_pauses`)
@@ -130,7 +131,7 @@ func TestTenantReserve_RenewalsAndAReserveOfZeroAreNotLimited(t *testing.T) {
 	b := setup(t)
 	tn := b.tenant(t)
 	b.bulkNamed(t, tn, "cap", 6)
-	admitted, _ := b.admitAll(t, reserveLimits, queue.LedgerFailed)
+	admitted, _ := b.admitAll(t, reserveLimits, issuing.LedgerFailed)
 	require.Len(t, admitted, 6)
 	b.exec(t, `DELETE FROM certworker_pauses`)
 	b.exec(t, `UPDATE proxy_domains SET ssl_status = 'pending', ssl_last_attempt_at = NULL, ssl_attempts = 0`)
@@ -163,7 +164,7 @@ func TestTenantReserve_AfterTheFallbackDelayTheSecondCATakesTheDomain(t *testing
 	b := setup(t)
 	tn := b.tenant(t)
 	id := b.named(t, tn, "second.example")
-	_, err := b.q.PauseAt(b.ctx, testDirectory, queue.ScopeTenant, tn, queue.PauseLedger, time.Hour, "ledger: the tenant reserve")
+	_, err := b.q.PauseAt(b.ctx, testDirectory, issuing.ScopeTenant, tn, issuing.PauseLedger, time.Hour, "ledger: the tenant reserve")
 	require.NoError(t, err)
 	routed := b.routed(time.Minute)
 	require.Empty(t, b.claimAll(t, routed), "a domain its tenant's reserve holds back at the first CA was claimed at once")
@@ -171,19 +172,19 @@ func TestTenantReserve_AfterTheFallbackDelayTheSecondCATakesTheDomain(t *testing
 	got := b.claimAll(t, routed)
 	require.Contains(t, got, id)
 	require.Equal(t, secondDirectory, got[id].Directory)
-	require.Equal(t, queue.FallbackLedger, got[id].FallbackCause)
+	require.Equal(t, issuing.FallbackLedger, got[id].FallbackCause)
 }
 
 // --limit-tenant-reserve: a percentage or a fraction, 0 to 50%.
 func TestParseTenantReserve(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]float64{"25%": 0.25, "0": 0, "0%": 0, " 50% ": 0.5, "0.1": 0.1, "12.5%": 0.125} {
-		got, err := queue.ParseTenantReserve(in)
+		got, err := issuing.ParseTenantReserve(in)
 		require.NoError(t, err, in)
 		require.InDelta(t, want, got, 1e-12, in)
 	}
 	for _, in := range []string{"", "51%", "-1%", "lots", "NaN", "0.6"} {
-		_, err := queue.ParseTenantReserve(in)
+		_, err := issuing.ParseTenantReserve(in)
 		require.Error(t, err, in)
 	}
 }
@@ -207,7 +208,7 @@ func TestTenantReserve_AReadmittedRenewalIsUnderTheReserve(t *testing.T) {
 	id := b.named(t, tn, "renewed-"+tn[:8]+".example")
 	c := b.claimOne(t, id)
 	err = b.q.Readmit(b.ctx, testDirectory, reserveLimits, queue.Admission{Claim: c})
-	var held *queue.LedgerRefusedError
+	var held *issuing.LedgerRefusedError
 	require.ErrorAs(t, err, &held, "a readmitted order of a tenant at L - R went past the tenant reserve")
 	require.Contains(t, held.Reason, "--limit-tenant-reserve")
 }

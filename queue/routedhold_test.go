@@ -6,10 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-
-	"github.com/certworker/certworker/queue"
 )
 
 // With a second CA the claim reads only what it can take: the rows a hold of the
@@ -31,7 +30,7 @@ func TestClaimRouted_TakesRowsHeldAtTheFirstCAOutOfLineUntilTheirDecisionCanChan
 	for i := range 5 {
 		free[b.named(t, b.tenant(t), "n"+strconv.Itoa(i)+".free.example")] = true
 	}
-	_, err := b.q.PauseAt(b.ctx, testDirectory, queue.ScopeRegisteredDomain, "held.example", queue.PauseRateLimit,
+	_, err := b.q.PauseAt(b.ctx, testDirectory, issuing.ScopeRegisteredDomain, "held.example", issuing.PauseRateLimit,
 		time.Hour, "too many")
 	require.NoError(t, err)
 	q := b.routed(10 * time.Minute)
@@ -72,7 +71,7 @@ func TestClaimRouted_AHeldRowGoesToTheSecondCAWhenItsTimeComes(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	id := b.named(t, b.tenant(t), "a.held.example")
-	_, err := b.q.PauseAt(b.ctx, testDirectory, queue.ScopeRegisteredDomain, "held.example", queue.PauseRateLimit,
+	_, err := b.q.PauseAt(b.ctx, testDirectory, issuing.ScopeRegisteredDomain, "held.example", issuing.PauseRateLimit,
 		time.Hour, "too many")
 	require.NoError(t, err)
 	q := b.routed(10 * time.Minute)
@@ -86,7 +85,7 @@ func TestClaimRouted_AHeldRowGoesToTheSecondCAWhenItsTimeComes(t *testing.T) {
 	got := b.claimAll(t, q)
 	require.Contains(t, got, id)
 	require.Equal(t, secondDirectory, got[id].Directory)
-	require.Equal(t, queue.FallbackRateLimit, got[id].FallbackCause)
+	require.Equal(t, issuing.FallbackRateLimit, got[id].FallbackCause)
 }
 
 // A hand-back keeps the start of the row's wait (ssl_waiting_since), though it stamps
@@ -122,7 +121,7 @@ FROM proxy_domains WHERE id = $1`, id).Scan(&waited, &queued))
 	got := b.claimAll(t, q)
 	require.Contains(t, got, id, "the domain waits --acme-fallback-after again from its hand-back")
 	require.Equal(t, secondDirectory, got[id].Directory)
-	require.Equal(t, queue.FallbackOutage, got[id].FallbackCause)
+	require.Equal(t, issuing.FallbackOutage, got[id].FallbackCause)
 }
 
 // ReturnHeld looks the rows it brings back up by their id whatever the statistics

@@ -14,6 +14,7 @@ import (
 
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // sanitizeCases are texts a CA, a DNS answer or a Go error can put in front of the
@@ -137,7 +138,7 @@ func TestErrorText_EscapesWhatTheServerEncodingCannotHold(t *testing.T) {
 			require.Equal(t, "22P05", pg.Code)
 		}
 
-		got := queue.ErrorTextForTest(ctx, queue.New(conn, queue.DefaultConfig()), "Zürich €5 日本 \x00\xff")
+		got := queue.ErrorTextForTest(ctx, queue.New(conn, issuing.DefaultConfig()), "Zürich €5 日本 \x00\xff")
 		require.Equal(t, `Z\u{00FC}rich \u{20AC}5 \u{65E5}\u{672C} \xFF`, got)
 		var back string
 		require.NoError(t, conn.QueryRow(ctx, `INSERT INTO t VALUES ($1) RETURNING v`, got).Scan(&back))

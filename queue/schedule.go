@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // claimableSQL is the claimable set: what the wake trigger, the claim and the partial
@@ -60,7 +62,7 @@ func (q *Queue) NextDue(ctx context.Context, directory string) (d time.Duration,
 
 // nextDueStatement is NextDue's statement and its arguments.
 func (q *Queue) nextDueStatement(directory string) (string, []any) {
-	capped := min(q.cfg.firstCapped(), q.cfg.MaxAttempts)
+	capped := min(firstCapped(q.cfg), q.cfg.MaxAttempts)
 	args := []any{q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax), directory, capped}
 	// A pause of the CA holds back every row until it ends, but with a second CA a
 	// row held back at the first may go to the second before then: the routed claim
@@ -96,13 +98,13 @@ SELECT ` + secondsUntilSQL(`LEAST(GREATEST(
 
 // firstCapped is the first attempt count whose backoff is the cap: every count from
 // it on waits the same.
-func (c Config) firstCapped() int {
-	for n := 0; n < maxShift; n++ {
+func firstCapped(c issuing.Config) int {
+	for n := 0; n < issuing.MaxShift; n++ {
 		if c.Backoff(n) >= c.RetryMax {
 			return n
 		}
 	}
-	return maxShift
+	return issuing.MaxShift
 }
 
 // Maintenance is when the maintenance steps next have work, as delays from now on

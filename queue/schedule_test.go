@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // nextDue is NextDue as a time on this host's clock (the delay is the database's;
@@ -107,7 +108,7 @@ func TestNextDue_PausesEndIt(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.domain(t, b.tenant(t), "pending", 0, nil)
-	_, err := b.q.Pause(b.ctx, queue.ScopeCA, testDirectory, queue.PauseRateLimit, time.Hour, "slow down")
+	_, err := b.q.Pause(b.ctx, issuing.ScopeCA, testDirectory, issuing.PauseRateLimit, time.Hour, "slow down")
 	require.NoError(t, err)
 	at, ok := b.nextDue(t)
 	require.True(t, ok)
@@ -115,7 +116,7 @@ func TestNextDue_PausesEndIt(t *testing.T) {
 
 	other := setup(t)
 	id, _ := other.domain(t, other.tenant(t), "pending", 1, ago(0))
-	_, err = other.q.Pause(other.ctx, queue.ScopeDomain, "x.example", queue.PauseLedger, 10*time.Second, "ledger")
+	_, err = other.q.Pause(other.ctx, issuing.ScopeDomain, "x.example", issuing.PauseLedger, 10*time.Second, "ledger")
 	require.NoError(t, err)
 	at, ok = other.nextDue(t)
 	require.True(t, ok)
@@ -136,7 +137,7 @@ func TestNextDue_ALedgersPauseOfTheAccountDoesNotPostponeABackoff(t *testing.T) 
 	id, _ := b.domain(t, b.tenant(t), "pending", 1, ago(0))
 	last := b.sslRow(t, id).LastAttempt
 	require.NotNil(t, last)
-	_, err := b.q.Pause(b.ctx, queue.ScopeCA, testDirectory, queue.PauseLedger, 7*day, "ledger: the account's orders")
+	_, err := b.q.Pause(b.ctx, issuing.ScopeCA, testDirectory, issuing.PauseLedger, 7*day, "ledger: the account's orders")
 	require.NoError(t, err)
 	at, ok := b.nextDue(t)
 	require.True(t, ok)
@@ -215,7 +216,7 @@ FROM generate_series(1, 20000) g`, b.tenant(t))
 	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	q := queue.New(pool, queue.DefaultConfig())
+	q := queue.New(pool, issuing.DefaultConfig())
 	for range 10 {
 		_, _, err := q.NextDue(b.ctx, testDirectory)
 		require.NoError(t, err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -57,7 +58,7 @@ const (
 // transaction set tighter bounds of their own inside it (Admit, SettleLedger).
 func WorkerSession(lease time.Duration) Session {
 	if lease <= 0 {
-		lease = DefaultLease
+		lease = issuing.DefaultLease
 	}
 	return Session{
 		StatementTimeout:         lease / 4,
@@ -69,7 +70,7 @@ func WorkerSession(lease time.Duration) Session {
 // WorkerSessionFor is WorkerSession for cfg's lease, with each new session warmed up
 // for the wake path of a worker with cfg's settings and the CA at directory
 // (Queue.WarmUp).
-func WorkerSessionFor(cfg Config, directory string) Session {
+func WorkerSessionFor(cfg issuing.Config, directory string) Session {
 	s := WorkerSession(cfg.Lease)
 	s.Warm = func(ctx context.Context, conn *pgx.Conn) error { return New(conn, cfg).WarmUp(ctx, conn, directory) }
 	return s
@@ -77,7 +78,7 @@ func WorkerSessionFor(cfg Config, directory string) Session {
 
 // ConfigurePool sets up the sessions of a pool that the queue's statements run in
 // with the worker's bounds at the default lease (WorkerSession): ConfigureSession.
-func ConfigurePool(cfg *pgxpool.Config) { ConfigureSession(cfg, WorkerSession(DefaultLease)) }
+func ConfigurePool(cfg *pgxpool.Config) { ConfigureSession(cfg, WorkerSession(issuing.DefaultLease)) }
 
 // HostConnectTimeout bounds a pool's connection to one host (dial, TLS,
 // authentication) where its connection string sets no connect_timeout. pgx applies
@@ -144,7 +145,7 @@ func (s Session) sql() string {
 
 // NewPool is pgxpool.New with ConfigurePool's sessions.
 func NewPool(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
-	return NewPoolWith(ctx, dsn, WorkerSession(DefaultLease))
+	return NewPoolWith(ctx, dsn, WorkerSession(issuing.DefaultLease))
 }
 
 // NewPoolWith is pgxpool.New with ConfigureSession's sessions.

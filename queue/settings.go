@@ -5,20 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/jackc/pgx/v5"
-)
-
-// The wake modes (`certworker run --wake`, certworker_settings.wake).
-const (
-	// WakeNotify: the trigger notifies and the worker listens.
-	WakeNotify = "notify"
-	// WakeLogical: the trigger does not notify; the worker reads a logical
-	// replication stream.
-	WakeLogical = "logical"
 )
 
 // SetWakeMode records mode (WakeNotify or WakeLogical) in certworker_settings, which
@@ -35,10 +26,10 @@ const (
 // on its timer and poll until it is restarted with --wake logical. A caller that sees
 // the mode change should say so.
 func (q *Queue) SetWakeMode(ctx context.Context, mode string) (previous string, err error) {
-	if mode != WakeNotify && mode != WakeLogical {
-		return "", fmt.Errorf("set wake mode: %q is neither %s nor %s", mode, WakeNotify, WakeLogical)
+	if mode != issuing.WakeNotify && mode != issuing.WakeLogical {
+		return "", fmt.Errorf("set wake mode: %q is neither %s nor %s", mode, issuing.WakeNotify, issuing.WakeLogical)
 	}
-	current := WakeNotify
+	current := issuing.WakeNotify
 	err = q.db.QueryRow(ctx, `SELECT wake FROM certworker_settings WHERE id`).Scan(&current)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return "", fmt.Errorf("read wake mode: %w", err)
@@ -58,127 +49,9 @@ RETURNING (SELECT wake FROM old)`, mode).Scan(&prev)
 		return "", fmt.Errorf("record wake mode in certworker_settings (the worker's role needs INSERT and UPDATE on it to switch modes): %w", err)
 	}
 	if prev == nil {
-		return WakeNotify, nil
+		return issuing.WakeNotify, nil
 	}
 	return *prev, nil
-}
-
-// Limit is one ledger limit: at most Count orders in any window of Window. The zero
-// Limit is off.
-type Limit struct {
-	Count  int
-	Window time.Duration
-}
-
-// Off reports whether the limit is off.
-func (l Limit) Off() bool { return l.Count <= 0 || l.Window <= 0 }
-
-// String is the flag's form: COUNT/DURATION, or off.
-func (l Limit) String() string {
-	if l.Off() {
-		return "off"
-	}
-	return strconv.Itoa(l.Count) + "/" + l.Window.String()
-}
-
-// ParseLimit reads a --limit-* value: COUNT/DURATION (a Go duration), or off.
-func ParseLimit(s string) (Limit, error) {
-	s = strings.TrimSpace(s)
-	if s == "off" {
-		return Limit{}, nil
-	}
-	count, window, ok := strings.Cut(s, "/")
-	if !ok {
-		return Limit{}, fmt.Errorf("%q is not COUNT/DURATION or off", s)
-	}
-	n, err := strconv.Atoi(count)
-	if err != nil || n < 1 {
-		return Limit{}, fmt.Errorf("%q: the count must be a whole number of at least 1", s)
-	}
-	d, err := time.ParseDuration(window)
-	if err != nil || d <= 0 {
-		return Limit{}, fmt.Errorf("%q: the window must be a positive Go duration such as 3h", s)
-	}
-	return Limit{Count: n, Window: d}, nil
-}
-
-// Limits are the ledger's limits, mirrors of the CA's published ones (CONTRACT.md §3).
-type Limits struct {
-	OrdersPerAccount         Limit
-	CertsPerRegisteredDomain Limit
-	CertsPerExactSet         Limit
-	FailedAuthzPerName       Limit
-	// TenantReserve is --limit-tenant-reserve, the share of OrdersPerAccount kept for
-	// the other tenants (reserve.go); 0 is off.
-	TenantReserve float64
-}
-
-// Any reports whether any limit is on.
-func (l Limits) Any() bool {
-	return !l.OrdersPerAccount.Off() || !l.CertsPerRegisteredDomain.Off() ||
-		!l.CertsPerExactSet.Off() || !l.FailedAuthzPerName.Off()
-}
-
-// Longest is the longest window of the limits that are on (0 when all are off): how
-// long ledger rows are worth keeping.
-func (l Limits) Longest() time.Duration {
-	return max(l.OrdersPerAccount.window(), l.CertsPerRegisteredDomain.window(),
-		l.CertsPerExactSet.window(), l.FailedAuthzPerName.window())
-}
-
-func (l Limit) window() time.Duration {
-	if l.Off() {
-		return 0
-	}
-	return l.Window
-}
-
-// jsonLimit is a Limit as certworker_settings.limits stores it.
-type jsonLimit struct {
-	Count         int     `json:"count"`
-	WindowSeconds float64 `json:"window_seconds"`
-}
-
-func (l Limit) toJSON() *jsonLimit {
-	if l.Off() {
-		return nil
-	}
-	return &jsonLimit{Count: l.Count, WindowSeconds: l.Window.Seconds()}
-}
-
-func (j *jsonLimit) limit() Limit {
-	if j == nil {
-		return Limit{}
-	}
-	return Limit{Count: j.Count, Window: time.Duration(j.WindowSeconds * float64(time.Second))}
-}
-
-type jsonLimits struct {
-	OrdersPerAccount         *jsonLimit `json:"orders_per_account"`
-	CertsPerRegisteredDomain *jsonLimit `json:"certs_per_registered_domain"`
-	CertsPerExactSet         *jsonLimit `json:"certs_per_exact_set"`
-	FailedAuthzPerName       *jsonLimit `json:"failed_authz_per_name"`
-	TenantReserve            float64    `json:"tenant_reserve,omitempty"`
-}
-
-// MarshalJSON is the form certworker_settings.limits stores (a limit that is off is
-// null).
-func (l Limits) MarshalJSON() ([]byte, error) {
-	return json.Marshal(jsonLimits{
-		l.OrdersPerAccount.toJSON(), l.CertsPerRegisteredDomain.toJSON(),
-		l.CertsPerExactSet.toJSON(), l.FailedAuthzPerName.toJSON(), l.TenantReserve,
-	})
-}
-
-// UnmarshalJSON reads certworker_settings.limits.
-func (l *Limits) UnmarshalJSON(b []byte) error {
-	var j jsonLimits
-	if err := json.Unmarshal(b, &j); err != nil {
-		return err
-	}
-	*l = Limits{j.OrdersPerAccount.limit(), j.CertsPerRegisteredDomain.limit(),
-		j.CertsPerExactSet.limit(), j.FailedAuthzPerName.limit(), j.TenantReserve}
-	return nil
 }
 
 // FleetSettings are the settings every instance must share: the backoff curve that
@@ -187,7 +60,7 @@ type FleetSettings struct {
 	RetryBase   time.Duration
 	RetryMax    time.Duration
 	MaxAttempts int
-	Limits      Limits
+	Limits      issuing.Limits
 }
 
 // RecordSettings writes s as the fleet's settings and returns what was recorded

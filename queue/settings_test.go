@@ -15,6 +15,7 @@ import (
 
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // Guards against the proxy paying for a mode it does not use: in logical mode the
@@ -25,7 +26,7 @@ import (
 func TestSetWakeMode_TriggerNotifiesOnlyInNotifyMode(t *testing.T) {
 	t.Parallel()
 	pool, dsn := pgtest.NewPool(t)
-	q := queue.New(pool, queue.DefaultConfig())
+	q := queue.New(pool, issuing.DefaultConfig())
 	ctx := context.Background()
 	var tenant string
 	require.NoError(t, pool.QueryRow(ctx,
@@ -60,18 +61,18 @@ func TestSetWakeMode_TriggerNotifiesOnlyInNotifyMode(t *testing.T) {
 
 	require.Equal(t, 1, notified(t), "no setting recorded: notify, as before migration 00004")
 
-	prev, err := q.SetWakeMode(ctx, queue.WakeLogical)
+	prev, err := q.SetWakeMode(ctx, issuing.WakeLogical)
 	require.NoError(t, err)
-	require.Equal(t, queue.WakeNotify, prev, "no setting recorded counts as notify")
+	require.Equal(t, issuing.WakeNotify, prev, "no setting recorded counts as notify")
 	require.Zero(t, notified(t), "logical mode: the trigger must not notify")
 
-	prev, err = q.SetWakeMode(ctx, queue.WakeLogical)
+	prev, err = q.SetWakeMode(ctx, issuing.WakeLogical)
 	require.NoError(t, err)
-	require.Equal(t, queue.WakeLogical, prev)
+	require.Equal(t, issuing.WakeLogical, prev)
 
-	prev, err = q.SetWakeMode(ctx, queue.WakeNotify)
+	prev, err = q.SetWakeMode(ctx, issuing.WakeNotify)
 	require.NoError(t, err)
-	require.Equal(t, queue.WakeLogical, prev)
+	require.Equal(t, issuing.WakeLogical, prev)
 	require.Equal(t, 1, notified(t))
 
 	_, err = q.SetWakeMode(ctx, "carrier-pigeon")
@@ -88,7 +89,7 @@ func TestSetWakeMode_TriggerNotifiesOnlyInNotifyMode(t *testing.T) {
 func TestSetWakeMode_TriggerWorksForARoleWithoutGrantsOnSettings(t *testing.T) {
 	t.Parallel()
 	pool, dsn := pgtest.NewPool(t)
-	q := queue.New(pool, queue.DefaultConfig())
+	q := queue.New(pool, issuing.DefaultConfig())
 	ctx := context.Background()
 	role := "proxy_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
 	for _, sql := range []string{
@@ -112,7 +113,7 @@ func TestSetWakeMode_TriggerWorksForARoleWithoutGrantsOnSettings(t *testing.T) {
 	var tenant string
 	require.NoError(t, proxy.QueryRow(ctx,
 		"INSERT INTO proxy_tenants (name, slug, email) VALUES ('t', 't', 't@example.com') RETURNING id").Scan(&tenant))
-	for _, mode := range []string{queue.WakeNotify, queue.WakeLogical} {
+	for _, mode := range []string{issuing.WakeNotify, issuing.WakeLogical} {
 		_, err := q.SetWakeMode(ctx, mode)
 		require.NoError(t, err)
 		_, err = proxy.Exec(ctx, `INSERT INTO proxy_domains
@@ -127,10 +128,10 @@ func TestSetWakeMode_TriggerWorksForARoleWithoutGrantsOnSettings(t *testing.T) {
 	limited, err := pgxpool.New(ctx, u.String())
 	require.NoError(t, err)
 	defer limited.Close()
-	ql := queue.New(limited, queue.DefaultConfig())
-	prev, err := ql.SetWakeMode(ctx, queue.WakeLogical)
+	ql := queue.New(limited, issuing.DefaultConfig())
+	prev, err := ql.SetWakeMode(ctx, issuing.WakeLogical)
 	require.NoError(t, err, "no change, no write")
-	require.Equal(t, queue.WakeLogical, prev)
-	_, err = ql.SetWakeMode(ctx, queue.WakeNotify)
+	require.Equal(t, issuing.WakeLogical, prev)
+	_, err = ql.SetWakeMode(ctx, issuing.WakeNotify)
 	require.ErrorContains(t, err, "needs INSERT and UPDATE")
 }

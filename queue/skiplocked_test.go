@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // workerQueue is a queue on a pool whose sessions have the worker's bounds
@@ -16,13 +17,13 @@ import (
 // a statement that waits on a locked row fails with 55P03 rather than hang the test.
 func (b *bundle) workerQueue(t *testing.T) *queue.Queue {
 	t.Helper()
-	return queue.New(b.workerPool(t), queue.DefaultConfig())
+	return queue.New(b.workerPool(t), issuing.DefaultConfig())
 }
 
 // workerPool is a pool whose sessions have the worker's bounds, as workerQueue's.
 func (b *bundle) workerPool(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	pool, err := queue.NewPoolWith(b.ctx, b.dsn, queue.WorkerSession(queue.DefaultLease))
+	pool, err := queue.NewPoolWith(b.ctx, b.dsn, queue.WorkerSession(issuing.DefaultLease))
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pool

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -58,7 +59,7 @@ type FleetStats struct {
 	LedgerOrders, LedgerLimit *int
 	// Replace is how the replacement of the certificates whose renewal window has
 	// started is going (a mass revocation, or a drill, shows here).
-	Replace ReplaceProgress
+	Replace issuing.ReplaceProgress
 	// Totals are the counts behind Domains["active"] and Verified, and when they were
 	// counted: at At, or earlier when reused (FleetStatsReusing).
 	Totals FleetTotals
@@ -97,7 +98,7 @@ func (q *Queue) FleetStats(ctx context.Context, directory string) (FleetStats, e
 func (q *Queue) FleetStatsReusing(ctx context.Context, directory string, last *FleetTotals, maxAge time.Duration) (FleetStats, error) {
 	s := FleetStats{
 		Domains:      map[string]int{"pending": 0, "provisioning": 0, "active": 0, "failed": 0},
-		Paused:       map[string]int{ScopeCA: 0, ScopeRegisteredDomain: 0, ScopeDomain: 0},
+		Paused:       map[string]int{issuing.ScopeCA: 0, issuing.ScopeRegisteredDomain: 0, issuing.ScopeDomain: 0},
 		totalsMaxAge: maxAge,
 	}
 	if last != nil {
@@ -265,7 +266,7 @@ func readPauses(ctx context.Context, tx pgx.Tx, s *FleetStats, directory string)
 	if err := tx.QueryRow(ctx, pausesSQL, directory).Scan(&s.CAPausedUntil, &ca, &regd, &dom); err != nil {
 		return fmt.Errorf("count paused domains: %w", err)
 	}
-	s.Paused[ScopeCA], s.Paused[ScopeRegisteredDomain], s.Paused[ScopeDomain] = ca, regd, dom
+	s.Paused[issuing.ScopeCA], s.Paused[issuing.ScopeRegisteredDomain], s.Paused[issuing.ScopeDomain] = ca, regd, dom
 	return nil
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // fleetDomains is the size of the installation the fleet statistics must stay cheap at.
@@ -92,7 +93,7 @@ type benchDB struct {
 func newBenchDB(tb testing.TB) *benchDB {
 	tb.Helper()
 	pool, _ := pgtest.NewPool(tb)
-	return &benchDB{ctx: context.Background(), pool: pool, q: queue.New(pool, queue.DefaultConfig()), tenant: pgtest.Tenant(tb, pool)}
+	return &benchDB{ctx: context.Background(), pool: pool, q: queue.New(pool, issuing.DefaultConfig()), tenant: pgtest.Tenant(tb, pool)}
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

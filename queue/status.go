@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -51,13 +52,13 @@ type Overview struct {
 	Counts  Counts    `json:"counts"`
 	Domains []Trouble `json:"domains"`
 	// Pauses are the pauses in force, the CA's included.
-	Pauses []PauseState `json:"pauses"`
+	Pauses []issuing.PauseState `json:"pauses"`
 	// Profiles are the profiles domains name of their own (ssl_profile), most used
 	// first; every other acme domain orders under --acme-profile.
 	Profiles []ProfileCount `json:"profiles"`
 	// Replace is how the replacement of the certificates whose renewal window has
 	// started is going, at the pace of every CA the fleet has an account with.
-	Replace ReplaceProgress `json:"replace"`
+	Replace issuing.ReplaceProgress `json:"replace"`
 	// Issuers count the stored certificates of acme domains by the CA that issued them
 	// (proxy_certificates.issuer_directory: with a second CA, two), most first.
 	Issuers []IssuerCount `json:"issuers"`
@@ -80,7 +81,7 @@ LEFT JOIN LATERAL (
     SELECT p.scope, p.paused_until, p.reason FROM certworker_pauses p
     WHERE p.paused_until > now()
       AND (p.scope = 'ca'
-           OR (p.scope = '` + ScopeTenant + `' AND p.key = d.tenant_id::text)
+           OR (p.scope = '` + issuing.ScopeTenant + `' AND p.key = d.tenant_id::text)
            OR (p.scope IN ('registered_domain', 'domain') AND p.key = ANY (certworker_suffixes(d.domain))
                AND (p.scope = 'registered_domain' OR p.key = lower(d.domain))))
     ORDER BY p.paused_until DESC LIMIT 1) pz ON true`
@@ -100,7 +101,7 @@ func nextAttemptAtSQL(attempts, base, cap string) string {
 
 // curve is the backoff curve `status` reports by: the one the running workers
 // recorded (certworker_settings), or this Queue's where none has.
-func (q *Queue) curve(ctx context.Context) (Config, error) {
+func (q *Queue) curve(ctx context.Context) (issuing.Config, error) {
 	s, ok, err := q.Settings(ctx)
 	if err != nil || !ok {
 		return q.cfg, err
@@ -184,7 +185,7 @@ FROM (
                     AND ((p.scope IN ('registered_domain', 'domain')
                           AND p.key = ANY (certworker_suffixes(x.domain))
                           AND (p.scope = 'registered_domain' OR p.key = lower(x.domain)))
-                         OR (p.scope = '`+ScopeTenant+`' AND p.key = x.tenant_id::text)))
+                         OR (p.scope = '`+issuing.ScopeTenant+`' AND p.key = x.tenant_id::text)))
     UNION
     SELECT `+troubleColumnsSQL+` FROM proxy_domains
     WHERE ssl_profile_refused IS NOT NULL AND ssl_profile = ssl_profile_refused
@@ -265,22 +266,22 @@ GROUP BY 1 ORDER BY 2 DESC, 1`)
 }
 
 // Pauses are the pauses in force, the one that ends last first.
-func (q *Queue) Pauses(ctx context.Context) ([]PauseState, error) {
+func (q *Queue) Pauses(ctx context.Context) ([]issuing.PauseState, error) {
 	rows, err := q.db.Query(ctx, `
 SELECT scope, key, source, paused_until, reason, directory FROM certworker_pauses
 WHERE paused_until > now() ORDER BY paused_until DESC`)
 	if err != nil {
 		return nil, fmt.Errorf("list pauses: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (PauseState, error) {
-		var p PauseState
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (issuing.PauseState, error) {
+		var p issuing.PauseState
 		err := r.Scan(&p.Scope, &p.Key, &p.Source, &p.PausedUntil, &p.Reason, &p.Directory)
 		return p, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list pauses: %w", err)
 	}
-	return append([]PauseState{}, out...), nil
+	return append([]issuing.PauseState{}, out...), nil
 }
 
 // StoredCertificate is a proxy_certificates row, without its key.
@@ -371,7 +372,7 @@ ORDER BY d.domain`, domain,
 		return nil, fmt.Errorf("read domain: %w", err)
 	}
 	if len(states) == 0 {
-		return nil, ErrNotFound
+		return nil, issuing.ErrNotFound
 	}
 	i, err := pickTwin(domain, len(states), func(i int) (string, string, bool) {
 		return states[i].ID, states[i].Domain, states[i].keeps
@@ -405,7 +406,7 @@ func scanState(row pgx.CollectableRow) (*DomainState, error) {
 	case notAfter != nil:
 		c.NotAfter = *notAfter
 	case chain != nil:
-		if leaf, err := LeafFromPEM(*chain); err == nil {
+		if leaf, err := issuing.LeafFromPEM(*chain); err == nil {
 			c.NotAfter = leaf.NotAfter
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // Counts are of this worker's domains only: a manual or 'none' domain in 'failed' is
@@ -208,7 +209,7 @@ func TestState_UnknownDomainIsErrNotFound(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	_, err := b.q.State(b.ctx, "unknown.example")
-	require.ErrorIs(t, err, queue.ErrNotFound)
+	require.ErrorIs(t, err, issuing.ErrNotFound)
 }
 
 // `status` says what holds a domain back and until when: a pause of its registered
@@ -219,7 +220,7 @@ func TestStatus_ShowsWhatPausesADomain(t *testing.T) {
 	tn := b.tenant(t)
 	b.named(t, tn, "a.shop.example")
 	b.named(t, tn, "other.example")
-	left, err := b.q.Pause(b.ctx, queue.ScopeRegisteredDomain, "shop.example", queue.PauseLedger, time.Hour, "ledger: 2 new certificates for shop.example in 168h0m0s")
+	left, err := b.q.Pause(b.ctx, issuing.ScopeRegisteredDomain, "shop.example", issuing.PauseLedger, time.Hour, "ledger: 2 new certificates for shop.example in 168h0m0s")
 	require.NoError(t, err)
 	until := time.Now().Add(left)
 

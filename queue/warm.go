@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -59,10 +60,10 @@ func (q *Queue) warmStatements(directory string) []warmStatement {
 	// planned, not run.
 	const none = "00000000-0000-0000-0000-000000000000"
 	now := time.Now().UTC().Truncate(time.Second)
-	cert := &Certificate{ChainPEM: "-", PrivateKey: "-", NotBefore: now, NotAfter: now.Add(90 * 24 * time.Hour),
+	cert := &issuing.Certificate{ChainPEM: "-", PrivateKey: "-", NotBefore: now, NotAfter: now.Add(90 * 24 * time.Hour),
 		Issuer: "-", Serial: "-", Directory: directory}
-	cert.RenewAt = RenewAtFromValidity(cert.NotBefore, cert.NotAfter)
-	store, storeArgs := markActiveStatement(Claim{ID: none, Token: none}, cert, cert.RenewAt, nil)
+	cert.RenewAt = issuing.RenewAtFromValidity(cert.NotBefore, cert.NotAfter)
+	store, storeArgs := markActiveStatement(issuing.Claim{ID: none, Token: none}, cert, cert.RenewAt, nil)
 	return []warmStatement{{newcomer, newcomerArgs}, {rest, restArgs}, {next, nextArgs}, {store, storeArgs},
 		{q.returnHeldStatement(directory), nil}}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // A new session of the worker's pool has the wake path's statements prepared and
@@ -18,7 +19,7 @@ import (
 // first use, and its first five executions are each planned (custom_plans 2 here).
 func TestWarmUp_TheWakePathsClaimRunsOnTheWarmUpsPlan(t *testing.T) {
 	ctx := context.Background()
-	cfg := queue.DefaultConfig()
+	cfg := issuing.DefaultConfig()
 	conn := warmedConn(t, cfg)
 
 	plans := func() (n, custom, generic int64) {
@@ -65,7 +66,7 @@ WHERE name LIKE 'stmtcache\_%' AND custom_plans = 5 AND generic_plans <= 1
 // benchmark, while the notification that came meanwhile waited.
 func TestWarmUp_TheReturnOfHeldRowsIsPlannedOnceNotAtEveryCall(t *testing.T) {
 	ctx := context.Background()
-	cfg := queue.DefaultConfig()
+	cfg := issuing.DefaultConfig()
 	conn := warmedConn(t, cfg)
 	q := queue.New(conn.Conn(), cfg)
 	plans := func() (n, custom, generic int64) {
@@ -94,7 +95,7 @@ const warmDirectory = "https://ca.invalid/directory"
 
 // warmedConn is a session of the worker's pool, warmed up, on the wake benchmark's
 // table.
-func warmedConn(t *testing.T, cfg queue.Config) *pgxpool.Conn {
+func warmedConn(t *testing.T, cfg issuing.Config) *pgxpool.Conn {
 	t.Helper()
 	ctx := context.Background()
 	pool, err := queue.NewPoolWith(ctx, wakeBenchTable(t), queue.WorkerSessionFor(cfg, warmDirectory))
@@ -117,7 +118,7 @@ func warmedConn(t *testing.T, cfg queue.Config) *pgxpool.Conn {
 func BenchmarkWarmUp(b *testing.B) {
 	ctx := context.Background()
 	dsn := wakeBenchTable(b)
-	q := queue.New(nil, queue.DefaultConfig())
+	q := queue.New(nil, issuing.DefaultConfig())
 	for _, warm := range []bool{false, true} {
 		b.Run(map[bool]string{false: "connect", true: "connect-and-warm-up"}[warm], func(b *testing.B) {
 			for b.Loop() {

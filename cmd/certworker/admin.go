@@ -21,6 +21,7 @@ import (
 
 	"github.com/certworker/certworker/migrations"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 type migrateCmd struct {
@@ -88,10 +89,10 @@ func (c *statusCmd) Run(g *globals) error {
 		return err
 	}
 	defer pool.Close()
-	q := queue.New(pool, queue.DefaultConfig())
+	q := queue.New(pool, issuing.DefaultConfig())
 	if c.Domain != "" {
 		s, err := q.State(ctx, c.Domain)
-		if errors.Is(err, queue.ErrNotFound) {
+		if errors.Is(err, issuing.ErrNotFound) {
 			return &failedError{fmt.Sprintf("%s: unknown domain", c.Domain)}
 		}
 		if err != nil {
@@ -157,16 +158,16 @@ func (c *statusCmd) Run(g *globals) error {
 
 // replaceLine is status's line on the certificates whose renewal window has started (a
 // mass revocation, or its rehearsal): "replace now: N, at the current pace done by T".
-func replaceLine(p queue.ReplaceProgress) string {
+func replaceLine(p issuing.ReplaceProgress) string {
 	line := fmt.Sprintf("replace now: %d, at the current pace done by ", p.Due)
 	var notes []string
 	if p.DoneBy == nil {
 		line += "never"
-		notes = append(notes, fmt.Sprintf("none replaced in the last %s", queue.ReplacePaceWindow))
+		notes = append(notes, fmt.Sprintf("none replaced in the last %s", issuing.ReplacePaceWindow))
 	} else {
 		line += p.DoneBy.UTC().Format(time.RFC3339)
 		if p.Due > 0 {
-			notes = append(notes, fmt.Sprintf("%d replaced in the last %s", p.Replaced, queue.ReplacePaceWindow))
+			notes = append(notes, fmt.Sprintf("%d replaced in the last %s", p.Replaced, issuing.ReplacePaceWindow))
 		}
 	}
 	if p.Due > 0 && p.EarliestExpiry != nil {
@@ -309,7 +310,7 @@ func (c *retryCmd) Run(g *globals) error {
 		return err
 	}
 	defer pool.Close()
-	q := queue.New(pool, queue.DefaultConfig())
+	q := queue.New(pool, issuing.DefaultConfig())
 	if err := q.Retry(ctx, c.Domain); err != nil {
 		var refused *queue.RefusedError
 		if errors.As(err, &refused) {

@@ -9,7 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/certworker/certworker/acme"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -116,7 +116,7 @@ func checkEAB(ctx context.Context, issuer *acme.Issuer, log *zap.Logger, databas
 	defer cancel()
 	err := issuer.RegisterAccount(ctx)
 	var refused *acme.EABRefusedError
-	var ke *queue.KeyError
+	var ke *issuing.KeyError
 	switch {
 	case err == nil:
 		return nil
@@ -143,7 +143,7 @@ func (c *runCmd) caaCheck(issuers ...*acme.Issuer) (worker.CAAFunc, error) {
 	if err != nil {
 		return nil, usagef("--preflight-resolver: %v", err)
 	}
-	return func(ctx context.Context, name string) (queue.Verdict, string, error) {
+	return func(ctx context.Context, name string) (issuing.Verdict, string, error) {
 		v, err := acme.CheckCAAFor(ctx, r, name, issuers...)
 		if err != nil {
 			return nil, "", err

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -18,7 +19,7 @@ import (
 // lease (queue.ConfigurePool): the commands' statements are bounded as the worker's
 // are. See connectWith.
 func (f dbFlags) connect(ctx context.Context) (*pgxpool.Pool, error) {
-	return f.connectWith(ctx, queue.WorkerSession(queue.DefaultLease))
+	return f.connectWith(ctx, queue.WorkerSession(issuing.DefaultLease))
 }
 
 // connectWith opens a pool on the flag's URL, with sessions set up as s says, and

@@ -11,7 +11,7 @@ import (
 
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/certstore/seal"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -55,17 +55,17 @@ func (c *runCmd) validateFallback() error {
 	case (c.FallbackEABKid == "") != (c.FallbackEABHMAC == ""):
 		return usagef("--acme-fallback-eab-kid and --acme-fallback-eab-hmac: an external account binding needs both")
 	}
-	_, err := c.fallbackLimits(queue.Limits{})
+	_, err := c.fallbackLimits(issuing.Limits{})
 	return err
 }
 
 // fallbackLimits are the second CA's ledger limits: first's, but where an
 // --acme-fallback-limit-* flag sets its own.
-func (c *runCmd) fallbackLimits(first queue.Limits) (queue.Limits, error) {
+func (c *runCmd) fallbackLimits(first issuing.Limits) (issuing.Limits, error) {
 	l := first
 	for _, f := range []struct {
 		flag, value string
-		into        *queue.Limit
+		into        *issuing.Limit
 	}{
 		{"--acme-fallback-limit-orders-per-account", c.FallbackLimitOrders, &l.OrdersPerAccount},
 		{"--acme-fallback-limit-certs-per-registered-domain", c.FallbackLimitRegistered, &l.CertsPerRegisteredDomain},
@@ -75,7 +75,7 @@ func (c *runCmd) fallbackLimits(first queue.Limits) (queue.Limits, error) {
 		if f.value == "" {
 			continue
 		}
-		v, err := queue.ParseLimit(f.value)
+		v, err := issuing.ParseLimit(f.value)
 		if err != nil {
 			return l, usagef("%s: %v", f.flag, err)
 		}
@@ -87,7 +87,7 @@ func (c *runCmd) fallbackLimits(first queue.Limits) (queue.Limits, error) {
 // fallback opens the second CA's account (registering it when new), checks that its
 // stored key opens and that it offers --acme-fallback-profile, and returns it for the
 // worker; nil without --acme-fallback-directory.
-func (c *runCmd) fallback(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger, keks seal.Keyring, first queue.Limits) (*worker.FallbackCA, *acme.Issuer, error) {
+func (c *runCmd) fallback(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger, keks seal.Keyring, first issuing.Limits) (*worker.FallbackCA, *acme.Issuer, error) {
 	if c.FallbackDirectory == "" {
 		return nil, nil, nil
 	}
@@ -131,7 +131,7 @@ func secondKeyReady(ctx context.Context, second *acme.Issuer, conn acme.Queryer)
 		return nil
 	}
 	err := second.CheckAccountKeyOn(ctx, conn)
-	var ke *queue.KeyError
+	var ke *issuing.KeyError
 	switch {
 	case errors.As(err, &ke):
 		return fmt.Errorf("the second CA's account: %w", ke)
@@ -142,7 +142,7 @@ func secondKeyReady(ctx context.Context, second *acme.Issuer, conn acme.Queryer)
 }
 
 // pauseCA is the CA a pause belongs to, for `status`: each CA has its own pauses.
-func pauseCA(p queue.PauseState) string {
+func pauseCA(p issuing.PauseState) string {
 	if p.Directory == "" {
 		return "(first)"
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/internal/workertest"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -38,8 +39,8 @@ const (
 // is due, so it is never called).
 type restIssuer struct{ *fakeissuer.Issuer }
 
-func (restIssuer) RenewalInfo(context.Context, string) (*queue.RenewalWindow, error) {
-	return nil, queue.ErrNoRenewalInfo
+func (restIssuer) RenewalInfo(context.Context, string) (*issuing.RenewalWindow, error) {
+	return nil, issuing.ErrNoRenewalInfo
 }
 
 // BenchmarkFleetAtRest: three instances, each with its worker (poll 30 s) and its
@@ -84,7 +85,7 @@ func BenchmarkFleetAtRest(b *testing.B) {
 		in := workertest.Start(b, dsn, fmt.Sprintf("rest%d", i+1), worker.Config{
 			Issuer: restIssuer{fakeissuer.New(1)}, Concurrency: 4, PollInterval: 30 * time.Second, Log: zap.NewNop(),
 		})
-		f := newFleet(queue.New(in.Pool, queue.DefaultConfig()), workertest.Directory, in.Owner(), fleetInterval, zap.NewNop())
+		f := newFleet(queue.New(in.Pool, issuing.DefaultConfig()), workertest.Directory, in.Owner(), fleetInterval, zap.NewNop())
 		f.Start(ctx)
 		b.Cleanup(f.Stop)
 	}

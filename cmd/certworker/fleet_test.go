@@ -16,6 +16,7 @@ import (
 
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 const fleetTestDirectory = "https://ca.example/dir"
@@ -74,7 +75,7 @@ func TestFleet_RefreshesOnTimerAndScrapesFromMemory(t *testing.T) {
 	pool, _ := pgtest.NewPool(t)
 	fleetDomains(t, pool, "failed", 2, "failed")
 	fleetDomains(t, pool, "active", 5, "active")
-	f := newFleet(queue.New(pool, queue.DefaultConfig()), fleetTestDirectory, "test", 50*time.Millisecond, zap.NewNop())
+	f := newFleet(queue.New(pool, issuing.DefaultConfig()), fleetTestDirectory, "test", 50*time.Millisecond, zap.NewNop())
 	f.Stop() // safe before Start
 	f.Start(context.Background())
 	t.Cleanup(f.Stop)
@@ -118,7 +119,7 @@ func TestFleet_CardinalityDoesNotGrowWithDomains(t *testing.T) {
 INSERT INTO certworker_settings (id, limits) VALUES (true, '{"orders_per_account": {"count": 300, "window_seconds": 10800}}')
 ON CONFLICT (id) DO UPDATE SET limits = EXCLUDED.limits`)
 		require.NoError(t, err)
-		f := newFleet(queue.New(pool, queue.DefaultConfig()), fleetTestDirectory, "test", time.Hour, zap.NewNop())
+		f := newFleet(queue.New(pool, issuing.DefaultConfig()), fleetTestDirectory, "test", time.Hour, zap.NewNop())
 		f.refresh(context.Background())
 		v, ok := metricValue(t, f, "certworker_ledger_account_orders_limit", "")
 		require.True(t, ok)
@@ -147,7 +148,7 @@ INSERT INTO proxy_certificates (domain, certificate_pem, private_key_pem, expire
 SELECT domain, 'pem', 'key', now() + interval '5 days', now() - interval '1 minute', now() + interval '1 day'
 FROM proxy_domains WHERE domain LIKE 'drill%'`)
 	require.NoError(t, err)
-	f := newFleet(queue.New(pool, queue.DefaultConfig()), fleetTestDirectory, "test", time.Hour, zap.NewNop())
+	f := newFleet(queue.New(pool, issuing.DefaultConfig()), fleetTestDirectory, "test", time.Hour, zap.NewNop())
 	f.refresh(context.Background())
 	v, ok := metricValue(t, f, "certworker_certificates_replace_now", "")
 	require.True(t, ok)
@@ -166,13 +167,13 @@ func TestReplaceLine_SaysHowManyAndWhenDone(t *testing.T) {
 	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	done, expiry := at.Add(2*time.Hour), at.Add(time.Hour)
 	require.Equal(t, "replace now: 0, at the current pace done by 2026-12-01T12:00:00Z",
-		replaceLine(queue.ReplaceProgress{At: at, DoneBy: &at}))
+		replaceLine(issuing.ReplaceProgress{At: at, DoneBy: &at}))
 	require.Equal(t, "replace now: 40, at the current pace done by 2026-12-01T14:00:00Z (5 replaced in the last 15m0s; "+
 		"the first expires 2026-12-01T13:00:00Z); LATE: certificates expire before they are replaced",
-		replaceLine(queue.ReplaceProgress{At: at, Due: 40, Replaced: 5, DoneBy: &done, EarliestExpiry: &expiry}))
+		replaceLine(issuing.ReplaceProgress{At: at, Due: 40, Replaced: 5, DoneBy: &done, EarliestExpiry: &expiry}))
 	require.Equal(t, "replace now: 40, at the current pace done by never (none replaced in the last 15m0s; "+
 		"the first expires 2026-12-01T13:00:00Z); LATE: certificates expire before they are replaced",
-		replaceLine(queue.ReplaceProgress{At: at, Due: 40, EarliestExpiry: &expiry}))
+		replaceLine(issuing.ReplaceProgress{At: at, Due: 40, EarliestExpiry: &expiry}))
 }
 
 // The fleet statistics are read by one instance, the holder of the duty: a second
@@ -185,7 +186,7 @@ func TestFleet_OneInstanceReadsTheStatisticsAndAnotherTakesOver(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewPool(t)
 	fleetDomains(t, pool, "duty", 2, "pending")
-	q := queue.New(pool, queue.DefaultConfig())
+	q := queue.New(pool, issuing.DefaultConfig())
 	first := newFleet(q, fleetTestDirectory, "first", time.Minute, zap.NewNop())
 	second := newFleet(q, fleetTestDirectory, "second", time.Minute, zap.NewNop())
 	require.Equal(t, time.Minute, first.refresh(context.Background()))

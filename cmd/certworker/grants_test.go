@@ -28,6 +28,7 @@ import (
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/internal/workertest"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // grantsFile holds every grant `run` needs (docs/security.md, "Least privilege").
@@ -223,12 +224,12 @@ VALUES ('ari.example', 'pem', 'key', now() + interval '60 days', now() - interva
 	pool, err := pgxpool.New(ctx, leastPrivilegeRole(t, adminDSN))
 	require.NoError(t, err)
 	defer pool.Close()
-	q := queue.New(pool, queue.DefaultConfig())
+	q := queue.New(pool, issuing.DefaultConfig())
 
 	reads, _, err := q.ClaimRenewalInfo(ctx, 4)
 	require.NoError(t, err)
 	require.Len(t, reads, 1)
-	_, err = q.RecordRenewalInfo(ctx, reads[0], queue.RenewalInfo{NextIn: time.Hour})
+	_, err = q.RecordRenewalInfo(ctx, reads[0], issuing.RenewalInfo{NextIn: time.Hour})
 	require.NoError(t, err)
 }
 
@@ -524,7 +525,7 @@ SELECT id, $1, 'verified', 'tok' FROM t`, name)
 	})
 	var chain string
 	require.NoError(t, proxy.QueryRow(ctx, `SELECT certificate_pem FROM proxy_certificates WHERE domain = $1`, name).Scan(&chain))
-	leaf, err := queue.LeafFromPEM(chain)
+	leaf, err := issuing.LeafFromPEM(chain)
 	require.NoError(t, err)
 	require.Equal(t, []string{name}, leaf.DNSNames)
 	require.NotContains(t, logs.String(), "permission denied", "%s", missingGrant(logs.String()))

@@ -10,7 +10,7 @@ import (
 
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/certstore/seal"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // keyFlags are the key encryption keys of run and rekey: the list on the command line
@@ -68,7 +68,7 @@ func logKeys(log *zap.Logger, reg prometheus.Registerer, keys seal.Keyring) {
 // not a thousand failed domains. No account stored yet is fine.
 func checkAccountKey(ctx context.Context, issuer *acme.Issuer, databaseURL string) error {
 	err := issuer.CheckAccountKey(ctx)
-	var ke *queue.KeyError
+	var ke *issuing.KeyError
 	switch {
 	case err == nil:
 		return nil
@@ -84,14 +84,14 @@ func checkAccountKey(ctx context.Context, issuer *acme.Issuer, databaseURL strin
 // left behind by a rotation shows before its next order meets it).
 func keysReady(ctx context.Context, wk workerState, issuer *acme.Issuer, conn acme.Queryer) error {
 	if err := wk.Halted(); err != nil {
-		var ke *queue.KeyError
+		var ke *issuing.KeyError
 		if errors.As(err, &ke) {
 			return fmt.Errorf("stopped claiming until restarted with the key: %w", err)
 		}
 		return err // the CA does not offer --acme-profile (worker.ProfileHalt)
 	}
 	err := issuer.CheckAccountKeyOn(ctx, conn)
-	var ke *queue.KeyError
+	var ke *issuing.KeyError
 	if errors.As(err, &ke) {
 		return ke
 	}

@@ -8,7 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/certworker/certworker/acme"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // profileCheckTimeout bounds run's question to the CA, at start, about the profiles it
@@ -47,7 +47,7 @@ func checkProfileFlag(ctx context.Context, issuer *acme.Issuer, log *zap.Logger,
 	}
 	if !slices.Contains(offered, profile) {
 		return usagef("%s: %s (directory %s)", flag,
-			(&queue.ProfileError{Profile: profile, Offered: offered}).Error(), issuer.DirectoryURL())
+			(&issuing.ProfileError{Profile: profile, Offered: offered}).Error(), issuer.DirectoryURL())
 	}
 	return nil
 }

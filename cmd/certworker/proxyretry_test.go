@@ -10,6 +10,7 @@ import (
 
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // The proxy's retry (certworker_queue_for_issuance), run under the proxy's role of
@@ -49,7 +50,7 @@ FROM proxy_domains WHERE id = $1`, id).Scan(&refused, &cause, &held, &attempts))
 	require.Nil(t, held)
 	require.Zero(t, attempts)
 
-	claims, err := queue.New(admin, queue.DefaultConfig()).Claim(ctx, "test", dir, 10)
+	claims, err := queue.New(admin, issuing.DefaultConfig()).Claim(ctx, "test", dir, 10)
 	require.NoError(t, err)
 	require.Len(t, claims, 1, "the retried domain is not claimable at the CA that refused it")
 	require.Equal(t, id, claims[0].ID)

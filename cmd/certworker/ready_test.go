@@ -20,6 +20,7 @@ import (
 	"github.com/certworker/certworker/internal/netrelay"
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // joinSignal is a probe's context that says when the probe waits for its answer:
@@ -109,7 +110,7 @@ func workerPool(t *testing.T, dsn string, lease time.Duration) *pgxpool.Pool {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	require.NoError(t, err)
 	cfg.MaxConns = 1
-	qc := queue.DefaultConfig()
+	qc := issuing.DefaultConfig()
 	qc.Lease = lease
 	queue.ConfigureSession(cfg, queue.WorkerSessionFor(qc, "https://127.0.0.1:1/first"))
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)

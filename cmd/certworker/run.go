@@ -27,6 +27,7 @@ import (
 	"github.com/certworker/certworker/listener"
 	"github.com/certworker/certworker/migrations"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -240,7 +241,7 @@ func (c *runCmd) Run(g *globals) error {
 		}
 		defer responder.Stop()
 	}
-	if err := queue.New(pool, queue.DefaultConfig()).RecordDNS01Zone(ctx, c.DNS01Zone); err != nil {
+	if err := queue.New(pool, issuing.DefaultConfig()).RecordDNS01Zone(ctx, c.DNS01Zone); err != nil {
 		return err
 	}
 	dnsServer, err := c.serveDNS01(dnsSocks, pool, log, reg)
@@ -279,7 +280,7 @@ func (c *runCmd) Run(g *globals) error {
 		return err
 	}
 
-	fl := newFleet(queue.New(pool, queue.DefaultConfig()), issuer.DirectoryURL(), w.Owner(), fleetInterval, log)
+	fl := newFleet(queue.New(pool, issuing.DefaultConfig()), issuer.DirectoryURL(), w.Owner(), fleetInterval, log)
 	reg.MustRegister(fl)
 	fl.Start(ctx)
 	defer fl.Stop()
@@ -292,10 +293,10 @@ func (c *runCmd) Run(g *globals) error {
 // queueConfig is the queue's configuration as the worker will have it, for warming
 // up the pool's sessions (queue.WorkerSessionFor): the worker sets Fallback from its
 // second CA the same way.
-func (c *runCmd) queueConfig() queue.Config {
-	qc := queue.Config{RetryBase: c.RetryBase, RetryMax: c.RetryMax, MaxAttempts: c.MaxAttempts, Lease: c.Lease}
+func (c *runCmd) queueConfig() issuing.Config {
+	qc := issuing.Config{RetryBase: c.RetryBase, RetryMax: c.RetryMax, MaxAttempts: c.MaxAttempts, Lease: c.Lease}
 	if c.FallbackDirectory != "" {
-		qc.Fallback = &queue.Fallback{Directory: c.FallbackDirectory, After: c.FallbackAfter}
+		qc.Fallback = &issuing.Fallback{Directory: c.FallbackDirectory, After: c.FallbackAfter}
 	}
 	return qc
 }
@@ -360,7 +361,7 @@ func (c *runCmd) replication() (*pgconn.Config, error) {
 	if c.ReplicationDatabaseURL == "" {
 		return nil, nil
 	}
-	if c.Wake != queue.WakeLogical {
+	if c.Wake != issuing.WakeLogical {
 		return nil, usagef("--replication-database-url: only --wake logical opens a replication connection (--wake is %s)", c.Wake)
 	}
 	cfg, err := pgconn.ParseConfig(c.ReplicationDatabaseURL)
@@ -375,7 +376,7 @@ func (c *runCmd) replication() (*pgconn.Config, error) {
 }
 
 // startWorker starts the worker: its listener connects, and it claims from then on.
-func (c *runCmd) startWorker(ctx context.Context, pool *pgxpool.Pool, issuer *acme.Issuer, log *zap.Logger, reg prometheus.Registerer, limits queue.Limits, second *worker.FallbackCA, caa worker.CAAFunc) (*worker.Worker, error) {
+func (c *runCmd) startWorker(ctx context.Context, pool *pgxpool.Pool, issuer *acme.Issuer, log *zap.Logger, reg prometheus.Registerer, limits issuing.Limits, second *worker.FallbackCA, caa worker.CAAFunc) (*worker.Worker, error) {
 	replication, err := c.replication()
 	if err != nil {
 		return nil, err
@@ -389,7 +390,7 @@ func (c *runCmd) startWorker(ctx context.Context, pool *pgxpool.Pool, issuer *ac
 		WakeOptions:   listener.Options{Replication: replication},
 		Owner:         owner(),
 		Directory:     issuer.DirectoryURL(),
-		Queue:         queue.Config{RetryBase: c.RetryBase, RetryMax: c.RetryMax, MaxAttempts: c.MaxAttempts, Lease: c.Lease},
+		Queue:         issuing.Config{RetryBase: c.RetryBase, RetryMax: c.RetryMax, MaxAttempts: c.MaxAttempts, Lease: c.Lease},
 		Limits:        limits,
 		Wildcards:     c.DNS01Zone != "",
 		DNSWaitMax:    c.DNSWaitMax,
@@ -430,24 +431,24 @@ func owner() string {
 }
 
 // limits reads the --limit-* flags.
-func (c *runCmd) limits() (queue.Limits, error) {
-	var l queue.Limits
+func (c *runCmd) limits() (issuing.Limits, error) {
+	var l issuing.Limits
 	for _, f := range []struct {
 		flag, value string
-		into        *queue.Limit
+		into        *issuing.Limit
 	}{
 		{"--limit-orders-per-account", c.LimitOrders, &l.OrdersPerAccount},
 		{"--limit-certs-per-registered-domain", c.LimitRegistered, &l.CertsPerRegisteredDomain},
 		{"--limit-certs-per-exact-set", c.LimitExactSet, &l.CertsPerExactSet},
 		{"--limit-failed-authz-per-name", c.LimitFailedAuthz, &l.FailedAuthzPerName},
 	} {
-		v, err := queue.ParseLimit(f.value)
+		v, err := issuing.ParseLimit(f.value)
 		if err != nil {
 			return l, usagef("%s: %v", f.flag, err)
 		}
 		*f.into = v
 	}
-	r, err := queue.ParseTenantReserve(c.LimitTenantReserve)
+	r, err := issuing.ParseTenantReserve(c.LimitTenantReserve)
 	if err != nil {
 		return l, usagef("--limit-tenant-reserve: %v", err)
 	}

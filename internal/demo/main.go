@@ -37,6 +37,7 @@ import (
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/migrations"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -94,7 +95,7 @@ func run(n int, gap time.Duration, verbose bool) error {
 	// Set up as `certworker run` sets up its pool: the worker's bounds, and each
 	// connection warmed up for the wake path (the CA is not known yet: its directory
 	// only weighs in the warm-up's estimates).
-	pool, err := queue.NewPoolWith(ctx, dsn, queue.WorkerSessionFor(queue.DefaultConfig(), ""))
+	pool, err := queue.NewPoolWith(ctx, dsn, queue.WorkerSessionFor(issuing.DefaultConfig(), ""))
 	if err != nil {
 		return err
 	}

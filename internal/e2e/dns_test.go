@@ -12,6 +12,7 @@ import (
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/internal/workertest"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -32,7 +33,7 @@ func newDNSWorld(t *testing.T) *dnsWorld {
 	r := workertest.StartResolver(t)
 	w := &dnsWorld{world: newWorld(t, pebbletest.Options{DNSServer: r.Addr}), resolver: r}
 	workertest.ServeZone(t, r, w.dsn, dnsZone)
-	require.NoError(t, queue.New(w.pool, queue.DefaultConfig()).RecordDNS01Zone(w.ctx, dnsZone))
+	require.NoError(t, queue.New(w.pool, issuing.DefaultConfig()).RecordDNS01Zone(w.ctx, dnsZone))
 	return w
 }
 
@@ -90,7 +91,7 @@ func (w *dnsWorld) waitingFor(t *testing.T, id, name string, orders int, wantInE
 	t.Helper()
 	waitFor(t, time.Minute, name+" waiting for DNS", func() bool {
 		d := w.domain(t, id)
-		return d.Error != nil && strings.HasPrefix(*d.Error, queue.WaitingPrefix)
+		return d.Error != nil && strings.HasPrefix(*d.Error, issuing.WaitingPrefix)
 	})
 	d := w.domain(t, id)
 	require.Equal(t, "pending", d.Status)
@@ -134,7 +135,7 @@ func (w *dnsWorld) active(t *testing.T, id string) {
 // 12 hours, an hour's wait after a late move) and an order sent before the DNS moved.
 func TestDNSWait_IssuedOnceItsARecordPointsHere(t *testing.T) {
 	t.Parallel()
-	limits := queue.Limits{OrdersPerAccount: queue.Limit{Count: 300, Window: 3 * time.Hour}}
+	limits := issuing.Limits{OrdersPerAccount: issuing.Limit{Count: 300, Window: 3 * time.Hour}}
 	w, name, id := waitingDomain(t, "dns-move", worker.Config{Concurrency: 2, Limits: limits}, "no such name: ", " does not resolve to an address",
 		"; to be issued, point ", " at this proxy's addresses, or set _acme-challenge.", " CNAME ")
 	require.Contains(t, *w.domain(t, id).Error, acme.DNS01Target(dnsZone, name))
@@ -148,7 +149,7 @@ func TestDNSWait_IssuedOnceItsARecordPointsHere(t *testing.T) {
 	waitFor(t, time.Minute, "the wait's ledger rows settled", func() bool {
 		require.NoError(t, w.pool.QueryRow(w.ctx, `
 SELECT count(*), count(*) FILTER (WHERE outcome IS DISTINCT FROM $3) FROM certworker_ledger
-WHERE name = $1 AND outcome IS DISTINCT FROM $2`, name, queue.LedgerPending, queue.LedgerNotSent).Scan(&rows, &counted))
+WHERE name = $1 AND outcome IS DISTINCT FROM $2`, name, issuing.LedgerPending, issuing.LedgerNotSent).Scan(&rows, &counted))
 		return rows > 0
 	})
 	require.Zero(t, counted, "a wait is no order the CA counts")
@@ -177,9 +178,9 @@ func TestDNSWait_DelegatedNameIssuedBeforeItsARecordExists(t *testing.T) {
 	w.start(t, worker.Config{Concurrency: 2})
 	id := w.addDomains(t, name)[0]
 	w.active(t, id)
-	st, err := queue.New(w.pool, queue.DefaultConfig()).State(w.ctx, name)
+	st, err := queue.New(w.pool, issuing.DefaultConfig()).State(w.ctx, name)
 	require.NoError(t, err)
-	require.Equal(t, queue.ChallengeDNS01, *st.Challenge)
+	require.Equal(t, issuing.ChallengeDNS01, *st.Challenge)
 }
 
 // The CNAME added while the domain waits is seen by a DNS check, and the domain is
@@ -231,9 +232,9 @@ func TestDNSWait_CNAMERemovedBeforeARenewal(t *testing.T) {
 	_, err := w.pool.Exec(w.ctx, `UPDATE proxy_certificates SET renew_at = now() WHERE domain = ANY($1)`, []string{pointed, unpointed})
 	require.NoError(t, err)
 	waitFor(t, 2*time.Minute, pointed+" renewed", func() bool { return len(ordersFor(w.ca, pointed)) == 2 && w.domain(t, ids[0]).Status == "active" })
-	st, err := queue.New(w.pool, queue.DefaultConfig()).State(w.ctx, pointed)
+	st, err := queue.New(w.pool, issuing.DefaultConfig()).State(w.ctx, pointed)
 	require.NoError(t, err)
-	require.Equal(t, queue.ChallengeHTTP01, *st.Challenge, "renewed over HTTP-01")
+	require.Equal(t, issuing.ChallengeHTTP01, *st.Challenge, "renewed over HTTP-01")
 	w.waitingFor(t, ids[1], unpointed, 1)
 	var certs int
 	require.NoError(t, w.pool.QueryRow(w.ctx, `SELECT count(*) FROM proxy_certificates WHERE domain = $1`, unpointed).Scan(&certs))

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/internal/pebbletest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -66,11 +66,11 @@ func replacedSerial(t testing.TB, certID string) string {
 func TestE2E_AnARIRenewalInsideItsWindowPassesEveryLimit(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, pebbletest.Options{})
-	limits := queue.Limits{
-		OrdersPerAccount:         queue.Limit{Count: 1, Window: week},
-		CertsPerRegisteredDomain: queue.Limit{Count: 1, Window: week},
-		CertsPerExactSet:         queue.Limit{Count: 1, Window: week},
-		FailedAuthzPerName:       queue.Limit{Count: 1, Window: week},
+	limits := issuing.Limits{
+		OrdersPerAccount:         issuing.Limit{Count: 1, Window: week},
+		CertsPerRegisteredDomain: issuing.Limit{Count: 1, Window: week},
+		CertsPerExactSet:         issuing.Limit{Count: 1, Window: week},
+		FailedAuthzPerName:       issuing.Limit{Count: 1, Window: week},
 	}
 	in := w.startWorker(t, "w", w.acmeConfig(), worker.Config{Queue: fastRetry(), Concurrency: 2, PollInterval: time.Second, Limits: limits})
 	name := randomName("drilled")
@@ -99,10 +99,10 @@ func TestE2E_AnARIRenewalInsideItsWindowPassesEveryLimit(t *testing.T) {
 func TestE2E_ARenewalOutsideItsWindowIsExemptOnlyFromTheAccountAndRegisteredDomainLimits(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, pebbletest.Options{})
-	limits := queue.Limits{
-		OrdersPerAccount:         queue.Limit{Count: 2, Window: week},
-		CertsPerRegisteredDomain: queue.Limit{Count: 2, Window: week},
-		CertsPerExactSet:         queue.Limit{Count: 2, Window: week},
+	limits := issuing.Limits{
+		OrdersPerAccount:         issuing.Limit{Count: 2, Window: week},
+		CertsPerRegisteredDomain: issuing.Limit{Count: 2, Window: week},
+		CertsPerExactSet:         issuing.Limit{Count: 2, Window: week},
 	}
 	w.startWorker(t, "w", w.acmeConfig(), worker.Config{Queue: fastRetry(), Concurrency: 2, PollInterval: time.Second, Limits: limits})
 	rd := "rd-" + randomHex() + ".example"
@@ -160,7 +160,7 @@ func TestE2E_AMassRevocationDrillIsReplacedWithNewcomersServed(t *testing.T) {
 	acfg := w.acmeConfig()
 	acfg.DirectoryURL = front.DirectoryURL
 	acfg.RenewalInfoPerSecond = 1000
-	limits := queue.Limits{CertsPerExactSet: queue.Limit{Count: 1, Window: week}}
+	limits := issuing.Limits{CertsPerExactSet: issuing.Limit{Count: 1, Window: week}}
 	w.startWorker(t, "w", acfg, worker.Config{Queue: fastRetry(), Concurrency: 16, PollInterval: time.Second, Limits: limits,
 		RenewalInfoPerSecond: 1000})
 	names := make([]string, fleet)
@@ -235,8 +235,8 @@ FROM certworker_ledger WHERE outcome = 'issued'`).Scan(&replaced, &issued))
 // fastRetry is the queue's configuration with a backoff of a second: a renewal is
 // claimed only a backoff after the domain's last attempt (its first issuance, here
 // seconds before), which the default's would make these tests wait for.
-func fastRetry() queue.Config {
-	c := queue.DefaultConfig()
+func fastRetry() issuing.Config {
+	c := issuing.DefaultConfig()
 	c.RetryBase = time.Second
 	return c
 }

@@ -19,7 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/internal/pebbletest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -58,7 +58,7 @@ func TestE2E_ACADownIsNotCharged(t *testing.T) {
 			front := pebbletest.NewFront(t, w.ca)
 			cfg := w.acmeConfig()
 			cfg.DirectoryURL = front.DirectoryURL
-			qcfg := queue.Config{RetryBase: 200 * time.Millisecond, RetryMax: time.Minute, MaxAttempts: 3}
+			qcfg := issuing.Config{RetryBase: 200 * time.Millisecond, RetryMax: time.Minute, MaxAttempts: 3}
 			in := w.startWorker(t, "w", cfg, worker.Config{Queue: qcfg, Concurrency: 4, PollInterval: 30 * time.Second})
 			if tc.before {
 				first := w.addDomains(t, randomName("before"))[0]

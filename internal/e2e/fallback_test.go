@@ -17,6 +17,7 @@ import (
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/internal/workertest"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -100,7 +101,7 @@ func TestE2E_AFirstCADownSendsANewDomainToTheSecond(t *testing.T) {
 	first.DirectoryURL = front.DirectoryURL
 	second, secondCfg := w.startSecondCA(t)
 	in := w.startWithFallback(t, "a", first, secondCfg, worker.Config{Concurrency: 2,
-		Queue: queue.Config{RetryBase: 200 * time.Millisecond, RetryMax: time.Minute}})
+		Queue: issuing.Config{RetryBase: 200 * time.Millisecond, RetryMax: time.Minute}})
 
 	front.SetDown(true)
 	name := randomName("down")
@@ -119,11 +120,11 @@ func TestE2E_AFirstCADownSendsANewDomainToTheSecond(t *testing.T) {
 	require.Empty(t, ordersFor(w.ca, name))
 	require.Zero(t, states[id].maxAttempts, "the first CA's outage was charged to the domain")
 	require.Empty(t, states[id].errors)
-	require.Equal(t, 1.0, in.Metric(t, "certworker_fallback_decisions_total", queue.FallbackOutage))
+	require.Equal(t, 1.0, in.Metric(t, "certworker_fallback_decisions_total", issuing.FallbackOutage))
 	require.Equal(t, 1.0, in.Metric(t, "certworker_ca_orders_total", "fallback", "issued"))
 	logs := in.Logs.FilterMessage("asking the second CA").All()
 	require.Len(t, logs, 1)
-	require.Equal(t, queue.FallbackOutage, logs[0].ContextMap()["cause"])
+	require.Equal(t, issuing.FallbackOutage, logs[0].ContextMap()["cause"])
 	t.Logf("issued by the second CA %s after verification (--acme-fallback-after %s)", took.Round(time.Millisecond), fallbackAfter)
 }
 
@@ -200,8 +201,8 @@ func TestE2E_ARateLimitAtTheFirstCASendsItsNamesToTheSecondOnly(t *testing.T) {
 		require.Empty(t, ordersFor(second, n), "%s ordered at both CAs", n)
 	}
 	require.Equal(t, 1, front.Answered()[pebbletest.StepNewOrder], "a limited name was ordered again at the first CA while paused")
-	decisions := a.Metric(t, "certworker_fallback_decisions_total", queue.FallbackRateLimit) +
-		b.Metric(t, "certworker_fallback_decisions_total", queue.FallbackRateLimit)
+	decisions := a.Metric(t, "certworker_fallback_decisions_total", issuing.FallbackRateLimit) +
+		b.Metric(t, "certworker_fallback_decisions_total", issuing.FallbackRateLimit)
 	require.Equal(t, float64(len(limited)), decisions, "one decision per limited name, across the instances")
 	for _, id := range ids[1:] {
 		require.Zero(t, w.domain(t, id).Attempts)
@@ -220,7 +221,7 @@ func TestE2E_AValidationFailureAtTheFirstCAIsNotRetriedAtTheSecond(t *testing.T)
 	first := w.acmeConfig()
 	first.DirectoryURL, first.CABundle = dead.DirectoryURL, roots
 	in := w.startWithFallback(t, "a", first, w.acmeConfig(), worker.Config{Concurrency: 1,
-		Queue: queue.Config{RetryBase: 500 * time.Millisecond, RetryMax: time.Second, MaxAttempts: 3}})
+		Queue: issuing.Config{RetryBase: 500 * time.Millisecond, RetryMax: time.Second, MaxAttempts: 3}})
 
 	name := randomName("invalid")
 	id := w.addDomains(t, name)[0]
@@ -255,7 +256,7 @@ func TestE2E_ANameTheFirstCARefusesGoesToTheSecondAtOnce(t *testing.T) {
 	d := w.domain(t, ids[1])
 	require.NotNil(t, d.Error)
 	require.Contains(t, *d.Error, "the first CA ("+front.DirectoryURL+") refused the name before")
-	require.Equal(t, 2.0, in.Metric(t, "certworker_fallback_decisions_total", queue.FallbackRefused))
+	require.Equal(t, 2.0, in.Metric(t, "certworker_fallback_decisions_total", issuing.FallbackRefused))
 	require.Equal(t, 2.0, in.Metric(t, "certworker_ca_orders_total", "primary", "refused_first"), "each name asked of the first CA once")
 	require.Len(t, ordersFor(second, refused), 1)
 }
@@ -271,8 +272,8 @@ func TestE2E_TheSecondCAsCertificateIsRenewedByTheFirstOnceItIsBack(t *testing.T
 	first.DirectoryURL = front.DirectoryURL
 	second, secondCfg := w.startSecondCA(t)
 	in := w.startWithFallback(t, "a", first, secondCfg, worker.Config{Concurrency: 2,
-		Queue:  queue.Config{RetryBase: 200 * time.Millisecond, RetryMax: time.Minute},
-		Limits: queue.Limits{OrdersPerAccount: queue.Limit{Count: 100, Window: time.Hour}}})
+		Queue:  issuing.Config{RetryBase: 200 * time.Millisecond, RetryMax: time.Minute},
+		Limits: issuing.Limits{OrdersPerAccount: issuing.Limit{Count: 100, Window: time.Hour}}})
 
 	front.SetDown(true)
 	name := randomName("back")
@@ -318,7 +319,7 @@ func TestE2E_TheFirstCAsLedgerSendsANameToTheSecondAfterTheWait(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, pebbletest.Options{})
 	second, secondCfg := w.startSecondCA(t)
-	limits := queue.Limits{CertsPerRegisteredDomain: queue.Limit{Count: 1, Window: time.Hour}}
+	limits := issuing.Limits{CertsPerRegisteredDomain: issuing.Limit{Count: 1, Window: time.Hour}}
 	in := w.startWithFallback(t, "a", w.acmeConfig(), secondCfg, worker.Config{Concurrency: 1, Limits: limits})
 
 	rd := "ledger-" + randomHex() + ".example"
@@ -331,7 +332,7 @@ func TestE2E_TheFirstCAsLedgerSendsANameToTheSecondAfterTheWait(t *testing.T) {
 	require.Equal(t, w.ca.DirectoryURL, w.issuedBy(t, "a."+rd))
 	require.Equal(t, second.DirectoryURL, w.issuedBy(t, "b."+rd))
 	require.Empty(t, ordersFor(w.ca, "b."+rd), "the first CA was sent an order its ledger refused")
-	require.Equal(t, 1.0, in.Metric(t, "certworker_fallback_decisions_total", queue.FallbackLedger))
+	require.Equal(t, 1.0, in.Metric(t, "certworker_fallback_decisions_total", issuing.FallbackLedger))
 }
 
 // freePort is a loopback port nothing listens on: a CA validating against it finds
@@ -354,7 +355,7 @@ func TestE2E_TwoInstancesShareOneFallbackDecision(t *testing.T) {
 	first := w.acmeConfig()
 	first.DirectoryURL = front.DirectoryURL
 	second, secondCfg := w.startSecondCA(t)
-	cfg := worker.Config{Concurrency: 3, Queue: queue.Config{RetryBase: 200 * time.Millisecond, RetryMax: time.Minute}}
+	cfg := worker.Config{Concurrency: 3, Queue: issuing.Config{RetryBase: 200 * time.Millisecond, RetryMax: time.Minute}}
 	a := w.startWithFallback(t, "a", first, secondCfg, cfg)
 	b := w.startWithFallback(t, "b", first, secondCfg, cfg)
 
@@ -377,8 +378,8 @@ func TestE2E_TwoInstancesShareOneFallbackDecision(t *testing.T) {
 // caaStub stands in for the CAA lookup (worker.CAAFunc): names starting "first-only"
 // allow the first CA, "second-only" the second, "neither" none, anything else both.
 func caaStub(first, second string) worker.CAAFunc {
-	return func(_ context.Context, name string) (queue.Verdict, string, error) {
-		only := func(dir, ident string) (queue.Verdict, string, error) {
+	return func(_ context.Context, name string) (issuing.Verdict, string, error) {
+		only := func(dir, ident string) (issuing.Verdict, string, error) {
 			return func(d string) bool { return d == dir }, ident, nil
 		}
 		switch {
@@ -406,7 +407,7 @@ func TestE2E_CAADecidesWhichCAIsAsked(t *testing.T) {
 	first.DirectoryURL = front.DirectoryURL
 	second, secondCfg := w.startSecondCA(t)
 	w.startWithFallback(t, "a", first, secondCfg, worker.Config{Concurrency: 2,
-		Queue: queue.Config{RetryBase: 200 * time.Millisecond, RetryMax: time.Minute},
+		Queue: issuing.Config{RetryBase: 200 * time.Millisecond, RetryMax: time.Minute},
 		CAA:   caaStub(front.DirectoryURL, second.DirectoryURL)})
 
 	firstOnly, secondOnly, neither := "first-only-"+randomHex()+".example", "second-only-"+randomHex()+".example", "neither-"+randomHex()+".example"
@@ -446,7 +447,7 @@ func TestE2E_TheSecondCAsAccountIsBoundWithItsOwnEAB(t *testing.T) {
 	second, secondCfg := w.startSecondCAWith(t, pebbletest.Options{RequireEAB: true, EABKeys: map[string]string{kid: hmac}})
 	secondCfg.EABKeyID, secondCfg.EABHMAC = kid, hmac
 	w.startWithFallback(t, "a", first, secondCfg, worker.Config{Concurrency: 1,
-		Queue: queue.Config{RetryBase: 200 * time.Millisecond, RetryMax: time.Minute}})
+		Queue: issuing.Config{RetryBase: 200 * time.Millisecond, RetryMax: time.Minute}})
 
 	front.SetDown(true)
 	name := randomName("eab")

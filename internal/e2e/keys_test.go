@@ -18,7 +18,7 @@ import (
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/certstore/seal"
 	"github.com/certworker/certworker/internal/pebbletest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // A rotation half rolled out, through the real `run`: an instance started with the
@@ -63,7 +63,7 @@ func TestProcess_AnInstanceWithoutTheNewKeyStopsAndChargesNothing(t *testing.T) 
 	reg, err := acme.New(w.ctx, w.pool, zap.NewNop(), acme.Config{DirectoryURL: w.ca.DirectoryURL, CABundle: w.rootsFile,
 		HTTPTimeout: 10 * time.Second, KeyEncryptionKeys: seal.Keyring{newKey, oldKey}, Profile: pebbletest.DefaultProfile})
 	require.NoError(t, err)
-	_, err = reg.Issue(w.ctx, queue.Request{Domain: randomName("registers")})
+	_, err = reg.Issue(w.ctx, issuing.Request{Domain: randomName("registers")})
 	require.NoError(t, err)
 	waitFor(t, 10*time.Second, "/readyz to answer 503", func() bool { code, _ := a.get("/readyz"); return code == http.StatusServiceUnavailable })
 	_, body := a.get("/readyz")

@@ -10,6 +10,7 @@ import (
 
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -37,7 +38,7 @@ func TestE2E_RateLimitsPauseOnlyWhatTheyCover(t *testing.T) {
 			answer:  func(n string) pebbletest.Answer { return pebbletest.RateLimitedRegisteredDomain(n, time.Hour) },
 			limited: func(rd string) []string { return []string{"a." + rd, "b." + rd, rd} },
 			free:    func(rd string) []string { return []string{randomName("other"), "x.other-" + rd} },
-			scope:   queue.ScopeRegisteredDomain,
+			scope:   issuing.ScopeRegisteredDomain,
 			key:     func(rd string, _ []string) string { return rd },
 		},
 		{
@@ -45,7 +46,7 @@ func TestE2E_RateLimitsPauseOnlyWhatTheyCover(t *testing.T) {
 			answer:  func(string) pebbletest.Answer { return pebbletest.RateLimitedExactSet(time.Hour) },
 			limited: func(rd string) []string { return []string{"a." + rd} },
 			free:    func(rd string) []string { return []string{"b." + rd, rd, randomName("other")} },
-			scope:   queue.ScopeDomain,
+			scope:   issuing.ScopeDomain,
 			key:     func(_ string, limited []string) string { return limited[0] },
 		},
 		{
@@ -53,7 +54,7 @@ func TestE2E_RateLimitsPauseOnlyWhatTheyCover(t *testing.T) {
 			answer:  func(n string) pebbletest.Answer { return pebbletest.RateLimitedFailedAuthorizations(n, time.Hour) },
 			limited: func(rd string) []string { return []string{"a." + rd} },
 			free:    func(rd string) []string { return []string{"b." + rd, randomName("other")} },
-			scope:   queue.ScopeDomain,
+			scope:   issuing.ScopeDomain,
 			key:     func(_ string, limited []string) string { return limited[0] },
 		},
 	} {
@@ -168,7 +169,7 @@ func TestE2E_APermanentRefusalFailsAtOnceUntilRetried(t *testing.T) {
 			require.NotContains(t, *d.Error, pebbletest.UnpauseLinkPrefix)
 			require.Equal(t, 1, front.Answered()[pebbletest.StepNewOrder])
 
-			require.NoError(t, queue.New(w.pool, queue.DefaultConfig()).Retry(w.ctx, name))
+			require.NoError(t, queue.New(w.pool, issuing.DefaultConfig()).Retry(w.ctx, name))
 			waitFor(t, 20*time.Second, "the retried domain to be issued", func() bool { return w.domain(t, id).Status == "active" })
 		})
 	}
@@ -181,7 +182,7 @@ func TestE2E_APermanentRefusalFailsAtOnceUntilRetried(t *testing.T) {
 func TestE2E_ARenewalWindowMovedEarlierRenewsNow(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, pebbletest.Options{})
-	qcfg := queue.DefaultConfig()
+	qcfg := issuing.DefaultConfig()
 	qcfg.RetryBase = time.Second
 	in := w.startWorker(t, "w", w.acmeConfig(), worker.Config{Queue: qcfg, Concurrency: 1, PollInterval: time.Second})
 	name := randomName("revoked")
@@ -215,7 +216,7 @@ func TestE2E_ARenewalWindowMovedEarlierRenewsNow(t *testing.T) {
 func TestE2E_TheLedgerKeepsTwoInstancesInsideALimit(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, pebbletest.Options{})
-	limits := queue.Limits{CertsPerRegisteredDomain: queue.Limit{Count: 2, Window: time.Hour}}
+	limits := issuing.Limits{CertsPerRegisteredDomain: issuing.Limit{Count: 2, Window: time.Hour}}
 	wcfg := worker.Config{Concurrency: 4, PollInterval: 30 * time.Second, Limits: limits}
 	w.startWorker(t, "a", w.acmeConfig(), wcfg)
 	w.startWorker(t, "b", w.acmeConfig(), wcfg)
@@ -237,7 +238,7 @@ func TestE2E_TheLedgerKeepsTwoInstancesInsideALimit(t *testing.T) {
 	for _, n := range others {
 		require.Len(t, ordersFor(w.ca, n), 1, "%s", n)
 	}
-	q := queue.New(w.pool, queue.DefaultConfig())
+	q := queue.New(w.pool, issuing.DefaultConfig())
 	waiting := 0
 	for i, n := range under {
 		d := w.domain(t, ids[i])

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/internal/pebbletest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -53,7 +53,7 @@ func TestE2E_InvalidNamesNeverReachTheCA(t *testing.T) {
 		d := w.domain(t, id)
 		require.Equal(t, "failed", d.Status, "%q", invalid[i])
 		require.NotNil(t, d.Error, "%q failed without a reason", invalid[i])
-		require.True(t, strings.HasPrefix(*d.Error, queue.InvalidDomainPrefix), "%q: ssl_error %q", invalid[i], *d.Error)
+		require.True(t, strings.HasPrefix(*d.Error, issuing.InvalidDomainPrefix), "%q: ssl_error %q", invalid[i], *d.Error)
 		t.Logf("%-40q %s", invalid[i], *d.Error)
 	}
 
@@ -68,7 +68,7 @@ func TestE2E_InvalidNamesNeverReachTheCA(t *testing.T) {
 	// in lower case.
 	var chain string
 	require.NoError(t, w.pool.QueryRow(w.ctx, `SELECT certificate_pem FROM proxy_certificates WHERE domain = $1`, upper).Scan(&chain))
-	leaf, err := queue.LeafFromPEM(chain)
+	leaf, err := issuing.LeafFromPEM(chain)
 	require.NoError(t, err)
 	require.Equal(t, []string{strings.ToLower(upper)}, leaf.DNSNames)
 }

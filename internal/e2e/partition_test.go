@@ -17,7 +17,7 @@ import (
 
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/internal/workertest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -104,7 +104,7 @@ func TestPartition_ACutOffInstanceSendsTheCANothingAfterItsDeadline(t *testing.T
 	front := pebbletest.NewFront(t, w.ca)
 	release := holdChallenge(t, front)
 	relay, cutOffDSN := workertest.Relayed(t, w.dsn)
-	cfg := worker.Config{Queue: queue.Config{Lease: partitionLease, RetryBase: time.Second},
+	cfg := worker.Config{Queue: issuing.Config{Lease: partitionLease, RetryBase: time.Second},
 		Concurrency: 1, PollInterval: time.Second}
 	viaFront := w.acmeConfig()
 	viaFront.DirectoryURL = front.DirectoryURL

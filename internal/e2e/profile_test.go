@@ -10,6 +10,7 @@ import (
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/internal/workertest"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -19,7 +20,7 @@ func (w *world) profileWorker(t *testing.T, name string, profile string) *worker
 	t.Helper()
 	acfg := w.acmeConfig()
 	acfg.Profile = profile
-	qcfg := queue.DefaultConfig()
+	qcfg := issuing.DefaultConfig()
 	qcfg.RetryBase = time.Second
 	return w.startWorker(t, name, acfg, worker.Config{Queue: qcfg, Concurrency: 2, PollInterval: time.Second})
 }
@@ -27,7 +28,7 @@ func (w *world) profileWorker(t *testing.T, name string, profile string) *worker
 // setProfile is the tenant's call, certworker_set_profile; it must be accepted.
 func (w *world) setProfile(t *testing.T, id string, profile *string) {
 	t.Helper()
-	d, err := queue.New(w.pool, queue.DefaultConfig()).SetProfile(w.ctx, id, w.tenant, profile)
+	d, err := queue.New(w.pool, issuing.DefaultConfig()).SetProfile(w.ctx, id, w.tenant, profile)
 	require.NoError(t, err)
 	require.NotNil(t, d, "the tenant's own domain and a profile name: not refused")
 }
@@ -55,7 +56,7 @@ func (w *world) certID(t *testing.T, name string) string {
 	t.Helper()
 	var chain string
 	require.NoError(t, w.pool.QueryRow(w.ctx, `SELECT certificate_pem FROM proxy_certificates WHERE domain = $1`, name).Scan(&chain))
-	leaf, err := queue.LeafFromPEM(chain)
+	leaf, err := issuing.LeafFromPEM(chain)
 	require.NoError(t, err)
 	id, err := certificate.MakeARICertID(leaf)
 	require.NoError(t, err)
@@ -171,7 +172,7 @@ func TestE2E_ARefusedProfileKeepsTheCertificateAndRenewsUnderItsOwn(t *testing.T
 			front := pebbletest.NewFront(t, w.ca)
 			acfg := w.acmeConfig()
 			acfg.DirectoryURL = front.DirectoryURL
-			qcfg := queue.DefaultConfig()
+			qcfg := issuing.DefaultConfig()
 			qcfg.RetryBase = time.Second
 			in := w.startWorker(t, "w", acfg, worker.Config{Queue: qcfg, Concurrency: 1, PollInterval: time.Second})
 			name := randomName("refused")

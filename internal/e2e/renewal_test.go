@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/internal/pebbletest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -72,7 +72,7 @@ func TestE2E_ShortLivedCertificatesAreRenewedOncePerLifetime(t *testing.T) {
 	// pending with 0 attempts. With the default base of a minute, every renewal time
 	// that Pebble's window puts less than a minute after the previous order would
 	// wait for that minute; a second leaves the renewal time in charge.
-	qcfg := queue.DefaultConfig()
+	qcfg := issuing.DefaultConfig()
 	qcfg.RetryBase = time.Second
 	in := w.startWorker(t, "renewer", acfg, worker.Config{Queue: qcfg, Concurrency: 4, PollInterval: renewalPollInterval})
 
@@ -116,7 +116,7 @@ func TestE2E_ShortLivedCertificatesAreRenewedOncePerLifetime(t *testing.T) {
 				require.Empty(t, o.Replaces, "%s: the first order replaces nothing", name)
 				continue
 			}
-			leaf, err := queue.LeafFromPEM(certs[i-1].pem)
+			leaf, err := issuing.LeafFromPEM(certs[i-1].pem)
 			require.NoError(t, err)
 			want, err := certificate.MakeARICertID(leaf)
 			require.NoError(t, err)

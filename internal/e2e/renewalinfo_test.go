@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/internal/pebbletest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -96,7 +96,7 @@ func TestE2E_HangingRenewalInformationDoesNotHoldUpTheReclaim(t *testing.T) {
 	id := w.abandonedClaim(t, lease)
 
 	start := time.Now()
-	in := w.startWorker(t, "w", acfg, worker.Config{Queue: queue.Config{Lease: lease}, Concurrency: 1, PollInterval: poll,
+	in := w.startWorker(t, "w", acfg, worker.Config{Queue: issuing.Config{Lease: lease}, Concurrency: 1, PollInterval: poll,
 		ShutdownGrace: time.Second})
 	// The lease, then the reclaim's own wait (a full lease of this instance being up,
 	// then its timer, capped by the poll interval), with room for a loaded machine;

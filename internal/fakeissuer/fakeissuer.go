@@ -1,8 +1,8 @@
-// Package fakeissuer is a queue.Issuer for tests about the queue and the worker, not
+// Package fakeissuer is a issuing.Issuer for tests about the queue and the worker, not
 // about ACME: it returns a self-signed certificate after an optional delay, fails or
 // panics on request, and records every call.
 //
-// It honours the lease deadline as queue.Issuer asks, as a CA order of two requests:
+// It honours the lease deadline as issuing.Issuer asks, as a CA order of two requests:
 // the call itself is the new order (not made once req.Deadline has passed), the
 // delay is the wait on the CA (cut off at the deadline), and the certificate is the
 // finalize (not made once the deadline has passed; Finalized counts those made).
@@ -23,7 +23,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // Issuer is the fake. Set its fields before use; they are read under mu.
@@ -122,8 +122,8 @@ func (f *Issuer) Set(fn func(f *Issuer)) {
 // ErrPanic asks the fake to panic instead of returning.
 var ErrPanic = errors.New("fakeissuer: panic requested")
 
-// Issue implements queue.Issuer.
-func (f *Issuer) Issue(ctx context.Context, req queue.Request) (*queue.Certificate, error) {
+// Issue implements issuing.Issuer.
+func (f *Issuer) Issue(ctx context.Context, req issuing.Request) (*issuing.Certificate, error) {
 	if err := req.Deadline.Check(); err != nil {
 		return nil, fmt.Errorf("fakeissuer: order not placed: %w", err)
 	}
@@ -162,7 +162,7 @@ func (f *Issuer) Issue(ctx context.Context, req queue.Request) (*queue.Certifica
 
 // wait is the order's wait on the CA: delay, cut off by ctx or by the lease deadline
 // as renewals move it (each counted as cancelled).
-func (f *Issuer) wait(ctx context.Context, req queue.Request, delay time.Duration) error {
+func (f *Issuer) wait(ctx context.Context, req issuing.Request, delay time.Duration) error {
 	bounded, cancel := req.Deadline.Bound(ctx)
 	defer cancel()
 	t := time.NewTimer(delay)
@@ -185,7 +185,7 @@ func (f *Issuer) count(m map[string]int, domain string) {
 	m[domain]++
 }
 
-func (f *Issuer) certificate(domain string, lifetime time.Duration) (*queue.Certificate, error) {
+func (f *Issuer) certificate(domain string, lifetime time.Duration) (*issuing.Certificate, error) {
 	now := time.Now().Truncate(time.Second)
 	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
 	tmpl := &x509.Certificate{
@@ -204,13 +204,13 @@ func (f *Issuer) certificate(domain string, lifetime time.Duration) (*queue.Cert
 	if err != nil {
 		return nil, err
 	}
-	return &queue.Certificate{
+	return &issuing.Certificate{
 		ChainPEM:   string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})),
 		PrivateKey: string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})),
 		NotBefore:  now,
 		NotAfter:   now.Add(lifetime),
 		Issuer:     "fake issuer",
 		Serial:     serial.Text(16),
-		RenewAt:    queue.RenewAtFromValidity(now, now.Add(lifetime)),
+		RenewAt:    issuing.RenewAtFromValidity(now, now.Add(lifetime)),
 	}, nil
 }

@@ -19,7 +19,7 @@ import (
 
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/internal/workertest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // binary is the fakeworker program, built once by TestMain; sources are the
@@ -348,7 +348,7 @@ func TestProcess_KilledMidOrderIsIssuedByAnotherWithinTwoMinutes(t *testing.T) {
 	t.Logf("A claimed at %s; B claimed again %s after A's claim and issued %s after it",
 		claimAt.Format(time.RFC3339Nano), reclaimedAt.Sub(claimAt), issuedAfter)
 	require.Less(t, issuedAfter, 2*time.Minute, "issued too late after the abandoned claim")
-	require.GreaterOrEqual(t, reclaimedAt.Sub(claimAt), queue.DefaultLease, "A's claim was taken before its lease ran out")
+	require.GreaterOrEqual(t, reclaimedAt.Sub(claimAt), issuing.DefaultLease, "A's claim was taken before its lease ran out")
 	require.Zero(t, active.Attempts, "an active domain keeps an attempt count")
 
 	// The abandoned attempt was counted: B requeued it as attempt 1, and ordered it

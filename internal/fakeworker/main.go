@@ -26,6 +26,7 @@ import (
 	"github.com/certworker/certworker/internal/fakeissuer"
 	"github.com/certworker/certworker/listener"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -35,7 +36,7 @@ func main() {
 	owner := fs.String("owner", "", "ssl_claimed_by of this instance (default host:pid)")
 	concurrency := fs.Int("concurrency", 1, "orders in flight")
 	delay := fs.Duration("delay", 0, "how long the fake issuer takes per order")
-	lease := fs.Duration("lease", 0, "claim lease, queue.Config.Lease (0: the production default)")
+	lease := fs.Duration("lease", 0, "claim lease, issuing.Config.Lease (0: the production default)")
 	poll := fs.Duration("poll-interval", 30*time.Second, "safety-net pass interval")
 	grace := fs.Duration("shutdown-grace", 30*time.Second, "time given to in-flight orders on SIGTERM")
 	retryBase := fs.Duration("retry-base", 0, "first gap between attempts (0: the production default)")
@@ -52,13 +53,13 @@ func main() {
 		*owner = fmt.Sprintf("%s:%d", host, os.Getpid())
 	}
 	if err := run(*dsn, *owner, *concurrency, *delay, *poll, *grace, *reconnectMax,
-		queue.Config{RetryBase: *retryBase, Lease: *lease}); err != nil {
+		issuing.Config{RetryBase: *retryBase, Lease: *lease}); err != nil {
 		fmt.Fprintln(os.Stderr, "fakeworker:", err)
 		os.Exit(1)
 	}
 }
 
-func run(dsn, owner string, concurrency int, delay, poll, grace, reconnectMax time.Duration, qcfg queue.Config) error {
+func run(dsn, owner string, concurrency int, delay, poll, grace, reconnectMax time.Duration, qcfg issuing.Config) error {
 	cfg := zap.NewProductionConfig()
 	cfg.Level = zap.NewAtomicLevelAt(zapcore.DebugLevel)
 	cfg.Sampling = nil

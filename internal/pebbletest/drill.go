@@ -26,7 +26,7 @@ type Drill struct {
 	// client draws its renewal time inside the window's part still ahead, so a CA that
 	// wants every certificate replaced at once opens the windows in the past: certworker
 	// renews at once in a window whose first nine tenths are over
-	// (queue.RenewAtFromWindow), and still inside it.
+	// (issuing.RenewAtFromWindow), and still inside it.
 	Opened time.Duration
 }
 

@@ -20,6 +20,7 @@ import (
 
 	"github.com/certworker/certworker/listener"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -111,7 +112,7 @@ func Session(cfg worker.Config) queue.Session {
 	}
 	qc := cfg.Queue
 	if f := cfg.Fallback; f != nil {
-		qc.Fallback = &queue.Fallback{Directory: f.Directory, After: f.After}
+		qc.Fallback = &issuing.Fallback{Directory: f.Directory, After: f.After}
 	}
 	return queue.WorkerSessionFor(qc.WithDefaults(), cfg.Directory)
 }

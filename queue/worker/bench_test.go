@@ -31,6 +31,7 @@ import (
 	"github.com/certworker/certworker/internal/workertest"
 	"github.com/certworker/certworker/listener"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -105,7 +106,7 @@ func (d *benchDB) waitActive(tb testing.TB, n int, timeout, interval time.Durati
 
 // benchWorker starts a worker as `certworker run` builds it, logging as production
 // does (JSON at info level; to io.Discard here), so the benchmark pays for its logs.
-func benchWorker(tb testing.TB, dsn string, issuer queue.Issuer, cfg worker.Config) *workertest.Instance {
+func benchWorker(tb testing.TB, dsn string, issuer issuing.Issuer, cfg worker.Config) *workertest.Instance {
 	tb.Helper()
 	enc := zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig())
 	cfg.Log = zap.New(zapcore.NewCore(enc, zapcore.AddSync(io.Discard), zapcore.InfoLevel))
@@ -216,7 +217,7 @@ func BenchmarkClaimThroughput(b *testing.B) {
 		b.Run(fmt.Sprintf("bare-claim/batch-%d", batch), func(b *testing.B) {
 			d := newBenchDB(b)
 			d.insertDomains(b, throughputDomains, "verified")
-			q := queue.New(d.pool, queue.DefaultConfig())
+			q := queue.New(d.pool, issuing.DefaultConfig())
 			b.ResetTimer()
 			start := time.Now()
 			claimed := 0

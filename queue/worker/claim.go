@@ -7,7 +7,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/certworker/certworker/listener"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // loopState is what the loop goroutine keeps between wake-ups. Only it touches these.
@@ -152,7 +152,7 @@ func (w *Worker) fill(ctx context.Context, source string) (claimed int, full boo
 // claim took all n (more may be due), that the ledger answered (a ledger that did not
 // ends the fill) and let at least one go; sent is when the statement was
 // sent, where the claims' lease deadlines start.
-func (w *Worker) claim(ctx context.Context, n int, source string) (claims []queue.Claim, sent time.Time, full bool) {
+func (w *Worker) claim(ctx context.Context, n int, source string) (claims []issuing.Claim, sent time.Time, full bool) {
 	cctx, cancel := w.step(ctx, true)
 	defer cancel()
 	sent = time.Now()

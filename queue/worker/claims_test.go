@@ -9,7 +9,7 @@ import (
 
 	"github.com/certworker/certworker/internal/fakeissuer"
 	"github.com/certworker/certworker/internal/workertest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -81,7 +81,7 @@ func TestWorker_LeasesAreRenewedWhilePassesHang(t *testing.T) {
 	b := setup(t)
 	fake := fakeissuer.New(10)
 	fake.Delay = 6 * time.Second
-	qcfg := queue.Config{Lease: 3 * time.Second}
+	qcfg := issuing.Config{Lease: 3 * time.Second}
 	db := &faultDB{Pool: b.pool}
 	slow := b.start(t, "slow", worker.Config{DB: db, Issuer: fake, Queue: qcfg, Concurrency: 2, PollInterval: 200 * time.Millisecond})
 	id, name := b.domain(t, b.tenant(t))
@@ -101,7 +101,7 @@ func TestWorker_AnOrderStopsWhenItsClaimIsTaken(t *testing.T) {
 	b := setup(t)
 	fake := fakeissuer.New(10)
 	fake.Delay = time.Hour
-	qcfg := queue.Config{Lease: 3 * time.Second}
+	qcfg := issuing.Config{Lease: 3 * time.Second}
 	in := b.start(t, "w", worker.Config{Issuer: fake, Queue: qcfg, Concurrency: 1, PollInterval: time.Hour})
 	id, name := b.domain(t, b.tenant(t))
 	fake.Next(t, 10*time.Second)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/certworker/certworker/listener"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // Defaults of Config, the `certworker run` flags' (CONTRACT.md §3).
@@ -42,14 +43,14 @@ type Config struct {
 	// chosen ways, such as an answer lost after its statement committed.
 	DB queue.DB
 	// Issuer places the orders (acme.Issuer; a fake in tests about the queue).
-	Issuer queue.Issuer
+	Issuer issuing.Issuer
 	// Log receives the worker's logs (named "worker") and the wake source's.
 	Log *zap.Logger
 	// Registerer, if not nil, receives the worker's and the wake source's metrics. One
 	// worker per registry.
 	Registerer prometheus.Registerer
 
-	// Wake is the wake source: queue.WakeNotify (the default) or queue.WakeLogical.
+	// Wake is the wake source: issuing.WakeNotify (the default) or issuing.WakeLogical.
 	Wake string
 	// WakeOptions tune the wake source (reconnection backoff, pings).
 	WakeOptions listener.Options
@@ -60,13 +61,13 @@ type Config struct {
 	// Directory is the ACME directory URL: what a pause of the CA and the ledger's
 	// account-wide limit are kept under.
 	Directory string
-	// Wildcards makes a first label "*" a valid name (queue.CheckNameFor): the
+	// Wildcards makes a first label "*" a valid name (issuing.CheckNameFor): the
 	// issuer runs with --dns01-zone, the only way a wildcard is validated.
 	Wildcards bool
 	// Queue is the backoff curve, the attempt limit and the lease.
-	Queue queue.Config
+	Queue issuing.Config
 	// Limits are the ledger's; the zero value turns every limit off.
-	Limits queue.Limits
+	Limits issuing.Limits
 	// Fallback is the second CA, nil for none (fallback.go).
 	Fallback *FallbackCA
 	// CAA, if set, says before each order which CAs a name's CAA records allow
@@ -83,7 +84,7 @@ type Config struct {
 	OrderTimeout time.Duration
 	// RenewalInfoPerSecond is the renewal-information requests the whole fleet sends
 	// the CA at Directory in a second (--ari-requests-per-second; default
-	// queue.DefaultRenewalInfoPerSecond). Every instance should run with the same.
+	// issuing.DefaultRenewalInfoPerSecond). Every instance should run with the same.
 	RenewalInfoPerSecond float64
 	// DNSWaitMax is how long a domain may wait for its DNS before it is marked
 	// failed (--dns-wait-max; default DefaultDNSWaitMax).
@@ -107,7 +108,7 @@ func (c Config) withDefaults() (Config, error) {
 	case c.Concurrency < 0, c.PollInterval < 0, c.ShutdownGrace < 0, c.OrderTimeout < 0:
 		return c, errors.New("worker: negative concurrency or duration")
 	case c.RenewalInfoPerSecond < 0, math.IsNaN(c.RenewalInfoPerSecond), math.IsInf(c.RenewalInfoPerSecond, 0):
-		return c, fmt.Errorf("worker: renewal-information rate %v: %w", c.RenewalInfoPerSecond, queue.ErrBadRate)
+		return c, fmt.Errorf("worker: renewal-information rate %v: %w", c.RenewalInfoPerSecond, issuing.ErrBadRate)
 	}
 	if f := c.Fallback; f != nil {
 		switch {
@@ -122,13 +123,13 @@ func (c Config) withDefaults() (Config, error) {
 		}
 		if f.After == 0 {
 			f2 := *f
-			f2.After = queue.DefaultFallbackAfter
+			f2.After = issuing.DefaultFallbackAfter
 			c.Fallback = &f2
 		}
-		c.Queue.Fallback = &queue.Fallback{Directory: c.Fallback.Directory, After: c.Fallback.After}
+		c.Queue.Fallback = &issuing.Fallback{Directory: c.Fallback.Directory, After: c.Fallback.After}
 	}
 	if c.RenewalInfoPerSecond == 0 {
-		c.RenewalInfoPerSecond = queue.DefaultRenewalInfoPerSecond
+		c.RenewalInfoPerSecond = issuing.DefaultRenewalInfoPerSecond
 	}
 	if c.DNSWaitMax <= 0 {
 		c.DNSWaitMax = DefaultDNSWaitMax
@@ -137,10 +138,10 @@ func (c Config) withDefaults() (Config, error) {
 		c.Log = zap.NewNop()
 	}
 	if c.Wake == "" {
-		c.Wake = queue.WakeNotify
+		c.Wake = issuing.WakeNotify
 	}
-	if c.Wake != queue.WakeNotify && c.Wake != queue.WakeLogical {
-		return c, fmt.Errorf("worker: wake source %q is neither %s nor %s", c.Wake, queue.WakeNotify, queue.WakeLogical)
+	if c.Wake != issuing.WakeNotify && c.Wake != issuing.WakeLogical {
+		return c, fmt.Errorf("worker: wake source %q is neither %s nor %s", c.Wake, issuing.WakeNotify, issuing.WakeLogical)
 	}
 	if c.Owner == "" {
 		host, _ := os.Hostname()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/certworker/certworker/listener"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // The waiter's pace. Together with queue.WaitCheckFirst they make the first hour's
@@ -32,7 +33,7 @@ const (
 
 // waitForDNS hands the claim back uncharged to wait for its DNS: out of line, its
 // ssl_error the wait's message, its next check in queue.WaitCheckFirst.
-func (w *Worker) waitForDNS(o *order, log *zap.Logger, we *queue.WaitingError) string {
+func (w *Worker) waitForDNS(o *order, log *zap.Logger, we *issuing.WaitingError) string {
 	err := w.record(o, log, "wait for DNS", func(ctx context.Context) error {
 		return w.q.Wait(ctx, o.claim, we.Error(), we.Answer, queue.WaitCheckFirst)
 	})
@@ -44,10 +45,10 @@ func (w *Worker) waitForDNS(o *order, log *zap.Logger, we *queue.WaitingError) s
 }
 
 // dnsWaitLoop checks the domains waiting for their DNS, with the issuer's own checks
-// (queue.DNSChecker), until ctx ends. An issuer that cannot check (a fake) leaves the
+// (issuing.DNSChecker), until ctx ends. An issuer that cannot check (a fake) leaves the
 // loop idle.
 func (w *Worker) dnsWaitLoop(ctx context.Context) {
-	checker, ok := w.cfg.Issuer.(queue.DNSChecker)
+	checker, ok := w.cfg.Issuer.(issuing.DNSChecker)
 	if !ok {
 		return
 	}
@@ -68,7 +69,7 @@ func (w *Worker) dnsWaitLoop(ctx context.Context) {
 
 // checkWaits takes the due checks and runs them; a domain whose DNS now allows
 // validation goes back in line, and this instance claims it at once.
-func (w *Worker) checkWaits(ctx context.Context, checker queue.DNSChecker) {
+func (w *Worker) checkWaits(ctx context.Context, checker issuing.DNSChecker) {
 	sctx, cancel := w.step(ctx, false)
 	retried, err := w.q.ReturnRetried(sctx, dnsWaitBatch)
 	cancel()
@@ -104,11 +105,11 @@ func (w *Worker) checkWaits(ctx context.Context, checker queue.DNSChecker) {
 
 // checkWait runs one check, and reports whether the domain's wait ended with its DNS
 // ready.
-func (w *Worker) checkWait(ctx context.Context, checker queue.DNSChecker, d queue.DueWait, stale int) bool {
+func (w *Worker) checkWait(ctx context.Context, checker issuing.DNSChecker, d queue.DueWait, stale int) bool {
 	log := w.log.With(zap.String("domain", d.Domain), zap.String("domain_id", d.ID))
 	now := time.Now()
 	if now.Sub(d.Since) > w.cfg.DNSWaitMax {
-		msg := fmt.Sprintf("%sits DNS never pointed here within %s (--dns-wait-max); point it here, then retry", queue.WaitingPrefix, w.cfg.DNSWaitMax)
+		msg := fmt.Sprintf("%sits DNS never pointed here within %s (--dns-wait-max); point it here, then retry", issuing.WaitingPrefix, w.cfg.DNSWaitMax)
 		sctx, cancel := w.step(ctx, true)
 		defer cancel()
 		if failed, err := w.q.ExpireWait(sctx, d.ID, msg); err != nil {
@@ -118,7 +119,7 @@ func (w *Worker) checkWait(ctx context.Context, checker queue.DNSChecker, d queu
 		}
 		return false
 	}
-	name, err := queue.CheckNameFor(d.Domain, w.cfg.Wildcards)
+	name, err := issuing.CheckNameFor(d.Domain, w.cfg.Wildcards)
 	if err != nil {
 		name = d.Domain // the claim will fail it as invalid
 	}
@@ -127,7 +128,7 @@ func (w *Worker) checkWait(ctx context.Context, checker queue.DNSChecker, d queu
 	cancel()
 	sctx, scancel := w.step(ctx, true)
 	defer scancel()
-	var we *queue.WaitingError
+	var we *issuing.WaitingError
 	switch {
 	case cerr == nil:
 		back, err := w.q.EndWait(sctx, d.ID)

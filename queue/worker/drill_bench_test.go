@@ -11,7 +11,7 @@ import (
 	"github.com/certworker/certworker/internal/fakeissuer"
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/internal/workertest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -67,7 +67,7 @@ SELECT $1, 'new' || g || '.example', 'verified', 'tok', 'pending', 'acme' FROM g
 	}
 	fake := fakeissuer.New(1)
 	fake.Delay = drillOrderTime
-	limits := queue.Limits{CertsPerExactSet: queue.Limit{Count: 1, Window: 7 * 24 * time.Hour}}
+	limits := issuing.Limits{CertsPerExactSet: issuing.Limit{Count: 1, Window: 7 * 24 * time.Hour}}
 	var start time.Time
 	if err := d.pool.QueryRow(d.ctx, `SELECT clock_timestamp()`).Scan(&start); err != nil {
 		b.Fatal(err)

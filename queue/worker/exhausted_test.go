@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/internal/fakeissuer"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -21,7 +21,7 @@ func TestWorker_ADomainAtTheAttemptLimitIsMarkedFailed(t *testing.T) {
 	id, name := b.domain(t, b.tenant(t))
 	_, err := b.pool.Exec(b.ctx, `UPDATE proxy_domains SET ssl_attempts = 3, ssl_error = 'validation failed' WHERE id = $1`, id)
 	require.NoError(t, err)
-	in := b.start(t, "w", worker.Config{Issuer: fake, Queue: queue.Config{MaxAttempts: 3}, PollInterval: time.Hour})
+	in := b.start(t, "w", worker.Config{Issuer: fake, Queue: issuing.Config{MaxAttempts: 3}, PollInterval: time.Hour})
 	b.waitStatus(t, id, "failed", 10*time.Second)
 	require.Equal(t, "validation failed (given up: 3 attempts, at or above --max-attempts 3; `certworker retry` puts it back)",
 		*b.row(t, id).Error)

@@ -5,9 +5,8 @@ import (
 	"errors"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"go.uber.org/zap"
-
-	"github.com/certworker/certworker/queue"
 )
 
 // The CA's own backoff while it cannot be reached (CONTRACT.md §5): the first pause is
@@ -18,31 +17,31 @@ const (
 	unreachableMax  = 30 * time.Second
 )
 
-// failed records what an issuer's error means for the domain (queue.Issuer lists the
+// failed records what an issuer's error means for the domain (issuing.Issuer lists the
 // kinds), and returns the outcome and when the domain falls due again.
 func (w *Worker) failed(o *order, log *zap.Logger, name string, err error) (string, time.Duration) {
 	attempt := zap.Int("attempt", max(o.claim.Attempts, 0)+1)
-	var unavailable *queue.CAUnavailableError
-	var perm *queue.PermanentError
-	var preflight *queue.PreflightError
-	var keyErr *queue.KeyError
+	var unavailable *issuing.CAUnavailableError
+	var perm *issuing.PermanentError
+	var preflight *issuing.PreflightError
+	var keyErr *issuing.KeyError
 	if errors.As(err, &keyErr) {
 		return w.keyMissing(o, log, keyErr), 0
 	}
-	var held *queue.LedgerRefusedError
+	var held *issuing.LedgerRefusedError
 	if errors.As(err, &held) {
 		// Nothing more was sent; the ledger's pause holds the domain, uncharged.
 		log.Info("order held back by the ledger: without \"replaces\" it is a new order, which the CA would refuse; the domain waits, not charged",
 			zap.String("reason", held.Reason), zap.String("ca", w.caOf(o.claim.Directory).label))
 		return w.handBack(o, log, true, "ledger_held"), 0
 	}
-	var waiting *queue.WaitingError
+	var waiting *issuing.WaitingError
 	if errors.As(err, &waiting) {
 		// Nothing reached the CA, and nothing is charged: the name waits for its DNS.
 		return w.waitForDNS(o, log, waiting), 0
 	}
 	at := w.caOf(o.claim.Directory)
-	if rl, ok := queue.IsRateLimit(err); ok {
+	if rl, ok := issuing.IsRateLimit(err); ok {
 		w.caAnswered(at)
 		return w.rateLimited(o, log, name, rl)
 	}
@@ -72,16 +71,16 @@ func (w *Worker) failed(o *order, log *zap.Logger, name string, err error) (stri
 // is never charged to the domain. The hand-back wakes every instance once, and their
 // passes, which claim nothing the pause covers, set their timers for its end. It
 // returns the outcome and how long the pause lasts.
-func (w *Worker) rateLimited(o *order, log *zap.Logger, name string, rl *queue.RateLimitError) (string, time.Duration) {
+func (w *Worker) rateLimited(o *order, log *zap.Logger, name string, rl *issuing.RateLimitError) (string, time.Duration) {
 	at := w.caOf(o.claim.Directory)
 	scope, key := rl.Scope, at.directory
 	switch scope {
-	case queue.ScopeRegisteredDomain:
-		key = queue.RegisteredDomain(name)
-	case queue.ScopeDomain:
+	case issuing.ScopeRegisteredDomain:
+		key = issuing.RegisteredDomain(name)
+	case issuing.ScopeDomain:
 		key = name
 	default:
-		scope = queue.ScopeCA
+		scope = issuing.ScopeCA
 	}
 	wait := rl.RetryAfter
 	if wait <= 0 {
@@ -89,7 +88,7 @@ func (w *Worker) rateLimited(o *order, log *zap.Logger, name string, rl *queue.R
 	}
 	var until time.Duration
 	err := w.record(o, log, "pause", func(ctx context.Context) (err error) {
-		until, err = w.q.PauseAt(ctx, at.directory, scope, key, queue.PauseRateLimit, wait, rl.Detail)
+		until, err = w.q.PauseAt(ctx, at.directory, scope, key, issuing.PauseRateLimit, wait, rl.Detail)
 		return err
 	})
 	if err != nil {
@@ -108,7 +107,7 @@ func (w *Worker) rateLimited(o *order, log *zap.Logger, name string, rl *queue.R
 // than --acme-fallback-after sends it there (queue/fallback.go).
 func (w *Worker) caUnreachable(o *order, log *zap.Logger, cause error) (string, time.Duration) {
 	at := w.caOf(o.claim.Directory)
-	var u queue.Unreachable
+	var u issuing.Unreachable
 	err := w.record(o, log, "pause unreachable CA", func(ctx context.Context) (err error) {
 		u, err = w.q.PauseUnreachable(ctx, at.directory, cause.Error(), unreachableBase, unreachableMax)
 		return err
@@ -133,7 +132,7 @@ func (w *Worker) caUnreachable(o *order, log *zap.Logger, cause error) (string, 
 // out) fails every order alike, and is the operator's to fix, never the domain's
 // (CONTRACT.md §6). Orders already running go on with the account they hold. The
 // first such error is logged at error level with the key id, never a key.
-func (w *Worker) keyMissing(o *order, log *zap.Logger, ke *queue.KeyError) string {
+func (w *Worker) keyMissing(o *order, log *zap.Logger, ke *issuing.KeyError) string {
 	if w.keyErr.CompareAndSwap(nil, ke) {
 		w.log.Error("a stored key does not open with this instance's --key-encryption-key: it claims nothing more and reports not ready until restarted with the key; nothing is charged",
 			zap.String("error", ke.Error()), zap.String("key_id", ke.KeyID))

@@ -8,9 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"go.uber.org/zap"
-
-	"github.com/certworker/certworker/queue"
 )
 
 // A second CA (CONTRACT.md §5; queue/fallback.go has the rules of the claim's
@@ -24,14 +23,14 @@ import (
 type FallbackCA struct {
 	// Issuer places its orders, under its own account (acme.Issuer for
 	// --acme-fallback-directory, whose profile is --acme-fallback-profile).
-	Issuer queue.Issuer
+	Issuer issuing.Issuer
 	// Directory is its ACME directory URL: the key of its pauses and its ledger.
 	Directory string
 	// After is how long a domain is held back at the first CA before it goes to this
-	// one (--acme-fallback-after; queue.DefaultFallbackAfter when 0).
+	// one (--acme-fallback-after; issuing.DefaultFallbackAfter when 0).
 	After time.Duration
 	// Limits are the ledger's limits for this CA (--acme-fallback-limit-*).
-	Limits queue.Limits
+	Limits issuing.Limits
 }
 
 // ca is one CA as the worker uses it.
@@ -39,8 +38,8 @@ type ca struct {
 	// label is "primary" or "fallback", for logs and metrics.
 	label     string
 	directory string
-	issuer    queue.Issuer
-	limits    queue.Limits
+	issuer    issuing.Issuer
+	limits    issuing.Limits
 	// down: this instance found the CA unreachable and has not seen it answer since.
 	down atomic.Bool
 }
@@ -65,7 +64,7 @@ func (w *Worker) cas() []*ca {
 // (RFC 9773): the stored one, when that CA issued it. A certificate of the other CA's
 // is not one this CA can replace: the order goes without, as a new order, and counts
 // against the CA's limits as one. A certificate with no recorded CA is the first's.
-func (w *Worker) replacesPEM(c queue.Claim) string {
+func (w *Worker) replacesPEM(c issuing.Claim) string {
 	issuedBy := c.CertDirectory
 	if issuedBy == "" {
 		issuedBy = w.first.directory
@@ -77,17 +76,17 @@ func (w *Worker) replacesPEM(c queue.Claim) string {
 }
 
 // logFallback says why the second CA was asked, at the start of its order.
-func (w *Worker) logFallback(c queue.Claim, log *zap.Logger) {
+func (w *Worker) logFallback(c issuing.Claim, log *zap.Logger) {
 	if w.second == nil || c.Directory != w.second.directory {
 		return
 	}
 	w.m.fallback(c.FallbackCause)
 	why := map[string]string{
-		queue.FallbackOutage:    "the first CA has been unreachable or answering 5xx for longer than --acme-fallback-after",
-		queue.FallbackRateLimit: "a rate limit of the first CA has held the domain back for longer than --acme-fallback-after",
-		queue.FallbackLedger:    "the ledger's limits for the first CA have held the domain back for longer than --acme-fallback-after",
-		queue.FallbackRefused:   "the first CA refused the name (caa, rejectedIdentifier or unsupportedIdentifier)",
-		queue.FallbackRenewal:   "the certificate is the second CA's, and the first CA is held back",
+		issuing.FallbackOutage:    "the first CA has been unreachable or answering 5xx for longer than --acme-fallback-after",
+		issuing.FallbackRateLimit: "a rate limit of the first CA has held the domain back for longer than --acme-fallback-after",
+		issuing.FallbackLedger:    "the ledger's limits for the first CA have held the domain back for longer than --acme-fallback-after",
+		issuing.FallbackRefused:   "the first CA refused the name (caa, rejectedIdentifier or unsupportedIdentifier)",
+		issuing.FallbackRenewal:   "the certificate is the second CA's, and the first CA is held back",
 	}[c.FallbackCause]
 	log.Info("asking the second CA", zap.String("cause", c.FallbackCause), zap.String("why", why),
 		zap.String("directory", c.Directory))
@@ -98,7 +97,7 @@ func (w *Worker) logFallback(c queue.Claim, log *zap.Logger) {
 // next claim to send to the second at once. When the second has refused the name
 // before, both have: the domain fails. handled is false when the refusal is not one
 // the second CA is asked after.
-func (w *Worker) refusedByFirst(o *order, log *zap.Logger, perm *queue.PermanentError) (outcome string, handled bool) {
+func (w *Worker) refusedByFirst(o *order, log *zap.Logger, perm *issuing.PermanentError) (outcome string, handled bool) {
 	c := o.claim
 	if w.second == nil || !perm.Refused || w.caOf(c.Directory) != w.first {
 		return "", false
@@ -121,7 +120,7 @@ func (w *Worker) refusedByFirst(o *order, log *zap.Logger, perm *queue.Permanent
 // refusedBySecond deals with the second CA's refusal of the name for good: when the
 // first refused it too (the claim went to the second for that), the domain fails;
 // otherwise the refusal is recorded and the domain waits for the first, uncharged.
-func (w *Worker) refusedBySecond(o *order, log *zap.Logger, perm *queue.PermanentError) (outcome string, handled bool) {
+func (w *Worker) refusedBySecond(o *order, log *zap.Logger, perm *issuing.PermanentError) (outcome string, handled bool) {
 	c := o.claim
 	if w.second == nil || !perm.Refused || w.caOf(c.Directory) != w.second {
 		return "", false
@@ -142,17 +141,17 @@ func (w *Worker) refusedBySecond(o *order, log *zap.Logger, perm *queue.Permanen
 }
 
 // refusalCause is what ssl_ca_refused_cause records of perm.
-func refusalCause(perm *queue.PermanentError) string {
+func refusalCause(perm *issuing.PermanentError) string {
 	if perm.CAA {
-		return queue.RefusedByCAA
+		return issuing.RefusedByCAA
 	}
-	return queue.RefusedByCA
+	return issuing.RefusedByCA
 }
 
 // fallbackProfileError is the second CA's refusal of --acme-fallback-profile: the
 // operator's to fix. The order is charged like any failure (the first CA may issue
 // next time), and the error says which flag.
-func fallbackProfileError(pe *queue.ProfileError) error {
+func fallbackProfileError(pe *issuing.ProfileError) error {
 	return errors.New("the second CA does not offer --acme-fallback-profile: " + pe.Error())
 }
 
@@ -162,10 +161,10 @@ func fallbackProfileError(pe *queue.ProfileError) error {
 // (SERVFAIL, a timeout): the attempt is charged like a failed preflight, and err's
 // message, which should start "caa: ", becomes ssl_error. It MUST be safe for
 // concurrent use.
-type CAAFunc func(ctx context.Context, name string) (allowed queue.Verdict, allows string, err error)
+type CAAFunc func(ctx context.Context, name string) (allowed issuing.Verdict, allows string, err error)
 
 // checkCAA applies the name's CAA records (cfg.CAA) to the claim before its order: a
-// CA they forbid is never asked (queue.Decide). done reports that the claim was
+// CA they forbid is never asked (issuing.Decide). done reports that the claim was
 // settled here, with its outcome and retry time: handed back for the other CA at once
 // (caa_other_ca), or to wait for the first (caa_waits), or failed because the records
 // allow neither (caa_refused), or charged because they could not be read
@@ -187,7 +186,7 @@ func (w *Worker) checkCAA(ctx context.Context, o *order, log *zap.Logger, name s
 		return outcome, retryIn, true
 	}
 	c := o.claim
-	if c.RefusedBy != "" && c.RefusedCause == queue.RefusedByCAA && allowed.Allows(c.RefusedBy) {
+	if c.RefusedBy != "" && c.RefusedCause == issuing.RefusedByCAA && allowed.Allows(c.RefusedBy) {
 		// CAA caused the refusal, and now allows the CA: the refusal is forgotten, and
 		// the claim handed back for the next claim to route afresh.
 		err := w.record(o, log, "forget a refusal CAA no longer makes", func(ctx context.Context) error {
@@ -200,11 +199,11 @@ func (w *Worker) checkCAA(ctx context.Context, o *order, log *zap.Logger, name s
 			zap.String("allowed", c.RefusedBy), zap.String("allows", allows))
 		return w.handBack(o, log, false, "caa_allows_again"), 0, true
 	}
-	var fb *queue.Fallback
+	var fb *issuing.Fallback
 	if w.second != nil {
-		fb = &queue.Fallback{Directory: w.second.directory}
+		fb = &issuing.Fallback{Directory: w.second.directory}
 	}
-	d := queue.Decide(c, w.first.directory, fb, false, allowed)
+	d := issuing.Decide(c, w.first.directory, fb, false, allowed)
 	var forbidden string
 	switch {
 	case d.Directory == c.Directory:
@@ -223,7 +222,7 @@ func (w *Worker) checkCAA(ctx context.Context, o *order, log *zap.Logger, name s
 		return w.failForGood(o, log, reason, "caa_refused"), 0, true
 	}
 	err = w.record(o, log, "record a CA that CAA forbids", func(ctx context.Context) error {
-		return w.q.RecordRefused(ctx, c, forbidden, queue.RefusedByCAA)
+		return w.q.RecordRefused(ctx, c, forbidden, issuing.RefusedByCAA)
 	})
 	if outcome, done := w.notRecorded(o, log, err); done {
 		return outcome, 0, true

@@ -13,6 +13,7 @@ import (
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/internal/workertest"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -103,7 +104,7 @@ func (b *bundle) waitStatus(t testing.TB, id, status string, timeout time.Durati
 // drain claims everything due, as another instance would.
 func (b *bundle) drain(t testing.TB) []string {
 	t.Helper()
-	q := queue.New(b.pool, queue.DefaultConfig())
+	q := queue.New(b.pool, issuing.DefaultConfig())
 	var ids []string
 	for {
 		claims, err := q.Claim(b.ctx, "test", workertest.Directory, 10)

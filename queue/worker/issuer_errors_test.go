@@ -9,7 +9,7 @@ import (
 
 	"github.com/certworker/certworker/internal/fakeissuer"
 	"github.com/certworker/certworker/internal/workertest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -37,9 +37,9 @@ func TestWorker_ARateLimitIsHandedBackUnchargedAndPausesWhatItCovers(t *testing.
 		siblingOrdered   bool // y.shop.example, under the same registered domain
 		elsewhereOrdered bool // other.example
 	}{
-		{queue.ScopeCA, workertest.Directory, false, false},
-		{queue.ScopeRegisteredDomain, "shop.example", false, true},
-		{queue.ScopeDomain, "x.shop.example", true, true},
+		{issuing.ScopeCA, workertest.Directory, false, false},
+		{issuing.ScopeRegisteredDomain, "shop.example", false, true},
+		{issuing.ScopeDomain, "x.shop.example", true, true},
 	} {
 		t.Run(tc.scope, func(t *testing.T) {
 			t.Parallel()
@@ -47,7 +47,7 @@ func TestWorker_ARateLimitIsHandedBackUnchargedAndPausesWhatItCovers(t *testing.
 			fake := fakeissuer.New(10)
 			fake.Fail = func(domain string, _ int) error {
 				if domain == "x.shop.example" {
-					return &queue.RateLimitError{RetryAfter: time.Hour, Detail: "too many certificates", Scope: tc.scope}
+					return &issuing.RateLimitError{RetryAfter: time.Hour, Detail: "too many certificates", Scope: tc.scope}
 				}
 				return nil
 			}
@@ -55,9 +55,9 @@ func TestWorker_ARateLimitIsHandedBackUnchargedAndPausesWhatItCovers(t *testing.
 			limited := b.named(t, tn, "x.shop.example")
 			in := b.start(t, "w", worker.Config{Issuer: fake, Concurrency: 2, PollInterval: time.Hour})
 			workertest.Eventually(t, 10*time.Second, "the rate limit's pause", func() bool {
-				return b.pauseLeft(t, tc.scope, tc.key, queue.PauseRateLimit) > 0
+				return b.pauseLeft(t, tc.scope, tc.key, issuing.PauseRateLimit) > 0
 			})
-			require.InDelta(t, time.Hour.Seconds(), b.pauseLeft(t, tc.scope, tc.key, queue.PauseRateLimit).Seconds(), 60)
+			require.InDelta(t, time.Hour.Seconds(), b.pauseLeft(t, tc.scope, tc.key, issuing.PauseRateLimit).Seconds(), 60)
 			workertest.Eventually(t, 10*time.Second, "the hand-back", func() bool { return b.status(t, limited) == "pending" })
 			r := b.row(t, limited)
 			require.Zero(t, r.Attempts, "a rate limit was charged")
@@ -98,7 +98,7 @@ func TestWorker_AnUnreachableCAIsPausedAndTheOrderHandedBackUncharged(t *testing
 	fake := fakeissuer.New(10)
 	fake.Fail = func(_ string, n int) error {
 		if n == 1 {
-			return &queue.CAUnavailableError{Err: errors.New("dial tcp: connection refused")}
+			return &issuing.CAUnavailableError{Err: errors.New("dial tcp: connection refused")}
 		}
 		return nil
 	}
@@ -106,7 +106,7 @@ func TestWorker_AnUnreachableCAIsPausedAndTheOrderHandedBackUncharged(t *testing
 	in := b.start(t, "w", worker.Config{Issuer: fake, Concurrency: 1, PollInterval: time.Hour})
 	fake.Next(t, 10*time.Second)
 	workertest.Eventually(t, 10*time.Second, "the CA's pause", func() bool {
-		return b.pauseLeft(t, queue.ScopeCA, workertest.Directory, queue.PauseUnreachable) > 0
+		return b.pauseLeft(t, issuing.ScopeCA, workertest.Directory, issuing.PauseUnreachable) > 0
 	})
 	var failures int
 	require.NoError(t, b.pool.QueryRow(b.ctx, `
@@ -123,7 +123,7 @@ SELECT failures FROM certworker_pauses WHERE scope = 'ca' AND source = 'unreacha
 	require.Equal(t, 2, fake.Count(name))
 	require.Equal(t, 1.0, in.Metric(t, "certworker_issuance_total", "ca_unavailable"))
 	workertest.Eventually(t, 10*time.Second, "the unreachable state to be cleared", func() bool {
-		return b.pauseLeft(t, queue.ScopeCA, workertest.Directory, queue.PauseUnreachable) < 0
+		return b.pauseLeft(t, issuing.ScopeCA, workertest.Directory, issuing.PauseUnreachable) < 0
 	})
 	// The gauge is set once the clearing statement has returned, a moment after the
 	// row shows it cleared.

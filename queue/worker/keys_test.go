@@ -12,11 +12,11 @@ import (
 	"github.com/certworker/certworker/internal/fakeissuer"
 	"github.com/certworker/certworker/internal/workertest"
 	"github.com/certworker/certworker/listener"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
-// An order that finds a stored key the instance cannot open (queue.KeyError: another
+// An order that finds a stored key the instance cannot open (issuing.KeyError: another
 // instance sealed the account key under a key this one lacks) is handed back
 // uncharged (pending, attempts and error untouched, claimable at once), the instance
 // logs the key id it lacks and claims nothing more, however often it is woken, and
@@ -26,7 +26,7 @@ import (
 func TestWorker_AKeyErrorIsNotChargedAndStopsTheInstanceClaiming(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	keyErr := &queue.KeyError{Key: "ACME account key of " + workertest.Directory, KeyID: "0a1b2c3d",
+	keyErr := &issuing.KeyError{Key: "ACME account key of " + workertest.Directory, KeyID: "0a1b2c3d",
 		Err: errors.New("the key is sealed under a key encryption key that is not in --key-encryption-key (key id 0a1b2c3d)")}
 	stale := fakeissuer.New(10)
 	stale.Fail = func(string, int) error { return fmt.Errorf("acme: %w", keyErr) }
@@ -42,7 +42,7 @@ func TestWorker_AKeyErrorIsNotChargedAndStopsTheInstanceClaiming(t *testing.T) {
 	require.Zero(t, r.Attempts, "the key error was charged")
 	require.Nil(t, r.Error, "a key id reached ssl_error, which the tenant sees")
 	require.Nil(t, r.Owner)
-	var halted *queue.KeyError
+	var halted *issuing.KeyError
 	require.True(t, errors.As(in.Halted(), &halted))
 	require.Equal(t, "0a1b2c3d", halted.KeyID)
 	stopped := in.Logs.FilterMessageSnippet("it claims nothing more").All()

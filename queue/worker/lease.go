@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // dbHealth is what the worker has seen of the database lately: whether it answered
@@ -172,7 +173,7 @@ func (w *Worker) renewLeases(ctx context.Context) {
 // failover's promotion is over within seconds.
 const confirmRetry = 250 * time.Millisecond
 
-// confirmClaim is the order's check just before its finalize (queue.Request's
+// confirmClaim is the order's check just before its finalize (issuing.Request's
 // ConfirmClaim): the claim's lease renewed under its token on the database reached
 // now, with at least a third of the lease left on the database's clock once renewed,
 // and on the local deadline. The heartbeat alone would notice a claim that a failover
@@ -183,7 +184,7 @@ const confirmRetry = 250 * time.Millisecond
 //
 // A database error or a locked row is tried again while the local deadline still
 // leaves a third of the lease (a failover in progress may end in time); after that
-// the error wraps queue.ErrLeaseDeadline and the order hands the claim back,
+// the error wraps issuing.ErrLeaseDeadline and the order hands the claim back,
 // uncharged, once the database answers. A claim the database no longer holds stops
 // the order as the heartbeat's fencing does: lost, nothing written.
 func (w *Worker) confirmClaim(ctx context.Context, o *order) error {
@@ -192,7 +193,7 @@ func (w *Worker) confirmClaim(ctx context.Context, o *order) error {
 	for try := 1; ; try++ {
 		budget := o.deadline.Left() - third
 		if budget <= 0 {
-			return fmt.Errorf("the claim could not be confirmed before the finalize with a third of the lease left: %w", queue.ErrLeaseDeadline)
+			return fmt.Errorf("the claim could not be confirmed before the finalize with a third of the lease left: %w", issuing.ErrLeaseDeadline)
 		}
 		// Taken before the statement, as the heartbeat's: the database stamps the
 		// lease later.
@@ -207,20 +208,20 @@ func (w *Worker) confirmClaim(ctx context.Context, o *order) error {
 			return nil
 		case err == nil:
 			return fmt.Errorf("the claim's lease was renewed with only %s left on the database's clock: %w",
-				left.Round(time.Millisecond), queue.ErrLeaseDeadline)
-		case errors.Is(err, queue.ErrClaimLost):
+				left.Round(time.Millisecond), issuing.ErrLeaseDeadline)
+		case errors.Is(err, issuing.ErrClaimLost):
 			w.health.ok()
 			o.lost.Store(true)
 			o.cancel(errLost)
 			log.Warn("claim lost before the finalize: the database does not hold it (another instance or an operator took the domain, or a failover lost the claim); nothing is sent to the CA")
 			return err
-		case errors.Is(err, queue.ErrLeaseDeadline):
+		case errors.Is(err, issuing.ErrLeaseDeadline):
 			w.health.ok()
 			return err
 		case ctx.Err() != nil:
 			return fmt.Errorf("confirm the claim before the finalize: %w", context.Cause(ctx))
 		}
-		if !errors.Is(err, queue.ErrClaimBusy) {
+		if !errors.Is(err, issuing.ErrClaimBusy) {
 			w.health.failed(err)
 		}
 		// The first failure says so; the tries after it, every confirmRetry through
@@ -256,7 +257,7 @@ type heartbeatConn struct {
 // of the lease, a connection first if need be within a lease. Connecting takes the
 // server an authentication, slow on a loaded server; started over at every renewal,
 // it might never finish, and renewals cannot happen without it anyway.
-func (h *heartbeatConn) renew(ctx context.Context, qcfg queue.Config, tokens []string) (queue.Leases, error) {
+func (h *heartbeatConn) renew(ctx context.Context, qcfg issuing.Config, tokens []string) (queue.Leases, error) {
 	if h.conn == nil || h.conn.IsClosed() {
 		cctx, cancel := context.WithTimeout(ctx, qcfg.Lease)
 		conn, err := h.connect(cctx, qcfg.Lease/3)

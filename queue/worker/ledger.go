@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // admit asks the ledger about claims before their orders (when a limit is on) and
@@ -21,14 +22,14 @@ import (
 // nothing). The claims are handed back by the next pass, as claims whose answer was
 // lost; and when the ledger's COMMIT may have gone through, their rows are settled as
 // not sent after that (settleNotSent), so that they do not count as orders in flight.
-func (w *Worker) admit(ctx context.Context, claims []queue.Claim) (admitted []queue.Claim, ok bool) {
+func (w *Worker) admit(ctx context.Context, claims []issuing.Claim) (admitted []issuing.Claim, ok bool) {
 	if len(claims) == 0 {
 		return claims, true
 	}
 	// Each CA's ledger, with its own limits, for the claims the claim sent to it.
 	ok = true
 	for _, at := range w.cas() {
-		var mine []queue.Claim
+		var mine []issuing.Claim
 		for _, c := range claims {
 			if w.caOf(c.Directory) == at {
 				mine = append(mine, c)
@@ -45,21 +46,21 @@ func (w *Worker) admit(ctx context.Context, claims []queue.Claim) (admitted []qu
 }
 
 // admitAt is admit for the claims that go to the CA at.
-func (w *Worker) admitAt(ctx context.Context, at *ca, claims []queue.Claim) (admitted []queue.Claim, ok bool) {
+func (w *Worker) admitAt(ctx context.Context, at *ca, claims []issuing.Claim) (admitted []issuing.Claim, ok bool) {
 	if !at.limits.Any() {
 		return claims, true
 	}
 	var asks []queue.Admission
-	var invalid []queue.Claim
+	var invalid []issuing.Claim
 	for _, c := range claims {
-		name, err := queue.CheckNameFor(c.Domain, w.cfg.Wildcards)
+		name, err := issuing.CheckNameFor(c.Domain, w.cfg.Wildcards)
 		if err != nil {
 			invalid = append(invalid, c)
 			continue
 		}
 		// A certificate of the other CA's is no renewal to this one (replacesPEM).
 		asks = append(asks, queue.Admission{Claim: c, Name: name,
-			RegisteredDomain: queue.RegisteredDomain(name), Renewal: w.replacesPEM(c) != ""})
+			RegisteredDomain: issuing.RegisteredDomain(name), Renewal: w.replacesPEM(c) != ""})
 	}
 	if len(asks) == 0 {
 		return claims, true
@@ -68,10 +69,10 @@ func (w *Worker) admitAt(ctx context.Context, at *ca, claims []queue.Claim) (adm
 	defer cancel()
 	admitted, refused, err := w.q.Admit(actx, at.directory, at.limits, asks)
 	if err != nil {
-		if !errors.Is(err, queue.ErrLedgerBusy) {
+		if !errors.Is(err, issuing.ErrLedgerBusy) {
 			w.health.failed(err)
 		}
-		if errors.Is(err, queue.ErrCommitUnknown) {
+		if errors.Is(err, issuing.ErrCommitUnknown) {
 			for _, a := range asks {
 				w.notSent = append(w.notSent, notSent{token: a.Claim.Token, at: at})
 			}
@@ -91,17 +92,17 @@ func (w *Worker) admitAt(ctx context.Context, at *ca, claims []queue.Claim) (adm
 
 // readmit asks the CA's ledger again about claim c, admitted as a renewal, whose order
 // is about to go without "replaces" (queue.Queue.Readmit): as a new order.
-func (w *Worker) readmit(ctx context.Context, at *ca, c queue.Claim, name string) error {
+func (w *Worker) readmit(ctx context.Context, at *ca, c issuing.Claim, name string) error {
 	rctx, cancel := w.step(ctx, true)
 	defer cancel()
 	err := w.q.Readmit(rctx, at.directory, at.limits, queue.Admission{Claim: c, Name: name,
-		RegisteredDomain: queue.RegisteredDomain(name)})
-	var refused *queue.LedgerRefusedError
+		RegisteredDomain: issuing.RegisteredDomain(name)})
+	var refused *issuing.LedgerRefusedError
 	if err != nil && !errors.As(err, &refused) {
 		// A ledger that cannot be asked lets nothing go; the claim is handed back,
 		// uncharged, as a refusal is.
 		w.logDBError("ask the ledger again about a renewal sent without replaces", err)
-		return &queue.LedgerRefusedError{Reason: "ledger: could not be asked again about the order without replaces"}
+		return &issuing.LedgerRefusedError{Reason: "ledger: could not be asked again about the order without replaces"}
 	}
 	return err
 }
@@ -121,7 +122,7 @@ func (w *Worker) settleNotSent() {
 	for len(w.notSent) > 0 {
 		ctx, cancel := w.step(context.Background(), true)
 		n := w.notSent[0]
-		err := w.q.SettleLedger(ctx, n.at.directory, n.token, queue.LedgerNotSent, n.at.limits)
+		err := w.q.SettleLedger(ctx, n.at.directory, n.token, issuing.LedgerNotSent, n.at.limits)
 		cancel()
 		if err != nil {
 			w.logDBError("record in the ledger that a handed-back claim was never ordered", err)
@@ -142,7 +143,7 @@ func (w *Worker) settleLedger(o *order, r result) {
 	case r.issued:
 		// The CA issued, whatever became of the claim (lost, no longer acme, the
 		// write that stores it given up): the CA counts the certificate.
-		outcome = queue.LedgerIssued
+		outcome = issuing.LedgerIssued
 	case r.outcome == "invalid", r.outcome == "unrecorded":
 		return // no ledger row, or nothing known
 	case r.outcome == "preflight_failed", r.outcome == "waiting_dns", r.outcome == "rate_limited", r.outcome == "key_error", r.outcome == "ledger_held",
@@ -153,11 +154,11 @@ func (w *Worker) settleLedger(o *order, r result) {
 		// the name's CAA records stopped (caa_*), nor one
 		// without its account key or under a profile the directory does not list,
 		// and Let's Encrypt refunds a new order it refused.
-		outcome = queue.LedgerNotSent
+		outcome = issuing.LedgerNotSent
 	default:
-		outcome = queue.LedgerFailed
+		outcome = issuing.LedgerFailed
 		if r.authzFailed {
-			outcome = queue.LedgerFailedAuthz
+			outcome = issuing.LedgerFailedAuthz
 		}
 	}
 	ctx, cancel := w.step(context.Background(), true)

@@ -15,7 +15,7 @@ import (
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/internal/workertest"
 	"github.com/certworker/certworker/listener"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -23,10 +23,10 @@ import (
 // an hour's poll, so that only the wake source can explain a claim within a test, and
 // waits for its start-up pass to be over: a test that writes before then could see
 // that pass, not the stream, claim its domains.
-func startLogicalWorker(t *testing.T, dsn string, issuer queue.Issuer, name string) *workertest.Instance {
+func startLogicalWorker(t *testing.T, dsn string, issuer issuing.Issuer, name string) *workertest.Instance {
 	t.Helper()
 	w := workertest.Start(t, dsn, name, worker.Config{
-		Issuer: issuer, Wake: queue.WakeLogical, Concurrency: 4, PollInterval: time.Hour,
+		Issuer: issuer, Wake: issuing.WakeLogical, Concurrency: 4, PollInterval: time.Hour,
 	})
 	w.WaitForLog(t, "pass finished", 1, 10*time.Second)
 	return w
@@ -201,7 +201,7 @@ func TestLogicalWorker_SurvivesADatabaseRestart(t *testing.T) {
 
 	back := w.Logs.FilterMessage("listener reconnected").All()
 	require.NotEmpty(t, back, "no reconnection logged")
-	require.Equal(t, queue.WakeLogical, back[0].ContextMap()["mode"])
+	require.Equal(t, issuing.WakeLogical, back[0].ContextMap()["mode"])
 	var slots int
 	require.NoError(t, d.pool.QueryRow(d.ctx,
 		`SELECT count(*) FROM pg_replication_slots WHERE database = current_database() AND temporary`).Scan(&slots))

@@ -8,6 +8,7 @@ import (
 
 	"github.com/certworker/certworker/listener"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // maintenanceLoop runs the steps that find work the wake-ups do not announce
@@ -228,7 +229,7 @@ func (w *Worker) markRenewals(ctx context.Context) int {
 
 // badRows logs and counts rows a step could not use. Each comes back from the queue
 // once (the step marks it), so each is logged once, not on every pass.
-func (w *Worker) badRows(msg string, bad []queue.BadRow) {
+func (w *Worker) badRows(msg string, bad []issuing.BadRow) {
 	for _, b := range bad {
 		w.m.badRow()
 		w.log.Warn(msg, zap.String("domain", b.Domain), zap.String("domain_id", b.ID), zap.String("error", b.Reason))

@@ -3,9 +3,8 @@ package worker
 import (
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/certworker/certworker/queue"
 )
 
 // metrics are the loop's Prometheus metrics. Without a Registerer they are still
@@ -95,7 +94,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 
 func (m *metrics) wake(source string) { m.wakeups.WithLabelValues(source).Inc() }
 
-func (m *metrics) claimed(c queue.Claim, source string) {
+func (m *metrics) claimed(c issuing.Claim, source string) {
 	m.claims.WithLabelValues(source).Inc()
 	if !c.DueAt.IsZero() && !c.ClaimedAt.Before(c.DueAt) {
 		m.wakeLatency.Observe(c.ClaimedAt.Sub(c.DueAt).Seconds())

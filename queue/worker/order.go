@@ -10,10 +10,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
-
-	"github.com/certworker/certworker/queue"
 )
 
 // Why an order's context was cancelled (context.Cause).
@@ -21,18 +20,18 @@ var (
 	errShutdown      = errors.New("shutting down")
 	errLost          = errors.New("claim lost")
 	errOrderTimeout  = errors.New("order timed out")
-	errLeaseDeadline = fmt.Errorf("lease not renewed in time: %w", queue.ErrLeaseDeadline)
+	errLeaseDeadline = fmt.Errorf("lease not renewed in time: %w", issuing.ErrLeaseDeadline)
 )
 
 // order is one claim being worked on.
 type order struct {
-	claim   queue.Claim
+	claim   issuing.Claim
 	source  string
 	started time.Time
 	cancel  context.CancelCauseFunc
 	// deadline is the claim's local lease deadline: the heartbeat moves it, the
 	// issuer sends the CA nothing after it, and the order's context ends then.
-	deadline *queue.Deadline
+	deadline *issuing.Deadline
 	// lost is set by the heartbeat when the claim is no longer held; a write that
 	// finishes the order stops retrying then.
 	lost atomic.Bool
@@ -119,8 +118,8 @@ func (s *orderSet) all() []*order {
 
 // start runs the order for a claim in a goroutine of its own. sent is when the claim
 // statement was sent: the claim's lease deadline runs from it.
-func (w *Worker) start(ctx context.Context, c queue.Claim, source string, sent time.Time) {
-	o := &order{claim: c, source: source, started: time.Now(), deadline: queue.NewDeadline(sent, w.cfg.Queue.Lease)}
+func (w *Worker) start(ctx context.Context, c issuing.Claim, source string, sent time.Time) {
+	o := &order{claim: c, source: source, started: time.Now(), deadline: issuing.NewDeadline(sent, w.cfg.Queue.Lease)}
 	// Orders are not cancelled by the shutdown signal itself: they get the grace.
 	octx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	o.cancel = cancel
@@ -143,7 +142,7 @@ func (w *Worker) start(ctx context.Context, c queue.Claim, source string, sent t
 	w.log.Info("order started", fields...)
 	go func() {
 		// The order also ends at its lease deadline. The issuer checks the deadline
-		// before every request as well (queue.Issuer): this is what ends the waits
+		// before every request as well (issuing.Issuer): this is what ends the waits
 		// between requests.
 		dctx, stopDeadline := o.deadline.Bound(octx)
 		r := w.runOrder(dctx, o)
@@ -162,9 +161,9 @@ func (w *Worker) runOrder(ctx context.Context, o *order) result {
 	c := o.claim
 	log := w.log.With(zap.String("domain", c.Domain), zap.String("domain_id", c.ID))
 	res := result{token: c.Token}
-	name, err := queue.CheckNameFor(c.Domain, w.cfg.Wildcards)
+	name, err := issuing.CheckNameFor(c.Domain, w.cfg.Wildcards)
 	if err != nil {
-		res.outcome = w.failForGood(o, log, queue.InvalidDomainPrefix+err.Error(), "invalid")
+		res.outcome = w.failForGood(o, log, issuing.InvalidDomainPrefix+err.Error(), "invalid")
 		return res
 	}
 	octx, cancel := context.WithTimeoutCause(ctx, w.cfg.OrderTimeout, errOrderTimeout)
@@ -174,14 +173,14 @@ func (w *Worker) runOrder(ctx context.Context, o *order) result {
 		return res
 	}
 	w.logFallback(c, log)
-	var cert *queue.Certificate
+	var cert *issuing.Certificate
 	if at := w.caOf(c.Directory); at == w.first {
 		cert, err = w.issueUnderProfile(octx, o, log, name)
 	} else {
 		// The second CA orders under --acme-fallback-profile, its issuer's own: a
 		// domain's ssl_profile is the first CA's.
 		cert, err = w.issue(octx, o, name, "")
-		var pe *queue.ProfileError
+		var pe *issuing.ProfileError
 		if errors.As(err, &pe) {
 			err = fallbackProfileError(pe)
 		}
@@ -199,7 +198,7 @@ func (w *Worker) runOrder(ctx context.Context, o *order) result {
 		log.Warn("order abandoned: the claim was lost to another instance", zap.Error(err),
 			zap.Int("attempt", max(c.Attempts, 0)+1))
 		res.outcome = "lost"
-	case errors.Is(cause, queue.ErrLeaseDeadline), errors.Is(err, queue.ErrLeaseDeadline):
+	case errors.Is(cause, issuing.ErrLeaseDeadline), errors.Is(err, issuing.ErrLeaseDeadline):
 		// Another instance may have reclaimed the row by now: this one cannot tell
 		// (its database is away, or it was paused), and sends the CA nothing more.
 		// The claim goes back uncharged if it is still ours once the database
@@ -215,14 +214,14 @@ func (w *Worker) runOrder(ctx context.Context, o *order) result {
 		res.outcome, res.retryIn = w.fail(o, log, reason, "timeout")
 	default:
 		res.outcome, res.retryIn = w.failed(o, log, name, err)
-		res.authzFailed = queue.IsAuthorizationFailure(err)
+		res.authzFailed = issuing.IsAuthorizationFailure(err)
 	}
 	return res
 }
 
 // issue calls the issuer, turning a panic into an error: nothing about the CA, however
 // it misbehaves, may crash the worker or leave a domain in provisioning.
-func (w *Worker) issue(ctx context.Context, o *order, name, profile string) (cert *queue.Certificate, err error) {
+func (w *Worker) issue(ctx context.Context, o *order, name, profile string) (cert *issuing.Certificate, err error) {
 	c := o.claim
 	defer func() {
 		if p := recover(); p != nil {
@@ -232,7 +231,7 @@ func (w *Worker) issue(ctx context.Context, o *order, name, profile string) (cer
 		}
 	}()
 	at := w.caOf(c.Directory)
-	req := queue.Request{DomainID: c.ID, Domain: name, CurrentPEM: w.replacesPEM(c),
+	req := issuing.Request{DomainID: c.ID, Domain: name, CurrentPEM: w.replacesPEM(c),
 		Profile: profile, Deadline: o.deadline, ClaimToken: c.Token,
 		ConfirmClaim: func(ctx context.Context) error { return w.confirmClaim(ctx, o) }}
 	if req.CurrentPEM != "" && at.limits.Any() {
@@ -254,7 +253,7 @@ func (w *Worker) issue(ctx context.Context, o *order, name, profile string) (cer
 }
 
 // store records a certificate.
-func (w *Worker) store(o *order, log *zap.Logger, cert *queue.Certificate) string {
+func (w *Worker) store(o *order, log *zap.Logger, cert *issuing.Certificate) string {
 	var renewIn time.Duration
 	err := w.record(o, log, "store certificate", func(ctx context.Context) (err error) {
 		renewIn, err = w.q.MarkActive(ctx, o.claim, cert)
@@ -278,7 +277,7 @@ const unstorableReason = "the order failed, and its error could not be recorded 
 // fail charges a failure to the domain. A reason the database refuses (a deterministic
 // error: record) is replaced, once, by unstorableReason.
 func (w *Worker) fail(o *order, log *zap.Logger, reason, outcome string) (string, time.Duration) {
-	var f queue.Failure
+	var f issuing.Failure
 	err := w.recordOr(o, log, "record failure", reason, func(ctx context.Context, reason string) (err error) {
 		f, err = w.q.MarkFailed(ctx, o.claim, reason)
 		return err
@@ -328,7 +327,7 @@ func (w *Worker) notRecorded(o *order, log *zap.Logger, err error) (string, bool
 	switch {
 	case err == nil:
 		return "", false
-	case errors.Is(err, queue.ErrNotACME):
+	case errors.Is(err, issuing.ErrNotACME):
 		ctx, cancel := w.step(context.Background(), true)
 		defer cancel()
 		if _, derr := w.q.Disown(ctx, o.claim); derr != nil {
@@ -336,7 +335,7 @@ func (w *Worker) notRecorded(o *order, log *zap.Logger, err error) (string, bool
 		}
 		log.Warn("result dropped: the domain's provider is no longer acme")
 		return "not_acme", true
-	case errors.Is(err, queue.ErrClaimLost), errors.Is(err, errLost):
+	case errors.Is(err, issuing.ErrClaimLost), errors.Is(err, errLost):
 		log.Warn("result dropped: the claim was lost to another instance")
 		return "lost", true
 	}
@@ -391,7 +390,7 @@ func (w *Worker) record(o *order, log *zap.Logger, what string, write func(conte
 		case err == nil:
 			w.health.ok()
 			return nil
-		case errors.Is(err, queue.ErrClaimLost), errors.Is(err, queue.ErrNotACME):
+		case errors.Is(err, issuing.ErrClaimLost), errors.Is(err, issuing.ErrNotACME):
 			w.health.ok()
 			return err
 		case o.lost.Load():

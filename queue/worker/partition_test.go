@@ -10,7 +10,7 @@ import (
 
 	"github.com/certworker/certworker/internal/fakeissuer"
 	"github.com/certworker/certworker/internal/workertest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -31,7 +31,7 @@ func TestWorker_AnOrderCutOffFromTheDatabaseStopsAtItsDeadlineAndIsHandedBackUnc
 	fake := fakeissuer.New(10)
 	fake.Delay = time.Hour // the first order waits on the CA until something stops it
 	relay, dsn := workertest.Relayed(t, b.dsn)
-	in := workertest.Start(t, dsn, "cut-off", worker.Config{Issuer: fake, Queue: queue.Config{Lease: lease},
+	in := workertest.Start(t, dsn, "cut-off", worker.Config{Issuer: fake, Queue: issuing.Config{Lease: lease},
 		Concurrency: 1, PollInterval: time.Second})
 	id, name := b.domain(t, b.tenant(t))
 	fake.Next(t, 10*time.Second)
@@ -70,7 +70,7 @@ func TestWorker_LeasesAreRenewedWhileThePoolIsExhausted(t *testing.T) {
 	const lease = 3 * time.Second
 	fake := fakeissuer.New(10)
 	fake.Delay = 3 * lease
-	cfg := worker.Config{Issuer: fake, Queue: queue.Config{Lease: lease}, Concurrency: 1, PollInterval: 200 * time.Millisecond}
+	cfg := worker.Config{Issuer: fake, Queue: issuing.Config{Lease: lease}, Concurrency: 1, PollInterval: 200 * time.Millisecond}
 	busy := b.start(t, "busy", cfg)
 	id, name := b.domain(t, b.tenant(t))
 	fake.Next(t, 10*time.Second)

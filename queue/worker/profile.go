@@ -5,9 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"go.uber.org/zap"
-
-	"github.com/certworker/certworker/queue"
 )
 
 // A domain's ACME profile (CONTRACT.md §5): its ssl_profile, or the
@@ -36,7 +35,7 @@ func (e *errProfileSettled) Error() string { return "order settled over its prof
 // is recorded. At most three orders are asked of the issuer, and only the first can
 // reach the CA with a profile it does not list (the issuer checks its directory
 // before sending): the domain's own profile, its certificate's, --acme-profile.
-func (w *Worker) issueUnderProfile(ctx context.Context, o *order, log *zap.Logger, name string) (*queue.Certificate, error) {
+func (w *Worker) issueUnderProfile(ctx context.Context, o *order, log *zap.Logger, name string) (*issuing.Certificate, error) {
 	c := &o.claim
 	profile, own := "", false
 	switch {
@@ -44,9 +43,9 @@ func (w *Worker) issueUnderProfile(ctx context.Context, o *order, log *zap.Logge
 	case c.CurrentPEM != "" && *c.Profile == c.ProfileRefused:
 		// Refused before: renew under the certificate's profile, and keep telling.
 		profile = c.CertProfile
-		c.Notice = w.keptNotice(ctx, c, &queue.ProfileError{Profile: *c.Profile})
+		c.Notice = w.keptNotice(ctx, c, &issuing.ProfileError{Profile: *c.Profile})
 	default:
-		if err := queue.CheckProfileName(*c.Profile); err != nil {
+		if err := issuing.CheckProfileName(*c.Profile); err != nil {
 			renew, outcome := w.refuseProfile(ctx, o, log, err)
 			if !renew {
 				return nil, &errProfileSettled{outcome}
@@ -58,7 +57,7 @@ func (w *Worker) issueUnderProfile(ctx context.Context, o *order, log *zap.Logge
 	}
 	for {
 		cert, err := w.issue(ctx, o, name, profile)
-		var pe *queue.ProfileError
+		var pe *issuing.ProfileError
 		if err == nil || ctx.Err() != nil || !errors.As(err, &pe) {
 			if err == nil && own {
 				c.ProfileRefused, c.Notice = "", ""
@@ -90,7 +89,7 @@ func (w *Worker) issueUnderProfile(ctx context.Context, o *order, log *zap.Logge
 // its certificate, and outcome is the order's.
 func (w *Worker) refuseProfile(ctx context.Context, o *order, log *zap.Logger, cause error) (renew bool, outcome string) {
 	c := &o.claim
-	base := queue.ProfilePrefix + cause.Error()
+	base := issuing.ProfilePrefix + cause.Error()
 	none := base + "; no certificate is ordered until the domain's ssl_profile names a profile the CA offers"
 	kept := w.keptNotice(ctx, c, cause)
 	err := w.record(o, log, "record a refused profile", func(ctx context.Context) (err error) {
@@ -119,8 +118,8 @@ func (w *Worker) refuseProfile(ctx context.Context, o *order, log *zap.Logger, c
 // keptNotice is what ssl_error says of a domain that keeps its certificate because
 // the CA does not offer its own profile. A refusal that does not list what the CA
 // offers is completed from the issuer's directory, when it can say.
-func (w *Worker) keptNotice(ctx context.Context, c *queue.Claim, cause error) string {
-	var pe *queue.ProfileError
+func (w *Worker) keptNotice(ctx context.Context, c *issuing.Claim, cause error) string {
+	var pe *issuing.ProfileError
 	if errors.As(cause, &pe) && pe.Offered == nil {
 		if l, ok := w.cfg.Issuer.(profileLister); ok {
 			if offered, err := l.Profiles(ctx); err == nil {
@@ -135,7 +134,7 @@ func (w *Worker) keptNotice(ctx context.Context, c *queue.Claim, cause error) st
 		under = fmt.Sprintf("profile %q", c.CertProfile)
 	}
 	return fmt.Sprintf("%s%s; the domain keeps its certificate, renewed under %s, until its ssl_profile names a profile the CA offers",
-		queue.ProfilePrefix, cause, under)
+		issuing.ProfilePrefix, cause, under)
 }
 
 // profileHalt hands the claim back uncharged and stops this instance claiming: the
@@ -143,7 +142,7 @@ func (w *Worker) keptNotice(ctx context.Context, c *queue.Claim, cause error) st
 // own alike, and is the operator's to fix (run checks it at start; this is a CA that
 // could not be asked then, or that dropped the profile since). Like a key the
 // instance cannot open, /readyz answers 503 until it is restarted.
-func (w *Worker) profileHalt(o *order, log *zap.Logger, pe *queue.ProfileError) string {
+func (w *Worker) profileHalt(o *order, log *zap.Logger, pe *issuing.ProfileError) string {
 	if w.profileErr.CompareAndSwap(nil, pe) {
 		w.log.Error("the CA does not offer --acme-profile: this instance claims nothing more and reports not ready until restarted with a profile the CA offers; nothing is charged",
 			zap.String("error", pe.Error()))

@@ -8,7 +8,7 @@ import (
 
 	"github.com/certworker/certworker/internal/fakeissuer"
 	"github.com/certworker/certworker/internal/workertest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -48,7 +48,7 @@ func TestWorker_AKilledInstancesClaimsAreReclaimedPastARowTheProxyHoldsLocked(t 
 	require.NoError(t, err)
 
 	fake := fakeissuer.New(10)
-	b.start(t, "survivor", worker.Config{Issuer: fake, Queue: queue.Config{Lease: 4 * time.Second},
+	b.start(t, "survivor", worker.Config{Issuer: fake, Queue: issuing.Config{Lease: 4 * time.Second},
 		PollInterval: 500 * time.Millisecond})
 	b.waitStatus(t, y, "active", reclaimDeadline)
 	require.Equal(t, 1, fake.Count(yName))
@@ -76,7 +76,7 @@ func TestWorker_ARecurringLockTimeoutInAnotherStepDoesNotStopTheReclaim(t *testi
 	_, err = tx.Exec(b.ctx, `LOCK TABLE certworker_pauses IN ACCESS EXCLUSIVE MODE`)
 	require.NoError(t, err)
 
-	in := b.start(t, "survivor", worker.Config{Issuer: fakeissuer.New(10), Queue: queue.Config{Lease: 12 * time.Second},
+	in := b.start(t, "survivor", worker.Config{Issuer: fakeissuer.New(10), Queue: issuing.Config{Lease: 12 * time.Second},
 		PollInterval: 200 * time.Millisecond})
 	workertest.Eventually(t, reclaimDeadline, "the abandoned claim to be put back", func() bool {
 		return b.row(t, y).Status == "pending"

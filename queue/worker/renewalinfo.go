@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 const (
@@ -42,7 +43,7 @@ const (
 // With a second CA, a certificate is asked about at the CA that issued it
 // (informerFor); the fleet's budget is the first CA's, shared.
 func (w *Worker) renewalInfoLoop(ctx context.Context) {
-	ri, ok := w.cfg.Issuer.(queue.RenewalInformer)
+	ri, ok := w.cfg.Issuer.(issuing.RenewalInformer)
 	if !ok {
 		return
 	}
@@ -61,7 +62,7 @@ func (w *Worker) renewalInfoLoop(ctx context.Context) {
 // readRenewalInfo reads what is due, a batch at a time, and returns how long until
 // it should look again: when the next read falls due, when the budget has a batch
 // for it, or at the poll interval.
-func (w *Worker) readRenewalInfo(ctx context.Context, ri queue.RenewalInformer) time.Duration {
+func (w *Worker) readRenewalInfo(ctx context.Context, ri issuing.RenewalInformer) time.Duration {
 	for ctx.Err() == nil {
 		sctx, cancel := w.step(ctx, false)
 		due, ok, err := w.q.NextRenewalInfo(sctx)
@@ -85,7 +86,7 @@ func (w *Worker) readRenewalInfo(ctx context.Context, ri queue.RenewalInformer) 
 
 // readRenewalInfoBatch takes tokens, claims as many reads, asks the CA, and records
 // the answers. done says to stop for wait; otherwise the next batch may follow.
-func (w *Worker) readRenewalInfoBatch(ctx context.Context, ri queue.RenewalInformer) (wait time.Duration, done bool) {
+func (w *Worker) readRenewalInfoBatch(ctx context.Context, ri issuing.RenewalInformer) (wait time.Duration, done bool) {
 	rate := w.cfg.RenewalInfoPerSecond
 	sctx, cancel := w.step(ctx, false)
 	got, wait, err := w.q.TakeRenewalInfoTokens(sctx, w.cfg.Directory, renewalInfoConcurrency, rate)
@@ -132,7 +133,7 @@ func (w *Worker) readRenewalInfoBatch(ctx context.Context, ri queue.RenewalInfor
 // batch is no larger than renewalInfoConcurrency) and records each answer. It
 // returns how many questions the CA did not answer (unreachable, 5xx, no answer in
 // time).
-func (w *Worker) askRenewalInfoBatch(ctx context.Context, ri queue.RenewalInformer, batch []queue.RenewalInfoCandidate) int {
+func (w *Worker) askRenewalInfoBatch(ctx context.Context, ri issuing.RenewalInformer, batch []queue.RenewalInfoCandidate) int {
 	var (
 		wg          sync.WaitGroup
 		mu          sync.Mutex
@@ -167,32 +168,32 @@ const (
 
 // askRenewalInfo asks the CA for c's window and works out what it changes, judged by
 // the database's time at the claim (c.Now), and says how the read went.
-func (w *Worker) askRenewalInfo(ctx context.Context, ri queue.RenewalInformer, c queue.RenewalInfoCandidate) (queue.RenewalInfo, string) {
+func (w *Worker) askRenewalInfo(ctx context.Context, ri issuing.RenewalInformer, c queue.RenewalInfoCandidate) (issuing.RenewalInfo, string) {
 	qctx, cancel := context.WithTimeout(ctx, renewalInfoTimeout)
 	win, err := ri.RenewalInfo(qctx, c.ChainPEM)
 	timedOut := qctx.Err() != nil && ctx.Err() == nil
 	cancel()
-	var ue *queue.CAUnavailableError
+	var ue *issuing.CAUnavailableError
 	switch {
-	case errors.Is(err, queue.ErrNoRenewalInfo):
-		return queue.RenewalInfo{}, readNone // nothing to ask any more
+	case errors.Is(err, issuing.ErrNoRenewalInfo):
+		return issuing.RenewalInfo{}, readNone // nothing to ask any more
 	case err != nil:
-		retry := queue.RenewalInfoRetryIn()
+		retry := issuing.RenewalInfoRetryIn()
 		w.log.Debug("could not get renewal information; asking again later", zap.String("domain", c.Domain), zap.String("domain_id", c.DomainID),
 			zap.Error(err), zap.Duration("retry_in", retry))
 		if timedOut || errors.As(err, &ue) {
-			return queue.RenewalInfo{NextIn: retry}, readUnavailable
+			return issuing.RenewalInfo{NextIn: retry}, readUnavailable
 		}
-		return queue.RenewalInfo{NextIn: retry}, readRefused
+		return issuing.RenewalInfo{NextIn: retry}, readRefused
 	}
-	info := queue.RenewalInfo{WindowStart: win.Start, WindowEnd: win.End, NextIn: queue.RenewalInfoIn(win.RetryAfter)}
+	info := issuing.RenewalInfo{WindowStart: win.Start, WindowEnd: win.End, NextIn: issuing.RenewalInfoIn(win.RetryAfter)}
 	// Only a window that moved earlier than the renewal time changes it: a renewal
 	// time inside the window is the one drawn when the certificate was stored, and
 	// drawing again at every question would only ever pull it earlier.
 	if c.RenewAt.Before(win.End) {
 		return info, readWindow
 	}
-	at, ok := queue.RenewAtFromWindow(win.Start, win.End, c.NotBefore, c.NotAfter, c.Now)
+	at, ok := issuing.RenewAtFromWindow(win.Start, win.End, c.NotBefore, c.NotAfter, c.Now)
 	switch {
 	case !ok && !win.End.After(c.Now):
 		info.RenewNow = true // the window is over: renew now
@@ -204,12 +205,12 @@ func (w *Worker) askRenewalInfo(ctx context.Context, ri queue.RenewalInformer, c
 
 // recordRenewalInfo writes what the CA said of c, and when it moved the renewal
 // earlier, says so and has the maintenance look at the new renewal time.
-func (w *Worker) recordRenewalInfo(ctx context.Context, c queue.RenewalInfoCandidate, info queue.RenewalInfo) {
+func (w *Worker) recordRenewalInfo(ctx context.Context, c queue.RenewalInfoCandidate, info issuing.RenewalInfo) {
 	sctx, cancel := w.step(ctx, false)
 	renewIn, err := w.q.RecordRenewalInfo(sctx, c, info)
 	cancel()
 	switch {
-	case errors.Is(err, queue.ErrCertificateReplaced):
+	case errors.Is(err, issuing.ErrCertificateReplaced):
 		w.log.Debug("certificate replaced while its renewal information was read; the answer is dropped",
 			zap.String("domain", c.Domain), zap.String("domain_id", c.DomainID))
 		return
@@ -229,9 +230,9 @@ func (w *Worker) recordRenewalInfo(ctx context.Context, c queue.RenewalInfoCandi
 // informerFor is the renewal-information source for a certificate the CA at directory
 // issued ("" for not recorded: the first): the second CA's issuer for its
 // certificates, when it offers renewal information; first otherwise.
-func (w *Worker) informerFor(directory string, first queue.RenewalInformer) queue.RenewalInformer {
+func (w *Worker) informerFor(directory string, first issuing.RenewalInformer) issuing.RenewalInformer {
 	if at := w.caOf(directory); at != w.first {
-		if ri, ok := at.issuer.(queue.RenewalInformer); ok {
+		if ri, ok := at.issuer.(issuing.RenewalInformer); ok {
 			return ri
 		}
 	}

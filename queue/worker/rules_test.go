@@ -11,7 +11,7 @@ import (
 
 	"github.com/certworker/certworker/internal/fakeissuer"
 	"github.com/certworker/certworker/internal/workertest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -35,7 +35,7 @@ func TestWorker_AValidationFailureIsNeverRetriedAtTheSecondCA(t *testing.T) {
 	first.Fail = func(string, int) error { return validationFailure{} }
 	second := fakeissuer.New(10)
 	b.start(t, "w", worker.Config{Issuer: first, Concurrency: 1, PollInterval: time.Second,
-		Queue:    queue.Config{RetryBase: 200 * time.Millisecond, RetryMax: time.Second},
+		Queue:    issuing.Config{RetryBase: 200 * time.Millisecond, RetryMax: time.Second},
 		Fallback: &worker.FallbackCA{Issuer: second, Directory: secondDirectory, After: time.Millisecond}})
 	workertest.Eventually(t, 30*time.Second, "three tries at the first CA", func() bool { return first.Count(name) >= 3 })
 	require.Zero(t, second.Count(name), "a validation failure moved the domain to the second CA")
@@ -55,14 +55,14 @@ func TestWorker_AnUnofferedProfileFailsAFirstIssuanceAtOnce(t *testing.T) {
 	require.NoError(t, err)
 	fake := fakeissuer.New(10)
 	fake.Fail = func(string, int) error {
-		return &queue.ProfileError{Profile: "tlsserver", Offered: []string{"classic", "shortlived"}}
+		return &issuing.ProfileError{Profile: "tlsserver", Offered: []string{"classic", "shortlived"}}
 	}
 	b.start(t, "w", worker.Config{Issuer: fake, Concurrency: 1, PollInterval: time.Second,
-		Queue: queue.Config{RetryBase: 100 * time.Millisecond}})
+		Queue: issuing.Config{RetryBase: 100 * time.Millisecond}})
 	b.waitStatus(t, id, "failed", 30*time.Second)
 	r := b.row(t, id)
 	require.Equal(t, 1, r.Attempts)
-	require.True(t, strings.HasPrefix(*r.Error, queue.ProfilePrefix), *r.Error)
+	require.True(t, strings.HasPrefix(*r.Error, issuing.ProfilePrefix), *r.Error)
 	require.Equal(t, 1, fake.Count(name), "the refused profile was ordered again")
 }
 
@@ -81,7 +81,7 @@ func TestWorker_CAReachableAgainIsLoggedOncePerChangeOfState(t *testing.T) {
 	fake := fakeissuer.New(10)
 	fake.Fail = func(_ string, call int) error {
 		if call == 1 {
-			return &queue.CAUnavailableError{Err: errors.New("acme: dial tcp: connection refused")}
+			return &issuing.CAUnavailableError{Err: errors.New("acme: dial tcp: connection refused")}
 		}
 		return nil
 	}
@@ -110,7 +110,7 @@ func TestWorker_ACAARecordThatNowAllowsTheCAOverridesTheRefusalCAACaused(t *test
 		id, workertest.Directory)
 	require.NoError(t, err)
 	first, second := fakeissuer.New(10), fakeissuer.New(10)
-	onlyFirst := func(context.Context, string) (queue.Verdict, string, error) {
+	onlyFirst := func(context.Context, string) (issuing.Verdict, string, error) {
 		return func(dir string) bool { return dir == workertest.Directory }, "first.example", nil
 	}
 	b.start(t, "w", worker.Config{Issuer: first, Concurrency: 1, PollInterval: time.Second, CAA: onlyFirst,
@@ -130,7 +130,7 @@ func TestWorker_ARenewalRetriedWithoutReplacesIsAdmittedAgainAsANewOrder(t *test
 	b := setup(t)
 	id, name := b.domain(t, b.tenant(t))
 	fake := fakeissuer.New(10)
-	cert, err := fake.Issue(context.Background(), queue.Request{DomainID: id, Domain: name})
+	cert, err := fake.Issue(context.Background(), issuing.Request{DomainID: id, Domain: name})
 	require.NoError(t, err)
 	_, err = b.pool.Exec(b.ctx, `
 INSERT INTO proxy_certificates (domain, certificate_pem, private_key_pem, expires_at) VALUES ($1, $2, 'key', now() + interval '30 days')`,
@@ -145,7 +145,7 @@ INSERT INTO certworker_ledger (directory, name, registered_domain, outcome) VALU
 	require.NoError(t, err)
 	sent := make(chan struct{}, 10)
 	withoutReplaces := &readmitting{Issuer: fake, sent: sent}
-	limits := queue.Limits{OrdersPerAccount: queue.Limit{Count: 1, Window: time.Hour}}
+	limits := issuing.Limits{OrdersPerAccount: issuing.Limit{Count: 1, Window: time.Hour}}
 	b.start(t, "w", worker.Config{Issuer: withoutReplaces, Limits: limits, Concurrency: 1, PollInterval: time.Second})
 	workertest.Eventually(t, 30*time.Second, "the ledger's pause of the account", func() bool {
 		var n int
@@ -165,7 +165,7 @@ type readmitting struct {
 	sent chan struct{}
 }
 
-func (r *readmitting) Issue(ctx context.Context, req queue.Request) (*queue.Certificate, error) {
+func (r *readmitting) Issue(ctx context.Context, req issuing.Request) (*issuing.Certificate, error) {
 	if req.CurrentPEM != "" && req.Readmit != nil {
 		if err := req.Readmit(ctx); err != nil {
 			return nil, err

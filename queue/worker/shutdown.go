@@ -5,9 +5,8 @@ import (
 	"errors"
 	"time"
 
+	"github.com/certworker/certworker/queue/issuing"
 	"go.uber.org/zap"
-
-	"github.com/certworker/certworker/queue"
 )
 
 // cancelGrace is how long orders cancelled at the end of the shutdown grace get to
@@ -40,7 +39,7 @@ func (w *Worker) shutdown() {
 		// be ordering the name on the same account.
 		o.deadline.Expire()
 		ctx, cancel := w.step(context.Background(), true)
-		if err := w.q.Release(ctx, o.claim, false); err != nil && !errors.Is(err, queue.ErrClaimLost) {
+		if err := w.q.Release(ctx, o.claim, false); err != nil && !errors.Is(err, issuing.ErrClaimLost) {
 			w.log.Error("could not hand back a claim; its lease will run out", zap.String("domain", o.claim.Domain),
 				zap.String("domain_id", o.claim.ID), zap.Error(err))
 		}

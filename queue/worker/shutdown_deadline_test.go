@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -20,7 +20,7 @@ type stuckIssuer struct {
 	checked chan error
 }
 
-func (s *stuckIssuer) Issue(_ context.Context, req queue.Request) (*queue.Certificate, error) {
+func (s *stuckIssuer) Issue(_ context.Context, req issuing.Request) (*issuing.Certificate, error) {
 	s.started <- struct{}{}
 	<-s.release
 	s.checked <- req.Deadline.Check()
@@ -49,7 +49,7 @@ func TestWorker_AnOrderHandedBackAtShutdownSendsNothingAfterTheHandBack(t *testi
 	close(iss.release)
 	select {
 	case err := <-iss.checked:
-		require.ErrorIs(t, err, queue.ErrLeaseDeadline, "the order could still send the CA requests after its hand-back")
+		require.ErrorIs(t, err, issuing.ErrLeaseDeadline, "the order could still send the CA requests after its hand-back")
 	case <-time.After(30 * time.Second):
 		t.Fatal("the issuer did not report")
 	}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/certworker/certworker/internal/fakeissuer"
 	"github.com/certworker/certworker/internal/workertest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -40,7 +40,7 @@ func TestWorker_TwoCAsTheClaimAndTheLedgerAgreeOnARenewalAndNothingSpins(t *test
 	b := setup(t)
 	id, name := b.domain(t, b.tenant(t))
 	first, second := fakeissuer.New(10), fakeissuer.New(10)
-	cert, err := second.Issue(context.Background(), queue.Request{DomainID: id, Domain: name})
+	cert, err := second.Issue(context.Background(), issuing.Request{DomainID: id, Domain: name})
 	require.NoError(t, err)
 	_, err = b.pool.Exec(b.ctx, `
 INSERT INTO proxy_certificates (domain, certificate_pem, private_key_pem, expires_at, issuer_directory)
@@ -51,7 +51,7 @@ INSERT INTO certworker_issued_names (directory, name) VALUES ($1, $3), ($2, $3)`
 		workertest.Directory, secondDirectory, name)
 	require.NoError(t, err)
 	// The first CA's orders per account are used up for the hour, and paused so.
-	limits := queue.Limits{OrdersPerAccount: queue.Limit{Count: 2, Window: time.Hour}}
+	limits := issuing.Limits{OrdersPerAccount: issuing.Limit{Count: 2, Window: time.Hour}}
 	_, err = b.pool.Exec(b.ctx, `
 INSERT INTO certworker_ledger (directory, name, registered_domain, outcome)
 SELECT $1, 'used-' || i || '.example', 'used-' || i || '.example', 'issued' FROM generate_series(1, 2) i`,

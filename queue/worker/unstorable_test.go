@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/internal/fakeissuer"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -39,7 +39,7 @@ func TestWorker_ACAProblemThatTheDatabaseCannotStoreAsItIsFreesTheSlot(t *testin
 	}{
 		{"a NUL in a problem charged", errors.New("acme: urn:ietf:params:acme:error:connection: refused\x00 by peer"),
 			"acme: urn:ietf:params:acme:error:connection: refused by peer", "pending", 1},
-		{"invalid UTF-8 in a refusal for good", &queue.PermanentError{Err: errors.New("acme: urn:ietf:params:acme:error:rejectedIdentifier: caf\xe9")},
+		{"invalid UTF-8 in a refusal for good", &issuing.PermanentError{Err: errors.New("acme: urn:ietf:params:acme:error:rejectedIdentifier: caf\xe9")},
 			`acme: urn:ietf:params:acme:error:rejectedIdentifier: caf\xE9`, "failed", 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -18,11 +18,12 @@ import (
 	"github.com/certworker/certworker/internal/netrelay"
 	"github.com/certworker/certworker/internal/workertest"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
 // ledgerLimits turns the ledger on without holding anything back.
-var ledgerLimits = queue.Limits{OrdersPerAccount: queue.Limit{Count: 1000, Window: time.Hour}}
+var ledgerLimits = issuing.Limits{OrdersPerAccount: issuing.Limit{Count: 1000, Window: time.Hour}}
 
 // The worker's sessions bound their waits: each statement by the worker's step (a
 // quarter lease), each lock wait by two seconds, and a transaction whose client went
@@ -32,7 +33,7 @@ var ledgerLimits = queue.Limits{OrdersPerAccount: queue.Limit{Count: 1000, Windo
 func TestWorker_SessionsBoundTheirWaits(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	in := b.start(t, "w", worker.Config{Issuer: fakeissuer.New(10), Queue: queue.Config{Lease: 8 * time.Second}, PollInterval: time.Hour})
+	in := b.start(t, "w", worker.Config{Issuer: fakeissuer.New(10), Queue: issuing.Config{Lease: 8 * time.Second}, PollInterval: time.Hour})
 	conn, err := in.Pool.Acquire(b.ctx)
 	require.NoError(t, err)
 	c := conn.Hijack() // its session is ended below; it must not go back to the pool
@@ -129,7 +130,7 @@ func TestWorker_AnInstanceCutOffHoldingTheLedgersLockDoesNotStopTheOthers(t *tes
 	relay, viaRelay := relayed(t, b.dsn)
 	// A long lease: the cut-off instance's own steps (a quarter of it) outlast the
 	// test, so that only the server can end its transaction.
-	qcfg := queue.Config{Lease: 2 * time.Minute}
+	qcfg := issuing.Config{Lease: 2 * time.Minute}
 	pool, err := queue.NewPoolWith(b.ctx, viaRelay, queue.WorkerSession(qcfg.Lease))
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
@@ -186,7 +187,7 @@ func TestWorker_AFailedAdmitEndsTheFill(t *testing.T) {
 	require.NoError(t, err)
 
 	// A 4 s lease: each step, an Admit's included, gives up after a second.
-	in := b.start(t, "w", worker.Config{Issuer: fake, Queue: queue.Config{Lease: 4 * time.Second}, Limits: ledgerLimits,
+	in := b.start(t, "w", worker.Config{Issuer: fake, Queue: issuing.Config{Lease: 4 * time.Second}, Limits: ledgerLimits,
 		Concurrency: 2, PollInterval: time.Hour})
 	failedAdmits := func() int {
 		return in.Logs.FilterMessage("database step failed; will try again").FilterField(zap.String("step", "ask the ledger")).Len()

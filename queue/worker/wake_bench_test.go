@@ -18,6 +18,7 @@ import (
 	"github.com/certworker/certworker/internal/workertest"
 	"github.com/certworker/certworker/listener"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -45,7 +46,7 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // over this package's statements: sleep the poll interval, then reclaim, mark
 // renewals, and claim, issue and record one domain at a time until nothing is due. No
 // listener, no timer, one order at a time. It stops when the benchmark ends.
-func referenceLoop(tb testing.TB, q *queue.Queue, issuer queue.Issuer, poll time.Duration) {
+func referenceLoop(tb testing.TB, q *queue.Queue, issuer issuing.Issuer, poll time.Duration) {
 	tb.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -62,7 +63,7 @@ func referenceLoop(tb testing.TB, q *queue.Queue, issuer queue.Issuer, poll time
 				return err
 			}
 			c := claims[0]
-			cert, err := issuer.Issue(ctx, queue.Request{DomainID: c.ID, Domain: c.Domain, CurrentPEM: c.CurrentPEM})
+			cert, err := issuer.Issue(ctx, issuing.Request{DomainID: c.ID, Domain: c.Domain, CurrentPEM: c.CurrentPEM})
 			if err != nil {
 				return fmt.Errorf("issue %s: %w", c.Domain, err)
 			}
@@ -236,7 +237,7 @@ func BenchmarkWakeLatency(b *testing.B) {
 		fake := fakeissuer.New(1)
 		b.ResetTimer()
 		start := time.Now()
-		referenceLoop(b, queue.New(d.pool, queue.DefaultConfig()), fake, benchPollInterval)
+		referenceLoop(b, queue.New(d.pool, issuing.DefaultConfig()), fake, benchPollInterval)
 		d.verifyOneByOne(b, ids, start, pollSpacing)
 		d.waitActive(b, wakeDomains, 3*benchPollInterval, 200*time.Millisecond)
 		b.StopTimer()

@@ -12,6 +12,7 @@ import (
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/internal/workertest"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -43,7 +44,7 @@ func BenchmarkWakeStatements(b *testing.B) {
 			cfg := worker.Config{Issuer: fakeissuer.New(1), Concurrency: 4, PollInterval: benchPollInterval}
 			session := workertest.Session(cfg)
 			if !warm {
-				session = queue.WorkerSession(queue.DefaultLease)
+				session = queue.WorkerSession(issuing.DefaultLease)
 			}
 			if cfg.Pool, err = queue.NewPoolWith(d.ctx, dsn, session); err != nil {
 				b.Fatal(err)

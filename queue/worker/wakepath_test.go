@@ -10,7 +10,7 @@ import (
 
 	"github.com/certworker/certworker/internal/fakeissuer"
 	"github.com/certworker/certworker/internal/workertest"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -35,7 +35,7 @@ func TestWorker_AHeldRowComesBackWhileNotificationsKeepComing(t *testing.T) {
 		}
 	})
 	workertest.Start(t, d.dsn, "held", worker.Config{Issuer: fake, Concurrency: 4, PollInterval: time.Hour,
-		Queue: queue.Config{RetryBase: 300 * time.Millisecond, RetryMax: 300 * time.Millisecond, MaxAttempts: 5}})
+		Queue: issuing.Config{RetryBase: 300 * time.Millisecond, RetryMax: 300 * time.Millisecond, MaxAttempts: 5}})
 	workertest.Eventually(t, 30*time.Second, "the first order fails and holds the row out of line", func() bool {
 		var held *string
 		require.NoError(t, d.pool.QueryRow(d.ctx, `SELECT ssl_held FROM proxy_domains WHERE id = $1`, ids[0]).Scan(&held))

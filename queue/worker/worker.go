@@ -16,6 +16,7 @@ import (
 
 	"github.com/certworker/certworker/listener"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // ErrStarted is returned by Start on a worker that has been started before.
@@ -42,12 +43,12 @@ type Worker struct {
 	// first is the CA at cfg.Directory; second is cfg.Fallback's, or nil.
 	first, second *ca
 	// keyErr is set by the first order that found a stored key this instance cannot
-	// open (queue.KeyError); from then on it claims nothing and is not ready, until it
+	// open (issuing.KeyError); from then on it claims nothing and is not ready, until it
 	// is restarted with the key.
-	keyErr atomic.Pointer[queue.KeyError]
+	keyErr atomic.Pointer[issuing.KeyError]
 	// profileErr is set by the first order that found the CA does not offer
 	// --acme-profile; like keyErr, it stops the instance claiming until restarted.
-	profileErr atomic.Pointer[queue.ProfileError]
+	profileErr atomic.Pointer[issuing.ProfileError]
 	// lastHousekeeping is when the maintenance last ran its housekeeping; only the
 	// maintenance goroutine touches it.
 	lastHousekeeping time.Time
@@ -99,7 +100,7 @@ func New(cfg Config) (*Worker, error) {
 	}
 	opts := cfg.WakeOptions
 	opts.Registerer = cfg.Registerer
-	if cfg.Wake == queue.WakeLogical {
+	if cfg.Wake == issuing.WakeLogical {
 		w.waker = listener.NewLogical(cfg.Pool, cfg.Log, opts)
 	} else {
 		w.waker = listener.New(cfg.Pool, cfg.Log, opts)
@@ -194,7 +195,7 @@ func (w *Worker) Run(ctx context.Context) error {
 func (w *Worker) Ready() bool { return w.waker.Connected() }
 
 // Halted is the error that stopped this instance claiming, or nil: /readyz answers
-// 503 with it (CONTRACT.md §4). A *queue.KeyError for a stored key it cannot open; a
+// 503 with it (CONTRACT.md §4). A *issuing.KeyError for a stored key it cannot open; a
 // *ProfileHalt when the CA does not offer --acme-profile.
 func (w *Worker) Halted() error {
 	if ke := w.keyErr.Load(); ke != nil {
@@ -207,7 +208,7 @@ func (w *Worker) Halted() error {
 }
 
 // ProfileHalt is Halted's error when the CA does not offer --acme-profile.
-type ProfileHalt struct{ Err *queue.ProfileError }
+type ProfileHalt struct{ Err *issuing.ProfileError }
 
 func (e *ProfileHalt) Error() string {
 	return "--acme-profile: " + e.Err.Error() + "; stopped claiming until restarted with a profile the CA offers"

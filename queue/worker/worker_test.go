@@ -11,7 +11,7 @@ import (
 	"github.com/certworker/certworker/internal/fakeissuer"
 	"github.com/certworker/certworker/internal/workertest"
 	"github.com/certworker/certworker/listener"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -47,7 +47,7 @@ func TestWorker_AFailedDomainIsRetriedWhenItsBackoffRunsOut(t *testing.T) {
 		}
 		return nil
 	}
-	qcfg := queue.Config{RetryBase: time.Second, RetryMax: time.Hour, MaxAttempts: 10}
+	qcfg := issuing.Config{RetryBase: time.Second, RetryMax: time.Hour, MaxAttempts: 10}
 	in := b.start(t, "w", worker.Config{Issuer: fake, Queue: qcfg, Concurrency: 1, PollInterval: time.Hour})
 	id, name := b.domain(t, b.tenant(t))
 	first := fake.Next(t, 10*time.Second)

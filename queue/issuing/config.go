@@ -1,4 +1,4 @@
-package queue
+package issuing
 
 import "time"
 
@@ -60,18 +60,18 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// maxShift bounds the exponent in both curves. It only keeps the arithmetic in
+// MaxShift bounds the exponent in both curves. It only keeps the arithmetic in
 // range; it is far above the point where the cap binds for any sensible base (the
 // reference clamped at 12, and an earlier version of it at 8, which held the value
 // below the cap and made the cap dead code).
-const maxShift = 62
+const MaxShift = 62
 
 // Backoff is how long a domain waits after its nth consecutive failure:
 // base * 2^n, capped at max. Negative counts (a hand-edited row) count as 0.
 // The claim query computes the same curve in SQL from the same parameters.
 func (c Config) Backoff(attempts int) time.Duration {
 	c = c.WithDefaults()
-	n := min(max(attempts, 0), maxShift)
+	n := min(max(attempts, 0), MaxShift)
 	d := c.RetryBase
 	for range n {
 		if d >= c.RetryMax || d > c.RetryMax/2 {
@@ -81,6 +81,3 @@ func (c Config) Backoff(attempts int) time.Duration {
 	}
 	return min(d, c.RetryMax)
 }
-
-// seconds turns a duration into the float the SQL's make_interval takes.
-func seconds(d time.Duration) float64 { return d.Seconds() }

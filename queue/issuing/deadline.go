@@ -1,4 +1,4 @@
-package queue
+package issuing
 
 import (
 	"context"
