@@ -1,6 +1,7 @@
 package acme
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
@@ -25,6 +26,8 @@ import (
 // Config is what the issuer needs from the command line. Every field maps to one
 // `run` flag (CONTRACT.md §3), and validation errors name that flag.
 type Config struct {
+	// Recorder is where the issuer records what the store keeps for it. Required.
+	Recorder Recorder
 	// DirectoryURL is the ACME directory (--acme-directory). Required, https.
 	DirectoryURL string
 	// Email is the account contact (--acme-email), or "".
@@ -313,4 +316,17 @@ func (t DNSTarget) String() string {
 		parts[i] = a.String()
 	}
 	return strings.Join(parts, ", ")
+}
+
+// Recorder is what the issuer records beside its own tables: the challenge each order
+// chose (which status shows), and the fleet's shared budget of renewal-information
+// reads. The store (package queue) implements it; the command wires it in, so that
+// this package depends on the issuer contract (package issuing) and not on the store.
+type Recorder interface {
+	// RecordChallenge records the challenge chosen for domainID's order, and why.
+	RecordChallenge(ctx context.Context, domainID, challenge, reason string) error
+	// TakeRenewalInfoTokens takes up to want tokens of directory's budget of
+	// perSecond reads, shared by every instance; it returns how many it got and, when
+	// fewer, how long until the next.
+	TakeRenewalInfoTokens(ctx context.Context, directory string, want int, perSecond float64) (got int, wait time.Duration, err error)
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/internal/pebbletest"
+	"github.com/certworker/certworker/queue"
 	"github.com/certworker/certworker/queue/issuing"
 )
 
@@ -357,7 +358,7 @@ func TestNew_ConfigErrorsNameTheFlag(t *testing.T) {
 	t.Parallel()
 	pool, _ := newTestPool(t)
 	ca := pebbletest.StartT(t, pebbletest.Options{})
-	base := acme.Config{DirectoryURL: ca.DirectoryURL, CABundle: ca.RootsFile}
+	base := acme.Config{DirectoryURL: ca.DirectoryURL, CABundle: ca.RootsFile, Recorder: queue.New(pool, issuing.DefaultConfig())}
 	notPEM := t.TempDir() + "/not.pem"
 	require.NoError(t, writeFile(notPEM, "hello"))
 	for _, tc := range []struct {
@@ -377,6 +378,7 @@ func TestNew_ConfigErrorsNameTheFlag(t *testing.T) {
 		{"directory missing", func(c *acme.Config) { c.DirectoryURL = "" }, "--acme-directory", ""},
 		{"email", func(c *acme.Config) { c.Email = "not an email" }, "--acme-email", ""},
 		{"profile", func(c *acme.Config) { c.Profile = "short lived" }, "--acme-profile", ""},
+		{"no recorder", func(c *acme.Config) { c.Recorder = nil }, "nil Recorder", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

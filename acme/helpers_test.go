@@ -21,6 +21,8 @@ import (
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/internal/pgtest"
+	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -105,6 +107,9 @@ func newIssuer(t *testing.T, pool *pgxpool.Pool, log *zap.Logger, cfg acme.Confi
 	t.Helper()
 	if log == nil {
 		log = zap.NewNop()
+	}
+	if cfg.Recorder == nil {
+		cfg.Recorder = queue.New(pool, issuing.DefaultConfig())
 	}
 	iss, err := acme.New(context.Background(), pool, log, cfg)
 	require.NoError(t, err)

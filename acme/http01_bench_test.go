@@ -23,6 +23,7 @@ import (
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/internal/pgtest"
+	"github.com/certworker/certworker/queue"
 	"github.com/certworker/certworker/queue/issuing"
 )
 
@@ -59,7 +60,7 @@ func BenchmarkHTTP01Flood(b *testing.B) {
 		WriteTimeout: 10 * time.Second, IdleTimeout: 30 * time.Second, MaxHeaderBytes: 8 << 10}
 	go func() { _ = srv.Serve(ln) }()
 	b.Cleanup(func() { _ = srv.Close() })
-	issuer, err := acme.New(ctx, pool, zap.NewNop(), acme.Config{
+	issuer, err := acme.New(ctx, pool, zap.NewNop(), acme.Config{Recorder: queue.New(pool, issuing.DefaultConfig()),
 		DirectoryURL: ca.DirectoryURL, CABundle: ca.RootsFile, HTTPTimeout: 30 * time.Second,
 		Profile: pebbletest.DefaultProfile,
 	})

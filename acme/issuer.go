@@ -23,7 +23,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
-	"github.com/certworker/certworker/queue"
 	"github.com/certworker/certworker/queue/issuing"
 )
 
@@ -65,6 +64,9 @@ func New(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger, cfg Config) (
 	_ = ctx // nothing to wait for yet; kept so that New may check the CA one day
 	if pool == nil {
 		return nil, errors.New("acme: nil database pool")
+	}
+	if cfg.Recorder == nil {
+		return nil, errors.New("acme: nil Recorder")
 	}
 	if log == nil {
 		log = zap.NewNop()
@@ -240,7 +242,7 @@ func (i *Issuer) recordChallenge(ctx context.Context, req issuing.Request, c cha
 	if req.DomainID == "" || i.cfg.DNS01Zone == "" {
 		return // without DNS-01, every order is HTTP-01
 	}
-	if err := queue.New(i.pool, issuing.DefaultConfig()).RecordChallenge(ctx, req.DomainID, c.challenge, c.reason); err != nil {
+	if err := i.cfg.Recorder.RecordChallenge(ctx, req.DomainID, c.challenge, c.reason); err != nil {
 		log.Warn("could not record the challenge chosen", zap.Error(err))
 	}
 	log.Debug("challenge chosen", zap.String("challenge", c.challenge), zap.String("reason", c.reason))

@@ -15,7 +15,6 @@ import (
 	"github.com/go-acme/lego/v4/certificate"
 	"go.uber.org/zap"
 
-	"github.com/certworker/certworker/queue"
 	"github.com/certworker/certworker/queue/issuing"
 )
 
@@ -66,7 +65,7 @@ func (i *Issuer) renewalInfoToken(ctx context.Context, log *zap.Logger) bool {
 	if i.cfg.RenewalInfoPerSecond <= 0 {
 		return true
 	}
-	got, _, err := queue.New(i.pool, issuing.Config{}).TakeRenewalInfoTokens(ctx, i.cfg.DirectoryURL, 1, i.cfg.RenewalInfoPerSecond)
+	got, _, err := i.cfg.Recorder.TakeRenewalInfoTokens(ctx, i.cfg.DirectoryURL, 1, i.cfg.RenewalInfoPerSecond)
 	if err != nil {
 		log.Warn("could not take a token of the fleet's renewal-information budget; reading without one", zap.Error(err))
 		return true

@@ -22,6 +22,8 @@ import (
 	"github.com/certworker/certworker/certstore"
 	"github.com/certworker/certworker/internal/loopback"
 	"github.com/certworker/certworker/internal/pebbletest"
+	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -83,7 +85,9 @@ func BenchmarkVerifyToServed(b *testing.B) {
 	b.Cleanup(responder.Stop)
 	clock := &tokenClock{next: responder}
 	bd.serve(b, clock)
-	iss, err := acme.New(ctx, bd.pool, zap.NewNop(), bd.config())
+	cfg := bd.config()
+	cfg.Recorder = queue.New(bd.pool, issuing.DefaultConfig())
+	iss, err := acme.New(ctx, bd.pool, zap.NewNop(), cfg)
 	require.NoError(b, err)
 	w, err := worker.New(worker.Config{
 		Pool: bd.pool, Issuer: iss, Log: zap.NewNop(), Owner: "bench", Directory: iss.DirectoryURL(),

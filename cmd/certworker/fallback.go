@@ -11,6 +11,7 @@ import (
 
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/certstore/seal"
+	"github.com/certworker/certworker/queue"
 	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
@@ -95,7 +96,7 @@ func (c *runCmd) fallback(ctx context.Context, pool *pgxpool.Pool, log *zap.Logg
 	if err != nil {
 		return nil, nil, err
 	}
-	issuer, err := acme.New(ctx, pool, log, acme.Config{
+	issuer, err := acme.New(ctx, pool, log, acme.Config{Recorder: queue.New(pool, issuing.DefaultConfig()),
 		DirectoryURL:         c.FallbackDirectory,
 		Email:                c.ACMEEmail,
 		CABundle:             c.FallbackCABundle,

@@ -14,6 +14,8 @@ import (
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/internal/workertest"
+	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // A --acme-profile the CA's directory does not list stops run at start, with exit 2
@@ -47,7 +49,7 @@ func TestCheckProfile_ACAThatCannotBeAskedDoesNotStopTheStart(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewPool(t)
 	ca := pebbletest.StartT(t, pebbletest.Options{})
-	issuer, err := acme.New(context.Background(), pool, zap.NewNop(), acme.Config{
+	issuer, err := acme.New(context.Background(), pool, zap.NewNop(), acme.Config{Recorder: queue.New(pool, issuing.DefaultConfig()),
 		DirectoryURL: "https://" + workertest.FreeAddr(t) + "/dir", CABundle: ca.RootsFile,
 		Profile: "shortlived", HTTPTimeout: 5 * time.Second,
 	})

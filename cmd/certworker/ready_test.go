@@ -135,7 +135,7 @@ func TestReadiness_AChecksOnASessionOfItsOwn(t *testing.T) {
 	base, dsn := pgtest.NewPool(t)
 	ctx := context.Background()
 	issuer := func(directory string) *acme.Issuer {
-		i, err := acme.New(ctx, base, zap.NewNop(), acme.Config{DirectoryURL: directory, HTTPTimeout: time.Second})
+		i, err := acme.New(ctx, base, zap.NewNop(), acme.Config{Recorder: queue.New(base, issuing.DefaultConfig()), DirectoryURL: directory, HTTPTimeout: time.Second})
 		require.NoError(t, err)
 		return i
 	}
@@ -202,7 +202,7 @@ func TestReadiness_ASilentServerCostsTheNextCheckAPingNotAClose(t *testing.T) {
 	t.Parallel()
 	base, dsn := pgtest.NewPool(t)
 	ctx := context.Background()
-	first, err := acme.New(ctx, base, zap.NewNop(), acme.Config{DirectoryURL: "https://127.0.0.1:1/first", HTTPTimeout: time.Second})
+	first, err := acme.New(ctx, base, zap.NewNop(), acme.Config{Recorder: queue.New(base, issuing.DefaultConfig()), DirectoryURL: "https://127.0.0.1:1/first", HTTPTimeout: time.Second})
 	require.NoError(t, err)
 
 	cfg, err := pgconn.ParseConfig(dsn)

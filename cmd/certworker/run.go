@@ -330,7 +330,7 @@ func (c *runCmd) issuer(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger
 	if err != nil {
 		return nil, err
 	}
-	issuer, err := acme.New(ctx, pool, log, acme.Config{
+	issuer, err := acme.New(ctx, pool, log, acme.Config{Recorder: queue.New(pool, issuing.DefaultConfig()),
 		DirectoryURL:         c.ACMEDirectory,
 		Email:                c.ACMEEmail,
 		CABundle:             c.ACMECABundle,

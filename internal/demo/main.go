@@ -122,7 +122,7 @@ func run(n int, gap time.Duration, verbose bool) error {
 	}
 	defer ca.Close()
 
-	issuer, err := acme.New(ctx, pool, log, acme.Config{DirectoryURL: ca.DirectoryURL, CABundle: ca.RootsFile, Email: "demo@example.com",
+	issuer, err := acme.New(ctx, pool, log, acme.Config{Recorder: queue.New(pool, issuing.DefaultConfig()), DirectoryURL: ca.DirectoryURL, CABundle: ca.RootsFile, Email: "demo@example.com",
 		Profile: pebbletest.DefaultProfile})
 	if err != nil {
 		return err

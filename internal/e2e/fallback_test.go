@@ -60,6 +60,8 @@ func (w *world) startWithFallback(t testing.TB, name string, first, second acme.
 	pool, err := queue.NewPool(w.ctx, w.dsn)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
+	first.Recorder = queue.New(pool, issuing.DefaultConfig())
+	second.Recorder = first.Recorder
 	issuer, err := acme.New(w.ctx, pool, zap.NewNop(), first)
 	require.NoError(t, err)
 	fb, err := acme.New(w.ctx, pool, zap.NewNop(), second)

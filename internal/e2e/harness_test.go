@@ -20,6 +20,7 @@ import (
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/internal/workertest"
 	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
 
@@ -88,6 +89,7 @@ func (w *world) startWorkerOn(t testing.TB, name, dsn string, acfg acme.Config, 
 	pool, err := queue.NewPool(w.ctx, dsn)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
+	acfg.Recorder = queue.New(pool, issuing.DefaultConfig())
 	issuer, err := acme.New(w.ctx, pool, zap.NewNop(), acfg)
 	require.NoError(t, err)
 	cfg.Issuer = issuer

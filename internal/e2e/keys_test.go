@@ -18,6 +18,7 @@ import (
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/certstore/seal"
 	"github.com/certworker/certworker/internal/pebbletest"
+	"github.com/certworker/certworker/queue"
 	"github.com/certworker/certworker/queue/issuing"
 )
 
@@ -60,7 +61,7 @@ func TestProcess_AnInstanceWithoutTheNewKeyStopsAndChargesNothing(t *testing.T) 
 
 	// Another instance, given the new key first, registers the account. Its order's
 	// token is answered by the old instance's responder: tokens live in the database.
-	reg, err := acme.New(w.ctx, w.pool, zap.NewNop(), acme.Config{DirectoryURL: w.ca.DirectoryURL, CABundle: w.rootsFile,
+	reg, err := acme.New(w.ctx, w.pool, zap.NewNop(), acme.Config{Recorder: queue.New(w.pool, issuing.DefaultConfig()), DirectoryURL: w.ca.DirectoryURL, CABundle: w.rootsFile,
 		HTTPTimeout: 10 * time.Second, KeyEncryptionKeys: seal.Keyring{newKey, oldKey}, Profile: pebbletest.DefaultProfile})
 	require.NoError(t, err)
 	_, err = reg.Issue(w.ctx, issuing.Request{Domain: randomName("registers")})
