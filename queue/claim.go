@@ -10,43 +10,6 @@ import (
 	"github.com/certworker/certworker/queue/issuing"
 )
 
-// claimOrderSQL is the claim's order of service (see claimSQL).
-const claimOrderSQL = `ORDER BY COALESCE(d.ssl_queue_tier, 2), COALESCE(d.ssl_queue_seq, 0), d.ssl_queued_at DESC NULLS LAST`
-
-// inLineSQL is the set the claim reads (proxy_domains_line_idx): claimable rows that
-// no failure, pause or backoff has taken out of line (ssl_held, migration 00015).
-const inLineSQL = `d.verification_status = 'verified' AND d.ssl_provider = 'acme' AND d.ssl_status = 'pending'
-      AND d.ssl_held IS NULL`
-
-// readySQL: the backoff of CONTRACT.md §5 has run out for row x, computed from its
-// own ssl_attempts with the same parameters as Config.Backoff ($2, $3).
-func readySQL(x string) string { return readyAtSQL(x, "$2", "$3") }
-
-// readyAtSQL is readySQL with --retry-base and --retry-max given as SQL expressions.
-func readyAtSQL(x, base, cap string) string {
-	return `(` + x + `.ssl_last_attempt_at IS NULL OR ` + x + `.ssl_last_attempt_at < now() - make_interval(secs => ` +
-		backoffSQL(x+".ssl_attempts", base, cap) + `))`
-}
-
-// heldByPauseSQL is a pause of a registered domain or of one name that holds row x
-// back, as ssl_held names it ('registered_domain:KEY', 'domain:KEY'), or NULL. It is
-// looked up among the row's own suffixes (certworker_suffixes), and only while such a
-// pause exists at all. Which one, when several hold the row, does not matter:
-// ReturnHeld looks again once it has ended.
-func heldByPauseSQL(x, dir string) string {
-	return `CASE WHEN EXISTS (SELECT 1 FROM certworker_pauses
-                   WHERE (scope <> 'ca' OR (key = ` + dir + ` AND source = 'ledger')) AND paused_until > now()) THEN
-         (SELECT p.scope || ':' || p.key FROM certworker_pauses p
-          WHERE ((p.scope IN ('registered_domain', 'domain') AND p.directory IN (` + dir + `, '')
-                  AND p.key = ANY (certworker_suffixes(` + x + `.domain))
-                  AND (p.scope = 'registered_domain' OR p.key = lower(` + x + `.domain)))
-                 OR (p.scope = 'ca' AND p.key = ` + dir + ` AND p.source = 'ledger')
-                 OR ` + tenantReservePauseSQL("p", x, dir, "") + `)
-            AND p.paused_until > now()
-            AND NOT ` + ledgerExemptSQL("p", x, dir, "") + `
-          LIMIT 1) END`
-}
-
 // claimSQL claims up to $6 due domains of the tiers $8 to $9 in one statement.
 //
 // FOR UPDATE SKIP LOCKED inside the statement that flips the status is what makes
@@ -157,10 +120,28 @@ WITH head AS MATERIALIZED (
             ON a.tenant_id = b.tenant_id AND a.r = b.r) m
     WHERE d.id = m.id
 ), out AS (
-    UPDATE proxy_domains d SET ssl_held = COALESCE(h.pause, 'backoff')
+    UPDATE proxy_domains d SET ssl_held = COALESCE(h.pause, '` + HeldBackoff + `')
     FROM head h WHERE d.id = h.id AND h.keeps AND (NOT h.ready OR h.pause IS NOT NULL)
     RETURNING d.id
-), lost AS (
+` + claimTailSQL("take", false)
+
+// claimTailSQL is the end both claims share, from the twins they fail (lost): the
+// rows of the CTE take (id, rn) become claims under a new lease, returned in order of
+// service with how many rows the statement read and took out of line, by which Claim
+// decides whether to read on. The routed claim (routed) also records and returns the
+// CA each row goes to, from take's cause (NULL for the first CA, $7; else the second,
+// $8), and the CAs' recorded refusals; the plain claim returns the one CA, $7.
+func claimTailSQL(take string, routed bool) string {
+	setCA, returnCA, selectCA := "", "", `CASE WHEN c.id IS NOT NULL THEN $7::text END, ''::text, ''::text, ''::text`
+	if routed {
+		setCA = `,
+        ssl_ca_directory = CASE WHEN ` + take + `.cause IS NULL THEN $7 ELSE $8 END,
+        ssl_ca_cause = ` + take + `.cause`
+		returnCA = `,
+        d.ssl_ca_directory, d.ssl_ca_cause, d.ssl_ca_refused, d.ssl_ca_refused_cause`
+		selectCA = `c.ssl_ca_directory, c.ssl_ca_cause, c.ssl_ca_refused, c.ssl_ca_refused_cause`
+	}
+	return `), lost AS (
     ` + failTwinsSQL("head h", "h.id", "NOT h.keeps", "d.id") + `
 ), claimed AS (
     UPDATE proxy_domains d SET
@@ -170,12 +151,12 @@ WITH head AS MATERIALIZED (
         updated_at = now(),
         ssl_claim_token = gen_random_uuid(),
         ssl_claimed_by = $4,
-        ssl_lease_expires_at = now() + make_interval(secs => $5)
-    FROM take
-    WHERE d.id = take.id
+        ssl_lease_expires_at = now() + make_interval(secs => $5)` + setCA + `
+    FROM ` + take + `
+    WHERE d.id = ` + take + `.id
     RETURNING d.id, d.tenant_id, d.domain, d.ssl_attempts, d.ssl_claim_token, d.ssl_last_attempt_at,
         d.ssl_claim_prev_attempt_at, d.ssl_queued_at, d.ssl_profile, d.ssl_profile_refused,
-        COALESCE(d.ssl_queue_tier, 2) = 2 AS first
+        COALESCE(d.ssl_queue_tier, 2) = 2 AS first` + returnCA + `
 )
 SELECT c.id::text, c.tenant_id::text, c.domain, c.ssl_attempts, c.ssl_claim_token::text, c.ssl_last_attempt_at,
     ` + finiteSQL(`GREATEST(c.ssl_queued_at,
@@ -183,12 +164,13 @@ SELECT c.id::text, c.tenant_id::text, c.domain, c.ssl_attempts, c.ssl_claim_toke
     COALESCE((SELECT p.certificate_pem FROM proxy_certificates p WHERE p.domain = c.domain), ''),
     c.ssl_profile, c.ssl_profile_refused,
     (SELECT p.profile FROM proxy_certificates p WHERE p.domain = c.domain),
-    c.first, CASE WHEN c.id IS NOT NULL THEN $7::text END, ''::text, ''::text, ''::text,
+    c.first, ` + selectCA + `,
     (SELECT p.issuer_directory FROM proxy_certificates p WHERE p.domain = c.domain),
     n.taken_out, n.read
 FROM (SELECT (SELECT count(*) FROM out) + (SELECT count(*) FROM lost) AS taken_out, (SELECT count(*) FROM head) AS read) n
-LEFT JOIN (claimed c JOIN take t ON t.id = c.id) ON true
+LEFT JOIN (claimed c JOIN ` + take + ` t ON t.id = c.id) ON true
 ORDER BY t.rn`
+}
 
 // claimWindow is how many rows in line one claim statement reads for n slots: n at
 // first, since the rows it reads are locked as they are read and a row another
@@ -331,25 +313,6 @@ func (q *Queue) claimOnce(ctx context.Context, owner, directory string, n, lo, h
 	return claims, takenOut, read, nil
 }
 
-// maxPlaceSQL is the top of bigint, the last place in line there is.
-const maxPlaceSQL = `9223372036854775807`
-
-// placeSQL is the place of a row of tenant entering tier in line: one past the
-// tenant's last place in the tier, and never before the tier's clock, its first place
-// in line. The wake trigger (migrations/functions/certworker_queued.sql) computes the
-// same. Places are clamped at maxPlaceSQL: a hand-edited place at the top of bigint
-// must not make the arithmetic fail (22003), which would stop every claim.
-func placeSQL(tenant, tier string) string {
-	return `GREATEST(
-            COALESCE((SELECT COALESCE(d.ssl_queue_seq, 0) FROM proxy_domains d
-                      WHERE ` + inLineSQL + ` AND COALESCE(d.ssl_queue_tier, 2) = ` + tier + `
-                      ORDER BY COALESCE(d.ssl_queue_tier, 2), COALESCE(d.ssl_queue_seq, 0) LIMIT 1), 0),
-            COALESCE((SELECT LEAST(COALESCE(d.ssl_queue_seq, 0), ` + maxPlaceSQL + ` - 1) + 1 FROM proxy_domains d
-                      WHERE ` + inLineSQL + ` AND d.tenant_id = ` + tenant + ` AND COALESCE(d.ssl_queue_tier, 2) = ` + tier + `
-                      ORDER BY d.tenant_id DESC, COALESCE(d.ssl_queue_tier, 2) DESC, COALESCE(d.ssl_queue_seq, 0) DESC
-                      LIMIT 1), 0))`
-}
-
 func deref(s *string) string {
 	if s == nil {
 		return ""
@@ -422,26 +385,26 @@ func (q *Queue) returnHeldStatement(directory string) string {
 	return `
 WITH RECURSIVE keys AS (
     (SELECT ssl_held AS k FROM proxy_domains
-     WHERE ` + claimableSQL + ` AND ssl_held <> 'backoff' ORDER BY ssl_held LIMIT 1)
+     WHERE ` + claimableSQL + ` AND ssl_held <> '` + HeldBackoff + `' ORDER BY ssl_held LIMIT 1)
     UNION ALL
     SELECT (SELECT ssl_held FROM proxy_domains
-            WHERE ` + claimableSQL + ` AND ssl_held <> 'backoff' AND ssl_held > keys.k
+            WHERE ` + claimableSQL + ` AND ssl_held <> '` + HeldBackoff + `' AND ssl_held > keys.k
             ORDER BY ssl_held LIMIT 1)
     FROM keys WHERE keys.k IS NOT NULL
 ), cand AS (
     SELECT r.id FROM generate_series(0, ` + maxAttempts + ` - 1) AS k
     CROSS JOIN LATERAL (
         (SELECT id FROM proxy_domains
-         WHERE ` + claimableSQL + ` AND ssl_held = 'backoff' AND ssl_attempts = k AND ssl_last_attempt_at IS NULL
+         WHERE ` + claimableSQL + ` AND ssl_held = '` + HeldBackoff + `' AND ssl_attempts = k AND ssl_last_attempt_at IS NULL
          LIMIT ` + batch + `)
         UNION ALL
         (SELECT id FROM proxy_domains
-         WHERE ` + claimableSQL + ` AND ssl_held = 'backoff' AND ssl_attempts = k
+         WHERE ` + claimableSQL + ` AND ssl_held = '` + HeldBackoff + `' AND ssl_attempts = k
            AND ssl_last_attempt_at < now() - make_interval(secs => ` + backoffSQL("k", base, cap) + `)
          ORDER BY ssl_last_attempt_at LIMIT ` + batch + `)) r
     UNION ALL
     (SELECT id FROM proxy_domains d
-     WHERE ` + claimableSQL + ` AND ssl_held = 'backoff' AND ssl_attempts < 0 AND ` + readyAtSQL("d", base, cap) + `
+     WHERE ` + claimableSQL + ` AND ssl_held = '` + HeldBackoff + `' AND ssl_attempts < 0 AND ` + readyAtSQL("d", base, cap) + `
      LIMIT ` + batch + `)
     UNION ALL
     SELECT r.id FROM keys
@@ -479,12 +442,12 @@ WITH RECURSIVE keys AS (
     FROM locked l
 )
 UPDATE proxy_domains d SET
-    ssl_held = CASE WHEN p.pause IS NOT NULL THEN p.pause WHEN NOT p.ready THEN 'backoff' END,
+    ssl_held = CASE WHEN p.pause IS NOT NULL THEN p.pause WHEN NOT p.ready THEN '` + HeldBackoff + `' END,
     ssl_held_until = NULL,
     ssl_queue_seq = CASE WHEN p.ready AND p.pause IS NULL THEN p.seq ELSE d.ssl_queue_seq END
 FROM placed p
 WHERE d.id = p.id AND d.ssl_held IS DISTINCT FROM
-    CASE WHEN p.pause IS NOT NULL THEN p.pause WHEN NOT p.ready THEN 'backoff' END`
+    CASE WHEN p.pause IS NOT NULL THEN p.pause WHEN NOT p.ready THEN '` + HeldBackoff + `' END`
 }
 
 // Untracked is a claim handed back by ReleaseUntracked.

@@ -36,13 +36,8 @@ WHERE certworker_dns_state.challenge IS DISTINCT FROM EXCLUDED.challenge
 }
 
 // The waiting-for-DNS schedule (CONTRACT §5). A domain waiting for its DNS is out of
-// line (ssl_held = 'dns') and checked by DNS alone, never by the CA.
+// line (ssl_held HeldDNS) and checked by DNS alone, never by the CA.
 const (
-	// HeldDNS is ssl_held of a domain waiting for its DNS: ReturnHeld leaves it out
-	// of line until EndWait, or until someone clears its 'waiting for DNS:' error (a
-	// retry, by the proxy or `certworker retry`), which brings its check forward.
-	HeldDNS = "dns"
-
 	// WaitFirstHour is how long a wait is checked at WaitCheckFirst: a tenant moving
 	// DNS does so soon after verifying, and is served within 30 s of the resolver
 	// answering (one check interval, the waiter's tick and a claim).
@@ -186,13 +181,13 @@ WHERE id = $1::uuid AND `+claimableSQL+` AND ssl_held = '`+HeldDNS+`'
 }
 
 // EndWait puts a waiting domain back in line: its DNS now allows validation. Held
-// as 'backoff', ReturnHeld brings it back at its place (its backoff, if any, has run
+// as HeldBackoff, ReturnHeld brings it back at its place (its backoff, if any, has run
 // out while it waited), which the caller's next claim does. It reports whether the
 // domain was still waiting. The wait's clock is kept (see Wait): a wait that begins
 // again at the next claim goes on counting from the first.
 func (q *Queue) EndWait(ctx context.Context, id string) (bool, error) {
 	tag, err := q.db.Exec(ctx, `
-UPDATE proxy_domains SET ssl_held = 'backoff'
+UPDATE proxy_domains SET ssl_held = '`+HeldBackoff+`'
 WHERE id = $1::uuid AND `+claimableSQL+` AND ssl_held = '`+HeldDNS+`'`, id)
 	if err != nil {
 		return false, fmt.Errorf("end the wait for DNS: %w", err)
@@ -223,7 +218,7 @@ WHERE domain_id = $1::uuid`, id); err != nil {
 	return tag.RowsAffected() == 1, nil
 }
 
-// ReturnRetried puts back in line, as 'backoff' rows that ReturnHeld brings back at
+// ReturnRetried puts back in line, as HeldBackoff rows that ReturnHeld brings back at
 // once, up to limit waiting domains that someone retried (the proxy's retry or
 // `certworker retry` cleared their 'waiting for DNS:' error), and says how many. The
 // waiter calls it at every tick: a retry brings a waiting domain's check forward to
@@ -231,7 +226,7 @@ WHERE domain_id = $1::uuid`, id); err != nil {
 // alone.
 func (q *Queue) ReturnRetried(ctx context.Context, limit int) (int64, error) {
 	tag, err := q.db.Exec(ctx, `
-UPDATE proxy_domains SET ssl_held = 'backoff'
+UPDATE proxy_domains SET ssl_held = '`+HeldBackoff+`'
 WHERE id IN (SELECT id FROM proxy_domains
              WHERE `+claimableSQL+` AND ssl_held = '`+HeldDNS+`'
                AND (ssl_error IS NULL OR ssl_error NOT LIKE 'waiting for DNS:%')

@@ -34,21 +34,6 @@ import (
 // first's, written before migration 00017): nothing one CA says holds a domain back at
 // the other.
 
-// pauseOfFirstSQL matches a pause p in force of the first CA ($7) that holds row d
-// back: the CA's own, or its pause of d's registered domain or name.
-var pauseOfFirstSQL = `p.paused_until > now()
-  AND ((p.scope = 'ca' AND p.key = $7)
-    OR (p.scope IN ('registered_domain', 'domain') AND p.directory IN ($7, '')
-        AND p.key = ANY (certworker_suffixes(d.domain))
-        AND (p.scope = 'registered_domain' OR p.key = lower(d.domain)))
-    OR ` + tenantReservePauseSQL("p", "d", "$7", "$8") + `)
-  AND NOT ` + ledgerExemptSQL("p", "d", "$7", "$8")
-
-// HeldRouted is ssl_held of a row the routed claim took out of line: held back at the
-// CA it would go to for now, until ssl_held_until (migration 00023), when ReturnHeld
-// brings it back for the next claim to route again.
-const HeldRouted = "routed"
-
 // routeSQL is, for row d of the routed claim's head, a lateral subquery of two
 // columns: cause, why the claim sends it to the second CA ($8, asked after $9
 // seconds: Fallback.After), NULL for the first ($7), or 'held' for neither now (the
@@ -89,16 +74,6 @@ var routeSQL = `SELECT CASE
     LEFT JOIN LATERAL (SELECT EXISTS (SELECT 1 FROM proxy_certificates c
                                       WHERE c.domain = d.domain AND c.issuer_directory = $8) AS second) sc ON true`
 
-// heldAtSecondUntilSQL is until, the earliest end of the pauses in force of the second
-// CA ($8) that hold row d back, NULL when none does.
-var heldAtSecondUntilSQL = `SELECT min(p.paused_until) AS until FROM certworker_pauses p
-        WHERE p.paused_until > now() AND p.directory = $8 AND NOT ` + ledgerExemptSQL("p", "d", "$8", "$8") + `
-          AND ((p.scope = 'ca' AND p.key = $8)
-            OR (p.scope IN ('registered_domain', 'domain')
-                AND p.key = ANY (certworker_suffixes(d.domain))
-                AND (p.scope = 'registered_domain' OR p.key = lower(d.domain)))
-            OR ` + tenantReservePauseSQL("p", "d", "$8", "$8") + `)`
-
 // claimRoutedSQL is the claim of a fleet with a second CA (Config.Fallback): one
 // statement decides for each row which CA its order goes to, and which CA's pauses
 // hold it back (routeSQL). Like claimSQL it reads only what it can take: at most $12
@@ -106,7 +81,7 @@ var heldAtSecondUntilSQL = `SELECT min(p.paused_until) AS until FROM certworker_
 // reads them (FOR UPDATE SKIP LOCKED), and routes only those (head, then routed: as
 // a join over the whole queue, the planner routed every due row before sorting). It
 // claims up to $6 of them; a row whose backoff has not run out is taken out of line
-// ('backoff'), and one that no CA may be asked for now ('held') is taken out as
+// (HeldBackoff), and one that no CA may be asked for now ('held') is taken out as
 // HeldRouted until the moment its decision can change, so that no later claim reads
 // it again before then: with a hold of the first CA, every row due ahead of the
 // others was read by every claim, and at some 500,000 of them the claim ran out of
@@ -136,42 +111,11 @@ WITH head AS MATERIALIZED (
     LIMIT $6
 ), out AS (
     UPDATE proxy_domains d SET
-        ssl_held = CASE WHEN r.ready THEN '` + HeldRouted + `' ELSE 'backoff' END,
+        ssl_held = CASE WHEN r.ready THEN '` + HeldRouted + `' ELSE '` + HeldBackoff + `' END,
         ssl_held_until = CASE WHEN r.ready THEN r.until END
     FROM routed r WHERE d.id = r.id AND r.keeps AND (NOT r.ready OR r.cause = 'held')
     RETURNING d.id
-), lost AS (
-    ` + failTwinsSQL("head h", "h.id", "NOT h.keeps", "d.id") + `
-), claimed AS (
-    UPDATE proxy_domains d SET
-        ssl_status = 'provisioning',
-        ssl_claim_prev_attempt_at = d.ssl_last_attempt_at,
-        ssl_last_attempt_at = now(),
-        updated_at = now(),
-        ssl_claim_token = gen_random_uuid(),
-        ssl_claimed_by = $4,
-        ssl_lease_expires_at = now() + make_interval(secs => $5),
-        ssl_ca_directory = CASE WHEN due.cause IS NULL THEN $7 ELSE $8 END,
-        ssl_ca_cause = due.cause
-    FROM due
-    WHERE d.id = due.id
-    RETURNING d.id, d.tenant_id, d.domain, d.ssl_attempts, d.ssl_claim_token, d.ssl_last_attempt_at,
-        d.ssl_claim_prev_attempt_at, d.ssl_queued_at, d.ssl_profile, d.ssl_profile_refused,
-        COALESCE(d.ssl_queue_tier, 2) = 2 AS first,
-        d.ssl_ca_directory, d.ssl_ca_cause, d.ssl_ca_refused, d.ssl_ca_refused_cause
-)
-SELECT c.id::text, c.tenant_id::text, c.domain, c.ssl_attempts, c.ssl_claim_token::text, c.ssl_last_attempt_at,
-    ` + finiteSQL(`GREATEST(c.ssl_queued_at,
-             c.ssl_claim_prev_attempt_at + make_interval(secs => `+backoffSQL("c.ssl_attempts", "$2", "$3")+`))`) + `,
-    COALESCE((SELECT p.certificate_pem FROM proxy_certificates p WHERE p.domain = c.domain), ''),
-    c.ssl_profile, c.ssl_profile_refused,
-    (SELECT p.profile FROM proxy_certificates p WHERE p.domain = c.domain),
-    c.first, c.ssl_ca_directory, c.ssl_ca_cause, c.ssl_ca_refused, c.ssl_ca_refused_cause,
-    (SELECT p.issuer_directory FROM proxy_certificates p WHERE p.domain = c.domain),
-    n.taken_out, n.read
-FROM (SELECT (SELECT count(*) FROM out) + (SELECT count(*) FROM lost) AS taken_out, (SELECT count(*) FROM head) AS read) n
-LEFT JOIN (claimed c JOIN due t ON t.id = c.id) ON true
-ORDER BY t.rn`
+` + claimTailSQL("due", true)
 
 // fallbackArgs are the routed claim's parameters after claimSQL's seven.
 func fallbackArgs(f *issuing.Fallback) []any {

@@ -11,28 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// releaseClaimSQL is the part of every finishing write that drops the claim.
-const releaseClaimSQL = `ssl_claim_token = NULL, ssl_claimed_by = NULL, ssl_lease_expires_at = NULL`
-
-// heldSQL is the condition of every finishing write: the row is still held by this
-// claim ($1 id, $2 token) and is still an ACME domain. Fencing: an instance that lost
-// its claim (another took the row after its lease ran out) writes nothing; and a
-// tenant who switched the domain to another provider mid-order keeps what they
-// uploaded.
-const heldSQL = `id = $1 AND ssl_claim_token = $2 AND ssl_status = 'provisioning' AND ssl_provider = 'acme'`
-
-// secondsUntilSQL is the time from now to the timestamp expression ts, in seconds, on
-// the database's clock: every delay the worker waits for is computed where the time
-// it compares with lives.
-//
-// The two times are turned into seconds before they are subtracted: a certworker
-// column may hold 'infinity' (a hand edit), and subtracting infinite timestamps is an
-// error on PostgreSQL before 17, which would stop every pass that reads the row.
-// Infinity comes back as +Inf seconds, which durationFromSeconds caps.
-func secondsUntilSQL(ts string) string {
-	return "(EXTRACT(epoch FROM (" + ts + ")) - EXTRACT(epoch FROM clock_timestamp()))::float8"
-}
-
 // durationFromSeconds turns a delay computed by secondsUntilSQL into a duration (a
 // time already past is 0, one too far to hold in a Duration, infinity included, the
 // longest Duration).
@@ -44,23 +22,6 @@ func durationFromSeconds(s float64) time.Duration {
 		return time.Duration(math.MaxInt64)
 	}
 	return time.Duration(s * float64(time.Second))
-}
-
-// finiteSQL is the timestamp expression ts, or NULL when it is infinite: what a row
-// hands to Go, which has no infinite time.Time (pgx refuses to scan one), so that a
-// hand-edited 'infinity' reads as unknown instead of failing the statement.
-func finiteSQL(ts string) string {
-	return `(CASE WHEN isfinite(` + ts + `) THEN ` + ts + ` END)`
-}
-
-// leaseEndSQL is when the lease of row x (an alias of proxy_domains) runs out, for the
-// reclaim: its ssl_lease_expires_at, but '-infinity', run out already, when that is
-// later than now plus a whole lease (lease, an SQL expression of seconds). certworker
-// never writes a lease longer than one from now, so such a value is a hand edit or a
-// bug; 'infinity' would otherwise never be reclaimed.
-func leaseEndSQL(x, lease string) string {
-	return `(CASE WHEN ` + x + `.ssl_lease_expires_at > now() + make_interval(secs => ` + lease + `)
-             THEN '-infinity'::timestamptz ELSE ` + x + `.ssl_lease_expires_at END)`
 }
 
 // MarkActive stores the certificate and turns the domain active in one statement (so
@@ -151,15 +112,6 @@ SELECT ` + secondsUntilSQL("renew_at") + ` FROM c`, []any{
 			nullString(c.ProfileRefused), notice, nullTime(cert.WindowStart), nullString(cert.Directory)}
 }
 
-// profileMovedOnSQL is true, in MarkActive's UPDATE of proxy_domains, when the domain
-// names a profile of its own ($14 the one the CA refused, $13 the certificate's) that
-// is not the certificate's: the same rule as certworker_set_profile's and the profile
-// trigger's. A certificate with no recorded profile, one the proxy does not renew, and
-// a profile the CA refused (renewed under the certificate's) are kept.
-const profileMovedOnSQL = `(ssl_profile IS NOT NULL AND $13::text IS NOT NULL AND ssl_profile <> $13::text
-          AND ssl_profile IS DISTINCT FROM $14::text
-          AND COALESCE((SELECT x.auto_renew FROM proxy_certificates x WHERE x.domain = proxy_domains.domain), true))`
-
 // nullSeconds is d in seconds, or NULL for 0.
 func nullSeconds(d time.Duration) *float64 {
 	if d <= 0 {
@@ -223,7 +175,7 @@ UPDATE proxy_domains SET `+releaseClaimSQL+` WHERE id = $1 AND ssl_claim_token =
 //
 // It is the worker's own failure write (CONTRACT.md §2): the row goes back inside its
 // backoff, which the worker's timer covers, so the wake trigger keeps quiet; and out
-// of line (ssl_held 'backoff'), so that no claim reads it before ReturnHeld brings
+// of line (ssl_held HeldBackoff), so that no claim reads it before ReturnHeld brings
 // it back.
 func (q *Queue) MarkFailed(ctx context.Context, c issuing.Claim, reason string) (issuing.Failure, error) {
 	var f issuing.Failure
@@ -234,7 +186,7 @@ UPDATE proxy_domains SET
     ssl_status = CASE WHEN `+nextAttemptSQL+` >= $4 THEN 'failed' ELSE 'pending' END,
     ssl_error = $3,
     ssl_attempts = `+nextAttemptSQL+`,
-    ssl_held = CASE WHEN `+nextAttemptSQL+` >= $4 THEN NULL ELSE 'backoff' END,
+    ssl_held = CASE WHEN `+nextAttemptSQL+` >= $4 THEN NULL ELSE '`+HeldBackoff+`' END,
     updated_at = now(), `+releaseClaimSQL+`
 WHERE `+heldSQL+`
 RETURNING ssl_attempts, ssl_status,

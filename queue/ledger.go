@@ -186,60 +186,6 @@ FROM unnest($2::text[], $3::text[]) AS r(name, domain)`, args...)
 	return out, nil
 }
 
-// ariWindowSQL is true when the certificate stored for domain (an SQL expression of
-// proxy_domains.domain) is inside the renewal window last read for it, on the
-// database's clock.
-func ariWindowSQL(domain string) string {
-	return `EXISTS (SELECT 1 FROM proxy_certificates x WHERE x.domain = ` + domain + `
-               AND x.ari_window_start <= now() AND now() < x.ari_window_end)`
-}
-
-// renewalSQL is the one rule of "is an order for domain a renewal to the CA at
-// directory" (SQL expressions; second is the second CA's directory, "" without one):
-// domain holds a stored certificate that this CA issued (certOfSQL), and the ledger
-// saw this CA issue for the name before (certworker_issued_names). ariExemptSQL adds
-// that the certificate is inside its window. The claim lets such rows past the
-// ledger's pauses they are exempt from (ledgerExemptSQL), and Admit reads the same
-// expression for the claims it is asked about (knownRenewals): the two cannot
-// disagree. When they could, a renewal whose certificate came from the second CA,
-// routed to the first during the first's account-wide pause, was passed by the claim
-// (the first had issued for the name once) and refused by Admit (not the first's
-// certificate), and the fill claimed it again at once, 170 times a second.
-func renewalSQL(domain, directory, second string) string {
-	return `EXISTS (SELECT 1 FROM proxy_certificates x JOIN certworker_issued_names n
-                       ON n.directory = ` + directory + ` AND n.name = lower(x.domain)
-               WHERE x.domain = ` + domain + ` AND x.certificate_pem <> ''` + certOfSQL("x", directory, second) + `)`
-}
-
-// certOfSQL is the condition (with a leading AND, or nothing without a second CA)
-// that certificate row x was issued by the CA at directory: the second CA's
-// certificates are recorded as such (issuer_directory); any other, one with no
-// recorded CA included, is the first's. The worker's replacesPEM applies the same
-// rule to decide whether the order names the certificate.
-func certOfSQL(x, directory, second string) string {
-	if second == "" {
-		return ""
-	}
-	return `
-                 AND (` + x + `.issuer_directory IS NOT DISTINCT FROM ` + second + `) = (` + directory + ` = ` + second + `)`
-}
-
-// ariExemptSQL is true for an ARI renewal: a renewal (renewalSQL) whose certificate
-// is inside the window last read for it (ariWindowSQL).
-func ariExemptSQL(domain, directory, second string) string {
-	return `(` + renewalSQL(domain, directory, second) + ` AND ` + ariWindowSQL(domain) + `)`
-}
-
-// ledgerExemptSQL is true when pause p is a ledger's pause of the CA at directory that
-// does not hold row d back (the rules above): a renewal the CA knows as one passes a pause of
-// the account's orders (scope 'ca') or of its registered domain, and an ARI renewal
-// passes every ledger pause. second is renewalSQL's.
-func ledgerExemptSQL(p, d, directory, second string) string {
-	return `(` + p + `.source = 'ledger' AND CASE WHEN ` + p + `.scope IN ('ca', 'registered_domain')
-                                         THEN ` + renewalSQL(d+".domain", directory, second) + `
-                                         ELSE ` + ariExemptSQL(d+".domain", directory, second) + ` END)`
-}
-
 // The ledger's lock: how long one try waits for it, and the pause between tries.
 const (
 	// ledgerLockWait: the lock is held for a few milliseconds (a count and an insert)

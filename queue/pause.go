@@ -24,10 +24,6 @@ func (q *Queue) Pause(ctx context.Context, scope, key, source string, wait time.
 	return q.PauseAt(ctx, directory, scope, key, source, wait, reason)
 }
 
-// heldSinceSQL is certworker_pauses.held_since on an upsert of p: kept while a pause
-// of it is in force, now when the last one had ended (a new hold begins).
-const heldSinceSQL = `CASE WHEN p.paused_until > now() THEN COALESCE(p.held_since, p.created_at) ELSE now() END`
-
 // PauseAt is Pause for the CA at directory: nothing it says holds a domain back at
 // another CA. A ScopeCA pause's key is the directory.
 func (q *Queue) PauseAt(ctx context.Context, directory, scope, key, source string, wait time.Duration, reason string) (time.Duration, error) {

@@ -2,7 +2,6 @@ package queue
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/certworker/certworker/queue/issuing"
@@ -39,20 +38,6 @@ func New(db DB, cfg issuing.Config) *Queue {
 
 // Config is the queue's effective configuration.
 func (q *Queue) Config() issuing.Config { return q.cfg }
-
-// backoffSQL is Config.Backoff in SQL, in seconds, for the attempt count in the column
-// attempts: base * 2^attempts, capped, negative counts as 0. base and cap are the
-// parameter placeholders the caller binds. Every statement that compares a row's
-// backoff with the clock (the claim, the next due time, status) uses it, so they
-// cannot disagree with each other or, through the same parameters, with Go.
-func backoffSQL(attempts, base, cap string) string {
-	return fmt.Sprintf("LEAST(%s * power(2, LEAST(GREATEST(%s, 0), %d)), %s)", base, attempts, issuing.MaxShift, cap)
-}
-
-// nextAttemptSQL is the attempt count after one more attempt: negative counts as 0,
-// and a hand-edited count at the top of int4 stays in range instead of making the
-// whole statement fail (and with it every other row it would have moved).
-const nextAttemptSQL = "(LEAST(GREATEST(ssl_attempts, 0), 2147483646) + 1)"
 
 // seconds turns a duration into the float the SQL's make_interval takes.
 func seconds(d time.Duration) float64 { return d.Seconds() }

@@ -114,12 +114,3 @@ func (d *ledgerDecision) recordReserve(a Admission) {
 	c.n++
 	d.counts[k] = c
 }
-
-// tenantReservePauseSQL is true when pause p is the tenant reserve's pause at the CA
-// at directory of row x's tenant, and x is not a renewal the CA exempts from orders
-// per account (renewalSQL, with second the second CA's directory or ""): such a pause
-// holds x back.
-func tenantReservePauseSQL(p, x, directory, second string) string {
-	return `(` + p + `.scope = '` + issuing.ScopeTenant + `' AND ` + p + `.directory = ` + directory + `
-         AND ` + p + `.key = ` + x + `.tenant_id::text AND NOT ` + renewalSQL(x+".domain", directory, second) + `)`
-}

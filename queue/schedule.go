@@ -9,24 +9,6 @@ import (
 	"github.com/certworker/certworker/queue/issuing"
 )
 
-// claimableSQL is the claimable set: what the wake trigger, the claim and the partial
-// indexes of migration 00005 agree on.
-const claimableSQL = `verification_status = 'verified' AND ssl_provider = 'acme' AND ssl_status = 'pending'`
-
-// dueByBackoffSQL: the rows that fall due when their backoff runs out, those in line
-// and those held for their backoff. With claimableSQL it is the predicate of
-// proxy_domains_due_line_idx (migration 00023). A row held under a pause falls due
-// when the pause ends, a routed row at its ssl_held_until, and a row waiting for its
-// DNS when a DNS check says so (the waiter): read here by backoff, 100,000 waiting
-// rows would be read through on every pass, and a held row whose backoff had run out
-// would make the next due time "now" for as long as it was held.
-const dueByBackoffSQL = `(ssl_held IS NULL OR ssl_held = 'backoff')`
-
-// routedUntilSQL is the earliest ssl_held_until of the rows the routed claim held out
-// (HeldRouted): when ReturnHeld next brings one back (proxy_domains_routed_idx).
-const routedUntilSQL = `(SELECT min(ssl_held_until) FROM proxy_domains
-     WHERE ` + claimableSQL + ` AND ssl_held = '` + HeldRouted + `')`
-
 // NextDue is how long until something becomes claimable without a wake-up from
 // outside: a backoff running out, or a pause ending. ok is false when nothing is
 // scheduled; a domain due already gives 0. The delay is computed on the database's

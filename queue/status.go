@@ -86,19 +86,6 @@ LEFT JOIN LATERAL (
                AND (p.scope = 'registered_domain' OR p.key = lower(d.domain))))
     ORDER BY p.paused_until DESC LIMIT 1) pz ON true`
 
-// nextAttemptAtSQL is when a pending row is next tried, by the curve $1-$3: its backoff,
-// or the end of the pause that holds it, whichever is later; NULL for a row no pass
-// takes (failed, at the limit, not verified, not acme).
-func nextAttemptAtSQL(attempts, base, cap string) string {
-	return `CASE WHEN d.ssl_status = 'pending' AND d.ssl_attempts < ` + attempts + `
-              AND d.verification_status = 'verified' AND d.ssl_provider = 'acme'
-         THEN GREATEST(COALESCE(d.ssl_last_attempt_at + make_interval(secs => ` + backoffSQL("d.ssl_attempts", base, cap) + `), now()),
-                       pz.paused_until,
-                       (SELECT s.next_check_at FROM certworker_dns_state s
-                        WHERE s.domain_id = d.id AND d.ssl_error LIKE 'waiting for DNS:%'))
-    END`
-}
-
 // curve is the backoff curve `status` reports by: the one the running workers
 // recorded (certworker_settings), or this Queue's where none has.
 func (q *Queue) curve(ctx context.Context) (issuing.Config, error) {

@@ -29,39 +29,3 @@ const duplicateError = "duplicate domain: "
 // says what the tenant can do without saying who holds the name.
 const duplicateReason = duplicateError + "the name is held, in another case, by another domain that keeps it; " +
 	"no certificate is ordered for this one"
-
-// twinCountsSQL is true when row o (an alias of proxy_domains) is a case twin that
-// counts: verified and acme.
-func twinCountsSQL(o string) string {
-	return o + `.verification_status = 'verified' AND ` + o + `.ssl_provider = 'acme'`
-}
-
-// twinRankSQL is the rank of row x among its twins, smaller first: holding a
-// certificate, then the time it became verified and acme, then its id.
-func twinRankSQL(x string) string {
-	return `(CASE WHEN EXISTS (SELECT 1 FROM proxy_certificates c WHERE c.domain = ` + x + `.domain) THEN 0 ELSE 1 END,
-         COALESCE(` + x + `.ssl_eligible_at, 'infinity'::timestamptz), ` + x + `.id)`
-}
-
-// KeepsNameSQL is true when no verified acme case twin of row x (an alias of
-// proxy_domains) comes before it (the rules above): x keeps its name. It says nothing
-// of x's own state; a row that is not verified and acme is to be judged by the caller
-// (it keeps nothing from a CA's point of view). It is one probe of the index on
-// lower(domain) (migration 00006) per row: a scalar count, which the planner keeps a
-// probe per row read, rather than NOT EXISTS, which it may turn into an anti-join of
-// the whole table.
-func KeepsNameSQL(x string) string {
-	return `((SELECT count(*) FROM proxy_domains o
-          WHERE lower(o.domain) = lower(` + x + `.domain) AND o.id <> ` + x + `.id AND ` + twinCountsSQL("o") + `
-            AND ` + twinRankSQL("o") + ` < ` + twinRankSQL(x) + `) = 0)`
-}
-
-// failTwinsSQL is an UPDATE that fails the rows of from (a FROM item) whose id is id
-// and for which cond holds, as twins that lost their name (duplicateReason), dropping
-// any claim; it returns returning (d is the row).
-func failTwinsSQL(from, id, cond, returning string) string {
-	return `UPDATE proxy_domains d SET
-        ssl_status = 'failed', ssl_error = '` + duplicateReason + `', updated_at = now(), ` + releaseClaimSQL + `
-    FROM ` + from + ` WHERE d.id = ` + id + ` AND ` + cond + `
-    RETURNING ` + returning
-}
