@@ -26,7 +26,7 @@ var ErrStarted = errors.New("worker: already started")
 // source's, its own timer's and the poll's); the claim query decides what is due.
 type Worker struct {
 	cfg   Config
-	q     *queue.Queue
+	q     Store
 	log   *zap.Logger
 	m     *metrics
 	waker listener.Waker
