@@ -288,50 +288,6 @@ func TestRetry_ForgetsACAsRefusal(t *testing.T) {
 	require.Empty(t, b.strings(t, `SELECT ssl_ca_refused FROM proxy_domains WHERE id = $1 AND ssl_ca_refused IS NOT NULL`, id))
 }
 
-// Decide: the claim's choice stands unless CAA forbids it, or the first CA has just
-// refused the name; a CA that CAA forbids or that refused the name is never asked;
-// the domain fails only when both may not be.
-func TestDecide(t *testing.T) {
-	t.Parallel()
-	fb := &issuing.Fallback{Directory: secondDirectory}
-	only := func(dirs ...string) issuing.Verdict {
-		return func(d string) bool {
-			for _, x := range dirs {
-				if x == d {
-					return true
-				}
-			}
-			return false
-		}
-	}
-	atFirst := issuing.Claim{Directory: testDirectory}
-	atSecond := issuing.Claim{Directory: secondDirectory, FallbackCause: issuing.FallbackOutage}
-	refusedFirst := issuing.Claim{Directory: secondDirectory, FallbackCause: issuing.FallbackRefused, RefusedBy: testDirectory}
-	for _, tc := range []struct {
-		name    string
-		c       issuing.Claim
-		fb      *issuing.Fallback
-		refused bool
-		allowed issuing.Verdict
-		want    issuing.Decision
-	}{
-		{"first, anything allowed", atFirst, fb, false, nil, issuing.Decision{Directory: testDirectory}},
-		{"second for an outage", atSecond, fb, false, nil, issuing.Decision{Directory: secondDirectory, Cause: issuing.FallbackOutage}},
-		{"first refused: second at once", atFirst, fb, true, nil, issuing.Decision{Directory: secondDirectory, Cause: issuing.FallbackRefused}},
-		{"CAA forbids the first: second at once", atFirst, fb, false, only(secondDirectory), issuing.Decision{Directory: secondDirectory, Cause: issuing.FallbackRefused}},
-		{"CAA allows the first only: it waits for the first", atSecond, fb, false, only(testDirectory), issuing.Decision{Wait: true}},
-		{"CAA allows neither", atFirst, fb, false, only(), issuing.Decision{}},
-		{"first refused, CAA forbids the second", atFirst, fb, true, only(testDirectory), issuing.Decision{}},
-		{"refused by the first before, CAA forbids the second", refusedFirst, fb, false, only(testDirectory), issuing.Decision{}},
-		{"one CA, refused", atFirst, nil, true, nil, issuing.Decision{}},
-		{"one CA", atFirst, nil, false, nil, issuing.Decision{Directory: testDirectory}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			require.Equal(t, tc.want, issuing.Decide(tc.c, testDirectory, tc.fb, tc.refused, tc.allowed))
-		})
-	}
-}
-
 // With a second CA the claim still reads the rows in line through their index
 // (proxy_domains_line_idx, migration 00015), in order, and does not scan the table: the routing is looked up for the rows it reads
 // (the pauses' key, proxy_certificates' for a renewal held back), not for the queue.

@@ -175,20 +175,6 @@ func TestTenantReserve_AfterTheFallbackDelayTheSecondCATakesTheDomain(t *testing
 	require.Equal(t, issuing.FallbackLedger, got[id].FallbackCause)
 }
 
-// --limit-tenant-reserve: a percentage or a fraction, 0 to 50%.
-func TestParseTenantReserve(t *testing.T) {
-	t.Parallel()
-	for in, want := range map[string]float64{"25%": 0.25, "0": 0, "0%": 0, " 50% ": 0.5, "0.1": 0.1, "12.5%": 0.125} {
-		got, err := issuing.ParseTenantReserve(in)
-		require.NoError(t, err, in)
-		require.InDelta(t, want, got, 1e-12, in)
-	}
-	for _, in := range []string{"", "51%", "-1%", "lots", "NaN", "0.6"} {
-		_, err := issuing.ParseTenantReserve(in)
-		require.Error(t, err, in)
-	}
-}
-
 // A renewal admitted as such (exempt from orders per account) whose order is to go
 // without "replaces" is asked about again as a new order (Readmit): then the tenant
 // reserve applies to it as to any new order. Here the tenant has its L - R orders of

@@ -1,4 +1,4 @@
-package queue_test
+package issuing_test
 
 import (
 	"net/netip"
