@@ -44,15 +44,17 @@ type named struct {
 	keeps                                                bool
 }
 
+var lookUpSQL = `
+SELECT id::text, tenant_id::text, domain, verification_status, ssl_provider, ssl_status,
+    ` + twinCountsSQL("d") + ` AND ` + KeepsNameSQL("d") + `
+FROM proxy_domains d WHERE lower(domain) = lower($1) ORDER BY domain FOR UPDATE`
+
 // lookUp finds the one domain called name, in any case (operators type names as a
 // browser shows them), through the index on lower(domain) of migration 00006, locking
 // it for the rest of tx. It returns ErrNotFound for none, and an *AmbiguousError,
 // naming them all, for several that pickTwin cannot choose between.
 func lookUp(ctx context.Context, tx pgx.Tx, name string) (named, error) {
-	rows, err := tx.Query(ctx, `
-SELECT id::text, tenant_id::text, domain, verification_status, ssl_provider, ssl_status,
-    `+twinCountsSQL("d")+` AND `+KeepsNameSQL("d")+`
-FROM proxy_domains d WHERE lower(domain) = lower($1) ORDER BY domain FOR UPDATE`, name)
+	rows, err := tx.Query(ctx, lookUpSQL, name)
 	if err != nil {
 		return named{}, fmt.Errorf("look up %s: %w", name, err)
 	}
@@ -106,6 +108,8 @@ func pickTwin(name string, n int, at func(i int) (id, domain string, keeps bool)
 	return 0, amb
 }
 
+var retrySQL = `SELECT count(*) FROM certworker_queue_for_issuance($1, $2)`
+
 // Retry puts a failed or backing-off domain back in the queue now, by name in any
 // case: pending, attempts 0, error and last attempt cleared (so the next pass takes it
 // rather than waiting out a backoff computed for a cause the operator has just
@@ -135,7 +139,7 @@ func (q *Queue) Retry(ctx context.Context, domain string) error {
 			return &RefusedError{fmt.Sprintf("%s: being issued right now", d.domain)}
 		}
 		var queued int
-		if err := tx.QueryRow(ctx, `SELECT count(*) FROM certworker_queue_for_issuance($1, $2)`,
+		if err := tx.QueryRow(ctx, retrySQL,
 			d.id, d.tenantID).Scan(&queued); err != nil {
 			return fmt.Errorf("retry %s: %w", d.domain, err)
 		}
@@ -146,13 +150,15 @@ func (q *Queue) Retry(ctx context.Context, domain string) error {
 	})
 }
 
+var queueForIssuanceSQL = `SELECT count(*) FROM certworker_queue_for_issuance($1, $2)`
+
 // QueueForIssuance is the proxy API's "retry": certworker_queue_for_issuance (migration
 // 00006), the one implementation the proxy calls too. It reports whether the domain
 // was queued; false, with nothing changed, for another tenant's domain, one that is
 // not verified, not acme, or already provisioning or active.
 func (q *Queue) QueueForIssuance(ctx context.Context, id, tenantID string) (bool, error) {
 	var queued int
-	if err := q.db.QueryRow(ctx, `SELECT count(*) FROM certworker_queue_for_issuance($1, $2)`,
+	if err := q.db.QueryRow(ctx, queueForIssuanceSQL,
 		id, tenantID).Scan(&queued); err != nil {
 		return false, fmt.Errorf("queue for issuance: %w", err)
 	}
@@ -189,13 +195,15 @@ func scanDomain(row pgx.Row) (*Domain, error) {
 	return &d, nil
 }
 
+var updateDomainSQL = `
+SELECT ` + domainColumns + ` FROM certworker_update_domain($1, $2, $3, $4)`
+
 // UpdateDomain is the proxy API's domain update: certworker_update_domain (migration
 // 00006). A nil field is left alone; changing the provider resets the SSL state to a
 // fresh 'pending', so a verified domain switched to acme is queued. Returns nil, nil
 // when the domain is not the tenant's.
 func (q *Queue) UpdateDomain(ctx context.Context, id, tenantID string, method, provider *string) (*Domain, error) {
-	d, err := scanDomain(q.db.QueryRow(ctx, `
-SELECT `+domainColumns+` FROM certworker_update_domain($1, $2, $3, $4)`, id, tenantID, method, provider))
+	d, err := scanDomain(q.db.QueryRow(ctx, updateDomainSQL, id, tenantID, method, provider))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

@@ -9,6 +9,17 @@ import (
 	"github.com/certworker/certworker/queue/issuing"
 )
 
+var takeRenewalInfoTokensSQL = `
+INSERT INTO certworker_ari_buckets AS b (directory, tokens, refilled_at, granted)
+VALUES ($1, $4::float8 - LEAST($2::int, floor($4::float8)), clock_timestamp(), LEAST($2::int, floor($4::float8)))
+ON CONFLICT (directory) DO UPDATE SET (granted, tokens, refilled_at) = (
+    SELECT g, avail - g, at FROM (
+        SELECT LEAST($2::int, floor(avail))::int AS g, avail, at FROM (
+            SELECT LEAST($4::float8, b.tokens + $3::float8 * GREATEST(0, EXTRACT(epoch FROM t.at - b.refilled_at)::float8)) AS avail,
+                   GREATEST(b.refilled_at, t.at) AS at
+            FROM (SELECT clock_timestamp() AS at) t) a) g)
+RETURNING b.granted, b.tokens`
+
 // TakeRenewalInfoTokens takes up to want tokens from the fleet's bucket of
 // renewal-information requests to the CA at directory, refilled at perSecond. Every
 // request the fleet sends takes one first. It returns how many it took, and when it
@@ -27,16 +38,7 @@ func (q *Queue) TakeRenewalInfoTokens(ctx context.Context, directory string, wan
 	}
 	burst := renewalInfoBurst(perSecond)
 	var left float64
-	err = q.db.QueryRow(ctx, `
-INSERT INTO certworker_ari_buckets AS b (directory, tokens, refilled_at, granted)
-VALUES ($1, $4::float8 - LEAST($2::int, floor($4::float8)), clock_timestamp(), LEAST($2::int, floor($4::float8)))
-ON CONFLICT (directory) DO UPDATE SET (granted, tokens, refilled_at) = (
-    SELECT g, avail - g, at FROM (
-        SELECT LEAST($2::int, floor(avail))::int AS g, avail, at FROM (
-            SELECT LEAST($4::float8, b.tokens + $3::float8 * GREATEST(0, EXTRACT(epoch FROM t.at - b.refilled_at)::float8)) AS avail,
-                   GREATEST(b.refilled_at, t.at) AS at
-            FROM (SELECT clock_timestamp() AS at) t) a) g)
-RETURNING b.granted, b.tokens`, directory, want, perSecond, burst).Scan(&got, &left)
+	err = q.db.QueryRow(ctx, takeRenewalInfoTokensSQL, directory, want, perSecond, burst).Scan(&got, &left)
 	if err != nil {
 		return 0, 0, fmt.Errorf("take renewal-information tokens: %w", err)
 	}
@@ -47,6 +49,9 @@ RETURNING b.granted, b.tokens`, directory, want, perSecond, burst).Scan(&got, &l
 	return got, wait, nil
 }
 
+var returnRenewalInfoTokensSQL = `
+UPDATE certworker_ari_buckets SET tokens = LEAST($3, tokens + $2) WHERE directory = $1`
+
 // ReturnRenewalInfoTokens puts back n tokens taken and not spent (fewer
 // certificates were due than tokens taken).
 func (q *Queue) ReturnRenewalInfoTokens(ctx context.Context, directory string, n int, perSecond float64) error {
@@ -56,8 +61,7 @@ func (q *Queue) ReturnRenewalInfoTokens(ctx context.Context, directory string, n
 	if !(perSecond > 0) || math.IsInf(perSecond, 0) {
 		return issuing.ErrBadRate
 	}
-	if _, err := q.db.Exec(ctx, `
-UPDATE certworker_ari_buckets SET tokens = LEAST($3, tokens + $2) WHERE directory = $1`,
+	if _, err := q.db.Exec(ctx, returnRenewalInfoTokensSQL,
 		directory, n, renewalInfoBurst(perSecond)); err != nil {
 		return fmt.Errorf("return renewal-information tokens: %w", err)
 	}

@@ -456,6 +456,14 @@ type Untracked struct {
 	Domain string
 }
 
+var releaseUntrackedSQL = `
+UPDATE proxy_domains SET
+    ssl_status = 'pending', ssl_last_attempt_at = ssl_claim_prev_attempt_at, updated_at = now(),
+    ` + releaseClaimSQL + `
+WHERE ssl_status = 'provisioning' AND ssl_claimed_by = $1
+  AND NOT (ssl_claim_token = ANY($2::uuid[]))
+RETURNING id::text, domain`
+
 // ReleaseUntracked hands back, uncharged, every row owner holds whose token is not in
 // keep: claims whose statement committed but whose answer never reached the instance
 // (a timeout, a lost connection). Without it such rows would sit in 'provisioning'
@@ -463,13 +471,7 @@ type Untracked struct {
 // an attempt charged for an order that was never placed. owner must name one instance
 // only (the worker adds a random suffix to the name it is given).
 func (q *Queue) ReleaseUntracked(ctx context.Context, owner string, keep []string) ([]Untracked, error) {
-	rows, err := q.db.Query(ctx, `
-UPDATE proxy_domains SET
-    ssl_status = 'pending', ssl_last_attempt_at = ssl_claim_prev_attempt_at, updated_at = now(),
-    `+releaseClaimSQL+`
-WHERE ssl_status = 'provisioning' AND ssl_claimed_by = $1
-  AND NOT (ssl_claim_token = ANY($2::uuid[]))
-RETURNING id::text, domain`, owner, keep)
+	rows, err := q.db.Query(ctx, releaseUntrackedSQL, owner, keep)
 	if err != nil {
 		return nil, fmt.Errorf("release untracked claims: %w", err)
 	}

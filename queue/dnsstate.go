@@ -13,6 +13,15 @@ import (
 // maxChallengeReason bounds the reason stored: it quotes DNS names, 253 bytes each.
 const maxChallengeReason = 1000
 
+var recordChallengeSQL = `
+INSERT INTO certworker_dns_state (domain_id, challenge, challenge_reason, challenge_at, updated_at)
+VALUES ($1::uuid, $2, $3, now(), now())
+ON CONFLICT (domain_id) DO UPDATE
+    SET challenge = EXCLUDED.challenge, challenge_reason = EXCLUDED.challenge_reason,
+        challenge_at = EXCLUDED.challenge_at, updated_at = EXCLUDED.updated_at
+WHERE certworker_dns_state.challenge IS DISTINCT FROM EXCLUDED.challenge
+   OR certworker_dns_state.challenge_reason IS DISTINCT FROM EXCLUDED.challenge_reason`
+
 // RecordChallenge records the challenge chosen for a domain's order and why, for
 // `status DOMAIN`. It writes certworker's own table only (no lock on the proxy's
 // row), and only when what it says changed.
@@ -20,14 +29,7 @@ func (q *Queue) RecordChallenge(ctx context.Context, domainID, challenge, reason
 	if len(reason) > maxChallengeReason {
 		reason = reason[:maxChallengeReason]
 	}
-	_, err := q.db.Exec(ctx, `
-INSERT INTO certworker_dns_state (domain_id, challenge, challenge_reason, challenge_at, updated_at)
-VALUES ($1::uuid, $2, $3, now(), now())
-ON CONFLICT (domain_id) DO UPDATE
-    SET challenge = EXCLUDED.challenge, challenge_reason = EXCLUDED.challenge_reason,
-        challenge_at = EXCLUDED.challenge_at, updated_at = EXCLUDED.updated_at
-WHERE certworker_dns_state.challenge IS DISTINCT FROM EXCLUDED.challenge
-   OR certworker_dns_state.challenge_reason IS DISTINCT FROM EXCLUDED.challenge_reason`,
+	_, err := q.db.Exec(ctx, recordChallengeSQL,
 		domainID, challenge, reason)
 	if err != nil {
 		return fmt.Errorf("record the challenge chosen: %w", err)
@@ -114,25 +116,17 @@ type DueWait struct {
 	Answer     string
 }
 
-// DueWaits takes up to limit waits whose check is due, keeping them from the other
-// instances for waitCheckLease, and returns them with the number of waits past their
-// first hour (WaitCheckIn's stale). Waits of domains no longer waiting (claimed after
-// a retry, issued, no longer verified or acme) are ended on the way, and those of
-// deleted domains removed.
-func (q *Queue) DueWaits(ctx context.Context, limit int) ([]DueWait, int, error) {
-	if _, err := q.db.Exec(ctx, `
+var forgetOrphanWaitsSQL = `
 DELETE FROM certworker_dns_state s
-WHERE s.next_check_at <= now() AND NOT EXISTS (SELECT 1 FROM proxy_domains d WHERE d.id = s.domain_id)`); err != nil {
-		return nil, 0, fmt.Errorf("remove waits of deleted domains: %w", err)
-	}
-	if _, err := q.db.Exec(ctx, `
+WHERE s.next_check_at <= now() AND NOT EXISTS (SELECT 1 FROM proxy_domains d WHERE d.id = s.domain_id)`
+
+var endStaleWaitsSQL = `
 UPDATE certworker_dns_state s SET next_check_at = NULL, waiting_since = NULL, updated_at = now()
 WHERE s.next_check_at <= now()
   AND NOT EXISTS (SELECT 1 FROM proxy_domains d WHERE d.id = s.domain_id
-                  AND `+claimableSQL+` AND d.ssl_held = '`+HeldDNS+`')`); err != nil {
-		return nil, 0, fmt.Errorf("end waits of domains no longer waiting: %w", err)
-	}
-	rows, err := q.db.Query(ctx, `
+                  AND ` + claimableSQL + ` AND d.ssl_held = '` + HeldDNS + `')`
+
+var takeDueWaitsSQL = `
 UPDATE certworker_dns_state s SET next_check_at = now() + make_interval(secs => $2)
 FROM (SELECT s.domain_id, d.domain FROM certworker_dns_state s JOIN proxy_domains d ON d.id = s.domain_id
       WHERE s.next_check_at <= now()
@@ -141,7 +135,21 @@ FROM (SELECT s.domain_id, d.domain FROM certworker_dns_state s JOIN proxy_domain
 WHERE s.domain_id = due.domain_id
 RETURNING s.domain_id::text, due.domain, COALESCE(s.waiting_since, now()), COALESCE(s.answer, ''),
     (SELECT count(*) FROM certworker_dns_state x
-     WHERE x.next_check_at IS NOT NULL AND x.waiting_since < now() - make_interval(secs => $3))::int`,
+     WHERE x.next_check_at IS NOT NULL AND x.waiting_since < now() - make_interval(secs => $3))::int`
+
+// DueWaits takes up to limit waits whose check is due, keeping them from the other
+// instances for waitCheckLease, and returns them with the number of waits past their
+// first hour (WaitCheckIn's stale). Waits of domains no longer waiting (claimed after
+// a retry, issued, no longer verified or acme) are ended on the way, and those of
+// deleted domains removed.
+func (q *Queue) DueWaits(ctx context.Context, limit int) ([]DueWait, int, error) {
+	if _, err := q.db.Exec(ctx, forgetOrphanWaitsSQL); err != nil {
+		return nil, 0, fmt.Errorf("remove waits of deleted domains: %w", err)
+	}
+	if _, err := q.db.Exec(ctx, endStaleWaitsSQL); err != nil {
+		return nil, 0, fmt.Errorf("end waits of domains no longer waiting: %w", err)
+	}
+	rows, err := q.db.Query(ctx, takeDueWaitsSQL,
 		limit, waitCheckLease.Seconds(), WaitFirstHour.Seconds())
 	if err != nil {
 		return nil, 0, fmt.Errorf("take due DNS checks: %w", err)
@@ -158,27 +166,39 @@ RETURNING s.domain_id::text, due.domain, COALESCE(s.waiting_since, now()), COALE
 	return out, stale, nil
 }
 
+var recheckWaitSQL = `
+UPDATE certworker_dns_state SET next_check_at = now() + make_interval(secs => $2), answer = $3, updated_at = now()
+WHERE domain_id = $1::uuid AND next_check_at IS NOT NULL`
+
+var recheckErrorSQL = `
+UPDATE proxy_domains SET ssl_error = $2, updated_at = now()
+WHERE id = $1::uuid AND ` + claimableSQL + ` AND ssl_held = '` + HeldDNS + `'
+  AND ssl_error LIKE 'waiting for DNS:%' AND ssl_error IS DISTINCT FROM $2`
+
 // Recheck schedules a waiting domain's next check in checkIn, with the answer seen;
 // msg, when not "", replaces its ssl_error, only when that changed and only while it
 // still waits (a retry or a claim meanwhile wins).
 func (q *Queue) Recheck(ctx context.Context, id string, checkIn time.Duration, answer, msg string) error {
-	if _, err := q.db.Exec(ctx, `
-UPDATE certworker_dns_state SET next_check_at = now() + make_interval(secs => $2), answer = $3, updated_at = now()
-WHERE domain_id = $1::uuid AND next_check_at IS NOT NULL`, id, checkIn.Seconds(), answer); err != nil {
+	if _, err := q.db.Exec(ctx, recheckWaitSQL, id, checkIn.Seconds(), answer); err != nil {
 		return fmt.Errorf("schedule the next DNS check: %w", err)
 	}
 	if msg == "" {
 		return nil
 	}
 	msg = q.errorText(ctx, msg)
-	if _, err := q.db.Exec(ctx, `
-UPDATE proxy_domains SET ssl_error = $2, updated_at = now()
-WHERE id = $1::uuid AND `+claimableSQL+` AND ssl_held = '`+HeldDNS+`'
-  AND ssl_error LIKE 'waiting for DNS:%' AND ssl_error IS DISTINCT FROM $2`, id, msg); err != nil {
+	if _, err := q.db.Exec(ctx, recheckErrorSQL, id, msg); err != nil {
 		return fmt.Errorf("record what the DNS check saw: %w", err)
 	}
 	return nil
 }
+
+var endWaitDomainSQL = `
+UPDATE proxy_domains SET ssl_held = '` + HeldBackoff + `'
+WHERE id = $1::uuid AND ` + claimableSQL + ` AND ssl_held = '` + HeldDNS + `'`
+
+var endWaitStateSQL = `
+UPDATE certworker_dns_state SET next_check_at = NULL, updated_at = now()
+WHERE domain_id = $1::uuid`
 
 // EndWait puts a waiting domain back in line: its DNS now allows validation. Held
 // as HeldBackoff, ReturnHeld brings it back at its place (its backoff, if any, has run
@@ -186,37 +206,44 @@ WHERE id = $1::uuid AND `+claimableSQL+` AND ssl_held = '`+HeldDNS+`'
 // domain was still waiting. The wait's clock is kept (see Wait): a wait that begins
 // again at the next claim goes on counting from the first.
 func (q *Queue) EndWait(ctx context.Context, id string) (bool, error) {
-	tag, err := q.db.Exec(ctx, `
-UPDATE proxy_domains SET ssl_held = '`+HeldBackoff+`'
-WHERE id = $1::uuid AND `+claimableSQL+` AND ssl_held = '`+HeldDNS+`'`, id)
+	tag, err := q.db.Exec(ctx, endWaitDomainSQL, id)
 	if err != nil {
 		return false, fmt.Errorf("end the wait for DNS: %w", err)
 	}
-	if _, err := q.db.Exec(ctx, `
-UPDATE certworker_dns_state SET next_check_at = NULL, updated_at = now()
-WHERE domain_id = $1::uuid`, id); err != nil {
+	if _, err := q.db.Exec(ctx, endWaitStateSQL, id); err != nil {
 		return false, fmt.Errorf("end the wait for DNS: %w", err)
 	}
 	return tag.RowsAffected() == 1, nil
 }
 
+var expireWaitDomainSQL = `
+UPDATE proxy_domains SET ssl_status = 'failed', ssl_held = NULL, ssl_error = $2, updated_at = now()
+WHERE id = $1::uuid AND ` + claimableSQL + ` AND ssl_held = '` + HeldDNS + `'`
+
+var expireWaitStateSQL = `
+UPDATE certworker_dns_state SET next_check_at = NULL, waiting_since = NULL, updated_at = now()
+WHERE domain_id = $1::uuid`
+
 // ExpireWait marks a domain that waited longer than --dns-wait-max failed, with msg,
 // and ends its wait. It reports whether the domain was still waiting.
 func (q *Queue) ExpireWait(ctx context.Context, id, msg string) (bool, error) {
 	msg = q.errorText(ctx, msg)
-	tag, err := q.db.Exec(ctx, `
-UPDATE proxy_domains SET ssl_status = 'failed', ssl_held = NULL, ssl_error = $2, updated_at = now()
-WHERE id = $1::uuid AND `+claimableSQL+` AND ssl_held = '`+HeldDNS+`'`, id, msg)
+	tag, err := q.db.Exec(ctx, expireWaitDomainSQL, id, msg)
 	if err != nil {
 		return false, fmt.Errorf("fail a domain whose DNS never pointed here: %w", err)
 	}
-	if _, err := q.db.Exec(ctx, `
-UPDATE certworker_dns_state SET next_check_at = NULL, waiting_since = NULL, updated_at = now()
-WHERE domain_id = $1::uuid`, id); err != nil {
+	if _, err := q.db.Exec(ctx, expireWaitStateSQL, id); err != nil {
 		return false, fmt.Errorf("end the wait for DNS: %w", err)
 	}
 	return tag.RowsAffected() == 1, nil
 }
+
+var returnRetriedSQL = `
+UPDATE proxy_domains SET ssl_held = '` + HeldBackoff + `'
+WHERE id IN (SELECT id FROM proxy_domains
+             WHERE ` + claimableSQL + ` AND ssl_held = '` + HeldDNS + `'
+               AND (ssl_error IS NULL OR ssl_error NOT LIKE 'waiting for DNS:%')
+             LIMIT $1 FOR UPDATE SKIP LOCKED)`
 
 // ReturnRetried puts back in line, as HeldBackoff rows that ReturnHeld brings back at
 // once, up to limit waiting domains that someone retried (the proxy's retry or
@@ -225,12 +252,7 @@ WHERE domain_id = $1::uuid`, id); err != nil {
 // its next claim. It reads proxy_domains_wait_retried_idx, which holds those rows
 // alone.
 func (q *Queue) ReturnRetried(ctx context.Context, limit int) (int64, error) {
-	tag, err := q.db.Exec(ctx, `
-UPDATE proxy_domains SET ssl_held = '`+HeldBackoff+`'
-WHERE id IN (SELECT id FROM proxy_domains
-             WHERE `+claimableSQL+` AND ssl_held = '`+HeldDNS+`'
-               AND (ssl_error IS NULL OR ssl_error NOT LIKE 'waiting for DNS:%')
-             LIMIT $1 FOR UPDATE SKIP LOCKED)`, limit)
+	tag, err := q.db.Exec(ctx, returnRetriedSQL, limit)
 	if err != nil {
 		return 0, fmt.Errorf("return retried waits: %w", err)
 	}

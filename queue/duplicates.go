@@ -8,6 +8,26 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+var markCaseDuplicatesSQL = `
+WITH judged AS (
+    SELECT d.id, ` + KeepsNameSQL("d") + ` AS keeps
+    FROM proxy_domains d
+    WHERE d.id = ANY ($1::uuid[]) AND ` + twinCountsSQL("d") + `
+    FOR UPDATE OF d SKIP LOCKED
+), lost AS (
+    ` + failTwinsSQL("judged j", "j.id", "NOT j.keeps AND (d.ssl_status <> 'failed' OR d.ssl_error IS DISTINCT FROM '"+duplicateReason+"')",
+	"d.id, d.domain, d.ssl_error, false AS back") + `
+), back AS (
+    UPDATE proxy_domains d SET
+        ssl_status = 'pending', ssl_attempts = 0, ssl_error = NULL, ssl_last_attempt_at = NULL, updated_at = now()
+    FROM judged j
+    WHERE d.id = j.id AND j.keeps AND d.ssl_status = 'failed' AND d.ssl_error LIKE '` + duplicateError + `%'
+    RETURNING d.id, d.domain, 'the name is its own again: back in the queue' AS ssl_error, true AS back
+)
+SELECT id::text, domain, ssl_error, back FROM lost
+UNION ALL
+SELECT id::text, domain, ssl_error, back FROM back`
+
 // MarkCaseDuplicates applies the case twins' rule (twins.go) to the rows the claim
 // does not read: it marks 'failed' every verified acme domain that a twin keeps the
 // name from (an active one, one in 'provisioning', whose claim is dropped and whose
@@ -42,25 +62,7 @@ func (q *Queue) MarkCaseDuplicates(ctx context.Context) (marked, restored []issu
 	if len(ids) == 0 {
 		return nil, nil, nil
 	}
-	rows, err = q.db.Query(ctx, `
-WITH judged AS (
-    SELECT d.id, `+KeepsNameSQL("d")+` AS keeps
-    FROM proxy_domains d
-    WHERE d.id = ANY ($1::uuid[]) AND `+twinCountsSQL("d")+`
-    FOR UPDATE OF d SKIP LOCKED
-), lost AS (
-    `+failTwinsSQL("judged j", "j.id", "NOT j.keeps AND (d.ssl_status <> 'failed' OR d.ssl_error IS DISTINCT FROM '"+duplicateReason+"')",
-		"d.id, d.domain, d.ssl_error, false AS back")+`
-), back AS (
-    UPDATE proxy_domains d SET
-        ssl_status = 'pending', ssl_attempts = 0, ssl_error = NULL, ssl_last_attempt_at = NULL, updated_at = now()
-    FROM judged j
-    WHERE d.id = j.id AND j.keeps AND d.ssl_status = 'failed' AND d.ssl_error LIKE '`+duplicateError+`%'
-    RETURNING d.id, d.domain, 'the name is its own again: back in the queue' AS ssl_error, true AS back
-)
-SELECT id::text, domain, ssl_error, back FROM lost
-UNION ALL
-SELECT id::text, domain, ssl_error, back FROM back`, ids)
+	rows, err = q.db.Query(ctx, markCaseDuplicatesSQL, ids)
 	if err != nil {
 		return nil, nil, fmt.Errorf("mark case duplicates: %w", err)
 	}

@@ -19,15 +19,7 @@ const (
 	DutyFleetStats = "fleet_stats:"
 )
 
-// TakeDuty takes or renews the fleet's duty for holder (an instance's own name) for
-// ttl, and reports whether holder has it: it does when no instance holds it, when
-// holder held it, or when the holder's lease ran out. Otherwise left is how long the
-// other holder's lease has to run: when to look again. One statement on
-// certworker_fleet_duties (migration 00022), which nothing of the proxy's touches.
-func (q *Queue) TakeDuty(ctx context.Context, duty, holder string, ttl time.Duration) (held bool, left time.Duration, err error) {
-	var by string
-	var secs float64
-	err = q.db.QueryRow(ctx, `
+var takeDutySQL = `
 WITH taken AS (
     INSERT INTO certworker_fleet_duties AS f (duty, holder, expires_at)
     VALUES ($1, $2, now() + make_interval(secs => $3))
@@ -38,7 +30,17 @@ WITH taken AS (
 SELECT holder, extract(epoch FROM expires_at - now())::float8 FROM taken
 UNION ALL
 SELECT holder, extract(epoch FROM expires_at - now())::float8 FROM certworker_fleet_duties
-WHERE duty = $1 AND NOT EXISTS (SELECT 1 FROM taken)`, duty, holder, seconds(ttl)).Scan(&by, &secs)
+WHERE duty = $1 AND NOT EXISTS (SELECT 1 FROM taken)`
+
+// TakeDuty takes or renews the fleet's duty for holder (an instance's own name) for
+// ttl, and reports whether holder has it: it does when no instance holds it, when
+// holder held it, or when the holder's lease ran out. Otherwise left is how long the
+// other holder's lease has to run: when to look again. One statement on
+// certworker_fleet_duties (migration 00022), which nothing of the proxy's touches.
+func (q *Queue) TakeDuty(ctx context.Context, duty, holder string, ttl time.Duration) (held bool, left time.Duration, err error) {
+	var by string
+	var secs float64
+	err = q.db.QueryRow(ctx, takeDutySQL, duty, holder, seconds(ttl)).Scan(&by, &secs)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// Another instance took the duty for the first time while this statement
 		// ran: its row committed after this statement's snapshot.
@@ -53,11 +55,13 @@ WHERE duty = $1 AND NOT EXISTS (SELECT 1 FROM taken)`, duty, holder, seconds(ttl
 	return false, max(durationFromSeconds(secs), 0), nil
 }
 
+var releaseDutySQL = `DELETE FROM certworker_fleet_duties WHERE duty = $1 AND holder = $2`
+
 // ReleaseDuty gives up holder's duty, if it holds it, so that another instance takes
 // it over at its next look rather than when the lease runs out: an instance that stops
 // cleanly (a rolling restart) hands its duties on.
 func (q *Queue) ReleaseDuty(ctx context.Context, duty, holder string) error {
-	if _, err := q.db.Exec(ctx, `DELETE FROM certworker_fleet_duties WHERE duty = $1 AND holder = $2`, duty, holder); err != nil {
+	if _, err := q.db.Exec(ctx, releaseDutySQL, duty, holder); err != nil {
 		return fmt.Errorf("release fleet duty %s: %w", duty, err)
 	}
 	return nil

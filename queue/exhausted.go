@@ -42,17 +42,24 @@ func (q *Queue) FailExhausted(ctx context.Context) ([]issuing.BadRow, error) {
 	}
 }
 
+var exhaustedRowsSQL = `
+SELECT id::text, domain, COALESCE(ssl_error, ''), ssl_attempts FROM proxy_domains
+WHERE verification_status = 'verified' AND ssl_provider = 'acme' AND ssl_status = 'pending'
+  AND ssl_attempts >= $1
+LIMIT $2
+FOR UPDATE SKIP LOCKED`
+
+var failExhaustedRowsSQL = `
+UPDATE proxy_domains d SET ssl_status = 'failed', ssl_error = x.reason, updated_at = now()
+FROM unnest($1::uuid[], $2::text[]) AS x (id, reason)
+WHERE d.id = x.id`
+
 // failExhausted is one batch of FailExhausted.
 func (q *Queue) failExhausted(ctx context.Context) ([]issuing.BadRow, error) {
 	var out []issuing.BadRow
 	ascii := q.asciiOnly(ctx)
 	err := pgx.BeginFunc(ctx, q.db, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `
-SELECT id::text, domain, COALESCE(ssl_error, ''), ssl_attempts FROM proxy_domains
-WHERE verification_status = 'verified' AND ssl_provider = 'acme' AND ssl_status = 'pending'
-  AND ssl_attempts >= $1
-LIMIT $2
-FOR UPDATE SKIP LOCKED`, q.cfg.MaxAttempts, fillBatch)
+		rows, err := tx.Query(ctx, exhaustedRowsSQL, q.cfg.MaxAttempts, fillBatch)
 		if err != nil {
 			return err
 		}
@@ -69,10 +76,7 @@ FOR UPDATE SKIP LOCKED`, q.cfg.MaxAttempts, fillBatch)
 		if err != nil || len(ids) == 0 {
 			return err
 		}
-		_, err = tx.Exec(ctx, `
-UPDATE proxy_domains d SET ssl_status = 'failed', ssl_error = x.reason, updated_at = now()
-FROM unnest($1::uuid[], $2::text[]) AS x (id, reason)
-WHERE d.id = x.id`, ids, reasons)
+		_, err = tx.Exec(ctx, failExhaustedRowsSQL, ids, reasons)
 		return err
 	})
 	if err != nil {

@@ -126,16 +126,18 @@ func fallbackArgs(f *issuing.Fallback) []any {
 	return []any{f.Directory, seconds(after)}
 }
 
+var recordRefusedSQL = `
+UPDATE proxy_domains SET ssl_ca_refused = $3, ssl_ca_refused_cause = $4
+WHERE ` + heldSQL + `
+RETURNING 1`
+
 // RecordRefused records, under claim c, that the CA at directory refused c's name for
 // good, and why (RefusedByCAA, RefusedByCA): from now on its orders go to the other CA
 // at once. The claim stays held (the worker hands it back, uncharged, for the next
 // claim to route).
 func (q *Queue) RecordRefused(ctx context.Context, c issuing.Claim, directory, cause string) error {
 	var one int
-	err := q.db.QueryRow(ctx, `
-UPDATE proxy_domains SET ssl_ca_refused = $3, ssl_ca_refused_cause = $4
-WHERE `+heldSQL+`
-RETURNING 1`, c.ID, c.Token, directory, cause).Scan(&one)
+	err := q.db.QueryRow(ctx, recordRefusedSQL, c.ID, c.Token, directory, cause).Scan(&one)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return q.whyNotHeld(ctx, c)
 	}
@@ -145,14 +147,16 @@ RETURNING 1`, c.ID, c.Token, directory, cause).Scan(&one)
 	return nil
 }
 
+var forgetRefusedSQL = `
+UPDATE proxy_domains SET ssl_ca_refused = NULL, ssl_ca_refused_cause = NULL
+WHERE ` + heldSQL + `
+RETURNING 1`
+
 // ForgetRefused forgets, under claim c, the refusal of c's name recorded for the CA
 // at c.RefusedBy: the name's CAA records caused it, and now allow that CA.
 func (q *Queue) ForgetRefused(ctx context.Context, c issuing.Claim) error {
 	var one int
-	err := q.db.QueryRow(ctx, `
-UPDATE proxy_domains SET ssl_ca_refused = NULL, ssl_ca_refused_cause = NULL
-WHERE `+heldSQL+`
-RETURNING 1`, c.ID, c.Token).Scan(&one)
+	err := q.db.QueryRow(ctx, forgetRefusedSQL, c.ID, c.Token).Scan(&one)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return q.whyNotHeld(ctx, c)
 	}
@@ -162,14 +166,16 @@ RETURNING 1`, c.ID, c.Token).Scan(&one)
 	return nil
 }
 
+var redirectClaimSQL = `
+UPDATE proxy_domains SET ssl_ca_directory = $3, ssl_ca_cause = NULLIF($4, '')
+WHERE ` + heldSQL + `
+RETURNING 1`
+
 // RedirectClaim records, under claim c, that its order goes to directory for cause
 // (Decide's decision, when CAA overrides the claim's).
 func (q *Queue) RedirectClaim(ctx context.Context, c issuing.Claim, d issuing.Decision) error {
 	var one int
-	err := q.db.QueryRow(ctx, `
-UPDATE proxy_domains SET ssl_ca_directory = $3, ssl_ca_cause = NULLIF($4, '')
-WHERE `+heldSQL+`
-RETURNING 1`, c.ID, c.Token, d.Directory, d.Cause).Scan(&one)
+	err := q.db.QueryRow(ctx, redirectClaimSQL, c.ID, c.Token, d.Directory, d.Cause).Scan(&one)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return q.whyNotHeld(ctx, c)
 	}

@@ -136,6 +136,9 @@ func nullTime(t time.Time) *time.Time {
 	return &t
 }
 
+var whyNotHeldSQL = `
+SELECT ssl_provider FROM proxy_domains WHERE id = $1 AND (ssl_claim_token = $2 OR ssl_claim_token IS NULL)`
+
 // whyNotHeld tells a lost claim (ErrClaimLost) from a row that is no longer an ACME
 // domain (ErrNotACME), still held by the claim or with its claim dropped by the
 // switch, after a finishing write matched nothing.
@@ -143,8 +146,7 @@ func (q *Queue) whyNotHeld(ctx context.Context, c issuing.Claim) error {
 	// The provider first: a switch away from acme drops the claim with it (the
 	// trigger certworker_provider_switched), and the reason to give is the switch.
 	var provider string
-	err := q.db.QueryRow(ctx, `
-SELECT ssl_provider FROM proxy_domains WHERE id = $1 AND (ssl_claim_token = $2 OR ssl_claim_token IS NULL)`,
+	err := q.db.QueryRow(ctx, whyNotHeldSQL,
 		c.ID, c.Token).Scan(&provider)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -157,11 +159,13 @@ SELECT ssl_provider FROM proxy_domains WHERE id = $1 AND (ssl_claim_token = $2 O
 	return issuing.ErrClaimLost
 }
 
+var disownSQL = `
+UPDATE proxy_domains SET ` + releaseClaimSQL + ` WHERE id = $1 AND ssl_claim_token = $2`
+
 // Disown drops this claim from a row that is no longer an ACME domain, leaving its
 // state to whoever changed the provider. It reports whether the claim was still held.
 func (q *Queue) Disown(ctx context.Context, c issuing.Claim) (bool, error) {
-	tag, err := q.db.Exec(ctx, `
-UPDATE proxy_domains SET `+releaseClaimSQL+` WHERE id = $1 AND ssl_claim_token = $2`, c.ID, c.Token)
+	tag, err := q.db.Exec(ctx, disownSQL, c.ID, c.Token)
 	if err != nil {
 		return false, fmt.Errorf("disown claim: %w", err)
 	}
@@ -233,16 +237,18 @@ func (q *Queue) quietly(ctx context.Context, sql string, args []any, dest ...any
 	return err
 }
 
+var markPermanentSQL = `
+UPDATE proxy_domains SET
+    ssl_status = 'failed', ssl_error = $3,
+    ssl_attempts = ` + nextAttemptSQL + `,
+    updated_at = now(), ` + releaseClaimSQL + `
+WHERE ` + heldSQL
+
 // MarkPermanent fails a domain at once, whatever its attempts: a name no CA can issue
 // for, a CA's refusal that no retry changes (CONTRACT.md §5). reason is stored as
 // ssl_error; the attempt is counted.
 func (q *Queue) MarkPermanent(ctx context.Context, c issuing.Claim, reason string) error {
-	tag, err := q.db.Exec(ctx, `
-UPDATE proxy_domains SET
-    ssl_status = 'failed', ssl_error = $3,
-    ssl_attempts = `+nextAttemptSQL+`,
-    updated_at = now(), `+releaseClaimSQL+`
-WHERE `+heldSQL, c.ID, c.Token, q.errorText(ctx, reason))
+	tag, err := q.db.Exec(ctx, markPermanentSQL, c.ID, c.Token, q.errorText(ctx, reason))
 	if err != nil {
 		return fmt.Errorf("mark failed for good: %w", err)
 	}

@@ -100,23 +100,16 @@ type leaseRow struct {
 	left time.Duration
 }
 
-// renewLeases is the one statement that renews leases, by token, for Heartbeat and
-// ConfirmClaim. A token not on any row in provisioning is not in its answer.
-func (q *Queue) renewLeases(ctx context.Context, tokens []string) ([]leaseRow, error) {
-	// One scan of the provisioning rows: mine reads them from the statement's
-	// snapshot; live re-reads the unexpired ones by id and locks them, skipping a
-	// row another transaction has locked, and rechecking a row changed since the
-	// snapshot (a reclaim that committed meanwhile) against its latest version.
-	rows, err := q.db.Query(ctx, `
+var renewLeasesSQL = `
 WITH mine AS (
-    SELECT id, ssl_claim_token, COALESCE(`+leaseEndSQL("proxy_domains", "$2")+` > now(), false) AS unexpired
+    SELECT id, ssl_claim_token, COALESCE(` + leaseEndSQL("proxy_domains", "$2") + ` > now(), false) AS unexpired
     FROM proxy_domains
     WHERE ssl_status = 'provisioning' AND ssl_claim_token = ANY($1::uuid[])
 ), live AS (
     SELECT d.id FROM proxy_domains d
     WHERE d.id IN (SELECT id FROM mine WHERE unexpired)
       AND d.ssl_status = 'provisioning' AND d.ssl_claim_token = ANY($1::uuid[])
-      AND `+leaseEndSQL("d", "$2")+` > now()
+      AND ` + leaseEndSQL("d", "$2") + ` > now()
     FOR NO KEY UPDATE OF d SKIP LOCKED
 ), renewed AS (
     UPDATE proxy_domains d SET ssl_lease_expires_at = now() + make_interval(secs => $2)
@@ -124,8 +117,17 @@ WITH mine AS (
     RETURNING d.id, d.ssl_lease_expires_at
 )
 SELECT m.ssl_claim_token::text, m.unexpired,
-       (SELECT `+secondsUntilSQL("r.ssl_lease_expires_at")+` FROM renewed r WHERE r.id = m.id)
-FROM mine m`, tokens, seconds(q.cfg.Lease))
+       (SELECT ` + secondsUntilSQL("r.ssl_lease_expires_at") + ` FROM renewed r WHERE r.id = m.id)
+FROM mine m`
+
+// renewLeases is the one statement that renews leases, by token, for Heartbeat and
+// ConfirmClaim. A token not on any row in provisioning is not in its answer.
+func (q *Queue) renewLeases(ctx context.Context, tokens []string) ([]leaseRow, error) {
+	// One scan of the provisioning rows: mine reads them from the statement's
+	// snapshot; live re-reads the unexpired ones by id and locks them, skipping a
+	// row another transaction has locked, and rechecking a row changed since the
+	// snapshot (a reclaim that committed meanwhile) against its latest version.
+	rows, err := q.db.Query(ctx, renewLeasesSQL, tokens, seconds(q.cfg.Lease))
 	if err != nil {
 		return nil, err
 	}

@@ -222,6 +222,8 @@ func (q *Queue) inLedger(ctx context.Context, directory string, fn func(pgx.Tx) 
 	}
 }
 
+var ledgerLockSQL = `SELECT pg_advisory_xact_lock(hashtext('certworker_ledger'), hashtext($1))`
+
 // ledgerTx is one try of inLedger; locked reports that it got as far as holding the
 // lock. An error of its COMMIT wraps ErrCommitUnknown.
 func (q *Queue) ledgerTx(ctx context.Context, directory string, fn func(pgx.Tx) error) (locked bool, err error) {
@@ -235,7 +237,7 @@ func (q *Queue) ledgerTx(ctx context.Context, directory string, fn func(pgx.Tx) 
 		if deadline, ok := ctx.Deadline(); ok {
 			b.Queue(`SELECT set_config('statement_timeout', $1, true)`, milliseconds(time.Until(deadline)))
 		}
-		b.Queue(`SELECT pg_advisory_xact_lock(hashtext('certworker_ledger'), hashtext($1))`, directory)
+		b.Queue(ledgerLockSQL, directory)
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
 			return fmt.Errorf("ledger lock: %w", err)
 		}
@@ -276,13 +278,7 @@ func milliseconds(d time.Duration) string {
 	return strconv.FormatInt(max(d.Milliseconds(), 1), 10)
 }
 
-// ledgerCounts reads, for every limit that is on, what counts for the keys of as.
-func ledgerCounts(ctx context.Context, tx pgx.Tx, directory string, l issuing.Limits, as []Admission) (map[ledgerKey]ledgerCount, error) {
-	var rds, names []string
-	for _, a := range as {
-		rds, names = append(rds, a.RegisteredDomain), append(names, a.Name)
-	}
-	rows, err := tx.Query(ctx, `
+var ledgerCountsSQL = `
 SELECT 'account', $1::text, count(*), min(at) + make_interval(secs => $2) FROM certworker_ledger
  WHERE $2 > 0 AND directory = $1 AND at > now() - make_interval(secs => $2) AND outcome <> 'not_sent' AND NOT renewal
 UNION ALL
@@ -299,7 +295,15 @@ UNION ALL
 SELECT 'failed_authz', name, count(*), min(at) + make_interval(secs => $7) FROM certworker_ledger
  WHERE $7 > 0 AND directory = $1 AND name = ANY($6) AND at > now() - make_interval(secs => $7)
    AND outcome = 'failed_authz'
- GROUP BY name`,
+ GROUP BY name`
+
+// ledgerCounts reads, for every limit that is on, what counts for the keys of as.
+func ledgerCounts(ctx context.Context, tx pgx.Tx, directory string, l issuing.Limits, as []Admission) (map[ledgerKey]ledgerCount, error) {
+	var rds, names []string
+	for _, a := range as {
+		rds, names = append(rds, a.RegisteredDomain), append(names, a.Name)
+	}
+	rows, err := tx.Query(ctx, ledgerCountsSQL,
 		directory, seconds(l.OrdersPerAccount.ActiveWindow()), seconds(l.CertsPerRegisteredDomain.ActiveWindow()), rds,
 		seconds(l.CertsPerExactSet.ActiveWindow()), names, seconds(l.FailedAuthzPerName.ActiveWindow()))
 	if err != nil {
@@ -407,6 +411,23 @@ func (d *ledgerDecision) window(kind string) time.Duration {
 	return d.limits.FailedAuthzPerName.Window
 }
 
+var ledgerInsertSQL = `
+INSERT INTO certworker_ledger (directory, domain_id, name, registered_domain, renewal, exempt, claim_token, tenant_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, '')::uuid)`
+
+var ledgerHandBackSQL = `
+UPDATE proxy_domains SET
+    ssl_status = 'pending', ssl_last_attempt_at = ssl_claim_prev_attempt_at, updated_at = now(),
+    ` + releaseClaimSQL + `
+WHERE ` + heldSQL
+
+var ledgerPauseSQL = `
+INSERT INTO certworker_pauses AS p (directory, scope, key, source, paused_until, reason, held_since)
+VALUES ($6, $1, $2, 'ledger', COALESCE($3, now() + make_interval(secs => $4)), $5, now())
+ON CONFLICT (directory, scope, key, source) DO UPDATE SET
+    held_since = ` + heldSinceSQL + `,
+    paused_until = EXCLUDED.paused_until, reason = EXCLUDED.reason, updated_at = now()`
+
 // write records the admitted orders, hands the refused claims back quietly, and
 // pauses the keys at their limit until their oldest counted row leaves the window
 // (a window of rows all recorded now frees a slot a window from now).
@@ -414,17 +435,11 @@ func (d *ledgerDecision) write(ctx context.Context, tx pgx.Tx, refused []Refusal
 	b := &pgx.Batch{}
 	b.Queue(`SELECT set_config('certworker.quiet', 'on', true)`)
 	for _, a := range d.rows {
-		b.Queue(`
-INSERT INTO certworker_ledger (directory, domain_id, name, registered_domain, renewal, exempt, claim_token, tenant_id)
-VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, '')::uuid)`, d.directory, a.Claim.ID, a.Name, a.RegisteredDomain, a.Renewal, a.exempt,
+		b.Queue(ledgerInsertSQL, d.directory, a.Claim.ID, a.Name, a.RegisteredDomain, a.Renewal, a.exempt,
 			a.Claim.Token, a.Claim.TenantID)
 	}
 	for _, r := range refused {
-		b.Queue(`
-UPDATE proxy_domains SET
-    ssl_status = 'pending', ssl_last_attempt_at = ssl_claim_prev_attempt_at, updated_at = now(),
-    `+releaseClaimSQL+`
-WHERE `+heldSQL, r.Claim.ID, r.Claim.Token)
+		b.Queue(ledgerHandBackSQL, r.Claim.ID, r.Claim.Token)
 	}
 	for k, why := range d.full {
 		scope, key := issuing.ScopeDomain, k.key
@@ -440,16 +455,14 @@ WHERE `+heldSQL, r.Claim.ID, r.Claim.Token)
 		if c, ok := d.counts[k]; ok {
 			frees = c.frees
 		}
-		b.Queue(`
-INSERT INTO certworker_pauses AS p (directory, scope, key, source, paused_until, reason, held_since)
-VALUES ($6, $1, $2, 'ledger', COALESCE($3, now() + make_interval(secs => $4)), $5, now())
-ON CONFLICT (directory, scope, key, source) DO UPDATE SET
-    held_since = `+heldSinceSQL+`,
-    paused_until = EXCLUDED.paused_until, reason = EXCLUDED.reason, updated_at = now()`,
+		b.Queue(ledgerPauseSQL,
 			scope, key, frees, seconds(d.window(k.kind)), why, d.directory)
 	}
 	return tx.SendBatch(ctx, b).Close()
 }
+
+var readmitSQL = `
+DELETE FROM certworker_ledger WHERE directory = $1 AND claim_token = $2`
 
 // Readmit asks the ledger again, as a new order (not a renewal, not exempt), about a
 // claim Admit admitted as a renewal, whose order is about to go without "replaces"
@@ -463,8 +476,7 @@ func (q *Queue) Readmit(ctx context.Context, directory string, limits issuing.Li
 	var why string
 	err := q.inLedger(ctx, directory, func(tx pgx.Tx) error {
 		why = ""
-		if _, err := tx.Exec(ctx, `
-DELETE FROM certworker_ledger WHERE directory = $1 AND claim_token = $2`, directory, a.Claim.Token); err != nil {
+		if _, err := tx.Exec(ctx, readmitSQL, directory, a.Claim.Token); err != nil {
 			return err
 		}
 		counts, err := ledgerCounts(ctx, tx, directory, limits, []Admission{a})
@@ -490,22 +502,7 @@ DELETE FROM certworker_ledger WHERE directory = $1 AND claim_token = $2`, direct
 	return nil
 }
 
-// SettleLedger records how the order of claim token ended, under the ledger's lock:
-// the pauses it lifts or writes are the ledger's, which Admit writes under the same
-// lock, and a lift that raced an Admit could leave a pause the counts no longer
-// justify, for as long as a window (a week).
-//
-// An outcome that does not count as a certificate (a failure, nothing sent) lifts the
-// ledger's pauses of the order's name and registered domain, and of the account when
-// nothing was sent: the next claim counts again and pauses them anew if they are still
-// full. A failed authorization that brings its name to the limit pauses the name (and
-// leaves a pause the name already had: one statement may not delete and insert one
-// row). An issued certificate records that the CA has issued for the name
-// (certworker_issued_names), which makes its later orders renewals. A row recorded
-// as unknown (SettleStaleLedger) takes the outcome that arrives late.
-func (q *Queue) SettleLedger(ctx context.Context, directory, token, outcome string, limits issuing.Limits) error {
-	err := q.inLedger(ctx, directory, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `
+var settleLedgerSQL = `
 WITH l AS (
     UPDATE certworker_ledger SET outcome = $2 WHERE claim_token = $1 AND outcome IN ('pending', 'unknown')
     RETURNING name, registered_domain, tenant_id
@@ -533,8 +530,25 @@ SELECT $3, 'domain', name, 'ledger', frees,
        now()
 FROM authz WHERE n >= $4
 ON CONFLICT (directory, scope, key, source) DO UPDATE SET
-    held_since = `+heldSinceSQL+`,
-    paused_until = EXCLUDED.paused_until, reason = EXCLUDED.reason, updated_at = now()`,
+    held_since = ` + heldSinceSQL + `,
+    paused_until = EXCLUDED.paused_until, reason = EXCLUDED.reason, updated_at = now()`
+
+// SettleLedger records how the order of claim token ended, under the ledger's lock:
+// the pauses it lifts or writes are the ledger's, which Admit writes under the same
+// lock, and a lift that raced an Admit could leave a pause the counts no longer
+// justify, for as long as a window (a week).
+//
+// An outcome that does not count as a certificate (a failure, nothing sent) lifts the
+// ledger's pauses of the order's name and registered domain, and of the account when
+// nothing was sent: the next claim counts again and pauses them anew if they are still
+// full. A failed authorization that brings its name to the limit pauses the name (and
+// leaves a pause the name already had: one statement may not delete and insert one
+// row). An issued certificate records that the CA has issued for the name
+// (certworker_issued_names), which makes its later orders renewals. A row recorded
+// as unknown (SettleStaleLedger) takes the outcome that arrives late.
+func (q *Queue) SettleLedger(ctx context.Context, directory, token, outcome string, limits issuing.Limits) error {
+	err := q.inLedger(ctx, directory, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, settleLedgerSQL,
 			token, outcome, directory, limits.FailedAuthzPerName.Count, seconds(limits.FailedAuthzPerName.ActiveWindow()),
 			limits.FailedAuthzPerName.Window.String(), limits.FailedAuthzPerName.String())
 		return err
@@ -544,6 +558,15 @@ ON CONFLICT (directory, scope, key, source) DO UPDATE SET
 	}
 	return nil
 }
+
+var settleStaleLedgerSQL = `
+WITH stale AS (
+    SELECT ctid FROM certworker_ledger
+    WHERE directory = $1 AND outcome = 'pending' AND at < now() - make_interval(secs => $2)
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED)
+UPDATE certworker_ledger l SET outcome = 'unknown'
+FROM stale WHERE l.ctid = stale.ctid`
 
 // SettleStaleLedger records as unknown (LedgerUnknown) the orders of the CA at
 // directory still pending after olderThan, which the caller makes longer than any
@@ -558,14 +581,7 @@ func (q *Queue) SettleStaleLedger(ctx context.Context, directory string, olderTh
 	// waited for; fillBatch rows a statement.
 	var total int64
 	for {
-		tag, err := q.db.Exec(ctx, `
-WITH stale AS (
-    SELECT ctid FROM certworker_ledger
-    WHERE directory = $1 AND outcome = 'pending' AND at < now() - make_interval(secs => $2)
-    LIMIT $3
-    FOR UPDATE SKIP LOCKED)
-UPDATE certworker_ledger l SET outcome = 'unknown'
-FROM stale WHERE l.ctid = stale.ctid`,
+		tag, err := q.db.Exec(ctx, settleStaleLedgerSQL,
 			directory, seconds(olderThan), fillBatch)
 		if err != nil {
 			return total, fmt.Errorf("settle stale ledger rows: %w", err)

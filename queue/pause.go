@@ -24,6 +24,16 @@ func (q *Queue) Pause(ctx context.Context, scope, key, source string, wait time.
 	return q.PauseAt(ctx, directory, scope, key, source, wait, reason)
 }
 
+var pauseAtSQL = `
+INSERT INTO certworker_pauses AS p (directory, scope, key, source, paused_until, reason, held_since)
+VALUES ($6, $1, $2, $3, now() + make_interval(secs => $4), $5, now())
+ON CONFLICT (directory, scope, key, source) DO UPDATE SET
+    held_since = ` + heldSinceSQL + `,
+    paused_until = GREATEST(p.paused_until, EXCLUDED.paused_until),
+    reason = CASE WHEN EXCLUDED.paused_until > p.paused_until THEN EXCLUDED.reason ELSE p.reason END,
+    updated_at = now()
+RETURNING ` + secondsUntilSQL("paused_until")
+
 // PauseAt is Pause for the CA at directory: nothing it says holds a domain back at
 // another CA. A ScopeCA pause's key is the directory.
 func (q *Queue) PauseAt(ctx context.Context, directory, scope, key, source string, wait time.Duration, reason string) (time.Duration, error) {
@@ -31,15 +41,7 @@ func (q *Queue) PauseAt(ctx context.Context, directory, scope, key, source strin
 		key = directory
 	}
 	var left float64
-	err := q.db.QueryRow(ctx, `
-INSERT INTO certworker_pauses AS p (directory, scope, key, source, paused_until, reason, held_since)
-VALUES ($6, $1, $2, $3, now() + make_interval(secs => $4), $5, now())
-ON CONFLICT (directory, scope, key, source) DO UPDATE SET
-    held_since = `+heldSinceSQL+`,
-    paused_until = GREATEST(p.paused_until, EXCLUDED.paused_until),
-    reason = CASE WHEN EXCLUDED.paused_until > p.paused_until THEN EXCLUDED.reason ELSE p.reason END,
-    updated_at = now()
-RETURNING `+secondsUntilSQL("paused_until"), scope, key, source, seconds(wait), q.errorText(ctx, reason), directory).Scan(&left)
+	err := q.db.QueryRow(ctx, pauseAtSQL, scope, key, source, seconds(wait), q.errorText(ctx, reason), directory).Scan(&left)
 	if err != nil {
 		return 0, fmt.Errorf("pause %s %s: %w", scope, key, err)
 	}
@@ -51,6 +53,23 @@ RETURNING `+secondsUntilSQL("paused_until"), scope, key, source, seconds(wait), 
 // backoff (30 s at most): a fleet that sends every domain to a second CA tries the
 // first only when its pause ends, and an outage must not look new at each try.
 const outageForgotten = time.Hour
+
+var pauseUnreachableSQL = `
+INSERT INTO certworker_pauses AS p (directory, scope, key, source, paused_until, reason, failures, held_since)
+VALUES ($1, 'ca', $1, 'unreachable', now() + make_interval(secs => $3), $2, 1, now())
+ON CONFLICT (directory, scope, key, source) DO UPDATE SET
+    held_since = CASE WHEN p.paused_until < now() - make_interval(secs => $5) THEN now()
+                      ELSE COALESCE(p.held_since, p.created_at) END,
+    failures = CASE WHEN p.paused_until < now() - make_interval(secs => $5) THEN 1
+                    WHEN p.paused_until <= now() THEN p.failures + 1 ELSE p.failures END,
+    paused_until = CASE WHEN p.paused_until < now() - make_interval(secs => $5)
+        THEN now() + make_interval(secs => $3)
+        WHEN p.paused_until <= now()
+        THEN now() + make_interval(secs => LEAST($3 * power(2, LEAST(p.failures, 30)), $4))
+        ELSE p.paused_until END,
+    reason = EXCLUDED.reason,
+    updated_at = now()
+RETURNING failures, ` + secondsUntilSQL("paused_until")
 
 // PauseUnreachable records that the CA at directory could not be reached and pauses
 // ordering from it for every instance, for base doubled per consecutive failure up to
@@ -66,22 +85,7 @@ const outageForgotten = time.Hour
 func (q *Queue) PauseUnreachable(ctx context.Context, directory, reason string, base, limit time.Duration) (issuing.Unreachable, error) {
 	var u issuing.Unreachable
 	var left float64
-	err := q.db.QueryRow(ctx, `
-INSERT INTO certworker_pauses AS p (directory, scope, key, source, paused_until, reason, failures, held_since)
-VALUES ($1, 'ca', $1, 'unreachable', now() + make_interval(secs => $3), $2, 1, now())
-ON CONFLICT (directory, scope, key, source) DO UPDATE SET
-    held_since = CASE WHEN p.paused_until < now() - make_interval(secs => $5) THEN now()
-                      ELSE COALESCE(p.held_since, p.created_at) END,
-    failures = CASE WHEN p.paused_until < now() - make_interval(secs => $5) THEN 1
-                    WHEN p.paused_until <= now() THEN p.failures + 1 ELSE p.failures END,
-    paused_until = CASE WHEN p.paused_until < now() - make_interval(secs => $5)
-        THEN now() + make_interval(secs => $3)
-        WHEN p.paused_until <= now()
-        THEN now() + make_interval(secs => LEAST($3 * power(2, LEAST(p.failures, 30)), $4))
-        ELSE p.paused_until END,
-    reason = EXCLUDED.reason,
-    updated_at = now()
-RETURNING failures, `+secondsUntilSQL("paused_until"),
+	err := q.db.QueryRow(ctx, pauseUnreachableSQL,
 		directory, q.errorText(ctx, reason), seconds(base), seconds(limit), seconds(outageForgotten)).Scan(&u.Failures, &left)
 	if err != nil {
 		return u, fmt.Errorf("pause unreachable CA: %w", err)
@@ -90,24 +94,28 @@ RETURNING failures, `+secondsUntilSQL("paused_until"),
 	return u, nil
 }
 
+var clearUnreachableSQL = `
+DELETE FROM certworker_pauses WHERE scope = 'ca' AND key = $1 AND source = 'unreachable'`
+
 // ClearUnreachable ends the unreachable state of the CA at directory, after an order
 // got an answer from it. It reports whether there was one to end.
 func (q *Queue) ClearUnreachable(ctx context.Context, directory string) (bool, error) {
-	tag, err := q.db.Exec(ctx, `
-DELETE FROM certworker_pauses WHERE scope = 'ca' AND key = $1 AND source = 'unreachable'`, directory)
+	tag, err := q.db.Exec(ctx, clearUnreachableSQL, directory)
 	if err != nil {
 		return false, fmt.Errorf("clear unreachable CA: %w", err)
 	}
 	return tag.RowsAffected() > 0, nil
 }
 
+var caPauseSQL = `
+SELECT scope, key, source, paused_until, reason, directory FROM certworker_pauses
+WHERE scope = 'ca' AND key = $1 AND paused_until > now()
+ORDER BY paused_until DESC LIMIT 1`
+
 // CAPause is the pause in force on the CA at directory that ends last, or nil.
 func (q *Queue) CAPause(ctx context.Context, directory string) (*issuing.PauseState, error) {
 	var p issuing.PauseState
-	err := q.db.QueryRow(ctx, `
-SELECT scope, key, source, paused_until, reason, directory FROM certworker_pauses
-WHERE scope = 'ca' AND key = $1 AND paused_until > now()
-ORDER BY paused_until DESC LIMIT 1`, directory).Scan(&p.Scope, &p.Key, &p.Source, &p.PausedUntil, &p.Reason, &p.Directory)
+	err := q.db.QueryRow(ctx, caPauseSQL, directory).Scan(&p.Scope, &p.Key, &p.Source, &p.PausedUntil, &p.Reason, &p.Directory)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

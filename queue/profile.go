@@ -16,6 +16,30 @@ import (
 // which keeps the worker from trying it, and being refused, on every pass
 // (migration 00014).
 
+var refuseProfileSQL = `
+WITH cert AS (
+    SELECT bool_or(true) AS held, bool_or(c.renew_at IS NULL OR c.renew_at <= now()) AS due,
+        max(c.expires_at) AS expires_at
+    FROM proxy_domains x JOIN proxy_certificates c ON c.domain = x.domain
+    WHERE x.id = $1
+)
+UPDATE proxy_domains SET
+    ssl_profile_refused = $3,
+    ssl_error = CASE WHEN cert.held THEN $5 ELSE $4 END,
+    ssl_status = CASE WHEN cert.held IS NULL THEN 'failed' WHEN cert.due THEN 'provisioning' ELSE 'active' END,
+    ssl_attempts = CASE WHEN cert.held IS NULL THEN ` + nextAttemptSQL + ` ELSE ssl_attempts END,
+    ssl_last_attempt_at = CASE WHEN cert.held AND NOT cert.due THEN ssl_claim_prev_attempt_at
+                               ELSE ssl_last_attempt_at END,
+    ssl_expires_at = CASE WHEN cert.held AND NOT cert.due THEN COALESCE(cert.expires_at, ssl_expires_at)
+                          ELSE ssl_expires_at END,
+    ssl_claim_token = CASE WHEN cert.due THEN ssl_claim_token END,
+    ssl_claimed_by = CASE WHEN cert.due THEN ssl_claimed_by END,
+    ssl_lease_expires_at = CASE WHEN cert.due THEN ssl_lease_expires_at END,
+    updated_at = now()
+FROM cert
+WHERE ` + heldSQL + `
+RETURNING ssl_status = 'provisioning'`
+
 // RefuseProfile records that the CA does not offer the domain's own profile, which
 // the claim was to be ordered under, and decides what becomes of the domain
 // (CONTRACT.md §5), in one statement:
@@ -32,29 +56,7 @@ import (
 // tried again until the tenant sets a profile. Nothing is written when the claim is
 // no longer held (ErrClaimLost, ErrNotACME).
 func (q *Queue) RefuseProfile(ctx context.Context, c issuing.Claim, profile, reasonNone, reasonKept string) (renew bool, err error) {
-	err = q.db.QueryRow(ctx, `
-WITH cert AS (
-    SELECT bool_or(true) AS held, bool_or(c.renew_at IS NULL OR c.renew_at <= now()) AS due,
-        max(c.expires_at) AS expires_at
-    FROM proxy_domains x JOIN proxy_certificates c ON c.domain = x.domain
-    WHERE x.id = $1
-)
-UPDATE proxy_domains SET
-    ssl_profile_refused = $3,
-    ssl_error = CASE WHEN cert.held THEN $5 ELSE $4 END,
-    ssl_status = CASE WHEN cert.held IS NULL THEN 'failed' WHEN cert.due THEN 'provisioning' ELSE 'active' END,
-    ssl_attempts = CASE WHEN cert.held IS NULL THEN `+nextAttemptSQL+` ELSE ssl_attempts END,
-    ssl_last_attempt_at = CASE WHEN cert.held AND NOT cert.due THEN ssl_claim_prev_attempt_at
-                               ELSE ssl_last_attempt_at END,
-    ssl_expires_at = CASE WHEN cert.held AND NOT cert.due THEN COALESCE(cert.expires_at, ssl_expires_at)
-                          ELSE ssl_expires_at END,
-    ssl_claim_token = CASE WHEN cert.due THEN ssl_claim_token END,
-    ssl_claimed_by = CASE WHEN cert.due THEN ssl_claimed_by END,
-    ssl_lease_expires_at = CASE WHEN cert.due THEN ssl_lease_expires_at END,
-    updated_at = now()
-FROM cert
-WHERE `+heldSQL+`
-RETURNING ssl_status = 'provisioning'`, c.ID, c.Token, profile, q.errorText(ctx, reasonNone), q.errorText(ctx, reasonKept)).Scan(&renew)
+	err = q.db.QueryRow(ctx, refuseProfileSQL, c.ID, c.Token, profile, q.errorText(ctx, reasonNone), q.errorText(ctx, reasonKept)).Scan(&renew)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, q.whyNotHeld(ctx, c)
 	}
@@ -63,6 +65,23 @@ RETURNING ssl_status = 'provisioning'`, c.ID, c.Token, profile, q.errorText(ctx,
 	}
 	return renew, nil
 }
+
+var requeueProfileChangesSQL = `
+WITH changed AS (
+    SELECT d.id
+    FROM proxy_domains d JOIN proxy_certificates c ON c.domain = d.domain
+    WHERE d.ssl_profile IS NOT NULL
+      AND d.ssl_profile IS DISTINCT FROM d.ssl_profile_refused
+      AND d.ssl_status = 'active'
+      AND d.ssl_provider = 'acme'
+      AND d.verification_status = 'verified'
+      AND c.auto_renew
+      AND c.profile IS NOT NULL AND c.profile <> d.ssl_profile
+    LIMIT $1
+    FOR UPDATE OF d SKIP LOCKED)
+UPDATE proxy_domains d SET ssl_status = 'pending', ssl_attempts = 0, ssl_last_attempt_at = NULL, updated_at = now()
+FROM changed
+WHERE d.id = changed.id`
 
 // RequeueProfileChanges moves back to 'pending' the active domains whose certificate
 // was issued under another profile than the one they now name, so that the next claim
@@ -90,22 +109,7 @@ RETURNING ssl_status = 'provisioning'`, c.ID, c.Token, profile, q.errorText(ctx,
 func (q *Queue) RequeueProfileChanges(ctx context.Context) (int64, error) {
 	var total int64
 	for {
-		tag, err := q.db.Exec(ctx, `
-WITH changed AS (
-    SELECT d.id
-    FROM proxy_domains d JOIN proxy_certificates c ON c.domain = d.domain
-    WHERE d.ssl_profile IS NOT NULL
-      AND d.ssl_profile IS DISTINCT FROM d.ssl_profile_refused
-      AND d.ssl_status = 'active'
-      AND d.ssl_provider = 'acme'
-      AND d.verification_status = 'verified'
-      AND c.auto_renew
-      AND c.profile IS NOT NULL AND c.profile <> d.ssl_profile
-    LIMIT $1
-    FOR UPDATE OF d SKIP LOCKED)
-UPDATE proxy_domains d SET ssl_status = 'pending', ssl_attempts = 0, ssl_last_attempt_at = NULL, updated_at = now()
-FROM changed
-WHERE d.id = changed.id`, fillBatch)
+		tag, err := q.db.Exec(ctx, requeueProfileChangesSQL, fillBatch)
 		if err != nil {
 			return total, fmt.Errorf("requeue certificates of a changed profile: %w", err)
 		}
@@ -116,13 +120,15 @@ WHERE d.id = changed.id`, fillBatch)
 	}
 }
 
+var setProfileSQL = `
+SELECT ` + domainColumns + ` FROM certworker_set_profile($1, $2, $3)`
+
 // SetProfile is the proxy API's profile setting: certworker_set_profile (migration
 // 00014), the one implementation the proxy calls too. A nil profile puts the domain
 // back on --acme-profile. Returns nil, nil when it is refused: the domain is not the
 // tenant's, or the value is not a profile name.
 func (q *Queue) SetProfile(ctx context.Context, id, tenantID string, profile *string) (*Domain, error) {
-	d, err := scanDomain(q.db.QueryRow(ctx, `
-SELECT `+domainColumns+` FROM certworker_set_profile($1, $2, $3)`, id, tenantID, profile))
+	d, err := scanDomain(q.db.QueryRow(ctx, setProfileSQL, id, tenantID, profile))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

@@ -28,6 +28,25 @@ const interruptedError = "issuance was interrupted before it finished"
 // certworker's own has a lease, and is reclaimed as soon as the lease runs out.
 const unleasedGrace = 15 * time.Minute
 
+var reclaimAbandonedSQL = `
+WITH abandoned AS (
+    SELECT id FROM proxy_domains
+    WHERE ssl_status = 'provisioning'
+      AND ssl_provider = 'acme'
+      AND COALESCE(` + leaseEndSQL("proxy_domains", "$5") + `,
+                   COALESCE(ssl_last_attempt_at, updated_at) + make_interval(secs => $2)) < now()
+    LIMIT $4
+    FOR UPDATE SKIP LOCKED)
+UPDATE proxy_domains d SET
+    ssl_status = CASE WHEN ` + nextAttemptSQL + ` >= $1 THEN 'failed' ELSE 'pending' END,
+    ssl_attempts = ` + nextAttemptSQL + `,
+    ssl_error = $3,
+    ssl_last_attempt_at = NULL,
+    updated_at = now(), ` + releaseClaimSQL + `
+FROM abandoned
+WHERE d.id = abandoned.id
+RETURNING d.id::text, d.domain, d.ssl_attempts, d.ssl_status = 'failed'`
+
 // ReclaimAbandoned puts back domains whose claim was abandoned: 'provisioning' with a
 // lease that ran out (the instance holding it died), or, for a row claimed without a
 // lease (by the reference worker or by hand), last tried more than unleasedGrace
@@ -58,24 +77,7 @@ func (q *Queue) ReclaimAbandoned(ctx context.Context) ([]Reclaimed, error) {
 	reason := q.errorText(ctx, interruptedError)
 	var out []Reclaimed
 	for {
-		rows, err := q.db.Query(ctx, `
-WITH abandoned AS (
-    SELECT id FROM proxy_domains
-    WHERE ssl_status = 'provisioning'
-      AND ssl_provider = 'acme'
-      AND COALESCE(`+leaseEndSQL("proxy_domains", "$5")+`,
-                   COALESCE(ssl_last_attempt_at, updated_at) + make_interval(secs => $2)) < now()
-    LIMIT $4
-    FOR UPDATE SKIP LOCKED)
-UPDATE proxy_domains d SET
-    ssl_status = CASE WHEN `+nextAttemptSQL+` >= $1 THEN 'failed' ELSE 'pending' END,
-    ssl_attempts = `+nextAttemptSQL+`,
-    ssl_error = $3,
-    ssl_last_attempt_at = NULL,
-    updated_at = now(), `+releaseClaimSQL+`
-FROM abandoned
-WHERE d.id = abandoned.id
-RETURNING d.id::text, d.domain, d.ssl_attempts, d.ssl_status = 'failed'`,
+		rows, err := q.db.Query(ctx, reclaimAbandonedSQL,
 			q.cfg.MaxAttempts, seconds(unleasedGrace), reason, fillBatch, seconds(q.cfg.Lease))
 		if err != nil {
 			return out, fmt.Errorf("reclaim abandoned: %w", err)

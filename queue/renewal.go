@@ -58,24 +58,7 @@ func (q *Queue) fillRenewalTimes(ctx context.Context, pass *issuing.RenewalPass)
 	}
 }
 
-// requeueDue moves the active domains whose certificate's renewal time has passed back
-// to 'pending', with a clean slate (a count left on an active row must not start the
-// renewal part-way up the backoff curve), and with ssl_renew_by, which the wake
-// trigger reads to give the row its tier in the order of service: when the renewal
-// becomes urgent, a fifth of the lifetime before expiry (CONTRACT.md §5), or the end
-// of the CA's renewal window if that is earlier.
-//
-// The lifetime comes from not_before and expires_at. A row whose expires_at is NULL
-// (the reference's) had its renew_at worked out from its PEM by RenewAtFromValidity,
-// so the lifetime L follows from D = renew_at - not_before: D = 2L/3 for a lifetime
-// of 10 days or more (D of 6.67 days or more), D = L/2 below (D under 5 days), and no
-// D falls between. The fifth before expiry, 4L/5, is then renew_at + D/5 or
-// renew_at + 3D/5. Without a lifetime at all, renew_at itself (urgent: the expiry is
-// unknown).
-func (q *Queue) requeueDue(ctx context.Context) (int64, error) {
-	var total int64
-	for {
-		tag, err := q.db.Exec(ctx, `
+var requeueDueSQL = `
 WITH due AS (
     SELECT d.id, LEAST(
         CASE WHEN c.not_before IS NULL THEN c.renew_at
@@ -93,7 +76,26 @@ WITH due AS (
 UPDATE proxy_domains d SET
     ssl_status = 'pending', ssl_attempts = 0, updated_at = now(), ssl_renew_by = due.renew_by
 FROM due
-WHERE d.id = due.id`, fillBatch, seconds(2*issuing.ShortLived/3))
+WHERE d.id = due.id`
+
+// requeueDue moves the active domains whose certificate's renewal time has passed back
+// to 'pending', with a clean slate (a count left on an active row must not start the
+// renewal part-way up the backoff curve), and with ssl_renew_by, which the wake
+// trigger reads to give the row its tier in the order of service: when the renewal
+// becomes urgent, a fifth of the lifetime before expiry (CONTRACT.md §5), or the end
+// of the CA's renewal window if that is earlier.
+//
+// The lifetime comes from not_before and expires_at. A row whose expires_at is NULL
+// (the reference's) had its renew_at worked out from its PEM by RenewAtFromValidity,
+// so the lifetime L follows from D = renew_at - not_before: D = 2L/3 for a lifetime
+// of 10 days or more (D of 6.67 days or more), D = L/2 below (D under 5 days), and no
+// D falls between. The fifth before expiry, 4L/5, is then renew_at + D/5 or
+// renew_at + 3D/5. Without a lifetime at all, renew_at itself (urgent: the expiry is
+// unknown).
+func (q *Queue) requeueDue(ctx context.Context) (int64, error) {
+	var total int64
+	for {
+		tag, err := q.db.Exec(ctx, requeueDueSQL, fillBatch, seconds(2*issuing.ShortLived/3))
 		if err != nil {
 			return total, fmt.Errorf("mark renewals: %w", err)
 		}
@@ -117,17 +119,19 @@ type unscheduled struct {
 // memory at once, and requeueing them in one statement their rows' locks.
 const fillBatch = 1000
 
+var readUnscheduledSQL = `
+SELECT c.id::text, c.domain, c.certificate_pem, COALESCE(d.id::text, '')
+FROM proxy_certificates c LEFT JOIN proxy_domains d ON d.domain = c.domain
+WHERE c.renew_at IS NULL AND c.auto_renew AND c.id > $1::uuid
+ORDER BY c.id LIMIT $2`
+
 // readUnscheduled reads the next batch of certificate rows without a renewal time,
 // in id order after the given id.
 func (q *Queue) readUnscheduled(ctx context.Context, after string) ([]unscheduled, error) {
 	if after == "" {
 		after = "00000000-0000-0000-0000-000000000000"
 	}
-	rows, err := q.db.Query(ctx, `
-SELECT c.id::text, c.domain, c.certificate_pem, COALESCE(d.id::text, '')
-FROM proxy_certificates c LEFT JOIN proxy_domains d ON d.domain = c.domain
-WHERE c.renew_at IS NULL AND c.auto_renew AND c.id > $1::uuid
-ORDER BY c.id LIMIT $2`, after, fillBatch)
+	rows, err := q.db.Query(ctx, readUnscheduledSQL, after, fillBatch)
 	if err != nil {
 		return nil, fmt.Errorf("read certificates without a renewal time: %w", err)
 	}
@@ -145,6 +149,22 @@ ORDER BY c.id LIMIT $2`, after, fillBatch)
 	}
 	return out, nil
 }
+
+var scheduleSQL = `
+WITH f AS (
+    SELECT * FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[], $4::text[], $5::text[])
+        AS f (id, renew_at, not_before, issuer, serial)
+), free AS (
+    SELECT c.id FROM proxy_certificates c
+    WHERE c.id IN (SELECT id FROM f) AND c.renew_at IS NULL
+    FOR UPDATE SKIP LOCKED)
+UPDATE proxy_certificates c SET
+    renew_at = f.renew_at,
+    not_before = COALESCE(c.not_before, f.not_before),
+    issuer = COALESCE(c.issuer, f.issuer),
+    serial = COALESCE(c.serial, f.serial)
+FROM f JOIN free USING (id)
+WHERE c.id = f.id`
 
 // schedule gives each row of the batch its renewal time from its leaf, by the same
 // third-of-lifetime rule as a certificate the worker stores, with what it recorded
@@ -170,21 +190,7 @@ func (q *Queue) schedule(ctx context.Context, batch []unscheduled) (int64, []iss
 		serials = append(serials, leaf.SerialNumber.Text(16))
 	}
 	if len(ids) > 0 {
-		if _, err := q.db.Exec(ctx, `
-WITH f AS (
-    SELECT * FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[], $4::text[], $5::text[])
-        AS f (id, renew_at, not_before, issuer, serial)
-), free AS (
-    SELECT c.id FROM proxy_certificates c
-    WHERE c.id IN (SELECT id FROM f) AND c.renew_at IS NULL
-    FOR UPDATE SKIP LOCKED)
-UPDATE proxy_certificates c SET
-    renew_at = f.renew_at,
-    not_before = COALESCE(c.not_before, f.not_before),
-    issuer = COALESCE(c.issuer, f.issuer),
-    serial = COALESCE(c.serial, f.serial)
-FROM f JOIN free USING (id)
-WHERE c.id = f.id`, ids, renewAts, notBefores, issuers, serials); err != nil {
+		if _, err := q.db.Exec(ctx, scheduleSQL, ids, renewAts, notBefores, issuers, serials); err != nil {
 			return 0, nil, fmt.Errorf("record renewal times: %w", err)
 		}
 	}
@@ -198,17 +204,7 @@ WHERE c.id = f.id`, ids, renewAts, notBefores, issuers, serials); err != nil {
 	return marked, bad, err
 }
 
-// requeueForIssuance marks the certificates of the given rows due now (renew_at, so
-// that no later pass reads them again) and moves their domains back to 'pending' as a
-// first issuance would be (no ssl_renew_by: its tier is the first issuances'), with
-// the reason in ssl_error so that `status` says why the domain is being ordered.
-//
-// Rows another transaction holds locked are passed over: a certificate row is left
-// for the next pass to read again; a domain row whose certificate was marked is
-// requeued by requeueDue (the certificate is due now) once the lock is gone, as a
-// renewal, without the reason.
-func (q *Queue) requeueForIssuance(ctx context.Context, ids, reasons []string) (int64, error) {
-	tag, err := q.db.Exec(ctx, `
+var requeueForIssuanceSQL = `
 WITH b AS (
     SELECT * FROM unnest($1::uuid[], $2::text[]) AS b (id, reason)
 ), free AS (
@@ -230,7 +226,19 @@ UPDATE proxy_domains x SET
     ssl_status = 'pending', ssl_attempts = 0, ssl_error = d.reason, ssl_renew_by = NULL,
     updated_at = now()
 FROM d
-WHERE x.id = d.id`, ids, reasons)
+WHERE x.id = d.id`
+
+// requeueForIssuance marks the certificates of the given rows due now (renew_at, so
+// that no later pass reads them again) and moves their domains back to 'pending' as a
+// first issuance would be (no ssl_renew_by: its tier is the first issuances'), with
+// the reason in ssl_error so that `status` says why the domain is being ordered.
+//
+// Rows another transaction holds locked are passed over: a certificate row is left
+// for the next pass to read again; a domain row whose certificate was marked is
+// requeued by requeueDue (the certificate is due now) once the lock is gone, as a
+// renewal, without the reason.
+func (q *Queue) requeueForIssuance(ctx context.Context, ids, reasons []string) (int64, error) {
+	tag, err := q.db.Exec(ctx, requeueForIssuanceSQL, ids, reasons)
 	if err != nil {
 		return 0, fmt.Errorf("mark unusable certificates due for issuance: %w", err)
 	}

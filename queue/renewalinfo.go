@@ -59,24 +59,7 @@ type RenewalInfoCandidate struct {
 	version *int64
 }
 
-// ClaimRenewalInfo claims the reads of up to n certificates whose renewal information
-// is due (ari_next_at passed), still valid, of verified active ACME domains that
-// renew automatically, the longest waiting first: it moves their ari_next_at
-// RenewalInfoHold ahead, in one statement with FOR UPDATE SKIP LOCKED, so that
-// instances claiming together take different rows, and none asks the CA about a
-// certificate another is asking about.
-//
-// In the same statement it moves due rows that are not to be asked about out of the
-// way (up to renewalInfoSweep): an expired certificate, one that no longer renews
-// automatically or whose domain is gone is never asked about again (ari_next_at
-// NULL, as RFC 9773 §4.3 advises); one whose domain is not active now (a renewal
-// under way, a failure) is looked at again in renewalInfoIneligibleIn. It returns the
-// claimed reads and how many rows it moved out of the way.
-func (q *Queue) ClaimRenewalInfo(ctx context.Context, n int) ([]RenewalInfoCandidate, int, error) {
-	if n <= 0 {
-		return nil, 0, nil
-	}
-	rows, err := q.db.Query(ctx, `
+var claimRenewalInfoSQL = `
 WITH scanned AS (
     SELECT c.id, c.ari_next_at, d.id AS domain_id,
            COALESCE(c.expires_at > now() AND c.renew_at IS NOT NULL AND c.auto_renew
@@ -100,7 +83,26 @@ FROM ranked r
 WHERE c.id = r.id AND (NOT r.eligible OR r.rank <= $1)
 RETURNING r.eligible, c.id::text, r.domain_id::text, c.domain, CASE WHEN r.eligible THEN c.certificate_pem END,
           COALESCE(c.not_before, c.expires_at), c.expires_at, c.renew_at, now(), c.serial, c.version,
-          COALESCE(c.issuer_directory, '')`,
+          COALESCE(c.issuer_directory, '')`
+
+// ClaimRenewalInfo claims the reads of up to n certificates whose renewal information
+// is due (ari_next_at passed), still valid, of verified active ACME domains that
+// renew automatically, the longest waiting first: it moves their ari_next_at
+// RenewalInfoHold ahead, in one statement with FOR UPDATE SKIP LOCKED, so that
+// instances claiming together take different rows, and none asks the CA about a
+// certificate another is asking about.
+//
+// In the same statement it moves due rows that are not to be asked about out of the
+// way (up to renewalInfoSweep): an expired certificate, one that no longer renews
+// automatically or whose domain is gone is never asked about again (ari_next_at
+// NULL, as RFC 9773 §4.3 advises); one whose domain is not active now (a renewal
+// under way, a failure) is looked at again in renewalInfoIneligibleIn. It returns the
+// claimed reads and how many rows it moved out of the way.
+func (q *Queue) ClaimRenewalInfo(ctx context.Context, n int) ([]RenewalInfoCandidate, int, error) {
+	if n <= 0 {
+		return nil, 0, nil
+	}
+	rows, err := q.db.Query(ctx, claimRenewalInfoSQL,
 		n, n+renewalInfoSweep, seconds(RenewalInfoHold), seconds(renewalInfoIneligibleIn))
 	if err != nil {
 		return nil, 0, fmt.Errorf("claim renewal-information reads: %w", err)
@@ -134,13 +136,15 @@ RETURNING r.eligible, c.id::text, r.domain_id::text, c.domain, CASE WHEN r.eligi
 	return out, swept, nil
 }
 
+var nextRenewalInfoSQL = `
+SELECT ` + secondsUntilSQL(`(SELECT min(ari_next_at) FROM proxy_certificates WHERE ari_next_at IS NOT NULL)`)
+
 // NextRenewalInfo is how long until the next renewal-information read falls due, on
 // the database's clock (0: one is due now); ok is false when none is scheduled. One
 // read of the index on ari_next_at.
 func (q *Queue) NextRenewalInfo(ctx context.Context) (d time.Duration, ok bool, err error) {
 	var secs *float64
-	if err := q.db.QueryRow(ctx, `
-SELECT `+secondsUntilSQL(`(SELECT min(ari_next_at) FROM proxy_certificates WHERE ari_next_at IS NOT NULL)`)).
+	if err := q.db.QueryRow(ctx, nextRenewalInfoSQL).
 		Scan(&secs); err != nil {
 		return 0, false, fmt.Errorf("next renewal-information read: %w", err)
 	}
@@ -150,20 +154,7 @@ SELECT `+secondsUntilSQL(`(SELECT min(ari_next_at) FROM proxy_certificates WHERE
 	return durationFromSeconds(*secs), true, nil
 }
 
-// RecordRenewalInfo records what the CA said of the claimed certificate c's renewal
-// window, and returns how long until the row's renewal time, on the database's clock.
-// A renewal time that moved earlier also moves the domain's urgency (ssl_renew_by),
-// so that a certificate the CA is about to revoke is renewed before first issuances;
-// the domain's row is written only then.
-//
-// Written only while the row holds the certificate that was asked about: the same
-// serial and the same version (the trigger of migration 00007 draws a new version
-// whenever the certificate, its key or its domain changes, including an upload that
-// keeps a stale serial). A certificate replaced meanwhile keeps its own schedule, and
-// the call returns ErrCertificateReplaced.
-func (q *Queue) RecordRenewalInfo(ctx context.Context, c RenewalInfoCandidate, info issuing.RenewalInfo) (time.Duration, error) {
-	var renewIn float64
-	err := q.db.QueryRow(ctx, `
+var recordRenewalInfoSQL = `
 WITH c AS (
     UPDATE proxy_certificates SET
         renew_at = CASE WHEN $7 THEN LEAST(renew_at, now()) ELSE LEAST(renew_at, $2) END,
@@ -178,7 +169,22 @@ WITH c AS (
     WHERE d.domain = c.domain AND c.ari_window_end IS NOT NULL
       AND (d.ssl_renew_by IS NULL OR c.ari_window_end < d.ssl_renew_by)
 )
-SELECT `+secondsUntilSQL("renew_at")+` FROM c`,
+SELECT ` + secondsUntilSQL("renew_at") + ` FROM c`
+
+// RecordRenewalInfo records what the CA said of the claimed certificate c's renewal
+// window, and returns how long until the row's renewal time, on the database's clock.
+// A renewal time that moved earlier also moves the domain's urgency (ssl_renew_by),
+// so that a certificate the CA is about to revoke is renewed before first issuances;
+// the domain's row is written only then.
+//
+// Written only while the row holds the certificate that was asked about: the same
+// serial and the same version (the trigger of migration 00007 draws a new version
+// whenever the certificate, its key or its domain changes, including an upload that
+// keeps a stale serial). A certificate replaced meanwhile keeps its own schedule, and
+// the call returns ErrCertificateReplaced.
+func (q *Queue) RecordRenewalInfo(ctx context.Context, c RenewalInfoCandidate, info issuing.RenewalInfo) (time.Duration, error) {
+	var renewIn float64
+	err := q.db.QueryRow(ctx, recordRenewalInfoSQL,
 		c.ID, nullTime(info.RenewAt), nullTime(info.WindowEnd), nullSeconds(info.NextIn), c.serial, c.version, info.RenewNow,
 		nullTime(info.WindowStart)).Scan(&renewIn)
 	if errors.Is(err, pgx.ErrNoRows) {

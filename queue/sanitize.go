@@ -145,6 +145,8 @@ func sanitizeWithTail(head, tail string, ascii bool) string {
 	return head + " " + tail
 }
 
+var asciiOnlySQL = `SHOW server_encoding`
+
 func (q *Queue) asciiOnly(ctx context.Context) bool {
 	q.enc.mu.Lock()
 	defer q.enc.mu.Unlock()
@@ -152,7 +154,7 @@ func (q *Queue) asciiOnly(ctx context.Context) bool {
 		return q.enc.asciiOnly
 	}
 	var enc string
-	if err := q.db.QueryRow(ctx, `SHOW server_encoding`).Scan(&enc); err != nil {
+	if err := q.db.QueryRow(ctx, asciiOnlySQL).Scan(&enc); err != nil {
 		return true
 	}
 	q.enc.known = true

@@ -101,23 +101,25 @@ type Maintenance struct {
 	Reclaim *time.Duration
 }
 
-// NextMaintenance is when the maintenance steps next have work. The two are apart
-// because the worker may hold the reclaim back for a while (after an outage) while
-// renewals must not wait.
-func (q *Queue) NextMaintenance(ctx context.Context) (Maintenance, error) {
-	var renewals, reclaim *float64
-	err := q.db.QueryRow(ctx, `
-SELECT `+secondsUntilSQL(`LEAST(
+var nextMaintenanceSQL = `
+SELECT ` + secondsUntilSQL(`LEAST(
     (SELECT c.renew_at
        FROM proxy_certificates c JOIN proxy_domains d ON d.domain = c.domain
       WHERE c.auto_renew AND c.renew_at IS NOT NULL
         AND d.ssl_status = 'active' AND d.ssl_provider = 'acme' AND d.verification_status = 'verified'
       ORDER BY c.renew_at LIMIT 1),
-    (SELECT min(ssl_renew_by) FROM proxy_domains WHERE ssl_queue_tier = 3 AND `+claimableSQL+`))`)+`,
-    `+secondsUntilSQL(`
+    (SELECT min(ssl_renew_by) FROM proxy_domains WHERE ssl_queue_tier = 3 AND `+claimableSQL+`))`) + `,
+    ` + secondsUntilSQL(`
     (SELECT min(COALESCE(`+leaseEndSQL("proxy_domains", "$2")+`,
                          COALESCE(ssl_last_attempt_at, updated_at) + make_interval(secs => $1)))
-       FROM proxy_domains WHERE ssl_status = 'provisioning' AND ssl_provider = 'acme')`),
+       FROM proxy_domains WHERE ssl_status = 'provisioning' AND ssl_provider = 'acme')`)
+
+// NextMaintenance is when the maintenance steps next have work. The two are apart
+// because the worker may hold the reclaim back for a while (after an outage) while
+// renewals must not wait.
+func (q *Queue) NextMaintenance(ctx context.Context) (Maintenance, error) {
+	var renewals, reclaim *float64
+	err := q.db.QueryRow(ctx, nextMaintenanceSQL,
 		seconds(unleasedGrace), seconds(q.cfg.Lease)).Scan(&renewals, &reclaim)
 	if err != nil {
 		return Maintenance{}, fmt.Errorf("next maintenance: %w", err)
@@ -133,6 +135,20 @@ func optionalDuration(secs *float64) *time.Duration {
 	return &d
 }
 
+var promoteUrgentRenewalsSQL = `
+WITH due AS (
+    SELECT id, tenant_id, ssl_renew_by FROM proxy_domains
+    WHERE ssl_queue_tier = 3 AND ` + claimableSQL + ` AND ssl_renew_by <= now()
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+), placed AS (
+    SELECT l.id, ` + placeSQL("l.tenant_id", "1") + `
+        + row_number() OVER (PARTITION BY l.tenant_id ORDER BY l.ssl_renew_by, l.id) - 1 AS seq
+    FROM due l
+)
+UPDATE proxy_domains d SET ssl_queue_tier = 1, ssl_queue_seq = p.seq
+FROM placed p WHERE d.id = p.id`
+
 // PromoteUrgentRenewals moves renewals that waited behind first issuances until
 // their renewal became urgent (ssl_renew_by passed) to the front tier, and returns
 // how many. The tier is set when a row enters the queue; time alone changes this one.
@@ -142,19 +158,7 @@ func optionalDuration(secs *float64) *time.Duration {
 func (q *Queue) PromoteUrgentRenewals(ctx context.Context) (int64, error) {
 	var total int64
 	for {
-		tag, err := q.db.Exec(ctx, `
-WITH due AS (
-    SELECT id, tenant_id, ssl_renew_by FROM proxy_domains
-    WHERE ssl_queue_tier = 3 AND `+claimableSQL+` AND ssl_renew_by <= now()
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED
-), placed AS (
-    SELECT l.id, `+placeSQL("l.tenant_id", "1")+`
-        + row_number() OVER (PARTITION BY l.tenant_id ORDER BY l.ssl_renew_by, l.id) - 1 AS seq
-    FROM due l
-)
-UPDATE proxy_domains d SET ssl_queue_tier = 1, ssl_queue_seq = p.seq
-FROM placed p WHERE d.id = p.id`, fillBatch)
+		tag, err := q.db.Exec(ctx, promoteUrgentRenewalsSQL, fillBatch)
 		if err != nil {
 			return total, fmt.Errorf("promote urgent renewals: %w", err)
 		}

@@ -12,6 +12,14 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+var wakeModeSQL = `SELECT wake FROM certworker_settings WHERE id`
+
+var setWakeModeSQL = `
+WITH old AS (SELECT wake FROM certworker_settings WHERE id)
+INSERT INTO certworker_settings (id, wake, updated_at) VALUES (true, $1, now())
+ON CONFLICT (id) DO UPDATE SET wake = EXCLUDED.wake, updated_at = EXCLUDED.updated_at
+RETURNING (SELECT wake FROM old)`
+
 // SetWakeMode records mode (WakeNotify or WakeLogical) in certworker_settings, which
 // decides whether the wake trigger notifies, and returns the mode that was in force
 // before (WakeNotify where none was recorded). `certworker run` calls it once its wake
@@ -30,7 +38,7 @@ func (q *Queue) SetWakeMode(ctx context.Context, mode string) (previous string, 
 		return "", fmt.Errorf("set wake mode: %q is neither %s nor %s", mode, issuing.WakeNotify, issuing.WakeLogical)
 	}
 	current := issuing.WakeNotify
-	err = q.db.QueryRow(ctx, `SELECT wake FROM certworker_settings WHERE id`).Scan(&current)
+	err = q.db.QueryRow(ctx, wakeModeSQL).Scan(&current)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return "", fmt.Errorf("read wake mode: %w", err)
 	}
@@ -40,11 +48,7 @@ func (q *Queue) SetWakeMode(ctx context.Context, mode string) (previous string, 
 	// The CTE reads the row as it was before the statement, so that an instance
 	// switching at the same moment is reported too.
 	var prev *string
-	err = q.db.QueryRow(ctx, `
-WITH old AS (SELECT wake FROM certworker_settings WHERE id)
-INSERT INTO certworker_settings (id, wake, updated_at) VALUES (true, $1, now())
-ON CONFLICT (id) DO UPDATE SET wake = EXCLUDED.wake, updated_at = EXCLUDED.updated_at
-RETURNING (SELECT wake FROM old)`, mode).Scan(&prev)
+	err = q.db.QueryRow(ctx, setWakeModeSQL, mode).Scan(&prev)
 	if err != nil {
 		return "", fmt.Errorf("record wake mode in certworker_settings (the worker's role needs INSERT and UPDATE on it to switch modes): %w", err)
 	}
@@ -63,6 +67,16 @@ type FleetSettings struct {
 	Limits      issuing.Limits
 }
 
+var recordSettingsSQL = `
+WITH old AS (SELECT retry_base_seconds, retry_max_seconds, max_attempts, limits FROM certworker_settings WHERE id)
+INSERT INTO certworker_settings (id, retry_base_seconds, retry_max_seconds, max_attempts, limits, updated_at)
+VALUES (true, $1, $2, $3, $4, now())
+ON CONFLICT (id) DO UPDATE SET
+    retry_base_seconds = EXCLUDED.retry_base_seconds, retry_max_seconds = EXCLUDED.retry_max_seconds,
+    max_attempts = EXCLUDED.max_attempts, limits = EXCLUDED.limits, updated_at = EXCLUDED.updated_at
+RETURNING (SELECT retry_base_seconds FROM old), (SELECT retry_max_seconds FROM old),
+    (SELECT max_attempts FROM old), (SELECT limits FROM old)`
+
 // RecordSettings writes s as the fleet's settings and returns what was recorded
 // before (ok false when nothing was). `certworker run` calls it at start, so the last
 // instance started decides, as for --wake; an instance that sees them change should
@@ -73,15 +87,7 @@ func (q *Queue) RecordSettings(ctx context.Context, s FleetSettings) (prev Fleet
 		return prev, false, fmt.Errorf("record settings: %w", err)
 	}
 	var old storedSettings
-	err = q.db.QueryRow(ctx, `
-WITH old AS (SELECT retry_base_seconds, retry_max_seconds, max_attempts, limits FROM certworker_settings WHERE id)
-INSERT INTO certworker_settings (id, retry_base_seconds, retry_max_seconds, max_attempts, limits, updated_at)
-VALUES (true, $1, $2, $3, $4, now())
-ON CONFLICT (id) DO UPDATE SET
-    retry_base_seconds = EXCLUDED.retry_base_seconds, retry_max_seconds = EXCLUDED.retry_max_seconds,
-    max_attempts = EXCLUDED.max_attempts, limits = EXCLUDED.limits, updated_at = EXCLUDED.updated_at
-RETURNING (SELECT retry_base_seconds FROM old), (SELECT retry_max_seconds FROM old),
-    (SELECT max_attempts FROM old), (SELECT limits FROM old)`,
+	err = q.db.QueryRow(ctx, recordSettingsSQL,
 		seconds(s.RetryBase), seconds(s.RetryMax), s.MaxAttempts, limits).Scan(old.dest()...)
 	if err != nil {
 		return prev, false, fmt.Errorf("record settings in certworker_settings: %w", err)
@@ -112,11 +118,13 @@ func (s *storedSettings) settings() (FleetSettings, bool, error) {
 	return f, true, nil
 }
 
+var settingsSQL = `
+SELECT retry_base_seconds, retry_max_seconds, max_attempts, limits FROM certworker_settings WHERE id`
+
 // Settings reads the fleet's settings; ok is false when no worker has recorded any.
 func (q *Queue) Settings(ctx context.Context) (s FleetSettings, ok bool, err error) {
 	var stored storedSettings
-	err = q.db.QueryRow(ctx, `
-SELECT retry_base_seconds, retry_max_seconds, max_attempts, limits FROM certworker_settings WHERE id`).
+	err = q.db.QueryRow(ctx, settingsSQL).
 		Scan(stored.dest()...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, false, nil
@@ -129,6 +137,11 @@ SELECT retry_base_seconds, retry_max_seconds, max_attempts, limits FROM certwork
 
 func secondsDuration(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
+var recordDNS01ZoneSQL = `
+INSERT INTO certworker_settings (id, dns01_zone, updated_at) VALUES (true, $1, now())
+ON CONFLICT (id) DO UPDATE SET dns01_zone = EXCLUDED.dns01_zone, updated_at = EXCLUDED.updated_at
+WHERE certworker_settings.dns01_zone IS DISTINCT FROM EXCLUDED.dns01_zone`
+
 // RecordDNS01Zone records --dns01-zone in certworker_settings ("" records that DNS-01
 // is off), where certworker_dns01_target reads it: the database does not know the
 // flag. It writes only when the value changes. As for the other settings, the last
@@ -139,10 +152,7 @@ func (q *Queue) RecordDNS01Zone(ctx context.Context, zone string) error {
 	if zone != "" {
 		stored = &zone
 	}
-	_, err := q.db.Exec(ctx, `
-INSERT INTO certworker_settings (id, dns01_zone, updated_at) VALUES (true, $1, now())
-ON CONFLICT (id) DO UPDATE SET dns01_zone = EXCLUDED.dns01_zone, updated_at = EXCLUDED.updated_at
-WHERE certworker_settings.dns01_zone IS DISTINCT FROM EXCLUDED.dns01_zone`, stored)
+	_, err := q.db.Exec(ctx, recordDNS01ZoneSQL, stored)
 	if err != nil {
 		return fmt.Errorf("record --dns01-zone in certworker_settings: %w", err)
 	}

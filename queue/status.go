@@ -105,10 +105,12 @@ func (q *Queue) curve(ctx context.Context) (issuing.Config, error) {
 const troubleColumnsSQL = `id, tenant_id, domain, verification_status, ssl_provider, ssl_status, ssl_attempts, ssl_error,
         ssl_last_attempt_at, ssl_profile`
 
+var countsSQL = `SELECT ssl_status, count(*) FROM proxy_domains WHERE ssl_provider = 'acme' GROUP BY 1`
+
 // counts is the number of acme domains in each ssl_status.
 func (q *Queue) counts(ctx context.Context) (Counts, error) {
 	var c Counts
-	rows, err := q.db.Query(ctx, `SELECT ssl_status, count(*) FROM proxy_domains WHERE ssl_provider = 'acme' GROUP BY 1`)
+	rows, err := q.db.Query(ctx, countsSQL)
 	if err != nil {
 		return c, fmt.Errorf("count domains: %w", err)
 	}
@@ -136,6 +138,31 @@ func (q *Queue) counts(ctx context.Context) (Counts, error) {
 	return c, nil
 }
 
+var overviewSQL = `
+SELECT d.id::text, d.domain, d.ssl_status, d.ssl_attempts, d.ssl_error, d.ssl_last_attempt_at,
+    ` + nextAttemptAtSQL("$1", "$2", "$3") + `, pz.paused_until, pz.reason,
+    d.ssl_profile, (SELECT c.profile FROM proxy_certificates c WHERE c.domain = d.domain)
+FROM (
+    SELECT ` + troubleColumnsSQL + ` FROM proxy_domains
+    WHERE ssl_provider = 'acme'
+      AND (ssl_status = 'failed' OR (ssl_status = 'pending' AND (ssl_attempts <> 0 OR ssl_error IS NOT NULL)))
+    UNION
+    SELECT ` + troubleColumnsSQL + ` FROM proxy_domains x
+    WHERE ` + claimableSQL + `
+      AND EXISTS (SELECT 1 FROM certworker_pauses WHERE scope <> 'ca' AND paused_until > now())
+      AND EXISTS (SELECT 1 FROM certworker_pauses p
+                  WHERE p.paused_until > now()
+                    AND ((p.scope IN ('registered_domain', 'domain')
+                          AND p.key = ANY (certworker_suffixes(x.domain))
+                          AND (p.scope = 'registered_domain' OR p.key = lower(x.domain)))
+                         OR (p.scope = '` + issuing.ScopeTenant + `' AND p.key = x.tenant_id::text)))
+    UNION
+    SELECT ` + troubleColumnsSQL + ` FROM proxy_domains
+    WHERE ssl_profile_refused IS NOT NULL AND ssl_profile = ssl_profile_refused
+      AND ssl_provider = 'acme' AND ssl_status = 'active'
+) d ` + pauseSQL + `
+ORDER BY d.ssl_last_attempt_at DESC NULLS LAST, d.domain`
+
 // Overview counts acme domains by state and lists every domain that is retrying
 // (pending with a failure behind it), failed, held back by a pause of its name or
 // registered domain, or active under its certificate's profile because the CA does not
@@ -155,30 +182,7 @@ func (q *Queue) Overview(ctx context.Context) (*Overview, error) {
 	// retrying rows; due rows under a pause of their name or registered domain, looked
 	// for only while such a pause exists), and only they are matched with the pauses:
 	// matching every row of a million would take seconds.
-	rows, err := q.db.Query(ctx, `
-SELECT d.id::text, d.domain, d.ssl_status, d.ssl_attempts, d.ssl_error, d.ssl_last_attempt_at,
-    `+nextAttemptAtSQL("$1", "$2", "$3")+`, pz.paused_until, pz.reason,
-    d.ssl_profile, (SELECT c.profile FROM proxy_certificates c WHERE c.domain = d.domain)
-FROM (
-    SELECT `+troubleColumnsSQL+` FROM proxy_domains
-    WHERE ssl_provider = 'acme'
-      AND (ssl_status = 'failed' OR (ssl_status = 'pending' AND (ssl_attempts <> 0 OR ssl_error IS NOT NULL)))
-    UNION
-    SELECT `+troubleColumnsSQL+` FROM proxy_domains x
-    WHERE `+claimableSQL+`
-      AND EXISTS (SELECT 1 FROM certworker_pauses WHERE scope <> 'ca' AND paused_until > now())
-      AND EXISTS (SELECT 1 FROM certworker_pauses p
-                  WHERE p.paused_until > now()
-                    AND ((p.scope IN ('registered_domain', 'domain')
-                          AND p.key = ANY (certworker_suffixes(x.domain))
-                          AND (p.scope = 'registered_domain' OR p.key = lower(x.domain)))
-                         OR (p.scope = '`+issuing.ScopeTenant+`' AND p.key = x.tenant_id::text)))
-    UNION
-    SELECT `+troubleColumnsSQL+` FROM proxy_domains
-    WHERE ssl_profile_refused IS NOT NULL AND ssl_profile = ssl_profile_refused
-      AND ssl_provider = 'acme' AND ssl_status = 'active'
-) d `+pauseSQL+`
-ORDER BY d.ssl_last_attempt_at DESC NULLS LAST, d.domain`,
+	rows, err := q.db.Query(ctx, overviewSQL,
 		cfg.MaxAttempts, seconds(cfg.RetryBase), seconds(cfg.RetryMax))
 	if err != nil {
 		return nil, fmt.Errorf("list failing domains: %w", err)
@@ -211,12 +215,14 @@ ORDER BY d.ssl_last_attempt_at DESC NULLS LAST, d.domain`,
 	return o, nil
 }
 
-// issuerCounts counts the certificates of acme domains by the CA that issued them.
-func (q *Queue) issuerCounts(ctx context.Context) ([]IssuerCount, error) {
-	rows, err := q.db.Query(ctx, `
+var issuerCountsSQL = `
 SELECT COALESCE(c.issuer_directory, ''), count(*)
 FROM proxy_certificates c JOIN proxy_domains d ON d.domain = c.domain AND d.ssl_provider = 'acme'
-GROUP BY 1 ORDER BY 2 DESC, 1`)
+GROUP BY 1 ORDER BY 2 DESC, 1`
+
+// issuerCounts counts the certificates of acme domains by the CA that issued them.
+func (q *Queue) issuerCounts(ctx context.Context) ([]IssuerCount, error) {
+	rows, err := q.db.Query(ctx, issuerCountsSQL)
 	if err != nil {
 		return nil, fmt.Errorf("count certificates by CA: %w", err)
 	}
@@ -231,13 +237,15 @@ GROUP BY 1 ORDER BY 2 DESC, 1`)
 	return append([]IssuerCount{}, out...), nil
 }
 
+var profileCountsSQL = `
+SELECT ssl_profile, count(*), count(*) FILTER (WHERE ssl_profile = ssl_profile_refused)
+FROM proxy_domains WHERE ssl_profile IS NOT NULL AND ssl_provider = 'acme'
+GROUP BY 1 ORDER BY 2 DESC, 1`
+
 // profileCounts counts the acme domains naming each profile of their own, through
 // migration 00014's partial index (domains on --acme-profile are not read).
 func (q *Queue) profileCounts(ctx context.Context) ([]ProfileCount, error) {
-	rows, err := q.db.Query(ctx, `
-SELECT ssl_profile, count(*), count(*) FILTER (WHERE ssl_profile = ssl_profile_refused)
-FROM proxy_domains WHERE ssl_profile IS NOT NULL AND ssl_provider = 'acme'
-GROUP BY 1 ORDER BY 2 DESC, 1`)
+	rows, err := q.db.Query(ctx, profileCountsSQL)
 	if err != nil {
 		return nil, fmt.Errorf("count profiles: %w", err)
 	}
@@ -252,11 +260,13 @@ GROUP BY 1 ORDER BY 2 DESC, 1`)
 	return append([]ProfileCount{}, out...), nil
 }
 
+var listPausesSQL = `
+SELECT scope, key, source, paused_until, reason, directory FROM certworker_pauses
+WHERE paused_until > now() ORDER BY paused_until DESC`
+
 // Pauses are the pauses in force, the one that ends last first.
 func (q *Queue) Pauses(ctx context.Context) ([]issuing.PauseState, error) {
-	rows, err := q.db.Query(ctx, `
-SELECT scope, key, source, paused_until, reason, directory FROM certworker_pauses
-WHERE paused_until > now() ORDER BY paused_until DESC`)
+	rows, err := q.db.Query(ctx, listPausesSQL)
 	if err != nil {
 		return nil, fmt.Errorf("list pauses: %w", err)
 	}
@@ -327,6 +337,21 @@ type DomainState struct {
 	keeps bool
 }
 
+var stateSQL = `
+SELECT d.id::text, d.tenant_id::text, d.domain, d.verification_status, d.ssl_status, d.ssl_provider,
+    d.ssl_attempts, d.ssl_error, d.ssl_last_attempt_at, ` + nextAttemptAtSQL("$2", "$3", "$4") + `,
+    pz.paused_until, pz.reason,
+    d.ssl_expires_at, d.ssl_claimed_by, ` + finiteSQL("d.ssl_lease_expires_at") + `, d.ssl_profile, d.ssl_profile_refused,
+    c.id IS NOT NULL, c.issuer, c.serial, c.not_before, c.expires_at,
+    CASE WHEN c.expires_at IS NULL THEN c.certificate_pem END, c.renew_at, COALESCE(c.auto_renew, false),
+    c.profile, c.issuer_directory, d.ssl_ca_directory, d.ssl_ca_cause, d.ssl_ca_refused,
+    ` + twinCountsSQL("d") + ` AND ` + KeepsNameSQL("d") + `,
+    ds.challenge, ds.challenge_reason
+FROM proxy_domains d LEFT JOIN proxy_certificates c ON c.domain = d.domain
+LEFT JOIN certworker_dns_state ds ON ds.domain_id = d.id ` + pauseSQL + `
+WHERE lower(d.domain) = lower($1)
+ORDER BY d.domain`
+
 // State is one domain's whole state and its certificate, by name in any case. It
 // returns ErrNotFound for an unknown name, and an *AmbiguousError naming them all when
 // rows that differ only in case match it and pickTwin cannot tell which is meant:
@@ -336,20 +361,7 @@ func (q *Queue) State(ctx context.Context, domain string) (*DomainState, error) 
 	if err != nil {
 		return nil, err
 	}
-	rows, err := q.db.Query(ctx, `
-SELECT d.id::text, d.tenant_id::text, d.domain, d.verification_status, d.ssl_status, d.ssl_provider,
-    d.ssl_attempts, d.ssl_error, d.ssl_last_attempt_at, `+nextAttemptAtSQL("$2", "$3", "$4")+`,
-    pz.paused_until, pz.reason,
-    d.ssl_expires_at, d.ssl_claimed_by, `+finiteSQL("d.ssl_lease_expires_at")+`, d.ssl_profile, d.ssl_profile_refused,
-    c.id IS NOT NULL, c.issuer, c.serial, c.not_before, c.expires_at,
-    CASE WHEN c.expires_at IS NULL THEN c.certificate_pem END, c.renew_at, COALESCE(c.auto_renew, false),
-    c.profile, c.issuer_directory, d.ssl_ca_directory, d.ssl_ca_cause, d.ssl_ca_refused,
-    `+twinCountsSQL("d")+` AND `+KeepsNameSQL("d")+`,
-    ds.challenge, ds.challenge_reason
-FROM proxy_domains d LEFT JOIN proxy_certificates c ON c.domain = d.domain
-LEFT JOIN certworker_dns_state ds ON ds.domain_id = d.id `+pauseSQL+`
-WHERE lower(d.domain) = lower($1)
-ORDER BY d.domain`, domain,
+	rows, err := q.db.Query(ctx, stateSQL, domain,
 		cfg.MaxAttempts, seconds(cfg.RetryBase), seconds(cfg.RetryMax))
 	if err != nil {
 		return nil, fmt.Errorf("read domain: %w", err)

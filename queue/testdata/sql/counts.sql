@@ -1,0 +1,1 @@
+SELECT ssl_status, count(*) FROM proxy_domains WHERE ssl_provider = 'acme' GROUP BY 1

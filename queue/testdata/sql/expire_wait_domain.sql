@@ -1,0 +1,3 @@
+
+UPDATE proxy_domains SET ssl_status = 'failed', ssl_held = NULL, ssl_error = $2, updated_at = now()
+WHERE id = $1::uuid AND verification_status = 'verified' AND ssl_provider = 'acme' AND ssl_status = 'pending' AND ssl_held = 'dns'

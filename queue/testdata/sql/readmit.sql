@@ -1,0 +1,2 @@
+
+DELETE FROM certworker_ledger WHERE directory = $1 AND claim_token = $2

@@ -1,0 +1,4 @@
+
+UPDATE proxy_domains SET ssl_ca_refused = $3, ssl_ca_refused_cause = $4
+WHERE id = $1 AND ssl_claim_token = $2 AND ssl_status = 'provisioning' AND ssl_provider = 'acme'
+RETURNING 1

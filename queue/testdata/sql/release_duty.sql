@@ -1,0 +1,1 @@
+DELETE FROM certworker_fleet_duties WHERE duty = $1 AND holder = $2

@@ -1,0 +1,1 @@
+SELECT count(*) FROM certworker_queue_for_issuance($1, $2)

@@ -1,0 +1,1 @@
+SELECT wake FROM certworker_settings WHERE id
