@@ -13,10 +13,40 @@ import (
 // claimOrderSQL is the claim's order of service (see claimSQL).
 const claimOrderSQL = `ORDER BY COALESCE(d.ssl_queue_tier, 2), COALESCE(d.ssl_queue_seq, 0), d.ssl_queued_at DESC NULLS LAST`
 
-// inLineSQL is the set the claim reads (proxy_domains_line_idx): claimable rows that
-// no failure, pause or backoff has taken out of line (ssl_held, migration 00015).
-const inLineSQL = `d.verification_status = 'verified' AND d.ssl_provider = 'acme' AND d.ssl_status = 'pending'
-      AND d.ssl_held IS NULL`
+// column is column c of row x, or c alone for the row of a statement without alias
+// (x "").
+func column(x, c string) string {
+	if x == "" {
+		return c
+	}
+	return x + "." + c
+}
+
+// managedSQL: row x is a domain certworker orders for, verified and acme. Only such
+// rows count among case twins (twinCountsSQL) and in the fleet's figures.
+func managedSQL(x string) string {
+	return column(x, "verification_status") + ` = 'verified' AND ` + column(x, "ssl_provider") + ` = 'acme'`
+}
+
+// claimableAsSQL: row x is in the claimable set, managed and pending: what the wake
+// trigger, the claim and the partial indexes of the queue agree on.
+func claimableAsSQL(x string) string {
+	return managedSQL(x) + ` AND ` + column(x, "ssl_status") + ` = 'pending'`
+}
+
+// claimableSQL is claimableAsSQL of a statement's only row.
+var claimableSQL = claimableAsSQL("")
+
+// inLineAsSQL: row x is in line, the set the claim reads (proxy_domains_line_idx):
+// claimable, and not taken out of line by a failure, a pause or a backoff (ssl_held).
+// The wake trigger's place in line (certworker_queue_place) reads the same set.
+func inLineAsSQL(x string) string {
+	return claimableAsSQL(x) + `
+      AND ` + column(x, "ssl_held") + ` IS NULL`
+}
+
+// inLineSQL is inLineAsSQL of row d.
+var inLineSQL = inLineAsSQL("d")
 
 // readySQL: the backoff of CONTRACT.md §5 has run out for row x, computed from its
 // own ssl_attempts with the same parameters as Config.Backoff ($2, $3).
@@ -50,20 +80,12 @@ func heldByPauseSQL(x, dir string) string {
 // maxPlaceSQL is the top of bigint, the last place in line there is.
 const maxPlaceSQL = `9223372036854775807`
 
-// placeSQL is the place of a row of tenant entering tier in line: one past the
-// tenant's last place in the tier, and never before the tier's clock, its first place
-// in line. The wake trigger (migrations/functions/certworker_queued.sql) computes the
-// same. Places are clamped at maxPlaceSQL: a hand-edited place at the top of bigint
-// must not make the arithmetic fail (22003), which would stop every claim.
+// placeSQL is the place in line of a row of tenant entering tier: the wake
+// trigger's rule, certworker_queue_place, which is the one definition of it (one past
+// the tenant's last place in line in the tier, never before the tier's front, clamped
+// below maxPlaceSQL).
 func placeSQL(tenant, tier string) string {
-	return `GREATEST(
-            COALESCE((SELECT COALESCE(d.ssl_queue_seq, 0) FROM proxy_domains d
-                      WHERE ` + inLineSQL + ` AND COALESCE(d.ssl_queue_tier, 2) = ` + tier + `
-                      ORDER BY COALESCE(d.ssl_queue_tier, 2), COALESCE(d.ssl_queue_seq, 0) LIMIT 1), 0),
-            COALESCE((SELECT LEAST(COALESCE(d.ssl_queue_seq, 0), ` + maxPlaceSQL + ` - 1) + 1 FROM proxy_domains d
-                      WHERE ` + inLineSQL + ` AND d.tenant_id = ` + tenant + ` AND COALESCE(d.ssl_queue_tier, 2) = ` + tier + `
-                      ORDER BY d.tenant_id DESC, COALESCE(d.ssl_queue_tier, 2) DESC, COALESCE(d.ssl_queue_seq, 0) DESC
-                      LIMIT 1), 0))`
+	return `certworker_queue_place(` + tenant + `, ` + tier + `)`
 }
 
 // pauseOfFirstSQL matches a pause p in force of the first CA ($7) that holds row d
@@ -126,9 +148,7 @@ const nextAttemptSQL = "(LEAST(GREATEST(ssl_attempts, 0), 2147483646) + 1)"
 
 // twinCountsSQL is true when row o (an alias of proxy_domains) is a case twin that
 // counts: verified and acme.
-func twinCountsSQL(o string) string {
-	return o + `.verification_status = 'verified' AND ` + o + `.ssl_provider = 'acme'`
-}
+func twinCountsSQL(o string) string { return managedSQL(o) }
 
 // twinRankSQL is the rank of row x among its twins, smaller first: holding a
 // certificate, then the time it became verified and acme, then its id.
@@ -223,10 +243,6 @@ func tenantReservePauseSQL(p, x, directory, second string) string {
          AND ` + p + `.key = ` + x + `.tenant_id::text AND NOT ` + renewalSQL(x+".domain", directory, second) + `)`
 }
 
-// claimableSQL is the claimable set: what the wake trigger, the claim and the partial
-// indexes of migration 00005 agree on.
-const claimableSQL = `verification_status = 'verified' AND ssl_provider = 'acme' AND ssl_status = 'pending'`
-
 // dueByBackoffSQL: the rows that fall due when their backoff runs out, those in line
 // and those held for their backoff. With claimableSQL it is the predicate of
 // proxy_domains_due_line_idx (migration 00023). A row held under a pause falls due
@@ -238,7 +254,7 @@ const dueByBackoffSQL = `(ssl_held IS NULL OR ssl_held = '` + HeldBackoff + `')`
 
 // routedUntilSQL is the earliest ssl_held_until of the rows the routed claim held out
 // (HeldRouted): when ReturnHeld next brings one back (proxy_domains_routed_idx).
-const routedUntilSQL = `(SELECT min(ssl_held_until) FROM proxy_domains
+var routedUntilSQL = `(SELECT min(ssl_held_until) FROM proxy_domains
      WHERE ` + claimableSQL + ` AND ssl_held = '` + HeldRouted + `')`
 
 // releaseClaimSQL is the part of every finishing write that drops the claim.
@@ -298,7 +314,7 @@ const heldSinceSQL = `CASE WHEN p.paused_until > now() THEN COALESCE(p.held_sinc
 // takes (failed, at the limit, not verified, not acme).
 func nextAttemptAtSQL(attempts, base, cap string) string {
 	return `CASE WHEN d.ssl_status = 'pending' AND d.ssl_attempts < ` + attempts + `
-              AND d.verification_status = 'verified' AND d.ssl_provider = 'acme'
+              AND ` + managedSQL("d") + `
          THEN GREATEST(COALESCE(d.ssl_last_attempt_at + make_interval(secs => ` + backoffSQL("d.ssl_attempts", base, cap) + `), now()),
                        pz.paused_until,
                        (SELECT s.next_check_at FROM certworker_dns_state s

@@ -44,7 +44,7 @@ func (q *Queue) FailExhausted(ctx context.Context) ([]issuing.BadRow, error) {
 
 var exhaustedRowsSQL = `
 SELECT id::text, domain, COALESCE(ssl_error, ''), ssl_attempts FROM proxy_domains
-WHERE verification_status = 'verified' AND ssl_provider = 'acme' AND ssl_status = 'pending'
+WHERE ` + claimableAsSQL("") + `
   AND ssl_attempts >= $1
 LIMIT $2
 FOR UPDATE SKIP LOCKED`

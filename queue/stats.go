@@ -132,14 +132,14 @@ func (q *Queue) FleetStatsReusing(ctx context.Context, directory string, last *F
 // certificate that has not expired (ssl_expires_at missing, or past: two range scans
 // of proxy_domains_fleet_idx, migration 00008), and the next expiry among the others
 // (the first entry of that index past now). None reads the settled majority.
-const statusCountsSQL = `
+var statusCountsSQL = `
 SELECT now(), u.pending, u.provisioning, u.failed,
        (SELECT count(*) FROM proxy_domains
-        WHERE ssl_provider = 'acme' AND verification_status = 'verified' AND ssl_expires_at IS NULL)
+        WHERE ` + managedSQL("") + ` AND ssl_expires_at IS NULL)
      + (SELECT count(*) FROM proxy_domains
-        WHERE ssl_provider = 'acme' AND verification_status = 'verified' AND ssl_expires_at <= now()),
+        WHERE ` + managedSQL("") + ` AND ssl_expires_at <= now()),
        (SELECT min(ssl_expires_at) FROM proxy_domains
-        WHERE ssl_provider = 'acme' AND verification_status = 'verified' AND ssl_expires_at > now())
+        WHERE ` + managedSQL("") + ` AND ssl_expires_at > now())
 FROM (SELECT count(*) FILTER (WHERE ssl_status = 'pending') AS pending,
              count(*) FILTER (WHERE ssl_status = 'provisioning') AS provisioning,
              count(*) FILTER (WHERE ssl_status = 'failed') AS failed
@@ -186,11 +186,11 @@ func readTotals(ctx context.Context, tx pgx.Tx, s *FleetStats, _ string) error {
 // certificates more than an hour past their renewal time (proxy_certificates_renew_idx),
 // which MarkRenewals leaves behind only when no worker runs. Neither reads the healthy
 // majority, whatever the certificates' lifetime.
-const expiringUnrenewedSQL = `
+var expiringUnrenewedSQL = `
 WITH late AS MATERIALIZED (
     SELECT d.ssl_expires_at AS expires
     FROM proxy_domains d
-    WHERE d.ssl_provider = 'acme' AND d.verification_status = 'verified'
+    WHERE ` + managedSQL("d") + `
       AND (d.ssl_status = 'failed' OR (d.ssl_status = 'pending' AND d.ssl_attempts > 0))
       AND d.ssl_expires_at > now()
       AND d.ssl_expires_at <= now() + make_interval(secs => $2)
@@ -199,7 +199,7 @@ WITH late AS MATERIALIZED (
     FROM proxy_certificates c
     JOIN proxy_domains d ON d.domain = c.domain
     WHERE c.auto_renew AND c.renew_at < now() - interval '1 hour'
-      AND d.ssl_provider = 'acme' AND d.verification_status = 'verified'
+      AND ` + managedSQL("d") + `
       AND d.ssl_status = 'active'
       AND d.ssl_expires_at > now()
       AND d.ssl_expires_at <= now() + make_interval(secs => $2)
@@ -223,9 +223,9 @@ func readExpiringUnrenewed(ctx context.Context, tx pgx.Tx, s *FleetStats, _ stri
 // pendingOverHourSQL counts the queue's rows that entered it more than $1 seconds ago
 // (ssl_queued_at, stamped by the wake trigger; updated_at for a row queued before
 // migration 00002). It reads the queue, through its partial indexes.
-const pendingOverHourSQL = `
+var pendingOverHourSQL = `
 SELECT count(*) FROM proxy_domains
-WHERE verification_status = 'verified' AND ssl_provider = 'acme' AND ssl_status = 'pending'
+WHERE ` + claimableAsSQL("") + `
   AND COALESCE(ssl_queued_at, updated_at) < now() - make_interval(secs => $1)`
 
 func readPendingOverHour(ctx context.Context, tx pgx.Tx, s *FleetStats, _ string) error {
@@ -243,13 +243,13 @@ func readPendingOverHour(ctx context.Context, tx pgx.Tx, s *FleetStats, _ string
 // building the array for every queued name), 'domain' by the name in lower case. The
 // queue is read only when a pause is in force (the uncorrelated EXISTS is a one-time
 // filter), so with none this reads nothing but certworker_pauses.
-const pausesSQL = `
+var pausesSQL = `
 WITH p AS MATERIALIZED (
     SELECT scope, key, paused_until FROM certworker_pauses
     WHERE paused_until > now() AND (scope = 'ca' AND key = $1 OR scope <> 'ca' AND directory IN ($1, ''))
 ), queued AS MATERIALIZED (
     SELECT lower(domain) AS name FROM proxy_domains
-    WHERE verification_status = 'verified' AND ssl_provider = 'acme' AND ssl_status = 'pending'
+    WHERE ` + claimableAsSQL("") + `
       AND EXISTS (SELECT 1 FROM p)
 )
 SELECT
