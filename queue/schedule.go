@@ -106,7 +106,7 @@ SELECT ` + secondsUntilSQL(`LEAST(
     (SELECT c.renew_at
        FROM proxy_certificates c JOIN proxy_domains d ON d.domain = c.domain
       WHERE c.auto_renew AND c.renew_at IS NOT NULL
-        AND d.ssl_status = 'active' AND ` + managedSQL("d") + `
+        AND d.ssl_status = 'active' AND `+managedSQL("d")+`
       ORDER BY c.renew_at LIMIT 1),
     (SELECT min(ssl_renew_by) FROM proxy_domains WHERE ssl_queue_tier = 3 AND `+claimableSQL+`))`) + `,
     ` + secondsUntilSQL(`
