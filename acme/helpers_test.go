@@ -21,6 +21,7 @@ import (
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/internal/pgtest"
+	"github.com/certworker/certworker/listener"
 	"github.com/certworker/certworker/queue"
 	"github.com/certworker/certworker/queue/issuing"
 )
@@ -59,8 +60,10 @@ func setup(t testing.TB, opts pebbletest.Options, respond bool) *bed {
 func (b *bed) respond(t testing.TB, pool *pgxpool.Pool, log *zap.Logger) {
 	t.Helper()
 	r := acme.NewResponder(pool, log, acme.ResponderOptions{})
-	require.NoError(t, r.Start(context.Background()))
-	t.Cleanup(r.Stop)
+	tokens := listener.New(pool, zap.NewNop(), listener.Options{})
+	tokens.Listen(acme.TokenChannel, r)
+	require.NoError(t, tokens.Start(context.Background()))
+	t.Cleanup(tokens.Stop)
 	b.serve(t, r)
 }
 

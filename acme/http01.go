@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"strings"
@@ -193,24 +192,14 @@ const (
 	// a table filled by mistake from filling the memory.
 	maxTokensLoaded = 10000
 
-	// tokenChannel is the notification channel of migration 00008's trigger.
-	tokenChannel = "certworker_http01"
-)
+	// rereadTimeout bounds the re-read of a notified token, on the listening
+	// connection: longer, and the connection is taken for lost.
+	rereadTimeout = 5 * time.Second
 
-// The token listener's connection policy, the wake listener's (package listener):
-// a dead connection is noticed within responderPingAfter + responderPingTimeout, and
-// a server that was down for long, or a standby promoted after a long outage, is
-// listened to again within a second or two of its return (CONTRACT.md §5). The
-// connection to each host is bounded by the pool's (queue.HostConnectTimeout).
-const (
-	responderPingAfter      = 10 * time.Second
-	responderPingTimeout    = 5 * time.Second
-	responderConnectTimeout = 10 * time.Second
-	responderBackoffMin     = 100 * time.Millisecond
-	responderBackoffMax     = time.Second
-	// responderStableAfter: a connection lost sooner counts as one more failure for
-	// the backoff, so a server that drops connections at once is not hammered.
-	responderStableAfter = time.Minute
+	// TokenChannel is the notification channel of the tokens' trigger, whose
+	// payload is the token stored, changed or deleted: the Responder's topic on the
+	// process's listening connection.
+	TokenChannel = "certworker_http01"
 )
 
 // ResponderOptions tune a Responder; the zero value is the production setting.
@@ -236,8 +225,8 @@ type ResponderOptions struct {
 //   - a path that cannot hold an ACME token (RFC 8555: base64url, no padding) is 404
 //     at once;
 //   - the pending tokens of every instance are held in memory, loaded at each
-//     (re)connection and kept current by the notifications of migration 00008's
-//     trigger on a dedicated LISTEN connection, so a pending token is answered from
+//     (re)connection and kept current by the notifications of the tokens' trigger
+//     on the process's listening connection, so a pending token is answered from
 //     memory, also while the database is unreachable;
 //   - a well-formed token the memory does not hold is looked up in the database, at
 //     most LookupsPerSecond times a second; beyond that it waits MissWait for its
@@ -247,8 +236,9 @@ type ResponderOptions struct {
 // The body of a 503 is generic: the database's error goes to the log, never to the
 // client (it would tell anyone on the internet the database's address and user).
 //
-// Start connects the listener; a Responder that is not started answers from the
-// database alone, within the same budget. Stop is safe before Start and twice.
+// A Responder is a topic (Connected, Notify, Disconnected) of the process's one
+// listening connection, on TokenChannel (package listener's Listener.Listen); one
+// that is on no connection answers from the database alone, within the same budget.
 type Responder struct {
 	pool    *pgxpool.Pool
 	log     *zap.Logger
@@ -264,10 +254,6 @@ type Responder struct {
 	mu sync.Mutex
 	// changed is closed and replaced at every change of tokens; guarded by mu.
 	changed chan struct{}
-
-	runMu  sync.Mutex
-	cancel context.CancelFunc // guarded by runMu
-	done   chan struct{}      // guarded by runMu
 }
 
 type heldToken struct {
@@ -278,8 +264,8 @@ type heldToken struct {
 	expires time.Time
 }
 
-// NewResponder returns a Responder reading pool's database. It does not connect:
-// Start does.
+// NewResponder returns a Responder reading pool's database. It holds no connection
+// of its own: tokens are held in memory once it is a topic of a listening one.
 func NewResponder(pool *pgxpool.Pool, log *zap.Logger, opts ResponderOptions) *Responder {
 	if log == nil {
 		log = zap.NewNop()
@@ -313,38 +299,6 @@ func HTTP01Handler(pool *pgxpool.Pool, log *zap.Logger) http.Handler {
 // Listening reports whether the token listener holds a live connection, so that the
 // memory is complete.
 func (r *Responder) Listening() bool { return r.listening.Load() }
-
-// Start connects the token listener and loads the pending tokens, then keeps the
-// connection up in a goroutine until Stop or the end of ctx. It returns the first
-// connection's error, and then nothing is left running. A second Start while
-// running does nothing.
-func (r *Responder) Start(ctx context.Context) error {
-	r.runMu.Lock()
-	defer r.runMu.Unlock()
-	if r.cancel != nil {
-		return nil
-	}
-	conn, err := r.connect(ctx)
-	if err != nil {
-		return fmt.Errorf("HTTP-01 token listener: %w", err)
-	}
-	ctx, r.cancel = context.WithCancel(ctx)
-	r.done = make(chan struct{})
-	go r.run(ctx, conn, r.done)
-	return nil
-}
-
-// Stop ends the listener and waits until its connection is closed.
-func (r *Responder) Stop() {
-	r.runMu.Lock()
-	defer r.runMu.Unlock()
-	if r.cancel == nil {
-		return
-	}
-	r.cancel()
-	<-r.done
-	r.cancel, r.done = nil, nil
-}
 
 // ServeHTTP answers one validation request.
 func (r *Responder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
@@ -499,27 +453,16 @@ func (r *Responder) update(f func(map[string]heldToken)) {
 	r.changed = make(chan struct{})
 }
 
-// connect opens the listener's own connection (not one of the pool's: the
-// responder must keep listening when the pool is busy), runs LISTEN, and then loads
-// every pending token, in that order, so that a token stored in between is either
-// loaded or notified.
-func (r *Responder) connect(ctx context.Context) (*pgx.Conn, error) {
-	ctx, cancel := context.WithTimeout(ctx, responderConnectTimeout)
-	defer cancel()
-	conn, err := pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig)
-	if err != nil {
-		return nil, fmt.Errorf("connect: %w", err)
-	}
-	if _, err := conn.Exec(ctx, "LISTEN "+tokenChannel); err != nil {
-		_ = conn.Close(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("listen on %s: %w", tokenChannel, err)
-	}
+// Connected loads every pending token on the listening connection conn (a topic
+// of package listener's Listener, on TokenChannel), after LISTEN, so that a token
+// stored in between is either loaded or notified; from then on the memory is
+// complete.
+func (r *Responder) Connected(ctx context.Context, conn *pgx.Conn, _ bool) error {
 	rows, err := conn.Query(ctx, `
 SELECT token, key_authorization, domain, expires_at FROM certworker_http01_tokens
 WHERE expires_at > now() LIMIT $1`, maxTokensLoaded)
 	if err != nil {
-		_ = conn.Close(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("load HTTP-01 tokens: %w", err)
+		return fmt.Errorf("load HTTP-01 tokens: %w", err)
 	}
 	loaded := map[string]heldToken{}
 	var token string
@@ -529,8 +472,7 @@ WHERE expires_at > now() LIMIT $1`, maxTokensLoaded)
 		return nil
 	})
 	if err != nil {
-		_ = conn.Close(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("load HTTP-01 tokens: %w", err)
+		return fmt.Errorf("load HTTP-01 tokens: %w", err)
 	}
 	r.update(func(m map[string]heldToken) {
 		clear(m)
@@ -539,79 +481,22 @@ WHERE expires_at > now() LIMIT $1`, maxTokensLoaded)
 	r.listening.Store(true)
 	r.m.connected.Set(1)
 	r.log.Info("HTTP-01 token listener connected", zap.Int("tokens", len(loaded)))
-	return conn, nil
+	return nil
 }
 
-// run keeps the listener's connection up until ctx ends, reconnecting with a
-// jittered exponential backoff.
-func (r *Responder) run(ctx context.Context, conn *pgx.Conn, done chan struct{}) {
-	defer close(done)
-	failures := 0
-	for {
-		upAt := time.Now()
-		err := r.listen(ctx, conn)
-		r.listening.Store(false)
-		r.m.connected.Set(0)
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		_ = conn.Close(cctx)
-		cancel()
-		if ctx.Err() != nil {
-			return
-		}
-		if time.Since(upAt) >= responderStableAfter {
-			failures = 0
-		}
-		r.log.Warn("HTTP-01 token listener lost; tokens in memory are still answered, misses are looked up", zap.Error(err))
-		for {
-			delay := backoff(failures)
-			failures++
-			t := time.NewTimer(delay)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.C:
-			}
-			if conn, err = r.connect(ctx); err == nil {
-				break
-			}
-			if ctx.Err() != nil {
-				return
-			}
-			r.log.Warn("HTTP-01 token listener reconnection failed", zap.Error(err), zap.Int("attempt", failures))
-		}
-	}
+// Notify reads the notified token's row again (reread).
+func (r *Responder) Notify(ctx context.Context, conn *pgx.Conn, token string) error {
+	return r.reread(ctx, conn, token)
 }
 
-// listen applies notifications until the connection fails or ctx ends, checking the
-// connection after every responderPingAfter of silence.
-func (r *Responder) listen(ctx context.Context, conn *pgx.Conn) error {
-	for {
-		wctx, cancel := context.WithTimeout(ctx, responderPingAfter)
-		n, err := conn.WaitForNotification(wctx)
-		silent := wctx.Err() != nil
-		cancel()
-		if n != nil && n.Channel == tokenChannel {
-			if err := r.reread(ctx, conn, n.Payload); err != nil {
-				return err
-			}
-		}
-		switch {
-		case err == nil:
-		case ctx.Err() != nil:
-			return ctx.Err()
-		case silent:
-			pctx, cancel := context.WithTimeout(ctx, responderPingTimeout)
-			_, err := conn.Exec(pctx, "SELECT 1")
-			cancel()
-			if err != nil {
-				return fmt.Errorf("ping after %s of silence: %w", responderPingAfter, err)
-			}
-			r.update(func(map[string]heldToken) {}) // drops the expired
-		default:
-			return fmt.Errorf("wait for notification: %w", err)
-		}
+// Disconnected marks the memory incomplete: tokens in it are still answered, and
+// misses are looked up, or 503 beyond the budget.
+func (r *Responder) Disconnected() {
+	if r.listening.Swap(false) {
+		r.log.Warn("HTTP-01 token listener lost; tokens in memory are still answered, misses are looked up")
 	}
+	r.m.connected.Set(0)
+	r.update(func(map[string]heldToken) {}) // drops the expired
 }
 
 // reread reads the notified token's row again: stored or changed, it is held; gone
@@ -620,7 +505,7 @@ func (r *Responder) reread(ctx context.Context, conn *pgx.Conn, token string) er
 	if !isToken(token) {
 		return nil // not one a request could ask for
 	}
-	qctx, cancel := context.WithTimeout(ctx, responderPingTimeout)
+	qctx, cancel := context.WithTimeout(ctx, rereadTimeout)
 	defer cancel()
 	var h heldToken
 	err := conn.QueryRow(qctx, `
@@ -635,16 +520,6 @@ WHERE token = $1 AND expires_at > now()`, token).Scan(&h.keyAuth, &h.domain, &h.
 		r.update(func(m map[string]heldToken) { m[token] = h })
 	}
 	return nil
-}
-
-// backoff is the delay before the reconnection after the given number of failures:
-// doubling from responderBackoffMin to responderBackoffMax, drawn from its upper half.
-func backoff(failures int) time.Duration {
-	d := responderBackoffMax
-	if failures < 20 {
-		d = min(responderBackoffMin<<failures, responderBackoffMax)
-	}
-	return d/2 + rand.N(d/2+1)
 }
 
 func serveKeyAuth(w http.ResponseWriter, req *http.Request, keyAuth string) {

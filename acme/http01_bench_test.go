@@ -23,6 +23,7 @@ import (
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/internal/pgtest"
+	"github.com/certworker/certworker/listener"
 	"github.com/certworker/certworker/queue"
 	"github.com/certworker/certworker/queue/issuing"
 )
@@ -53,8 +54,10 @@ func BenchmarkHTTP01Flood(b *testing.B) {
 	pool, dsn := pgtest.NewPool(b)
 	reg := prometheus.NewRegistry()
 	responder := acme.NewResponder(pool, zap.NewNop(), acme.ResponderOptions{Registerer: reg})
-	require.NoError(b, responder.Start(ctx))
-	b.Cleanup(responder.Stop)
+	tokens := listener.New(pool, zap.NewNop(), listener.Options{})
+	tokens.Listen(acme.TokenChannel, responder)
+	require.NoError(b, tokens.Start(ctx))
+	b.Cleanup(tokens.Stop)
 	// The server run's newServer makes (cmd/certworker/run.go).
 	srv := &http.Server{Handler: responder, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 		WriteTimeout: 10 * time.Second, IdleTimeout: 30 * time.Second, MaxHeaderBytes: 8 << 10}

@@ -25,6 +25,7 @@ import (
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/internal/workertest"
+	"github.com/certworker/certworker/listener"
 )
 
 func storeToken(t *testing.T, pool *pgxpool.Pool, token, keyAuth string, expiresIn time.Duration) {
@@ -184,8 +185,10 @@ func countedPool(t *testing.T, dsn string) (*pgxpool.Pool, *lookupCounter) {
 func startResponder(t *testing.T, pool *pgxpool.Pool, opts acme.ResponderOptions) *acme.Responder {
 	t.Helper()
 	r := acme.NewResponder(pool, zap.NewNop(), opts)
-	require.NoError(t, r.Start(context.Background()))
-	t.Cleanup(r.Stop)
+	tokens := listener.New(pool, zap.NewNop(), listener.Options{})
+	tokens.Listen(acme.TokenChannel, r)
+	require.NoError(t, tokens.Start(context.Background()))
+	t.Cleanup(tokens.Stop)
 	return r
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/internal/pebbletest"
+	"github.com/certworker/certworker/listener"
 	"github.com/certworker/certworker/queue/issuing"
 )
 
@@ -60,8 +61,10 @@ func TestIssue_ASlowCACostsAtMostTwoRequestsMore(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pebbletest.Options{}, false)
 	r := acme.NewResponder(b.pool, zap.NewNop(), acme.ResponderOptions{})
-	require.NoError(t, r.Start(context.Background()))
-	t.Cleanup(r.Stop)
+	tokens := listener.New(b.pool, zap.NewNop(), listener.Options{})
+	tokens.Listen(acme.TokenChannel, r)
+	require.NoError(t, tokens.Start(context.Background()))
+	t.Cleanup(tokens.Stop)
 	b.serve(t, slowValidation(r, 1200*ms))
 	iss := newIssuer(t, b.pool, nil, b.config())
 	ctx := testCtx(t, time.Minute)

@@ -22,6 +22,7 @@ import (
 	"github.com/certworker/certworker/certstore"
 	"github.com/certworker/certworker/internal/loopback"
 	"github.com/certworker/certworker/internal/pebbletest"
+	"github.com/certworker/certworker/listener"
 	"github.com/certworker/certworker/queue"
 	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
@@ -81,8 +82,10 @@ func BenchmarkVerifyToServed(b *testing.B) {
 	ctx := context.Background()
 	bd := setup(b, pebbletest.Options{}, false)
 	responder := acme.NewResponder(bd.pool, zap.NewNop(), acme.ResponderOptions{})
-	require.NoError(b, responder.Start(ctx))
-	b.Cleanup(responder.Stop)
+	tokens := listener.New(bd.pool, zap.NewNop(), listener.Options{})
+	tokens.Listen(acme.TokenChannel, responder)
+	require.NoError(b, tokens.Start(ctx))
+	b.Cleanup(tokens.Stop)
 	clock := &tokenClock{next: responder}
 	bd.serve(b, clock)
 	cfg := bd.config()

@@ -32,6 +32,15 @@
 //     "reconnect" to make the worker catch up; and the worker keeps its
 //     --poll-interval pass as the net under everything else.
 //
+// # Topics
+//
+// The same connection carries the process's other notification channels (the
+// HTTP-01 tokens'), each a Topic added with Listen before Start: one connection, one
+// reconnect and silence rule. A topic is told of every connection (Connected, with
+// whether it is a reconnection) once LISTEN runs on every channel, so that it re-reads
+// what it may have missed, and of every loss (Disconnected); an error from it counts
+// as a lost connection.
+//
 // # Wake-ups
 //
 // Wakes returns a channel with a buffer of one. A wake-up that finds one already

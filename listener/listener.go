@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -130,6 +131,14 @@ type Listener struct {
 	// none. Read by tests, which terminate it to simulate a lost connection.
 	backendPID atomic.Uint32
 
+	// topics are the other channels' consumers (Listen), fixed once started is set.
+	topicsMu sync.Mutex
+	topics   map[string]Topic
+	started  bool
+	// connectedOnce is set by the first connection: every later one is a reconnect
+	// to the topics.
+	connectedOnce atomic.Bool
+
 	// lifecycle holds the goroutine's Start and Stop.
 	lifecycle
 }
@@ -161,6 +170,9 @@ func (l *Listener) Connected() bool { return l.connected.Load() }
 // the error of that first attempt, and then nothing is left running; it returns
 // ErrStarted if the Listener is already running.
 func (l *Listener) Start(ctx context.Context) error {
+	l.topicsMu.Lock()
+	l.started = true
+	l.topicsMu.Unlock()
 	return l.start(ctx, func() (func(context.Context, chan struct{}), error) {
 		conn, err := l.connect(ctx)
 		if err != nil {
@@ -226,6 +238,11 @@ func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 		l.close(ctx, conn)
 		return nil, fmt.Errorf("listen on %s: %w", Channel, err)
 	}
+	if err := l.listenTopics(ctx, conn, l.connectedOnce.Load()); err != nil {
+		l.close(ctx, conn)
+		return nil, err
+	}
+	l.connectedOnce.Store(true)
 	return conn, nil
 }
 
@@ -256,6 +273,10 @@ func (l *Listener) listen(ctx context.Context, conn *pgx.Conn) error {
 			// implies (the storm test reads the counter to know the burst is in).
 			l.m.notifications.Inc()
 			l.log.Debug("notification", zap.String("channel", n.Channel), zap.Uint32("sender_pid", n.PID))
+		} else if t := l.topics[channelOf(n)]; t != nil {
+			if err := t.Notify(ctx, conn, n.Payload); err != nil {
+				return fmt.Errorf("%s: %w", n.Channel, err)
+			}
 		}
 		switch {
 		case err == nil:
@@ -283,12 +304,12 @@ func (l *Listener) ping(ctx context.Context, conn *pgx.Conn) error {
 	defer cancel()
 	var listening bool
 	err := conn.QueryRow(ctx,
-		"SELECT $1::text = ANY (ARRAY(SELECT pg_listening_channels()))", Channel).Scan(&listening)
+		"SELECT $1::text[] <@ ARRAY(SELECT pg_listening_channels()::text)", l.channels()).Scan(&listening)
 	if err != nil {
 		return fmt.Errorf("ping after %s of silence: %w", l.opts.PingAfter, err)
 	}
 	if !listening {
-		return fmt.Errorf("ping after %s of silence: session is no longer listening on %s", l.opts.PingAfter, Channel)
+		return fmt.Errorf("ping after %s of silence: session is no longer listening on %s and its topics' channels", l.opts.PingAfter, Channel)
 	}
 	l.log.Debug("ping", zap.Duration("silent_for", l.opts.PingAfter))
 	return nil
@@ -312,6 +333,9 @@ func (l *Listener) up(conn *pgx.Conn, reconnect bool, downFor time.Duration) {
 
 // down records the loss of conn and closes it.
 func (l *Listener) down(ctx context.Context, conn *pgx.Conn) {
+	for _, t := range l.topics {
+		t.Disconnected()
+	}
 	l.connected.Store(false)
 	l.m.connected.Set(0)
 	l.backendPID.Store(0)
@@ -350,4 +374,12 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// channelOf is n's channel, "" for none.
+func channelOf(n *pgconn.Notification) string {
+	if n == nil {
+		return ""
+	}
+	return n.Channel
 }

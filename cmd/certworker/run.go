@@ -235,11 +235,9 @@ func (c *runCmd) Run(g *globals) error {
 
 	var responder *acme.Responder
 	if _, ok := lns["http01"]; ok {
+		// Its tokens are held in memory once the worker's listening connection,
+		// which carries it as a topic, is up (worker.Config.Topics).
 		responder = acme.NewResponder(pool, log, acme.ResponderOptions{Registerer: reg})
-		if err := responder.Start(ctx); err != nil {
-			return usagef("--database-url: %s", redact(err.Error(), c.DatabaseURL))
-		}
-		defer responder.Stop()
 	}
 	if err := queue.New(pool, issuing.DefaultConfig()).RecordDNS01Zone(ctx, c.DNS01Zone); err != nil {
 		return err
@@ -275,7 +273,11 @@ func (c *runCmd) Run(g *globals) error {
 	if err != nil {
 		return err
 	}
-	w, err := c.startWorker(ctx, pool, issuer, log, reg, limits, second, caa)
+	topics := map[string]listener.Topic{}
+	if responder != nil {
+		topics[acme.TokenChannel] = responder
+	}
+	w, err := c.startWorker(ctx, pool, issuer, log, reg, limits, second, caa, topics)
 	if err != nil {
 		return err
 	}
@@ -376,7 +378,7 @@ func (c *runCmd) replication() (*pgconn.Config, error) {
 }
 
 // startWorker starts the worker: its listener connects, and it claims from then on.
-func (c *runCmd) startWorker(ctx context.Context, pool *pgxpool.Pool, issuer *acme.Issuer, log *zap.Logger, reg prometheus.Registerer, limits issuing.Limits, second *worker.FallbackCA, caa worker.CAAFunc) (*worker.Worker, error) {
+func (c *runCmd) startWorker(ctx context.Context, pool *pgxpool.Pool, issuer *acme.Issuer, log *zap.Logger, reg prometheus.Registerer, limits issuing.Limits, second *worker.FallbackCA, caa worker.CAAFunc, topics map[string]listener.Topic) (*worker.Worker, error) {
 	replication, err := c.replication()
 	if err != nil {
 		return nil, err
@@ -388,6 +390,7 @@ func (c *runCmd) startWorker(ctx context.Context, pool *pgxpool.Pool, issuer *ac
 		Registerer:    reg,
 		Wake:          c.Wake,
 		WakeOptions:   listener.Options{Replication: replication},
+		Topics:        topics,
 		Owner:         owner(),
 		Directory:     issuer.DirectoryURL(),
 		Queue:         issuing.Config{RetryBase: c.RetryBase, RetryMax: c.RetryMax, MaxAttempts: c.MaxAttempts, Lease: c.Lease},

@@ -35,6 +35,7 @@ import (
 	"github.com/certworker/certworker/internal/loopback"
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/internal/pgtest"
+	"github.com/certworker/certworker/listener"
 	"github.com/certworker/certworker/migrations"
 	"github.com/certworker/certworker/queue"
 	"github.com/certworker/certworker/queue/issuing"
@@ -107,10 +108,6 @@ func run(n int, gap time.Duration, verbose bool) error {
 		return err
 	}
 	tokens := acme.NewResponder(pool, log, acme.ResponderOptions{})
-	if err := tokens.Start(ctx); err != nil {
-		return err
-	}
-	defer tokens.Stop()
 	responder := &http.Server{Handler: tokens, ReadHeaderTimeout: 5 * time.Second}
 	go responder.Serve(ln) //nolint:errcheck
 	defer responder.Close()
@@ -130,6 +127,8 @@ func run(n int, gap time.Duration, verbose bool) error {
 	w, err := worker.New(worker.Config{
 		Pool: pool, Issuer: issuer, Log: log, Owner: "demo", Directory: issuer.DirectoryURL(),
 		Concurrency: 4, PollInterval: 30 * time.Second, ShutdownGrace: 5 * time.Second,
+		// The responder's tokens ride on the worker's listening connection, as in run.
+		Topics: map[string]listener.Topic{acme.TokenChannel: tokens},
 	})
 	if err != nil {
 		return err

@@ -19,6 +19,7 @@ import (
 	"github.com/certworker/certworker/internal/pebbletest"
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/internal/workertest"
+	"github.com/certworker/certworker/listener"
 	"github.com/certworker/certworker/queue"
 	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
@@ -53,8 +54,10 @@ func newWorld(t testing.TB, opts pebbletest.Options) *world {
 	// One responder for every instance: the tokens live in the database, so the CA's
 	// validation request may reach any instance's.
 	responder := acme.NewResponder(w.pool, zap.NewNop(), acme.ResponderOptions{})
-	require.NoError(t, responder.Start(w.ctx))
-	t.Cleanup(responder.Stop)
+	tokens := listener.New(w.pool, zap.NewNop(), listener.Options{})
+	tokens.Listen(acme.TokenChannel, responder)
+	require.NoError(t, tokens.Start(w.ctx))
+	t.Cleanup(tokens.Stop)
 	srv := &http.Server{Handler: responder, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })

@@ -27,6 +27,7 @@ import (
 	"github.com/certworker/certworker/internal/pgha"
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/internal/workertest"
+	"github.com/certworker/certworker/listener"
 	"github.com/certworker/certworker/queue"
 )
 
@@ -72,8 +73,10 @@ func newWorld(t *testing.T) *world {
 	require.NoError(t, err)
 	t.Cleanup(w.pool.Close)
 	responder := acme.NewResponder(w.pool, zap.NewNop(), acme.ResponderOptions{})
-	require.NoError(t, responder.Start(context.Background()))
-	t.Cleanup(responder.Stop)
+	tokens := listener.New(w.pool, zap.NewNop(), listener.Options{})
+	tokens.Listen(acme.TokenChannel, responder)
+	require.NoError(t, tokens.Start(context.Background()))
+	t.Cleanup(tokens.Stop)
 	srv := &http.Server{Handler: responder, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })

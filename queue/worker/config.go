@@ -54,6 +54,11 @@ type Config struct {
 	Wake string
 	// WakeOptions tune the wake source (reconnection backoff, pings).
 	WakeOptions listener.Options
+	// Topics are other notification channels' consumers (acme.Responder on
+	// acme.TokenChannel), carried by the wake source's listening connection so that
+	// the process holds one; with --wake logical, by one listening connection of
+	// their own. Each is told of every (re)connection, to re-read what it missed.
+	Topics map[string]listener.Topic
 
 	// Owner names this instance in ssl_claimed_by and in logs (default host:pid). A
 	// random suffix is added, so that two instances never share a name.

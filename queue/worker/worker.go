@@ -6,7 +6,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,6 +33,10 @@ type Worker struct {
 	log   *zap.Logger
 	m     *metrics
 	waker listener.Waker
+	// topics is the listening connection of the topics in --wake logical mode, where
+	// the wake-ups come from a replication stream; nil otherwise (the waker carries
+	// them) or without topics.
+	topics *listener.Listener
 	// owner is what this instance writes into ssl_claimed_by: cfg.Owner and a random
 	// suffix, unique to this worker, which ReleaseUntracked relies on.
 	owner string
@@ -102,8 +109,18 @@ func New(cfg Config) (*Worker, error) {
 	opts.Registerer = cfg.Registerer
 	if cfg.Wake == issuing.WakeLogical {
 		w.waker = listener.NewLogical(cfg.Pool, cfg.Log, opts)
+		if len(cfg.Topics) > 0 {
+			// The logical waker's metrics are the listener's: the topics' connection
+			// exports none of its own.
+			topicOpts := opts
+			topicOpts.Registerer, topicOpts.Replication = nil, nil
+			w.topics = listener.New(cfg.Pool, cfg.Log, topicOpts)
+			listenAll(w.topics, cfg.Topics)
+		}
 	} else {
-		w.waker = listener.New(cfg.Pool, cfg.Log, opts)
+		l := listener.New(cfg.Pool, cfg.Log, opts)
+		listenAll(l, cfg.Topics)
+		w.waker = l
 	}
 	return w, nil
 }
@@ -125,12 +142,19 @@ func (w *Worker) launch(ctx context.Context) error {
 		close(w.done)
 		return fmt.Errorf("listen for wake-ups: %w", err)
 	}
+	if w.topics != nil {
+		if err := w.topics.Start(ctx); err != nil {
+			w.waker.Stop()
+			close(w.done)
+			return fmt.Errorf("listen for %s: %w", strings.Join(slices.Sorted(maps.Keys(w.cfg.Topics)), ", "), err)
+		}
+	}
 	// Recorded once the wake source is up, so that a --wake logical that cannot start
 	// does not silence the trigger for the instances still on notify; and before the
 	// first pass, which the wake source's start-up wake-up triggers, so that pass
 	// covers every change the old mode signalled and this one might not.
 	if err := w.recordSettings(ctx); err != nil {
-		w.waker.Stop()
+		w.stopListening()
 		close(w.done)
 		return err
 	}
@@ -224,7 +248,7 @@ func (w *Worker) Owner() string { return w.owner }
 // run is the worker's life: its helpers, the loop, and the shutdown.
 func (w *Worker) run(ctx context.Context) {
 	defer close(w.done)
-	defer w.waker.Stop()
+	defer w.stopListening()
 	// The heartbeat outlives the loop: orders finishing inside the shutdown grace
 	// keep their leases. Maintenance and the renewal-information reads stop with the loop.
 	hbCtx, stopHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
@@ -322,5 +346,20 @@ func settingsFields(s queue.FleetSettings) map[string]string {
 		"limit_certs_per_exact_set":         s.Limits.CertsPerExactSet.String(),
 		"limit_failed_authz_per_name":       s.Limits.FailedAuthzPerName.String(),
 		"limit_tenant_reserve":              strconv.FormatFloat(s.Limits.TenantReserve*100, 'f', -1, 64) + "%",
+	}
+}
+
+// listenAll adds topics to l.
+func listenAll(l *listener.Listener, topics map[string]listener.Topic) {
+	for channel, t := range topics {
+		l.Listen(channel, t)
+	}
+}
+
+// stopListening stops the wake source and the topics' connection.
+func (w *Worker) stopListening() {
+	w.waker.Stop()
+	if w.topics != nil {
+		w.topics.Stop()
 	}
 }
