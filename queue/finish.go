@@ -74,10 +74,7 @@ func (q *Queue) MarkActive(ctx context.Context, c issuing.Claim, cert *issuing.C
 	return durationFromSeconds(renewIn), nil
 }
 
-// markActiveStatement is MarkActive's statement and its arguments: notice is what
-// ssl_error says once the certificate is stored (NULL for nothing).
-func markActiveStatement(c issuing.Claim, cert *issuing.Certificate, renewAt time.Time, notice *string) (string, []any) {
-	return `
+var markActiveSQL = `
 WITH d AS (
     UPDATE proxy_domains SET
         ssl_status = CASE WHEN ` + profileMovedOnSQL + ` THEN 'pending' ELSE 'active' END,
@@ -105,11 +102,16 @@ WITH d AS (
     UPDATE certworker_dns_state SET waiting_since = NULL, updated_at = now()
     WHERE domain_id = $1 AND waiting_since IS NOT NULL AND EXISTS (SELECT 1 FROM d)
 )
-SELECT ` + secondsUntilSQL("renew_at") + ` FROM c`, []any{
-			c.ID, c.Token, cert.NotAfter, cert.ChainPEM, cert.PrivateKey, cert.NotBefore,
-			cert.Issuer, cert.Serial, renewAt, issuing.RenewBy(cert.NotBefore, cert.NotAfter, cert.WindowEnd),
-			nullTime(cert.WindowEnd), nullSeconds(cert.RenewalInfoIn), nullString(cert.Profile),
-			nullString(c.ProfileRefused), notice, nullTime(cert.WindowStart), nullString(cert.Directory)}
+SELECT ` + secondsUntilSQL("renew_at") + ` FROM c`
+
+// markActiveStatement is MarkActive's statement and its arguments: notice is what
+// ssl_error says once the certificate is stored (NULL for nothing).
+func markActiveStatement(c issuing.Claim, cert *issuing.Certificate, renewAt time.Time, notice *string) (string, []any) {
+	return markActiveSQL, []any{
+		c.ID, c.Token, cert.NotAfter, cert.ChainPEM, cert.PrivateKey, cert.NotBefore,
+		cert.Issuer, cert.Serial, renewAt, issuing.RenewBy(cert.NotBefore, cert.NotAfter, cert.WindowEnd),
+		nullTime(cert.WindowEnd), nullSeconds(cert.RenewalInfoIn), nullString(cert.Profile),
+		nullString(c.ProfileRefused), notice, nullTime(cert.WindowStart), nullString(cert.Directory)}
 }
 
 // nullSeconds is d in seconds, or NULL for 0.

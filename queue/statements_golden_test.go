@@ -7,6 +7,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files of testdata/sql from the statements as rendered")
@@ -15,8 +17,26 @@ var update = flag.Bool("update", false, "rewrite the golden files of testdata/sq
 // whole, as PostgreSQL receives them. A review reads the whole SQL a change makes in
 // testdata/sql, not the glue.
 func renderedStatements() map[string]string {
+	stmts := fixedStatements()
+	// The statements rendered from the configuration, for the default one with one
+	// CA and with a second.
+	const first, second = "https://ca.invalid/directory", "https://second.invalid/directory"
+	one := New(nil, issuing.DefaultConfig())
+	routedCfg := issuing.DefaultConfig()
+	routedCfg.Fallback = &issuing.Fallback{Directory: second}
+	two := New(nil, routedCfg)
+	stmts["next_due"], _ = one.nextDueStatement(first)
+	stmts["next_due_two_cas"], _ = two.nextDueStatement(first)
+	stmts["return_held"] = one.returnHeldStatement(first)
+	stmts["return_held_two_cas"] = two.returnHeldStatement(first)
+	return stmts
+}
+
+// fixedStatements are the statements whose text no configuration changes.
+func fixedStatements() map[string]string {
 	return map[string]string{
 		"claim":                      claimSQL,
+		"mark_active":                markActiveSQL,
 		"claim_routed":               claimRoutedSQL,
 		"twin_candidates":            twinCandidatesSQL,
 		"replace_progress":           replaceProgressSQL,
