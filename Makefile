@@ -16,7 +16,7 @@ LOCAL_PG_IMAGE := certworker-postgres:15
 PG_ENV = CERTWORKER_PG_IMAGE=$${CERTWORKER_PG_IMAGE:-$$(docker image inspect $(LOCAL_PG_IMAGE) >/dev/null 2>&1 && echo $(LOCAL_PG_IMAGE))}
 export TESTCONTAINERS_RYUK_DISABLED ?= true
 
-.PHONY: all build test lint bench demo pg-image pg-image-if-needed image image-test alerts-test deploy-check clean clean-containers
+.PHONY: all build test test-short lint bench demo pg-image pg-image-if-needed image image-test alerts-test deploy-check clean clean-containers
 
 all: build
 
@@ -61,6 +61,12 @@ deploy-check:
 # TEST_DATABASE_URL) and an in-process Pebble.
 test: pg-image-if-needed
 	$(PG_ENV) $(GO) test -race -count=1 -timeout 30m ./...
+
+# The tests that need no container (go test -short: a test that needs PostgreSQL
+# skips), for the edit-compile loop; no race detector, so that it stays quick.
+# `make test` stays the whole suite.
+test-short:
+	$(GO) test -short -count=1 ./...
 
 lint:
 	$(GO) vet ./...

@@ -111,6 +111,9 @@ func Main(m *testing.M, cleanup ...func()) {
 // rebuilds the old primary as the standby of the new one.
 func Shared(t testing.TB) *Pair {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("needs two PostgreSQL containers; -short runs only the tests that need no container")
+	}
 	if os.Getenv("TEST_DATABASE_URL") != "" {
 		if os.Getenv(pgtest.SkipOwnServer) != "" {
 			t.Skipf("needs a PostgreSQL pair of its own; skipped: TEST_DATABASE_URL and %s are set", pgtest.SkipOwnServer)

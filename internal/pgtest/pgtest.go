@@ -94,6 +94,7 @@ func Main(m *testing.M, cleanup ...func()) {
 // template) on first use.
 func Shared(t testing.TB) *Server {
 	t.Helper()
+	skipShort(t)
 	sharedOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
@@ -116,6 +117,7 @@ func Shared(t testing.TB) *Server {
 // and Start: Docker otherwise maps a new ephemeral port on every start.
 func StartServer(t testing.TB, settings ...string) *Server {
 	t.Helper()
+	skipShort(t)
 	if os.Getenv("TEST_DATABASE_URL") != "" {
 		// A test that stops its server, or needs server settings, cannot run on a
 		// shared one. Skipping silently would report a green run that never ran it.
@@ -498,5 +500,15 @@ func setContainerEnv() {
 	dh := os.Getenv("DOCKER_HOST")
 	if os.Getenv("TESTCONTAINERS_HOST_OVERRIDE") == "" && (dh == "" || strings.HasPrefix(dh, "unix://")) {
 		os.Setenv("TESTCONTAINERS_HOST_OVERRIDE", "localhost")
+	}
+}
+
+// skipShort skips t under go test -short (make test-short): the tests that need a
+// PostgreSQL server are the ones it leaves out, so that the edit-compile loop runs
+// the rest with no container.
+func skipShort(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs PostgreSQL; -short runs only the tests that need no container")
 	}
 }
