@@ -125,53 +125,6 @@ WITH head AS MATERIALIZED (
     RETURNING d.id
 ` + claimTailSQL("take", false)
 
-// claimTailSQL is the end both claims share, from the twins they fail (lost): the
-// rows of the CTE take (id, rn) become claims under a new lease, returned in order of
-// service with how many rows the statement read and took out of line, by which Claim
-// decides whether to read on. The routed claim (routed) also records and returns the
-// CA each row goes to, from take's cause (NULL for the first CA, $7; else the second,
-// $8), and the CAs' recorded refusals; the plain claim returns the one CA, $7.
-func claimTailSQL(take string, routed bool) string {
-	setCA, returnCA, selectCA := "", "", `CASE WHEN c.id IS NOT NULL THEN $7::text END, ''::text, ''::text, ''::text`
-	if routed {
-		setCA = `,
-        ssl_ca_directory = CASE WHEN ` + take + `.cause IS NULL THEN $7 ELSE $8 END,
-        ssl_ca_cause = ` + take + `.cause`
-		returnCA = `,
-        d.ssl_ca_directory, d.ssl_ca_cause, d.ssl_ca_refused, d.ssl_ca_refused_cause`
-		selectCA = `c.ssl_ca_directory, c.ssl_ca_cause, c.ssl_ca_refused, c.ssl_ca_refused_cause`
-	}
-	return `), lost AS (
-    ` + failTwinsSQL("head h", "h.id", "NOT h.keeps", "d.id") + `
-), claimed AS (
-    UPDATE proxy_domains d SET
-        ssl_status = 'provisioning',
-        ssl_claim_prev_attempt_at = d.ssl_last_attempt_at,
-        ssl_last_attempt_at = now(),
-        updated_at = now(),
-        ssl_claim_token = gen_random_uuid(),
-        ssl_claimed_by = $4,
-        ssl_lease_expires_at = now() + make_interval(secs => $5)` + setCA + `
-    FROM ` + take + `
-    WHERE d.id = ` + take + `.id
-    RETURNING d.id, d.tenant_id, d.domain, d.ssl_attempts, d.ssl_claim_token, d.ssl_last_attempt_at,
-        d.ssl_claim_prev_attempt_at, d.ssl_queued_at, d.ssl_profile, d.ssl_profile_refused,
-        COALESCE(d.ssl_queue_tier, 2) = 2 AS first` + returnCA + `
-)
-SELECT c.id::text, c.tenant_id::text, c.domain, c.ssl_attempts, c.ssl_claim_token::text, c.ssl_last_attempt_at,
-    ` + finiteSQL(`GREATEST(c.ssl_queued_at,
-             c.ssl_claim_prev_attempt_at + make_interval(secs => `+backoffSQL("c.ssl_attempts", "$2", "$3")+`))`) + `,
-    COALESCE((SELECT p.certificate_pem FROM proxy_certificates p WHERE p.domain = c.domain), ''),
-    c.ssl_profile, c.ssl_profile_refused,
-    (SELECT p.profile FROM proxy_certificates p WHERE p.domain = c.domain),
-    c.first, ` + selectCA + `,
-    (SELECT p.issuer_directory FROM proxy_certificates p WHERE p.domain = c.domain),
-    n.taken_out, n.read
-FROM (SELECT (SELECT count(*) FROM out) + (SELECT count(*) FROM lost) AS taken_out, (SELECT count(*) FROM head) AS read) n
-LEFT JOIN (claimed c JOIN ` + take + ` t ON t.id = c.id) ON true
-ORDER BY t.rn`
-}
-
 // claimWindow is how many rows in line one claim statement reads for n slots: n at
 // first, since the rows it reads are locked as they are read and a row another
 // instance holds is passed over. Each round after one that came back short reads four
