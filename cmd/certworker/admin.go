@@ -76,7 +76,7 @@ func schemaError(err error, databaseURL string) error {
 
 type statusCmd struct {
 	dbFlags
-	JSON   bool   `name:"json" help:"Print one JSON object instead of a table."`
+	JSON   bool   `name:"json" env:"CERTWORKER_JSON" help:"Print one JSON object instead of a table."`
 	Domain string `arg:"" optional:"" help:"Show this domain's whole state and its certificate."`
 }
 
