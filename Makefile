@@ -1,8 +1,13 @@
 # certworker. `make test` is what CI runs (.ci/run).
 GO       ?= go
-VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-COMMIT   ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
-LDFLAGS  := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+# The release's version is written once, in VERSION (the binary embeds it; the
+# images and `make release` are tagged with it). The commit is the checkout's, -dirty
+# with changes: go build records it by itself in a clone, but not in a git worktree
+# (whose .git is a file), so it is passed here too. Either can be overridden
+# (make build VERSION=... COMMIT=...); an empty one leaves the binary's own.
+VERSION  ?= $(shell cat VERSION)
+COMMIT   ?= $(shell git rev-parse HEAD 2>/dev/null)$(shell test -n "$$(git status --porcelain 2>/dev/null)" && echo -dirty)
+LDFLAGS  := -s -w $(if $(VERSION),-X main.version=$(VERSION)) $(if $(COMMIT),-X main.commit=$(COMMIT))
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # bash, for pipefail (bench).
 SHELL := /bin/bash

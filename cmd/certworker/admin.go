@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os/signal"
-	"runtime"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -337,6 +336,6 @@ func (c *retryCmd) Run(g *globals) error {
 type versionCmd struct{}
 
 func (versionCmd) Run(g *globals) error {
-	fmt.Fprintf(g.stdout, "certworker %s (commit %s, %s)\n", version, commit, runtime.Version())
+	fmt.Fprintln(g.stdout, versionLine())
 	return nil
 }

@@ -12,12 +12,6 @@ import (
 	"github.com/alecthomas/kong"
 )
 
-// Set by the build (-ldflags "-X main.version=... -X main.commit=...").
-var (
-	version = "dev"
-	commit  = "unknown"
-)
-
 // Exit statuses (CONTRACT.md §3).
 const (
 	exitOK     = 0
@@ -48,6 +42,8 @@ type cli struct {
 	Healthcheck healthcheckCmd `cmd:"" help:"Exit 0 when /readyz of the local instance (--admin-listen) answers 200, else 1; for images with no shell."`
 	Rekey       rekeyCmd       `cmd:"" help:"Re-seal every stored private key with the first --key-encryption-key; refuses, changing nothing, if a stored key opens with none of them."`
 	Version     versionCmd     `cmd:"" help:"Print the version, commit and Go version."`
+
+	VersionFlag kong.VersionFlag `name:"version" help:"Print the version, commit and Go version, and exit."`
 }
 
 // flagGroups are the headings of `COMMAND --help`, in the order an operator sets
@@ -87,7 +83,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	kctx, err := parse(parser, args)
 	if exitCode >= 0 {
-		// --help (0), or kong's own exit.
+		// --help, --version (0), or kong's own exit.
 		return exitCode
 	}
 	if err != nil {
@@ -113,7 +109,7 @@ func parse(parser *kong.Kong, args []string) (*kong.Context, error) {
 }
 
 // newParser is the command line's parser for c, writing to stdout and stderr, calling
-// exit where kong would end the process (--help).
+// exit where kong would end the process (--help, --version).
 func newParser(c *cli, stdout, stderr io.Writer, exit func(int)) (*kong.Kong, error) {
 	return kong.New(c,
 		kong.Name("certworker"),
@@ -123,7 +119,7 @@ func newParser(c *cli, stdout, stderr io.Writer, exit func(int)) (*kong.Kong, er
 		kong.Exit(exit),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
 		kong.ExplicitGroups(flagGroups),
-		kong.Vars{"version": version, "le": letsEncrypt},
+		kong.Vars{"version": versionLine(), "le": letsEncrypt},
 		kong.Bind(&globals{stdout: stdout, stderr: stderr}),
 	)
 }

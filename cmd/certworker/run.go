@@ -207,7 +207,7 @@ func (c *runCmd) Run(g *globals) error {
 	defer pool.Close()
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), newBuildInfo())
 
 	limits, err := c.limits()
 	if err != nil {
