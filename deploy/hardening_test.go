@@ -4,12 +4,16 @@ import (
 	"bufio"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/certworker/certworker/certstore/seal"
 )
 
 // memBytes reads a memory size as GOMEMLIMIT (B, KiB, MiB, GiB), Kubernetes (Ki, Mi,
@@ -290,15 +294,65 @@ func TestImage_AdminListensOnLoopbackUnlessTheDeploymentSaysSo(t *testing.T) {
 	require.Equal(t, ":9090", envOf(dep)["CERTWORKER_ADMIN_LISTEN"].get("value").str())
 }
 
-// The compose instructions write the key file so that only the workers' uid may read
-// it, as `run` requires (seal.ReadKeyringFile): umask 077 and owned by 65532. Guards
-// against the instructions of old (umask 022: mode 0644, readable by every account on
-// the host), which `run` now refuses.
+// keyFileCommands are the compose quickstart's lines that make the key file, from
+// docs/running.md's code blocks: every line naming deploy/secrets/key-encryption-key.
+func keyFileCommands(t *testing.T) []string {
+	t.Helper()
+	var lines []string
+	inBlock := false
+	for _, line := range strings.Split(readText(t, filepath.Join(docsRoot, "docs", "running.md")), "\n") {
+		switch {
+		case strings.HasPrefix(line, "```"):
+			inBlock = !inBlock
+		case inBlock && strings.Contains(line, "deploy/secrets/key-encryption-key"):
+			lines = append(lines, line)
+		}
+	}
+	require.Len(t, lines, 2, "docs/running.md's quickstart makes the key file in two lines")
+	return lines
+}
+
+// The quickstart's key-file lines are the same in docs/running.md, compose.yaml and
+// .env.example, and make a file only the workers' uid may read, as `run` requires
+// (seal.ReadKeyringFile): umask 077 and owned by 65532. Run as written (as root, for
+// the chown; `sudo` stands for itself where it is not installed), they make a key
+// file of one key, mode 0600, owned by 65532. Guards against the instructions of old
+// (umask 022: mode 0644, readable by every account on the host), which `run`
+// refuses with exit 2, left in running.md and .env.example after compose.yaml's
+// were fixed. deploy/smoke.sh runs the same lines and starts the image with the file.
 func TestCompose_WritesTheKeyFileForItsReaderOnly(t *testing.T) {
 	t.Parallel()
-	b, err := os.ReadFile("compose.yaml")
+	lines := keyFileCommands(t)
+	require.Contains(t, lines[0], "(umask 077; openssl rand -base64 32 > deploy/secrets/key-encryption-key)")
+	require.Contains(t, lines[1], "chown 65532:65532 deploy/secrets/key-encryption-key")
+	for _, file := range []string{"compose.yaml", ".env.example", filepath.Join(docsRoot, "docs", "running.md")} {
+		text := readText(t, file)
+		for _, line := range lines {
+			require.Contains(t, text, line, "%s does not make the key file as docs/running.md does", file)
+		}
+		require.NotContains(t, text, "umask 022", file)
+	}
+
+	if os.Geteuid() != 0 {
+		t.Skip("the chown to uid 65532 needs root")
+	}
+	if _, err := exec.LookPath("openssl"); err != nil {
+		t.Skip("openssl is not installed")
+	}
+	dir := t.TempDir()
+	script := "set -e\ncommand -v sudo >/dev/null || sudo() { \"$@\"; }\n" + strings.Join(lines, "\n") + "\n"
+	cmd := exec.Command("bash", "-c", script)
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	path := filepath.Join(dir, "deploy", "secrets", "key-encryption-key")
+	fi, err := os.Stat(path)
 	require.NoError(t, err)
-	require.Contains(t, string(b), "(umask 077; openssl rand -base64 32 > deploy/secrets/key-encryption-key)")
-	require.Contains(t, string(b), "chown 65532:65532 deploy/secrets/key-encryption-key")
-	require.NotContains(t, string(b), "umask 022")
+	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	require.Equal(t, uint32(65532), fi.Sys().(*syscall.Stat_t).Uid)
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	keys, err := seal.ParseKeyring(strings.TrimSpace(string(b)))
+	require.NoError(t, err)
+	require.Len(t, keys, 1)
 }
