@@ -12,7 +12,7 @@ import (
 	"github.com/alecthomas/kong"
 )
 
-// Exit statuses (CONTRACT.md §3).
+// Exit statuses (docs/running.md, "Running it").
 const (
 	exitOK     = 0
 	exitFailed = 1
