@@ -1,8 +1,13 @@
 # certworker. `make test` is what CI runs (.ci/run).
 GO       ?= go
-VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-COMMIT   ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
-LDFLAGS  := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+# The release's version is written once, in VERSION (the binary embeds it; the
+# images and `make release` are tagged with it). The commit is the checkout's, -dirty
+# with changes: go build records it by itself in a clone, but not in a git worktree
+# (whose .git is a file), so it is passed here too. Either can be overridden
+# (make build VERSION=... COMMIT=...); an empty one leaves the binary's own.
+VERSION  ?= $(shell cat VERSION)
+COMMIT   ?= $(shell git rev-parse HEAD 2>/dev/null)$(shell test -n "$$(git status --porcelain 2>/dev/null)" && echo -dirty)
+LDFLAGS  := -s -w $(if $(VERSION),-X main.version=$(VERSION)) $(if $(COMMIT),-X main.commit=$(COMMIT))
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # bash, for pipefail (bench).
 SHELL := /bin/bash
@@ -16,7 +21,7 @@ LOCAL_PG_IMAGE := certworker-postgres:15
 PG_ENV = CERTWORKER_PG_IMAGE=$${CERTWORKER_PG_IMAGE:-$$(docker image inspect $(LOCAL_PG_IMAGE) >/dev/null 2>&1 && echo $(LOCAL_PG_IMAGE))}
 export TESTCONTAINERS_RYUK_DISABLED ?= true
 
-.PHONY: all build test test-short lint bench demo pg-image pg-image-if-needed image image-test alerts-test deploy-check clean clean-containers
+.PHONY: all build test test-short lint bench demo pg-image pg-image-if-needed image image-test alerts-test deploy-check release clean clean-containers
 
 all: build
 
@@ -35,6 +40,34 @@ image:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/image/certworker ./cmd/certworker
 	cp $(CA_BUNDLE) bin/image/ca-certificates.crt
 	docker build -q -f deploy/Dockerfile -t $(IMAGE) -t certworker:latest bin/image
+
+# A release of VERSION, in bin/release/: the static binaries for linux/amd64 and
+# linux/arm64, a CycloneDX SBOM of each (cyclonedx-gomod, a Go module run through the
+# module proxy, as staticcheck is), the image (FROM scratch with the linux/amd64
+# binary, saved as a tarball; the legacy builder makes images of this machine's
+# platform only), and SHA256SUMS of them all. Nothing is fetched but Go modules.
+# A release is a commit: it refuses a tree with changes, and builds from a fresh
+# clone of HEAD, where the SBOM tool can read the version from git (it cannot in a
+# git worktree, whose .git is a file). Tag the commit vVERSION (CHANGELOG.md).
+RELEASE_DIR       := bin/release
+RELEASE_PLATFORMS := linux/amd64 linux/arm64
+CYCLONEDX_GOMOD   := github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@v1.10.0
+
+release:
+	@test -z "$$(git status --porcelain)" || { echo "make release builds a commit: commit or stash the changes first" >&2; exit 1; }
+	@test -n "$(CA_BUNDLE)" || { echo "no CA bundle found on this machine; set CA_BUNDLE=/path/to/roots.pem" >&2; exit 1; }
+	rm -rf $(RELEASE_DIR) && mkdir -p $(RELEASE_DIR)/image
+	git clone -q . $(RELEASE_DIR)/src && git -C $(RELEASE_DIR)/src checkout -q --detach $$(git rev-parse HEAD)
+	set -e; for p in $(RELEASE_PLATFORMS); do os=$${p%/*}; arch=$${p#*/}; out=certworker_$(VERSION)_$${os}_$${arch}; \
+	  (cd $(RELEASE_DIR)/src && CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o ../$$out ./cmd/certworker); \
+	  (cd $(RELEASE_DIR)/src && $(GO) run -exec "env GOOS=$$os GOARCH=$$arch CGO_ENABLED=0" $(CYCLONEDX_GOMOD) app -json -licenses -main cmd/certworker -output ../$$out.cdx.json .); \
+	done
+	cp $(RELEASE_DIR)/certworker_$(VERSION)_linux_amd64 $(RELEASE_DIR)/image/certworker
+	cp $(CA_BUNDLE) $(RELEASE_DIR)/image/ca-certificates.crt
+	docker build -q -f deploy/Dockerfile -t $(IMAGE) $(RELEASE_DIR)/image
+	docker save $(IMAGE) | gzip -n > $(RELEASE_DIR)/certworker_$(VERSION)_image_linux_amd64.tar.gz
+	rm -rf $(RELEASE_DIR)/src $(RELEASE_DIR)/image
+	cd $(RELEASE_DIR) && sha256sum certworker_* > SHA256SUMS && cat SHA256SUMS
 
 # The image against a throwaway PostgreSQL (the image the tests use): migrate, run,
 # /readyz answering 200. What CI runs after building it.
@@ -59,8 +92,12 @@ deploy-check:
 
 # Every test, with the race detector, against real PostgreSQL (a container, or
 # TEST_DATABASE_URL) and an in-process Pebble.
+# deploy/helm/charttest, a module of its own (Helm and the Kubernetes client
+# libraries stay out of certworker's), lints and renders the Helm chart; ./... does not
+# reach it, so it runs after.
 test: pg-image-if-needed
 	$(PG_ENV) $(GO) test -race -count=1 -timeout 30m ./...
+	cd deploy/helm/charttest && $(GO) test -race -count=1 -timeout 10m ./...
 
 # The tests that need no container (go test -short: a test that needs PostgreSQL
 # skips), for the edit-compile loop; no race detector, so that it stays quick.
@@ -72,6 +109,7 @@ lint:
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 	cd internal/riverbench && $(GO) vet ./...
+	cd deploy/helm/charttest && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...
 
 # Benchmarks: every package's, one package at a time (-p 1: two packages measuring at
 # once on two cores would measure each other), each writing its table to bench/;

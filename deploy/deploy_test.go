@@ -71,6 +71,12 @@ func docs(t *testing.T, path string) []node {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)
+	return decodeAll(t, b)
+}
+
+// decodeAll decodes every YAML document of b.
+func decodeAll(t *testing.T, b []byte) []node {
+	t.Helper()
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	var out []node
 	for {
@@ -79,7 +85,7 @@ func docs(t *testing.T, path string) []node {
 		if errors.Is(err, io.EOF) {
 			return out
 		}
-		require.NoError(t, err, path)
+		require.NoError(t, err)
 		out = append(out, node{v})
 	}
 }

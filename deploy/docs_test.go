@@ -105,16 +105,26 @@ func TestDocs_AnchorsAreGitHubs(t *testing.T) {
 	}
 }
 
-// Every alert's runbook annotation is docs/runbook.md#<its name in lower case>, and
-// docs/runbook.md has that section: an operator paged at night lands on what to do.
+// runbookBase is where the alerts' runbook_url annotations find docs/runbook.md: the
+// repository's web page of the default branch (deploy/alerts.yaml says how to
+// change it).
+const runbookBase = "https://github.com/certworker/certworker/blob/main/"
+
+// Every alert's runbook_url annotation is runbookBase + docs/runbook.md#<its name in
+// lower case>, and docs/runbook.md has that section: an operator paged at night lands
+// on what to do. runbook_url is the annotation Alertmanager's integrations and the
+// Prometheus Operator's runbooks link; a relative path (the old `runbook`) opens
+// nothing from a page or a chat message.
 func TestAlerts_RunbookLinksToTheAlertsSection(t *testing.T) {
 	t.Parallel()
 	anchors := headingAnchors(t, filepath.Join(docsRoot, "docs", "runbook.md"))
 	n := 0
 	for _, file := range []string{"alerts.yaml", "alerts_test.yaml"} {
-		for _, line := range strings.Split(readText(t, file), "\n") {
-			if _, link, ok := strings.Cut(line, "runbook: "); ok {
-				path, anchor, _ := strings.Cut(strings.TrimSpace(link), "#")
+		text := readText(t, file)
+		require.NotRegexp(t, `(?m)^\s*runbook:`, text, "%s: a relative runbook annotation", file)
+		for _, line := range strings.Split(text, "\n") {
+			if _, link, ok := strings.Cut(line, "runbook_url: "); ok {
+				path, anchor, _ := strings.Cut(strings.TrimPrefix(strings.TrimSpace(link), runbookBase), "#")
 				require.Equal(t, "docs/runbook.md", path, "%s: %s", file, line)
 				require.True(t, anchors[anchor], "%s: docs/runbook.md has no section #%s", file, anchor)
 			}
@@ -123,8 +133,8 @@ func TestAlerts_RunbookLinksToTheAlertsSection(t *testing.T) {
 	for _, group := range docs(t, "alerts.yaml")[0].get("groups").list() {
 		for _, rule := range group.get("rules").list() {
 			name := rule.get("alert").str()
-			want := "docs/runbook.md#" + strings.ToLower(name)
-			require.Equal(t, want, rule.get("annotations", "runbook").str(), "alert %s", name)
+			want := runbookBase + "docs/runbook.md#" + strings.ToLower(name)
+			require.Equal(t, want, rule.get("annotations", "runbook_url").str(), "alert %s", name)
 			n++
 		}
 	}

@@ -4,12 +4,17 @@ import (
 	"bufio"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/certworker/certworker"
+	"github.com/certworker/certworker/certstore/seal"
 )
 
 // memBytes reads a memory size as GOMEMLIMIT (B, KiB, MiB, GiB), Kubernetes (Ki, Mi,
@@ -40,11 +45,11 @@ func requireMemLimitFits(t *testing.T, where, gomemlimit string, limit int64) {
 }
 
 // The worker pods hold no Kubernetes API token (certworker never calls the API), the
-// image is a version pulled only when missing (a locally loaded image works; latest
-// would be pulled on every start), the key encryption key comes from a mounted file,
-// and GOMEMLIMIT sits under the memory limit. Guards against a token in every pod, a
-// deployment that cannot start from a local build, and a key in the environment.
-func TestKubernetes_PodsHoldNoTokenAndUseAVersionedImageAndAKeyFile(t *testing.T) {
+// image is the release's version (VERSION) pulled only when missing (a locally
+// loaded image works; latest would be pulled on every start), and GOMEMLIMIT sits
+// under the memory limit. Guards against a token in every pod, a deployment that
+// cannot start from a local build, and manifests of another release than the binary.
+func TestKubernetes_PodsHoldNoTokenAndUseTheReleasesImage(t *testing.T) {
 	t.Parallel()
 	byKind := kubernetes(t)
 	k := docs(t, "kubernetes/kustomization.yaml")[0]
@@ -54,7 +59,7 @@ func TestKubernetes_PodsHoldNoTokenAndUseAVersionedImageAndAKeyFile(t *testing.T
 			tag = img.get("newTag").str()
 		}
 	}
-	require.Regexp(t, `^v?[0-9]+\.[0-9]+\.[0-9]+$`, tag, "kustomization.yaml tags certworker with a version")
+	require.Equal(t, certworker.Version(), tag, "kustomization.yaml tags certworker with VERSION")
 
 	dep := byKind["Deployment"][0].get("spec", "template", "spec")
 	job := byKind["Job"][0].get("spec", "template", "spec")
@@ -64,8 +69,17 @@ func TestKubernetes_PodsHoldNoTokenAndUseAVersionedImageAndAKeyFile(t *testing.T
 		require.Equal(t, "certworker", c.get("image").str(), "%s: the tag is kustomization.yaml's", name)
 		require.Equal(t, "IfNotPresent", c.get("imagePullPolicy").str(), name)
 	}
-
 	c := dep.get("containers", 0)
+	requireMemLimitFits(t, "deployment.yaml", envOf(c)["GOMEMLIMIT"].get("value").str(),
+		memBytes(t, c.get("resources", "limits", "memory").str()))
+}
+
+// requireKeyFileMounted requires pod (a pod spec) to read the key encryption key from
+// a file (never the environment), mounted read-only from the certworker Secret,
+// readable by the pod's group alone.
+func requireKeyFileMounted(t *testing.T, pod, securityContext node) {
+	t.Helper()
+	c := pod.get("containers", 0)
 	env := envOf(c)
 	require.NotContains(t, env, "CERTWORKER_KEY_ENCRYPTION_KEY", "the key is not in the environment")
 	path := env["CERTWORKER_KEY_ENCRYPTION_KEY_FILE"].get("value").str()
@@ -76,7 +90,7 @@ func TestKubernetes_PodsHoldNoTokenAndUseAVersionedImageAndAKeyFile(t *testing.T
 			mounted = true
 			require.Equal(t, "true", m.get("readOnly").str())
 			var vol node
-			for _, v := range dep.get("volumes").list() {
+			for _, v := range pod.get("volumes").list() {
 				if v.get("name").str() == m.get("name").str() {
 					vol = v
 				}
@@ -87,13 +101,115 @@ func TestKubernetes_PodsHoldNoTokenAndUseAVersionedImageAndAKeyFile(t *testing.T
 			require.True(t, strings.HasSuffix(path, "/key-encryption-key"))
 			// Readable by the pod's group (fsGroup), by nobody else.
 			require.Equal(t, "288", vol.get("secret", "defaultMode").str(), "mode 0440")
-			require.Equal(t, dep.get("securityContext", "runAsUser").str(), dep.get("securityContext", "fsGroup").str())
+			require.Equal(t, securityContext.get("runAsUser").str(), securityContext.get("fsGroup").str())
 		}
 	}
 	require.True(t, mounted, "no volume mounted at %s", path)
+}
 
-	requireMemLimitFits(t, "deployment.yaml", env["GOMEMLIMIT"].get("value").str(),
-		memBytes(t, c.get("resources", "limits", "memory").str()))
+// deploy/kubernetes leaves key sealing off as shipped: the Deployment names no key and
+// mounts none, and kustomization.yaml adds no component. The sealing component,
+// once added, mounts the key as a file from the certworker Secret; rendered by
+// kubectl (where installed), the Deployment then reads it. Guards against manifests
+// that seal from the first key stored, which today's proxy cannot read
+// (docs/migrating-from-rust.md, "Sealing the keys"), and against a sealing that puts
+// the key in the environment.
+func TestKubernetes_SealingIsOffUntilTheOperatorAddsTheSealingComponent(t *testing.T) {
+	t.Parallel()
+	dep := kubernetes(t)["Deployment"][0].get("spec", "template", "spec")
+	env := envOf(dep.get("containers", 0))
+	require.NotContains(t, env, "CERTWORKER_KEY_ENCRYPTION_KEY")
+	require.NotContains(t, env, "CERTWORKER_KEY_ENCRYPTION_KEY_FILE")
+	require.Nil(t, dep.get("volumes").v, "the shipped Deployment mounts no key")
+	require.Nil(t, docs(t, "kubernetes/kustomization.yaml")[0].get("components").v, "sealing is on as shipped")
+
+	component := docs(t, "kubernetes/sealing/kustomization.yaml")[0]
+	require.Equal(t, "Component", component.get("kind").str())
+	require.Equal(t, "deployment-patch.yaml", component.get("patches", 0, "path").str())
+	patch := docs(t, "kubernetes/sealing/deployment-patch.yaml")[0]
+	require.Equal(t, "certworker", patch.get("metadata", "name").str())
+	require.Equal(t, "certworker", patch.get("spec", "template", "spec", "containers", 0, "name").str())
+	requireKeyFileMounted(t, patch.get("spec", "template", "spec"), dep.get("securityContext"))
+
+	kubectl, err := exec.LookPath("kubectl")
+	if err != nil {
+		t.Skip("kubectl is not installed: the component is not rendered")
+	}
+	dir := filepath.Join(t.TempDir(), "kubernetes")
+	require.NoError(t, os.CopyFS(dir, os.DirFS("kubernetes")))
+	f, err := os.OpenFile(filepath.Join(dir, "kustomization.yaml"), os.O_APPEND|os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = f.WriteString("components:\n  - sealing\n")
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	out, err := exec.Command(kubectl, "kustomize", dir).Output()
+	require.NoError(t, err)
+	var rendered node
+	for _, d := range decodeAll(t, out) {
+		if d.get("kind").str() == "Deployment" {
+			rendered = d.get("spec", "template", "spec")
+		}
+	}
+	requireKeyFileMounted(t, rendered, rendered.get("securityContext"))
+	renderedEnv := envOf(rendered.get("containers", 0))
+	for name := range env {
+		require.Contains(t, renderedEnv, name, "the patch dropped %s", name)
+	}
+}
+
+// DNS-01 can be deployed from the plain manifests: the image exposes 5353 over UDP
+// and TCP (where it listens, CERTWORKER_DNS01_LISTEN), the pods declare both, a
+// Service maps UDP and TCP 53 to them, and the NetworkPolicy lets both in from
+// anywhere (the CA's resolvers). Guards against a zone that no query can reach, as
+// before: no Service, the policy blocking it, the image not exposing it.
+func TestKubernetes_DNS01IsDeployable(t *testing.T) {
+	t.Parallel()
+	dockerfile := readText(t, "Dockerfile")
+	require.Regexp(t, `(?m)^ENV[^\n]*(\\\n[^\n]*)*CERTWORKER_DNS01_LISTEN=:5353`, dockerfile)
+	require.Regexp(t, `(?m)^EXPOSE .*\b5353/udp\b`, dockerfile)
+	require.Regexp(t, `(?m)^EXPOSE .*\b5353/tcp\b`, dockerfile)
+
+	byKind := kubernetes(t)
+	c := byKind["Deployment"][0].get("spec", "template", "spec", "containers", 0)
+	require.NotContains(t, envOf(c), "CERTWORKER_DNS01_LISTEN", "the image's :5353 stands")
+	require.Contains(t, envOf(c), "CERTWORKER_DNS01_ZONE", "the operator's place to turn DNS-01 on")
+	ports := map[string]node{}
+	for _, p := range c.get("ports").list() {
+		ports[p.get("name").str()] = p
+	}
+	want := map[string]string{"UDP": "dns01-udp", "TCP": "dns01-tcp"}
+	for proto, name := range want {
+		require.Equal(t, "5353", ports[name].get("containerPort").str(), name)
+		require.Equal(t, proto, ports[name].get("protocol").str(), name)
+	}
+
+	var svc node
+	for _, s := range byKind["Service"] {
+		if s.get("metadata", "name").str() == "certworker-dns01" {
+			svc = s
+		}
+	}
+	require.NotNil(t, svc.v, "no certworker-dns01 Service")
+	require.Equal(t, byKind["Deployment"][0].get("spec", "selector", "matchLabels").str(), svc.get("spec", "selector").str())
+	got := map[string]string{}
+	for _, p := range svc.get("spec", "ports").list() {
+		require.Equal(t, "53", p.get("port").str())
+		got[p.get("protocol").str()] = p.get("targetPort").str()
+	}
+	require.Equal(t, want, got)
+
+	open := map[string]string{}
+	for _, r := range byKind["NetworkPolicy"][0].get("spec", "ingress").list() {
+		if r.get("from").v != nil {
+			continue
+		}
+		for _, p := range r.get("ports").list() {
+			open[p.get("port").str()] = p.get("protocol").str()
+		}
+	}
+	for proto, name := range want {
+		require.Equal(t, proto, open[name], "the NetworkPolicy does not let %s in", name)
+	}
 }
 
 // The migrate Job's URL (the tables' owner) is in a Secret of its own, which no
@@ -290,15 +406,65 @@ func TestImage_AdminListensOnLoopbackUnlessTheDeploymentSaysSo(t *testing.T) {
 	require.Equal(t, ":9090", envOf(dep)["CERTWORKER_ADMIN_LISTEN"].get("value").str())
 }
 
-// The compose instructions write the key file so that only the workers' uid may read
-// it, as `run` requires (seal.ReadKeyringFile): umask 077 and owned by 65532. Guards
-// against the instructions of old (umask 022: mode 0644, readable by every account on
-// the host), which `run` now refuses.
+// keyFileCommands are the compose quickstart's lines that make the key file, from
+// docs/running.md's code blocks: every line naming deploy/secrets/key-encryption-key.
+func keyFileCommands(t *testing.T) []string {
+	t.Helper()
+	var lines []string
+	inBlock := false
+	for _, line := range strings.Split(readText(t, filepath.Join(docsRoot, "docs", "running.md")), "\n") {
+		switch {
+		case strings.HasPrefix(line, "```"):
+			inBlock = !inBlock
+		case inBlock && strings.Contains(line, "deploy/secrets/key-encryption-key"):
+			lines = append(lines, line)
+		}
+	}
+	require.Len(t, lines, 2, "docs/running.md's quickstart makes the key file in two lines")
+	return lines
+}
+
+// The quickstart's key-file lines are the same in docs/running.md, compose.yaml and
+// .env.example, and make a file only the workers' uid may read, as `run` requires
+// (seal.ReadKeyringFile): umask 077 and owned by 65532. Run as written (as root, for
+// the chown; `sudo` stands for itself where it is not installed), they make a key
+// file of one key, mode 0600, owned by 65532. Guards against the instructions of old
+// (umask 022: mode 0644, readable by every account on the host), which `run`
+// refuses with exit 2, left in running.md and .env.example after compose.yaml's
+// were fixed. deploy/smoke.sh runs the same lines and starts the image with the file.
 func TestCompose_WritesTheKeyFileForItsReaderOnly(t *testing.T) {
 	t.Parallel()
-	b, err := os.ReadFile("compose.yaml")
+	lines := keyFileCommands(t)
+	require.Contains(t, lines[0], "(umask 077; openssl rand -base64 32 > deploy/secrets/key-encryption-key)")
+	require.Contains(t, lines[1], "chown 65532:65532 deploy/secrets/key-encryption-key")
+	for _, file := range []string{"compose.yaml", ".env.example", filepath.Join(docsRoot, "docs", "running.md")} {
+		text := readText(t, file)
+		for _, line := range lines {
+			require.Contains(t, text, line, "%s does not make the key file as docs/running.md does", file)
+		}
+		require.NotContains(t, text, "umask 022", file)
+	}
+
+	if os.Geteuid() != 0 {
+		t.Skip("the chown to uid 65532 needs root")
+	}
+	if _, err := exec.LookPath("openssl"); err != nil {
+		t.Skip("openssl is not installed")
+	}
+	dir := t.TempDir()
+	script := "set -e\ncommand -v sudo >/dev/null || sudo() { \"$@\"; }\n" + strings.Join(lines, "\n") + "\n"
+	cmd := exec.Command("bash", "-c", script)
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	path := filepath.Join(dir, "deploy", "secrets", "key-encryption-key")
+	fi, err := os.Stat(path)
 	require.NoError(t, err)
-	require.Contains(t, string(b), "(umask 077; openssl rand -base64 32 > deploy/secrets/key-encryption-key)")
-	require.Contains(t, string(b), "chown 65532:65532 deploy/secrets/key-encryption-key")
-	require.NotContains(t, string(b), "umask 022")
+	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	require.Equal(t, uint32(65532), fi.Sys().(*syscall.Stat_t).Uid)
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	keys, err := seal.ParseKeyring(strings.TrimSpace(string(b)))
+	require.NoError(t, err)
+	require.Len(t, keys, 1)
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os/signal"
-	"runtime"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -77,7 +76,7 @@ func schemaError(err error, databaseURL string) error {
 
 type statusCmd struct {
 	dbFlags
-	JSON   bool   `name:"json" help:"Print one JSON object instead of a table."`
+	JSON   bool   `name:"json" env:"CERTWORKER_JSON" help:"Print one JSON object instead of a table."`
 	Domain string `arg:"" optional:"" help:"Show this domain's whole state and its certificate."`
 }
 
@@ -338,6 +337,6 @@ func (c *retryCmd) Run(g *globals) error {
 type versionCmd struct{}
 
 func (versionCmd) Run(g *globals) error {
-	fmt.Fprintf(g.stdout, "certworker %s (commit %s, %s)\n", version, commit, runtime.Version())
+	fmt.Fprintln(g.stdout, versionLine())
 	return nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"regexp"
 	"strconv"
@@ -23,8 +24,10 @@ func (f dbFlags) connect(ctx context.Context) (*pgxpool.Pool, error) {
 }
 
 // connectWith opens a pool on the flag's URL, with sessions set up as s says, and
-// checks that the server answers. Every error is a configuration error (exit 2), in
-// one line, without the password.
+// checks that the server answers. Every error is one line without the password: a
+// configuration error (exit 2) when the URL is missing or malformed or the server
+// refuses what it names (refusedByServer), a failure (exit 1) when the server cannot
+// be reached.
 // idlePingTimeout: a live server answers a ping in milliseconds, a loaded one in far
 // less than a second.
 const idlePingTimeout = time.Second
@@ -52,9 +55,33 @@ func (f dbFlags) connectWith(ctx context.Context, s queue.Session) (*pgxpool.Poo
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
-		return nil, usagef("--database-url: cannot connect to %s: %s", describe(cfg.ConnConfig.Config), redact(rootCause(err), f.DatabaseURL))
+		msg := fmt.Sprintf("--database-url: cannot connect to %s: %s", describe(cfg.ConnConfig.Config), redact(rootCause(err), f.DatabaseURL))
+		if refusedByServer(err) {
+			return nil, &usageError{msg}
+		}
+		return nil, &failedError{msg}
 	}
 	return pool, nil
+}
+
+// refusedByServer tells a connection the server refused for what the URL says (a
+// wrong password, a role or database that does not exist, a host that does not let
+// the role in: the operator's configuration, exit 2) from one that did not get that
+// far (nothing listening, no route, a timeout, a server starting or shutting down: a
+// failure, exit 1, which trying again may mend).
+func refusedByServer(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "28000", // invalid_authorization_specification (pg_hba.conf lets the role in nowhere)
+		"28P01", // invalid_password
+		"3D000", // invalid_catalog_name (no such database)
+		"42501": // insufficient_privilege (no CONNECT on the database)
+		return true
+	}
+	return false
 }
 
 // describe names a server without its credentials.

@@ -11,12 +11,12 @@ import (
 )
 
 // healthcheckCmd probes /readyz of the instance on this host, for container images
-// with no shell or curl (CONTRACT.md §3). It only ever exits 0 (ready) or 1: Docker
-// reserves a health check's exit status 2, so a configuration it cannot use is a
-// failure too, named in the message.
+// with no shell or curl (docs/running.md, "Operating certworker"). It only ever exits
+// 0 (ready) or 1: Docker reserves a health check's exit status 2, so a configuration
+// it cannot use is a failure too, named in the message.
 type healthcheckCmd struct {
-	AdminListen string        `name:"admin-listen" env:"CERTWORKER_ADMIN_LISTEN" default:"127.0.0.1:9090" placeholder:"ADDR" group:"listeners" help:"The --admin-listen of the instance to probe (the same variable configures both)."`
-	Timeout     time.Duration `name:"timeout" env:"CERTWORKER_HEALTHCHECK_TIMEOUT" default:"5s" group:"logs" help:"How long to wait for /readyz. /readyz itself gives the database 2 s."`
+	AdminListen string        `name:"admin-listen" env:"CERTWORKER_ADMIN_LISTEN" default:"127.0.0.1:9090" placeholder:"ADDR" empty:"off" group:"listeners" help:"The --admin-listen of the instance to probe (the same variable configures both)."`
+	Timeout     time.Duration `name:"timeout" env:"CERTWORKER_TIMEOUT" default:"5s" group:"logs" help:"How long to wait for /readyz. /readyz itself gives the database 2 s."`
 }
 
 func (c *healthcheckCmd) Run(g *globals) error {

@@ -66,7 +66,7 @@ func TestCLI_EveryFlagIsInADeclaredGroup(t *testing.T) {
 		known[g.Key] = true
 	}
 	var c cli
-	parser, err := kong.New(&c, kong.Vars{"version": version, "le": letsEncrypt}, kong.ExplicitGroups(flagGroups))
+	parser, err := kong.New(&c, kong.Vars{"version": versionLine(), "le": letsEncrypt}, kong.ExplicitGroups(flagGroups))
 	require.NoError(t, err)
 	for _, cmd := range parser.Model.Children {
 		for _, f := range cmd.Flags {

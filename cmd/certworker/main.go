@@ -12,13 +12,7 @@ import (
 	"github.com/alecthomas/kong"
 )
 
-// Set by the build (-ldflags "-X main.version=... -X main.commit=...").
-var (
-	version = "dev"
-	commit  = "unknown"
-)
-
-// Exit statuses (CONTRACT.md §3).
+// Exit statuses (docs/running.md, "Running it").
 const (
 	exitOK     = 0
 	exitFailed = 1
@@ -48,6 +42,8 @@ type cli struct {
 	Healthcheck healthcheckCmd `cmd:"" help:"Exit 0 when /readyz of the local instance (--admin-listen) answers 200, else 1; for images with no shell."`
 	Rekey       rekeyCmd       `cmd:"" help:"Re-seal every stored private key with the first --key-encryption-key; refuses, changing nothing, if a stored key opens with none of them."`
 	Version     versionCmd     `cmd:"" help:"Print the version, commit and Go version."`
+
+	VersionFlag kong.VersionFlag `name:"version" help:"Print the version, commit and Go version, and exit."`
 }
 
 // flagGroups are the headings of `COMMAND --help`, in the order an operator sets
@@ -78,27 +74,16 @@ func main() {
 // run is main without the process: it parses args, runs the command and returns the
 // exit status.
 func run(args []string, stdout, stderr io.Writer) int {
-	unsetEmptyEnv()
 	var c cli
 	exitCode := -1
-	parser, err := kong.New(&c,
-		kong.Name("certworker"),
-		kong.Description("Obtains and renews TLS certificates over ACME for a multi-tenant proxy's domains, woken by PostgreSQL LISTEN/NOTIFY.\n\nEvery flag can also be set by the environment variable CERTWORKER_ + the flag name in upper case with - as _ (--poll-interval is CERTWORKER_POLL_INTERVAL). A flag beats its variable; an empty variable counts as unset.\n\ndocs/running.md describes every command, flag, endpoint, log line and metric."),
-		kong.UsageOnError(),
-		kong.Writers(stdout, stderr),
-		kong.Exit(func(code int) { exitCode = code }),
-		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
-		kong.ExplicitGroups(flagGroups),
-		kong.Vars{"version": version, "le": letsEncrypt},
-		kong.Bind(&globals{stdout: stdout, stderr: stderr}),
-	)
+	parser, err := newParser(&c, stdout, stderr, func(code int) { exitCode = code })
 	if err != nil {
 		fmt.Fprintf(stderr, "certworker: %v\n", err)
 		return exitFailed
 	}
-	kctx, err := parser.Parse(args)
+	kctx, err := parse(parser, args)
 	if exitCode >= 0 {
-		// --help (0), or kong's own exit.
+		// --help, --version (0), or kong's own exit.
 		return exitCode
 	}
 	if err != nil {
@@ -116,20 +101,62 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
+// parse reads args and the environment into the parser's cli, an empty variable
+// counting as unset (unsetEmptyEnv).
+func parse(parser *kong.Kong, args []string) (*kong.Context, error) {
+	unsetEmptyEnv(emptyMeansOff(parser.Model))
+	return parser.Parse(args)
+}
+
+// newParser is the command line's parser for c, writing to stdout and stderr, calling
+// exit where kong would end the process (--help, --version).
+func newParser(c *cli, stdout, stderr io.Writer, exit func(int)) (*kong.Kong, error) {
+	return kong.New(c,
+		kong.Name("certworker"),
+		kong.Description("Obtains and renews TLS certificates over ACME for a multi-tenant proxy's domains, woken by PostgreSQL LISTEN/NOTIFY.\n\nEvery flag can also be set by the environment variable CERTWORKER_ + the flag name in upper case with - as _ (--poll-interval is CERTWORKER_POLL_INTERVAL). A flag beats its variable; an empty variable counts as unset.\n\ndocs/running.md describes every command, flag, endpoint, log line and metric."),
+		kong.UsageOnError(),
+		kong.Writers(stdout, stderr),
+		kong.Exit(exit),
+		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+		kong.ExplicitGroups(flagGroups),
+		kong.Vars{"version": versionLine(), "le": letsEncrypt},
+		kong.Bind(&globals{stdout: stdout, stderr: stderr}),
+	)
+}
+
 // globals are what every command gets besides its flags.
 type globals struct {
 	stdout, stderr io.Writer
 }
 
 // unsetEmptyEnv makes an empty CERTWORKER_* or DATABASE_URL variable count as unset
-// (CONTRACT.md §3): kong would otherwise take the empty value over the default.
-func unsetEmptyEnv() {
+// (docs/running.md): kong would otherwise take the empty value over the default. The
+// variables in keep are left alone: those of the flags whose empty value is one of
+// their settings ("empty turns it off").
+func unsetEmptyEnv(keep map[string]bool) {
 	for _, kv := range os.Environ() {
 		name, value, _ := strings.Cut(kv, "=")
-		if value == "" && (strings.HasPrefix(name, "CERTWORKER_") || name == "DATABASE_URL") {
+		if value == "" && !keep[name] && (strings.HasPrefix(name, "CERTWORKER_") || name == "DATABASE_URL") {
 			os.Unsetenv(name)
 		}
 	}
+}
+
+// emptyMeansOff lists the variables of the flags tagged empty:"off", whose empty
+// value turns something off (--http01-listen, --admin-listen): for them the flag's
+// own rule beats "an empty variable counts as unset", so that an empty variable does
+// what an empty flag does rather than bring the default back.
+func emptyMeansOff(app *kong.Application) map[string]bool {
+	keep := map[string]bool{}
+	_ = kong.Visit(app, func(n kong.Visitable, next kong.Next) error {
+		if f, ok := n.(*kong.Flag); ok && f.Tag.Get("empty") == "off" {
+			for _, env := range f.Tag.Envs {
+				keep[env] = true
+			}
+		}
+		return next(nil)
+	})
+	return keep
 }
 
 func oneLine(s string) string {

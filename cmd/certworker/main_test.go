@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -23,29 +24,71 @@ func invoke(t *testing.T, args ...string) (code int, stdout, stderr string) {
 }
 
 // A wrong or missing --database-url fails in one line with exit 2, and the password
-// never appears: operators paste these lines into tickets.
+// never appears: operators paste these lines into tickets. A server the URL names
+// refusing it (a wrong password, no such database) is configuration too.
 func TestCLI_BadDatabaseURLFailsInOneLineWithoutThePassword(t *testing.T) {
+	t.Setenv("DATABASE_URL", "")
+	t.Setenv("CERTWORKER_DATABASE_URL", "")
+	dsn := pgtest.NewDB(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"missing", []string{"status"}},
+		{"unparseable", []string{"migrate", "--database-url", "postgres://admin:hunter2secret@[::1/db"}},
+		{"wrong password", []string{"status", "--database-url", strings.Replace(dsn, "postgres:postgres@", "postgres:hunter2secret@", 1)}},
+		{"no such database", []string{"retry", "x.example", "--database-url", withDatabase(t, dsn, "no_such_database")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			requireOneLineFailure(t, exitUsage, tc.args...)
+		})
+	}
+}
+
+// A database that cannot be reached is a failure, exit 1, not a configuration error
+// (2): the URL may be right and the server down, and a script or a Job that retries
+// on 1 must not give up as it would on a flag to fix. The message is still one line
+// naming --database-url, without the password. Guards against status, retry and
+// migrate exiting 2 ("bad usage or configuration") whenever PostgreSQL was away.
+func TestCLI_UnreachableDatabaseExitsOne(t *testing.T) {
 	t.Setenv("DATABASE_URL", "")
 	t.Setenv("CERTWORKER_DATABASE_URL", "")
 	for _, tc := range []struct {
 		name string
 		args []string
 	}{
-		{"missing", []string{"status"}},
-		{"unreachable url", []string{"status", "--database-url", "postgres://admin:hunter2secret@127.0.0.1:1/db"}},
-		{"unreachable keyword form", []string{"retry", "x.example", "--database-url", "host=127.0.0.1 port=1 user=admin password=hunter2secret"}},
-		{"unparseable", []string{"migrate", "--database-url", "postgres://admin:hunter2secret@[::1/db"}},
-		{"wrong password", []string{"status", "--database-url", strings.Replace(pgtest.NewDB(t), "postgres:postgres@", "postgres:hunter2secret@", 1)}},
+		{"status", []string{"status", "--database-url", "postgres://admin:hunter2secret@127.0.0.1:1/db"}},
+		{"status DOMAIN", []string{"status", "x.example", "--database-url", "postgres://admin:hunter2secret@127.0.0.1:1/db"}},
+		{"retry, keyword form", []string{"retry", "x.example", "--database-url", "host=127.0.0.1 port=1 dbname=db user=admin password=hunter2secret"}},
+		{"migrate", []string{"migrate", "--database-url", "postgres://admin:hunter2secret@127.0.0.1:1/db"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			code, stdout, stderr := invoke(t, tc.args...)
-			require.Equal(t, exitUsage, code, stderr)
-			require.Empty(t, stdout)
-			require.Equal(t, 1, strings.Count(strings.TrimSpace(stderr), "\n")+1, "not one line: %q", stderr)
-			require.Contains(t, stderr, "--database-url")
-			require.NotContains(t, stderr, "hunter2secret")
+			stderr := requireOneLineFailure(t, exitFailed, tc.args...)
+			require.Contains(t, stderr, "cannot connect to admin@127.0.0.1:1/db")
 		})
 	}
+}
+
+// requireOneLineFailure runs args and requires exit code want, nothing on stdout, and
+// one line on stderr that names --database-url and not the password; it returns stderr.
+func requireOneLineFailure(t *testing.T, want int, args ...string) string {
+	t.Helper()
+	code, stdout, stderr := invoke(t, args...)
+	require.Equal(t, want, code, stderr)
+	require.Empty(t, stdout)
+	require.Equal(t, 1, strings.Count(strings.TrimSpace(stderr), "\n")+1, "not one line: %q", stderr)
+	require.Contains(t, stderr, "--database-url")
+	require.NotContains(t, stderr, "hunter2secret")
+	return stderr
+}
+
+// withDatabase is dsn naming another database on the same server.
+func withDatabase(t *testing.T, dsn, database string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	u.Path = "/" + database
+	return u.String()
 }
 
 // An empty variable counts as unset, and a flag beats its variable.
@@ -56,8 +99,9 @@ func TestCLI_EnvironmentVariables(t *testing.T) {
 	code, _, stderr := invoke(t, "status")
 	require.Equal(t, exitOK, code, "DATABASE_URL was not used behind an empty CERTWORKER_DATABASE_URL: %s", stderr)
 	t.Setenv("CERTWORKER_DATABASE_URL", "postgres://x:y@127.0.0.1:1/none")
-	code, _, _ = invoke(t, "status")
-	require.Equal(t, exitUsage, code, "CERTWORKER_DATABASE_URL must come before DATABASE_URL")
+	code, _, stderr = invoke(t, "status")
+	require.Equal(t, exitFailed, code, "CERTWORKER_DATABASE_URL must come before DATABASE_URL: %s", stderr)
+	require.Contains(t, stderr, "cannot connect to x@127.0.0.1:1/none")
 	code, _, stderr = invoke(t, "status", "--database-url", dsn)
 	require.Equal(t, exitOK, code, "the flag must beat the variable: %s", stderr)
 }

@@ -74,9 +74,9 @@ type runCmd struct {
 	DNS01Listen        string        `name:"dns01-listen" env:"CERTWORKER_DNS01_LISTEN" default:":53" placeholder:"ADDR" group:"preflight" help:"UDP and TCP address of the --dns01-zone server."`
 	DNS01Nameservers   string        `name:"dns01-nameservers" env:"CERTWORKER_DNS01_NAMESERVERS" placeholder:"HOST[,HOST...]" group:"preflight" help:"Host names of the zone's name servers, served as its NS records and in its SOA; required with --dns01-zone."`
 	keyFlags
-	HTTP01Listen   string        `name:"http01-listen" env:"CERTWORKER_HTTP01_LISTEN" default:":80" placeholder:"ADDR" group:"listeners" help:"HTTP-01 responder address; empty turns it off."`
+	HTTP01Listen   string        `name:"http01-listen" env:"CERTWORKER_HTTP01_LISTEN" default:":80" placeholder:"ADDR" empty:"off" group:"listeners" help:"HTTP-01 responder address; empty turns it off."`
 	HTTP01MaxConns int           `name:"http01-max-connections" env:"CERTWORKER_HTTP01_MAX_CONNECTIONS" default:"4096" group:"listeners" help:"Connections the HTTP-01 responder holds open at most; at the cap a new one closes the one that has waited longest without a request being answered. At the default, a flood of 20,000 slow connections held the process at 132 MiB (docs/testing.md, Benchmarks)."`
-	AdminListen    string        `name:"admin-listen" env:"CERTWORKER_ADMIN_LISTEN" default:"127.0.0.1:9090" placeholder:"ADDR" group:"listeners" help:"Address of /healthz, /readyz and /metrics; empty turns it off."`
+	AdminListen    string        `name:"admin-listen" env:"CERTWORKER_ADMIN_LISTEN" default:"127.0.0.1:9090" placeholder:"ADDR" empty:"off" group:"listeners" help:"Address of /healthz, /readyz and /metrics; empty turns it off."`
 	LogFormat      string        `name:"log-format" env:"CERTWORKER_LOG_FORMAT" default:"json" enum:"json,console" group:"logs" help:"Log encoder: json or console."`
 	LogLevel       string        `name:"log-level" env:"CERTWORKER_LOG_LEVEL" default:"info" group:"logs" help:"Log level: debug, info, warn or error."`
 	PollInterval   time.Duration `name:"poll-interval" env:"CERTWORKER_POLL_INTERVAL" default:"30s" group:"logs" help:"Safety-net pass interval."`
@@ -208,7 +208,7 @@ func (c *runCmd) Run(g *globals) error {
 	defer pool.Close()
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), newBuildInfo())
 
 	limits, err := c.limits()
 	if err != nil {
