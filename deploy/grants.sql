@@ -150,8 +150,12 @@ GRANT SELECT,
    ON proxy_certificates TO :"proxy_role";
 -- certworker_queue_for_issuance reads the wake mode.
 GRANT SELECT ON certworker_settings TO :"proxy_role";
+-- The tenant operations, and what to serve for a server name (certworker_certificate_for,
+-- which reads proxy_domains and proxy_certificates with the rights above, the keys
+-- included).
 GRANT EXECUTE ON FUNCTION certworker_queue_for_issuance(uuid, uuid),
                           certworker_update_domain(uuid, uuid, text, text),
-                          certworker_set_profile(uuid, uuid, text)
+                          certworker_set_profile(uuid, uuid, text),
+                          certworker_certificate_for(text)
    TO :"proxy_role";
 \endif
