@@ -1,5 +1,10 @@
 package certstore
 
+import (
+	"crypto/tls"
+	"time"
+)
+
 // Misses is how many misses s remembers.
 func Misses(s *Store) int {
 	s.mu.RLock()
@@ -13,4 +18,14 @@ func Epoch(s *Store) uint64 {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.epoch
+}
+
+// Held is the certificate s holds for name and when it is next checked against the
+// database: nil and the zero time when it holds none.
+func Held(s *Store, name string) (*tls.Certificate, time.Time) {
+	e := s.lookup(name)
+	if e == nil || e.cert == nil {
+		return nil, time.Time{}
+	}
+	return e.cert, e.freshUntil
 }
