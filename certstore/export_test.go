@@ -29,3 +29,7 @@ func Held(s *Store, name string) (*tls.Certificate, time.Time) {
 	}
 	return e.cert, e.freshUntil
 }
+
+// LoadSQL is the statement a load runs: $1 the name, $2 and $3 the version and
+// domain held, $4 the wildcard above the name.
+const LoadSQL = loadSQL

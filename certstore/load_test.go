@@ -5,10 +5,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/certstore"
 	"github.com/certworker/certworker/certstore/seal"
+	"github.com/certworker/certworker/internal/pgtest"
 )
 
 // A certificate past its TTL is checked again, and when certworker_certificate_for
@@ -87,4 +89,39 @@ func TestStore_OpensTheKeySealedToTheRowTheFunctionServes(t *testing.T) {
 	kept := b.ca.valid(t, "kept.example")
 	b.storeCert(t, b.admin, "KEPT.example", kept) // the twin holding a certificate keeps the name
 	b.requireServes(t, "kept.example", kept.serial)
+}
+
+// A load is one statement that reads through the index on lower(domain), in the
+// generic plan pgx's prepared statement gets too, whether the name is served or not
+// (a miss also counts the rows behind it, for the error): the function is inlined,
+// and nothing scans a table. Guards against the proxy's handshakes each reading
+// every domain row, which a million domains would not survive.
+func TestStore_ALoadReadsThroughTheIndexOnTheLoweredName(t *testing.T) {
+	t.Parallel()
+	b := setup(t, certstore.Options{TTL: long, MissTTL: long})
+	_, err := b.admin.Exec(b.ctx, `
+INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_provider, ssl_status)
+SELECT $1, 'n' || i || '.bulk.example', 'verified', 'tok', 'acme', 'active' FROM generate_series(1, 20000) i`, b.tenant)
+	require.NoError(t, err)
+	_, err = b.admin.Exec(b.ctx, `INSERT INTO proxy_certificates (domain, certificate_pem, private_key_pem)
+SELECT 'n' || i || '.bulk.example', 'chain', 'key' FROM generate_series(1, 20000) i`)
+	require.NoError(t, err)
+	conn, err := pgx.Connect(b.ctx, b.dsn)
+	require.NoError(t, err)
+	defer conn.Close(b.ctx)
+	_, err = conn.Exec(b.ctx, `ANALYZE proxy_domains; ANALYZE proxy_certificates; SET plan_cache_mode = force_generic_plan`)
+	require.NoError(t, err)
+	_, err = conn.Exec(b.ctx, `PREPARE load(text, bigint, text, text) AS `+certstore.LoadSQL)
+	require.NoError(t, err)
+	for _, args := range []string{
+		`'n17.bulk.example', -1, '', '*.bulk.example'`,
+		`'unknown.bulk.example', -1, '', '*.bulk.example'`,
+	} {
+		nodes := pgtest.PlanNodes(t, conn, `EXECUTE load(`+args+`)`)
+		require.Contains(t, nodes, pgtest.PlanNode{NodeType: "Index Scan", RelationName: "proxy_domains", IndexName: "proxy_domains_lower_domain_idx"}, "%s: %v", args, nodes)
+		for _, n := range nodes {
+			require.NotEqual(t, "Function Scan", n.NodeType, "%s: the function was not inlined: %v", args, nodes)
+			require.NotEqual(t, "Seq Scan", n.NodeType, "%s: %v", args, nodes)
+		}
+	}
 }
