@@ -16,8 +16,11 @@ import (
 type entry struct {
 	cert     *tls.Certificate
 	notAfter time.Time
-	// version is the row's version (migration 00007), 0 for a row that has none.
+	// version and domain say which certificate row cert was read from: its version
+	// (0 for a row that has none) and its name in lower case (the name's own, or
+	// the wildcard's that serves it).
 	version int64
+	domain  string
 	miss    error
 	// from is the epoch at which the load that produced this entry began, and
 	// notified the epoch of the last notification for the name. notified > from:
@@ -137,15 +140,21 @@ func (c *cache) markLocked(name string, epoch uint64) bool {
 	return true
 }
 
-// snapshot is every name holding a certificate, with its version, and every other
-// name the cache holds.
-func (c *cache) snapshot() (certs map[string]int64, others []string) {
+// heldCert is which certificate row a name's certificate was read from.
+type heldCert struct {
+	version int64
+	domain  string
+}
+
+// snapshot is every name holding a certificate, with the row it was read from, and
+// every other name the cache holds.
+func (c *cache) snapshot() (certs map[string]heldCert, others []string) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	certs = make(map[string]int64)
+	certs = make(map[string]heldCert)
 	for name, e := range c.entries {
 		if e.cert != nil {
-			certs[name] = e.version
+			certs[name] = heldCert{version: e.version, domain: e.domain}
 		} else {
 			others = append(others, name)
 		}

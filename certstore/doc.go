@@ -14,24 +14,27 @@
 //
 // # What is served
 //
-// A handshake's server name (SNI), in lower case, is served the certificate of
-// proxy_certificates whose domain is that of the proxy_domains row with that name,
-// when:
-//   - exactly one domain row has the name (two differing only in case: neither);
-//   - that row is verified;
-//   - a certificate is stored for it, its key opens (PEM, or sealed under one of
-//     KeyEncryptionKeys, bound to the name), it is valid now and it covers the name.
+// A handshake's server name (SNI), in lower case, is served the certificate that
+// certworker_certificate_for, the SQL function certworker's migrate creates, returns
+// for it: the serving rule is written there once, for this package and for proxies
+// in any language (docs/proxy-integration.md). In short:
+//   - a name with a verified domain row of its own, whatever its tenant, is served
+//     that row's certificate or none; of rows differing only in case, the verified
+//     acme row that keeps the name (two verified rows neither from ACME: neither);
+//   - a name with no verified row of its own is served the certificate of the
+//     wildcard one label above it (www.shop.example: *.shop.example), when that
+//     wildcard's row is verified, as TLS matching does;
+//   - whatever the domain's ssl_status (a renewal under way, a failed renewal) and
+//     its ssl_provider (a manual upload too).
 //
-// A name with no verified domain row of its own, whatever its tenant, is served the
-// certificate of the wildcard one label above it (www.shop.example: *.shop.example)
-// on the same terms, as TLS matching does; a name with a verified row of its own is
-// served its own certificate or none. A notification for a wildcard reloads every
-// name it serves that is held.
+// The store then checks what the function cannot: the key opens (PEM, or sealed
+// under one of KeyEncryptionKeys, bound to the certificate row's name in lower case,
+// *.base for a wildcard), the certificate is valid now and it covers the name. A
+// notification for a wildcard reloads every name it serves that is held.
 //
-// Whatever the domain's ssl_status (a renewal under way, a failed renewal) and its
-// ssl_provider (a manual upload too). Anything else is an error from
-// GetCertificate and a failed handshake: never another name's certificate, never a
-// default one, and no query at all for a hello without a usable name.
+// Anything else is an error from GetCertificate and a failed handshake: never another
+// name's certificate, never a default one, and no query at all for a hello without a
+// usable name.
 //
 // # Cache
 //
@@ -39,8 +42,8 @@
 // waits for it, at most MaxLoads at a time) and kept. An answer of "not served" is
 // kept for MissTTL, so a flood of handshakes for unknown names costs one query per
 // name per MissTTL. A certificate is checked again after TTL: served meanwhile, and
-// reloaded in the background, the query skipping the certificate when its version
-// has not moved. A certificate past its notAfter is never served.
+// reloaded in the background, the query skipping the certificate when the function
+// still answers with the row and version held. A certificate past its notAfter is never served.
 //
 // # Changes
 //
@@ -64,8 +67,9 @@
 // The connection is checked after PingAfter of silence and re-established with
 // jittered exponential backoff (BackoffMin to BackoffMax), as package listener does.
 // Notifications sent while it was down are lost, so after each reconnection the
-// store compares, in batches of 1,000, the version of every certificate it holds
-// with the database's, reloads the ones that moved and forgets its misses.
+// store compares, in batches of 1,000, the row and version of every certificate it
+// holds with what certworker_certificate_for answers now, reloads the ones that
+// moved and forgets its misses.
 //
 // While PostgreSQL is down the store serves what it holds, past TTL and past a
 // notification alike, and tries the database for a name at most once a second;

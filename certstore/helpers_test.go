@@ -104,15 +104,16 @@ func (ca *testCA) valid(tb testing.TB, name string) issued {
 	return ca.issue(tb, name, time.Now().Add(-24*time.Hour), time.Now().Add(90*24*time.Hour))
 }
 
-// loadCounter counts the store's loads (its queries of proxy_domains by name), per
-// name, as they reach the connection: the database's side of a flood of handshakes.
+// loadCounter counts the store's loads (its calls of certworker_certificate_for for
+// one name), per name, as they reach the connection: the database's side of a flood
+// of handshakes.
 type loadCounter struct {
 	mu     sync.Mutex
 	byName map[string]int64
 }
 
 func (c *loadCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	if strings.Contains(data.SQL, "WHERE lower(d.domain) = $1") && len(data.Args) > 0 {
+	if strings.Contains(data.SQL, "certworker_certificate_for($1)") && len(data.Args) > 0 {
 		name, _ := data.Args[0].(string)
 		c.mu.Lock()
 		c.byName[name]++

@@ -150,11 +150,11 @@ func (s *Store) recheck(ctx context.Context) {
 	for len(names) > 0 {
 		batch := names[:min(recheckBatch, len(names))]
 		names = names[len(batch):]
-		versions := make([]int64, len(batch))
+		versions, domains := make([]int64, len(batch)), make([]string, len(batch))
 		for i, name := range batch {
-			versions[i] = certs[name]
+			versions[i], domains[i] = certs[name].version, certs[name].domain
 		}
-		m, err := s.moved(ctx, batch, versions)
+		m, err := s.moved(ctx, batch, versions, domains)
 		if err != nil {
 			s.log.Warn("re-check after reconnection failed; every cached name is reloaded on its next handshake", zap.Error(err))
 			s.outdateAll()
@@ -170,20 +170,17 @@ func (s *Store) recheck(ctx context.Context) {
 		zap.Int("cached", len(certs)), zap.Int("changed", len(moved)))
 }
 
-// moved returns the names among names (held at versions) that would not load as they
-// are cached: no domain row or more than one, not verified, no certificate, or a
-// certificate row whose version is not the one held.
-func (s *Store) moved(ctx context.Context, names []string, versions []int64) ([]string, error) {
+// moved returns the names among names (held at versions, read from the certificate
+// rows domains) for which certworker_certificate_for answers otherwise now: nothing
+// to serve, or another certificate row, or another version of it.
+func (s *Store) moved(ctx context.Context, names []string, versions []int64, domains []string) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.LoadTimeout)
 	defer cancel()
 	rows, err := s.pool.Query(ctx, `
 SELECT n.name
-FROM unnest($1::text[], $2::bigint[]) AS n(name, version)
-LEFT JOIN proxy_domains d ON lower(d.domain) = n.name
-LEFT JOIN proxy_certificates c ON c.domain = d.domain
-GROUP BY n.name, n.version
-HAVING count(*) <> 1 OR bool_or(d.verification_status IS DISTINCT FROM 'verified')
-    OR bool_or(c.domain IS NULL) OR max(COALESCE(c.version, 0)) <> n.version`, names, versions)
+FROM unnest($1::text[], $2::bigint[], $3::text[]) AS n(name, version, domain)
+LEFT JOIN LATERAL certworker_certificate_for(n.name) AS f ON true
+WHERE f.domain IS DISTINCT FROM n.domain OR f.version IS DISTINCT FROM n.version`, names, versions, domains)
 	if err != nil {
 		return nil, err
 	}

@@ -7,45 +7,65 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
-
-	"github.com/certworker/certworker/queue"
 )
 
-// loadSQL reads what serving name takes: its domain row's verification, and the
-// certificate stored under that row's exact name (as the worker pairs them). $2 is
-// the version already held: when the row still has it, the certificate and key are
-// not sent again.
+// loadSQL asks certworker_certificate_for (migrations/functions) what to serve for
+// $1, a server name in lower case without a trailing dot: the rule of what is served
+// (a name's own verified row, case twins, the wildcard one label above) is written
+// there once, for this store and for proxies in any language. $2 and $3 are the
+// version and domain of the certificate already held: when the function's row still
+// has them, the certificate and key are not sent again.
 //
-// Two rows whose names differ only in case (case twins) are served by the rule the
-// claim applies (queue.KeepsNameSQL, CONTRACT.md §5): only verified acme rows count,
-// so a twin that is unverified or not acme never stops the verified one being
-// served; of verified acme twins only the one that keeps the name comes back, first.
-// Without a verified acme row, the verified rows come first: two of them (two
-// uploads, say) are not served, as either could be another tenant's.
-var loadSQL = `
-SELECT d.verification_status, d.verification_status = 'verified' AND d.ssl_provider = 'acme',
-       c.domain IS NOT NULL, COALESCE(c.version, 0),
-       CASE WHEN COALESCE(c.version, 0) = $2 THEN NULL ELSE c.certificate_pem END,
-       CASE WHEN COALESCE(c.version, 0) = $2 THEN NULL ELSE c.private_key_pem END
-FROM proxy_domains d
-LEFT JOIN proxy_certificates c ON c.domain = d.domain
-WHERE lower(d.domain) = $1
-  AND NOT (d.verification_status = 'verified' AND d.ssl_provider = 'acme' AND NOT ` + queue.KeepsNameSQL("d") + `)
-ORDER BY d.verification_status = 'verified' AND d.ssl_provider = 'acme' DESC, d.verification_status = 'verified' DESC
-LIMIT 2`
+// When nothing is served, the last column describes the rows behind the refusal, for
+// GetCertificate's error alone (missFacts): it decides nothing. $4 is the wildcard
+// one label above the name, or NULL.
+const loadSQL = `
+SELECT f.domain, f.version,
+       CASE WHEN f.version = $2 AND f.domain = $3 THEN NULL ELSE f.certificate_pem END,
+       CASE WHEN f.version = $2 AND f.domain = $3 THEN NULL ELSE f.private_key_pem END,
+       CASE WHEN f.domain IS NULL THEN (
+           SELECT ARRAY[count(*) FILTER (WHERE r.own), count(*) FILTER (WHERE r.own AND r.verified),
+                        count(*) FILTER (WHERE r.own AND r.verified AND r.acme),
+                        count(*) FILTER (WHERE NOT r.own), count(*) FILTER (WHERE NOT r.own AND r.verified),
+                        count(*) FILTER (WHERE NOT r.own AND r.verified AND r.acme)]
+           FROM (SELECT lower(d.domain) = $1 AS own, d.verification_status = 'verified' AS verified,
+                        d.ssl_provider = 'acme' AS acme
+                 FROM proxy_domains d WHERE lower(d.domain) = $1 OR lower(d.domain) = $4) AS r)
+       END
+FROM (VALUES (true)) AS asked(x)
+LEFT JOIN certworker_certificate_for($1) AS f ON true`
 
-// ownVerified reports whether a verified domain row of the name's own was read:
-// then the name is served its own certificate or none, never a wildcard's.
-func ownVerified(rows []row) bool {
-	for _, r := range rows {
-		if r.verification == "verified" {
-			return true
-		}
+// rowCounts are a name's domain rows, by what the serving rule looks at.
+type rowCounts struct{ rows, verified, verifiedACME int64 }
+
+// missFacts are the domain rows of a name that is not served, and of the wildcard
+// one label above it.
+type missFacts struct{ own, wildcard rowCounts }
+
+// reason is why nothing is served, as GetCertificate reports it. It describes the
+// rows certworker_certificate_for judged: the name's own when one of them is
+// verified or no wildcard row exists, else the wildcard's.
+func (f missFacts) reason() error {
+	c := f.own
+	if c.verified == 0 && f.wildcard.rows > 0 {
+		c = f.wildcard
 	}
-	return false
+	switch {
+	case c.rows == 0:
+		return ErrUnknownName
+	case c.verified == 0:
+		return ErrNotVerified
+	case c.verified > 1 && c.verifiedACME == 0:
+		return errTwins
+	default:
+		return ErrNoCertificate
+	}
 }
+
+// errTwins: two verified rows whose names differ only in case, neither from ACME
+// (two uploads, say), are not served, as either could be another tenant's.
+var errTwins = fmt.Errorf("%w: two domain rows differ only in case", ErrUnknownName)
 
 // wildcardBase is the base of the wildcard that may serve name: its parent, when
 // that has at least two labels (a wildcard's base is a name of its own; *.com is
@@ -55,14 +75,16 @@ func wildcardBase(name string) (string, bool) {
 	return parent, ok && strings.Contains(parent, ".")
 }
 
-// row is one result of loadSQL.
+// row is the result of loadSQL.
 type row struct {
-	verification string
-	acme         bool
-	hasCert      bool
-	version      int64
-	chainPEM     *string
-	keyStored    *string
+	// domain is the certificate row's name in lower case (*.base for a wildcard),
+	// which its key is sealed to; NULL when nothing is served.
+	domain    *string
+	version   *int64
+	chainPEM  *string
+	keyStored *string
+	// miss is missFacts, in the order loadSQL counts them, when nothing is served.
+	miss []int64
 }
 
 // load reads name from the database and records the outcome in the cache. It never
@@ -75,79 +97,62 @@ func (s *Store) load(name string) *entry {
 		// before the previous load of this name finished.
 		return cur
 	}
-	held := int64(-1) // no version is -1: every row is sent
+	held, heldDomain := int64(-1), "" // nothing held: every row is sent
 	if cur != nil && cur.cert != nil {
-		held = cur.version
+		held, heldDomain = cur.version, cur.domain
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.LoadTimeout)
 	defer cancel()
-	rows, err := s.query(ctx, name, held)
-	keyName := name
-	if err == nil && !ownVerified(rows) {
-		if base, ok := wildcardBase(name); ok {
-			// No verified row of its own, whatever its tenant: the wildcard of its
-			// parent, if one is stored, serves it (CONTRACT §5).
-			var wild []row
-			if wild, err = s.query(ctx, "*."+base, held); err == nil && len(wild) > 0 {
-				rows, keyName = wild, "*."+base
-			}
-		}
-	}
+	r, err := s.query(ctx, name, held, heldDomain)
 	now := time.Now()
 	if err != nil {
 		s.log.Warn("cannot load certificate", zap.String("domain", name), zap.Error(err))
 		return s.unavailable(name, from, fmt.Errorf("%w: %w", ErrUnavailable, err), now)
 	}
-	r := s.interpret(name, keyName, rows, cur, now)
-	r.from = from
-	s.log.Debug("loaded", zap.String("domain", name), zap.Bool("served", r.cert != nil), zap.Int64("version", r.version), zap.Uint64("epoch", from))
-	return s.apply(name, r)
+	e := s.interpret(name, r, cur, now)
+	e.from = from
+	s.log.Debug("loaded", zap.String("domain", name), zap.Bool("served", e.cert != nil), zap.Int64("version", e.version), zap.Uint64("epoch", from))
+	return s.apply(name, e)
 }
 
 // query runs loadSQL, holding one of the MaxLoads slots while it does.
-func (s *Store) query(ctx context.Context, name string, held int64) ([]row, error) {
+func (s *Store) query(ctx context.Context, name string, held int64, heldDomain string) (row, error) {
+	var r row
 	select {
 	case s.loadSlots <- struct{}{}:
 		defer func() { <-s.loadSlots }()
 	case <-ctx.Done():
-		return nil, fmt.Errorf("wait for a load slot: %w", ctx.Err())
+		return r, fmt.Errorf("wait for a load slot: %w", ctx.Err())
 	}
-	rs, err := s.pool.Query(ctx, loadSQL, name, held)
+	var wildcard *string
+	if base, ok := wildcardBase(name); ok {
+		w := "*." + base
+		wildcard = &w
+	}
+	err := s.pool.QueryRow(ctx, loadSQL, name, held, heldDomain, wildcard).Scan(&r.domain, &r.version, &r.chainPEM, &r.keyStored, &r.miss)
 	if err != nil {
-		return nil, fmt.Errorf("load %s: %w", name, err)
+		return r, fmt.Errorf("load %s: %w", name, err)
 	}
-	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (row, error) {
-		var x row
-		err := r.Scan(&x.verification, &x.acme, &x.hasCert, &x.version, &x.chainPEM, &x.keyStored)
-		return x, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("load %s: %w", name, err)
-	}
-	return out, nil
+	return r, nil
 }
 
-// interpret turns the rows of loadSQL into an entry: the certificate to serve, or
+// interpret turns the row of loadSQL into an entry: the certificate to serve, or
 // why there is none. cur is what was held when the load began.
-//
-// keyName is the name of the domain row that was read: name, or the wildcard that
-// serves it, under which its key is sealed.
-func (s *Store) interpret(name, keyName string, rows []row, cur *entry, now time.Time) *entry {
+func (s *Store) interpret(name string, r row, cur *entry, now time.Time) *entry {
 	miss := func(err error) *entry { return &entry{miss: err, freshUntil: now.Add(s.opts.MissTTL)} }
-	switch {
-	case len(rows) == 0:
-		return miss(ErrUnknownName)
-	case len(rows) > 1 && !rows[0].acme && rows[1].verification == "verified":
-		s.log.Warn("two verified domain rows differ only in case, neither from ACME; neither is served", zap.String("domain", name))
-		return miss(fmt.Errorf("%w: two domain rows differ only in case", ErrUnknownName))
-	case rows[0].verification != "verified":
-		return miss(ErrNotVerified)
-	case !rows[0].hasCert:
-		return miss(ErrNoCertificate)
+	if r.domain == nil || r.version == nil {
+		if len(r.miss) != 6 {
+			return miss(fmt.Errorf("%w: the database described the name in %d counts, not 6", ErrUnknownName, len(r.miss)))
+		}
+		m := r.miss
+		why := missFacts{own: rowCounts{m[0], m[1], m[2]}, wildcard: rowCounts{m[3], m[4], m[5]}}.reason()
+		if why == errTwins {
+			s.log.Warn("two verified domain rows differ only in case, neither from ACME; neither is served", zap.String("domain", name))
+		}
+		return miss(why)
 	}
-	r := rows[0]
 	if r.chainPEM == nil || r.keyStored == nil {
-		// The version held is still the row's: keep the certificate, check again
+		// The certificate held is still the one to serve: keep it, check again
 		// after a TTL.
 		e := *cur
 		e.freshUntil, e.retryAt = now.Add(s.opts.TTL), time.Time{}
@@ -156,18 +161,18 @@ func (s *Store) interpret(name, keyName string, rows []row, cur *entry, now time
 		}
 		return &e
 	}
-	cert, err := s.parse(name, keyName, *r.chainPEM, *r.keyStored, now)
+	cert, err := s.parse(name, *r.domain, *r.chainPEM, *r.keyStored, now)
 	if err != nil {
 		s.log.Error("stored certificate cannot be served", zap.String("domain", name),
-			zap.Int64("version", r.version), zap.Error(err))
+			zap.Int64("version", *r.version), zap.Error(err))
 		return miss(err)
 	}
-	return &entry{cert: cert, notAfter: cert.Leaf.NotAfter, version: r.version, freshUntil: now.Add(s.opts.TTL)}
+	return &entry{cert: cert, notAfter: cert.Leaf.NotAfter, version: *r.version, domain: *r.domain, freshUntil: now.Add(s.opts.TTL)}
 }
 
-// parse opens the stored key (bound to keyName, its domain row's name in lower case,
-// as the worker seals it) and pairs it with the chain; the leaf must be valid now
-// and cover name.
+// parse opens the stored key (bound to keyName, the name of its certificate row in
+// lower case, as the worker seals it: name, or the wildcard serving it) and pairs it
+// with the chain; the leaf must be valid now and cover name.
 func (s *Store) parse(name, keyName, chainPEM, keyStored string, now time.Time) (*tls.Certificate, error) {
 	keyPEM, err := s.opts.KeyEncryptionKeys.Open(keyStored, keyName)
 	if err != nil {

@@ -18,8 +18,8 @@ import (
 )
 
 // Channel is the notification channel of migration 00007's triggers; the payload is
-// a domain name in lower case. Fixed by the contract (CONTRACT.md §5) and shared
-// with proxies written in other languages.
+// a domain name in lower case. Proxies written in other languages listen on the same
+// channel (docs/proxy-integration.md), so the name never changes.
 const Channel = "certworker_certificate"
 
 // Defaults for Options; each says what it costs and what it buys.

@@ -285,20 +285,22 @@ func TestStore_KeepsServingWhilePostgresIsDown(t *testing.T) {
 
 // Notifications sent while the store's connection was down are lost; after it
 // reconnects, it compares versions and serves what changed meanwhile, without
-// waiting for the TTL. Guards against a proxy serving a replaced certificate for the
-// rest of the TTL after a network blip.
+// waiting for the TTL, and reloads nothing else (a name a wildcard serves included).
+// Guards against a proxy serving a replaced certificate for the rest of the TTL
+// after a network blip.
 func TestStore_RechecksWhatItHoldsAfterReconnecting(t *testing.T) {
 	t.Parallel()
 	b := setup(t, certstore.Options{TTL: long, MissTTL: long, BackoffMin: 3 * time.Second, BackoffMax: 3 * time.Second})
 	epoch := certstore.Epoch(b.store)
+	wild := b.served(t, "*.same.example") // its notification comes first: no name it serves is held yet
 	changed := b.served(t, "changed.example")
 	same := b.served(t, "same.example")
 	gone := b.served(t, "gone.example")
 	waitFor(t, 5*time.Second, "the inserts' notifications", func() bool { return certstore.Epoch(b.store) >= epoch+3 })
-	for name, c := range map[string]issued{"changed.example": changed, "same.example": same, "gone.example": gone} {
+	for name, c := range map[string]issued{"changed.example": changed, "same.example": same, "gone.example": gone, "www.same.example": wild} {
 		b.requireServes(t, name, c.serial)
 	}
-	sameLoads := b.loads.of("same.example")
+	sameLoads, wildLoads := b.loads.of("same.example"), b.loads.of("www.same.example")
 
 	// Cut every connection of the store's (the pool's reconnect at once; the
 	// listener waits out its backoff, 1.5 to 3 s).
@@ -320,7 +322,9 @@ WHERE datname = current_database() AND pid <> pg_backend_pid() AND usename = cur
 	b.waitServes(t, "changed.example", renewed.serial, 5*time.Second)
 	b.waitRefused(t, "gone.example", certstore.ErrNoCertificate, 5*time.Second)
 	b.requireServes(t, "same.example", same.serial)
+	b.requireServes(t, "www.same.example", wild.serial)
 	require.Equal(t, sameLoads, b.loads.of("same.example"), "only what changed is reloaded")
+	require.Equal(t, wildLoads, b.loads.of("www.same.example"), "a name served by an unchanged wildcard was reloaded")
 }
 
 // Open fails at once when the database cannot be reached, and Close is safe twice.

@@ -14,7 +14,7 @@ import (
 // matching does), never for the base itself nor two labels down, and not for a name
 // that has a verified row of its own, whatever its tenant: that name is served its
 // own certificate or none; an unverified row of its own does not hold the wildcard
-// back (CONTRACT §5). A wildcard stored later is served to names already missed.
+// back. A wildcard stored later is served to names already missed.
 // Guards against a tenant's *.shop.example answering for a name another tenant
 // verified, and against a name's own certificate losing to a wildcard.
 func TestStore_WildcardServesOneLabelBelowItsBaseUnlessTheNameHasAVerifiedRow(t *testing.T) {

@@ -122,7 +122,7 @@ GRANT SELECT ON certworker_functions TO :"role";
 -- certworker's own columns of proxy_domains (the queue's places and holds, the claim,
 -- the CA's decisions, ssl_eligible_at) are certworker's: the proxy's role may read
 -- them, never write them. A value written there by hand or by a bug of the proxy's
--- could hold a domain back, jump the line or end a claim (CONTRACT.md §6). The tenant
+-- could hold a domain back, jump the line or end a claim. The tenant
 -- operations (SECURITY INVOKER) run with these rights: what they change of
 -- certworker's columns, BEFORE triggers keyed on the proxy's columns change
 -- (migrations/functions/certworker_follow_proxy.sql). docs/security.md ("The proxy's
@@ -150,8 +150,12 @@ GRANT SELECT,
    ON proxy_certificates TO :"proxy_role";
 -- certworker_queue_for_issuance reads the wake mode.
 GRANT SELECT ON certworker_settings TO :"proxy_role";
+-- The tenant operations, and what to serve for a server name (certworker_certificate_for,
+-- which reads proxy_domains and proxy_certificates with the rights above, the keys
+-- included).
 GRANT EXECUTE ON FUNCTION certworker_queue_for_issuance(uuid, uuid),
                           certworker_update_domain(uuid, uuid, text, text),
-                          certworker_set_profile(uuid, uuid, text)
+                          certworker_set_profile(uuid, uuid, text),
+                          certworker_certificate_for(text)
    TO :"proxy_role";
 \endif

@@ -19,8 +19,11 @@
 // key's PEM text; nonce is 12 random bytes, new for every key sealed; tag is GCM's 16
 // bytes, appended to the ciphertext; base64 is the standard alphabet with padding
 // (RFC 4648 §4). The additional authenticated data is the row's identity in UTF-8:
-// the domain name in lower case for a certificate's key, the ACME directory URL for
-// the account's, so a sealed key copied to another row does not open.
+// for a certificate's key the name of its proxy_certificates row in lower case
+// (*.base for a wildcard's, whatever name a handshake asked for), for the account's
+// the ACME directory URL, so a sealed key copied to another row does not open.
+// testdata/vectors.json holds vectors a reader in another language checks itself
+// against.
 //
 // The key id is the first 4 bytes of SHA-256 of the key encryption key, as 8 lower
 // case hexadecimal digits: a stored key names the key that opens it, so a reader

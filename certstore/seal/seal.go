@@ -218,22 +218,33 @@ func (k Keyring) SealingKeyID() string {
 
 // Seal returns what is stored for a private key: with no key the PEM itself,
 // otherwise the PEM sealed in the v2 format under the first key, with aad as
-// additional authenticated data (the domain in lower case for a certificate's key,
-// the directory URL for an account's).
+// additional authenticated data (for a certificate's key the name of its
+// proxy_certificates row in lower case, *.base for a wildcard's; for an account's
+// the directory URL).
 func (k Keyring) Seal(plaintextPEM []byte, aad string) (string, error) {
 	if len(k) == 0 {
 		return string(plaintextPEM), nil
 	}
-	gcm, err := newGCM(k[0])
-	if err != nil {
-		return "", err
-	}
-	nonce := make([]byte, nonceSize, nonceSize+len(plaintextPEM)+tagSize)
+	nonce := make([]byte, nonceSize)
 	if _, err := rand.Read(nonce); err != nil {
 		return "", fmt.Errorf("seal key: %w", err)
 	}
-	sealed := gcm.Seal(nonce, nonce, plaintextPEM, []byte(aad))
-	return PrefixV2 + KeyID(k[0]) + ":" + base64.StdEncoding.EncodeToString(sealed), nil
+	return sealV2(k[0], nonce, plaintextPEM, aad)
+}
+
+// sealV2 is the v2 format of plaintextPEM sealed under key with nonce. Seal draws a
+// new random nonce for every key; the test vectors (testdata/vectors.json) give one,
+// so that the same text comes out.
+func sealV2(key, nonce, plaintextPEM []byte, aad string) (string, error) {
+	gcm, err := newGCM(key)
+	if err != nil {
+		return "", err
+	}
+	if len(nonce) != gcm.NonceSize() {
+		return "", fmt.Errorf("seal key: a nonce of %d bytes, not %d", len(nonce), gcm.NonceSize())
+	}
+	sealed := gcm.Seal(append(make([]byte, 0, nonceSize+len(plaintextPEM)+tagSize), nonce...), nonce, plaintextPEM, []byte(aad))
+	return PrefixV2 + KeyID(key) + ":" + base64.StdEncoding.EncodeToString(sealed), nil
 }
 
 // Open is the inverse of Seal, for every format: PEM is returned as it is (a key

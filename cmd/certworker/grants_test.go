@@ -158,6 +158,7 @@ INSERT INTO proxy_certificates (domain, certificate_pem, private_key_pem) VALUES
 		`INSERT INTO proxy_domains (tenant_id, domain, verification_token) VALUES (gen_random_uuid(), 'x.example', 't')`,
 		`DELETE FROM proxy_domains`,
 		`SELECT private_key_pem FROM proxy_certificates`,
+		`SELECT domain FROM certworker_certificate_for('shop.example')`, // it reads the keys
 		`UPDATE proxy_certificates SET domain = 'stolen.example'`,
 		`UPDATE proxy_certificates SET auto_renew = false`,
 		`TRUNCATE proxy_certificates`,

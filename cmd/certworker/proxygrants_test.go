@@ -101,6 +101,57 @@ VALUES ($1, $2, 'tok') RETURNING id::text`, tenant, name).Scan(&id))
 	require.NoError(t, err)
 }
 
+// certworker_certificate_for works under the proxy's role of deploy/grants.sql, as
+// the proxy calls it (a prepared statement, the name as the client sent it): the
+// certificate the proxy uploaded, its key as stored and its version, also where
+// PUBLIC may not execute functions. Guards against a function that reads a column or
+// table the proxy's role may not read, and against a grant missing from
+// deploy/grants.sql, either of which would fail every handshake of a proxy that
+// serves through it.
+func TestGrants_TheProxysRoleAsksWhatToServe(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	proxy, versions := proxyServingDB(t)
+	var domain, chain, key string
+	var served int64
+	require.NoError(t, proxy.QueryRow(ctx, `SELECT domain, certificate_pem, private_key_pem, version FROM certworker_certificate_for($1)`,
+		"WWW.shop.example.").Scan(&domain, &chain, &key, &served))
+	require.Equal(t, []any{"*.shop.example", "wildcard chain", "wildcard key", versions["*.shop.example"]}, []any{domain, chain, key, served})
+	var rows int
+	require.NoError(t, proxy.QueryRow(ctx, `SELECT count(*) FROM certworker_certificate_for('shop.example')`).Scan(&rows))
+	require.Zero(t, rows, "the base of a wildcard with no row of its own")
+}
+
+// proxyServingDB is a connection as the proxy's role (proxyRoleDB) to a database
+// whose PUBLIC may not execute certworker_certificate_for, so that the role's own
+// grant must do, holding the proxy's uploads for *.shop.example and own.example, and
+// their versions.
+func proxyServingDB(t *testing.T) (*pgx.Conn, map[string]int64) {
+	t.Helper()
+	ctx := context.Background()
+	adminDSN, proxyDSN := proxyRoleDB(t)
+	execSQL(t, adminDSN, `REVOKE EXECUTE ON FUNCTION certworker_certificate_for(text) FROM PUBLIC`)
+	proxy, err := pgx.Connect(ctx, proxyDSN)
+	require.NoError(t, err)
+	t.Cleanup(func() { proxy.Close(context.Background()) })
+	_, err = proxy.Exec(ctx, `
+WITH t AS (INSERT INTO proxy_tenants (name, slug, email) VALUES ('shop', 'shop', 'shop@example.com') RETURNING id)
+INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_provider)
+SELECT id, d, 'verified', 'tok', 'manual' FROM t, unnest(ARRAY['*.shop.example', 'own.example']) AS d;
+INSERT INTO proxy_certificates (domain, certificate_pem, private_key_pem)
+VALUES ('*.shop.example', 'wildcard chain', 'wildcard key'), ('own.example', 'own chain', 'own key')`)
+	require.NoError(t, err)
+	rows, err := proxy.Query(ctx, `SELECT domain, version FROM proxy_certificates`)
+	require.NoError(t, err)
+	versions := map[string]int64{}
+	var d string
+	var v int64
+	_, err = pgx.ForEachRow(rows, []any{&d, &v}, func() error { versions[d] = v; return nil })
+	require.NoError(t, err)
+	require.Len(t, versions, 2)
+	return proxy, versions
+}
+
 // proxyRoleDB is a migrated database and a role holding the proxy's section of
 // deploy/grants.sql: the owner's DSN and the role's.
 func proxyRoleDB(t *testing.T) (adminDSN, proxyDSN string) {
