@@ -66,6 +66,23 @@ const (
 	dns01ValueTTL = time.Hour
 )
 
+// NormalizeDNS01Zone is --dns01-zone in the one form every part uses: lower case,
+// without a trailing dot, so that the target shown to the tenant, the values an order
+// writes and the names the server answers are hashed from the same string however the
+// operator wrote it. "" stays "" (DNS-01 off). A zone that is not a domain name of at
+// least two labels is an error naming the flag.
+func NormalizeDNS01Zone(zone string) (string, error) {
+	if zone == "" {
+		return "", nil
+	}
+	norm := strings.ToLower(strings.TrimSuffix(strings.TrimSpace(zone), "."))
+	if _, ok := dns.IsDomainName(norm); !ok || !strings.Contains(norm, ".") ||
+		strings.Contains(norm, "..") || net.ParseIP(norm) != nil {
+		return "", fmt.Errorf("--dns01-zone: %q is not a domain name of at least two labels", zone)
+	}
+	return norm, nil
+}
+
 // DNS01Target is the name under zone that _acme-challenge.NAME is pointed at by
 // CNAME: the same for NAME and *.NAME, stable for the name as long as the zone is,
 // and revealing nothing beyond it (a hash of the zone and the lower-cased base name,
@@ -167,10 +184,14 @@ func NewDNS01Server(pool *pgxpool.Pool, log *zap.Logger, opts DNS01Options) (*DN
 	if log == nil {
 		log = zap.NewNop()
 	}
-	zone := dns.Fqdn(strings.ToLower(strings.TrimSuffix(opts.Zone, ".")))
-	if _, ok := dns.IsDomainName(zone); !ok || zone == "." {
-		return nil, fmt.Errorf("--dns01-zone: %q is not a domain name", opts.Zone)
+	norm, err := NormalizeDNS01Zone(opts.Zone)
+	if err != nil {
+		return nil, err
 	}
+	if norm == "" {
+		return nil, errors.New("--dns01-zone: required")
+	}
+	zone := dns.Fqdn(norm)
 	if len(opts.Nameservers) == 0 {
 		return nil, errors.New("--dns01-nameservers: required with --dns01-zone")
 	}

@@ -20,12 +20,14 @@ func (c *runCmd) validateDNS() error {
 	if _, err := acme.ParseDNSTarget(c.DNSTarget); err != nil {
 		return usagef("--dns-target: %v", err)
 	}
-	if c.DNS01Zone == "" {
-		return nil
+	// Normalised here, once, so that the zone recorded for certworker_dns01_target,
+	// the server and the issuer all get the same string.
+	zone, err := acme.NormalizeDNS01Zone(c.DNS01Zone)
+	if err != nil {
+		return usagef("%v", err)
 	}
-	zone := strings.TrimSuffix(c.DNS01Zone, ".")
-	if _, ok := dns.IsDomainName(zone); !ok || !strings.Contains(zone, ".") || net.ParseIP(zone) != nil {
-		return usagef("--dns01-zone: %q is not a domain name of at least two labels", c.DNS01Zone)
+	if c.DNS01Zone = zone; zone == "" {
+		return nil
 	}
 	if len(c.nameservers()) == 0 {
 		return usagef("--dns01-nameservers: required with --dns01-zone (the host names of the zone's NS records)")
