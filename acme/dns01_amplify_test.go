@@ -112,6 +112,27 @@ func TestDNS01Server_EDNSVersionAndOPTCount(t *testing.T) {
 	}
 }
 
+// readAnswers calls got with each DNS message pc receives, from a goroutine of its
+// own, until pc is closed or its read deadline passes; the channel is closed then.
+func readAnswers(pc net.PacketConn, got func(*dns.Msg)) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 2048)
+		for {
+			n, _, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			in := new(dns.Msg)
+			if in.Unpack(buf[:n]) == nil {
+				got(in)
+			}
+		}
+	}()
+	return done
+}
+
 // udpTally counts the answers a UDP source got: in full, or empty with TC.
 type udpTally struct{ full, truncated int }
 
@@ -136,26 +157,13 @@ func floodFrom(t *testing.T, local, addr string, m *dns.Msg, count int, gap time
 		t.Error(err)
 		return tally
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		buf := make([]byte, 2048)
-		for {
-			n, _, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			in := new(dns.Msg)
-			if in.Unpack(buf[:n]) != nil {
-				continue
-			}
-			if in.Truncated {
-				tally.truncated++
-			} else if len(in.Answer) > 0 {
-				tally.full++
-			}
+	done := readAnswers(pc, func(in *dns.Msg) {
+		if in.Truncated {
+			tally.truncated++
+		} else if len(in.Answer) > 0 {
+			tally.full++
 		}
-	}()
+	})
 	for range count {
 		if _, err := pc.WriteTo(q, to); err != nil {
 			t.Error(err)
