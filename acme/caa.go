@@ -382,7 +382,9 @@ func (r *CAAResolver) query(ctx context.Context, name, owner string) (*dns.Msg, 
 	for _, server := range r.servers {
 		for _, network := range []string{"udp", "tcp"} {
 			qctx, cancel := context.WithTimeout(ctx, r.queryTimeout)
-			in, _, err := (&dns.Client{Net: network, UDPSize: caaUDPSize}).ExchangeContext(qctx, m, server)
+			// Timeout set: without it miekg/dns reads for its own 2 s default.
+			c := &dns.Client{Net: network, UDPSize: caaUDPSize, Timeout: r.queryTimeout}
+			in, _, err := c.ExchangeContext(qctx, m, server)
 			cancel()
 			if err != nil {
 				lastErr = err

@@ -56,9 +56,11 @@ func (c *dnsClient) exchange(ctx context.Context, name string, qtype uint16) (*d
 	m.SetEdns0(dns01UDPSize, false)
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	in, _, err := (&dns.Client{Net: "udp"}).ExchangeContext(ctx, m, c.server)
+	// Timeout set: without it miekg/dns reads for its own 2 s default, whatever
+	// the context allows.
+	in, _, err := (&dns.Client{Net: "udp", Timeout: c.timeout}).ExchangeContext(ctx, m, c.server)
 	if err == nil && in.Truncated {
-		in, _, err = (&dns.Client{Net: "tcp"}).ExchangeContext(ctx, m, c.server)
+		in, _, err = (&dns.Client{Net: "tcp", Timeout: c.timeout}).ExchangeContext(ctx, m, c.server)
 	}
 	if err != nil {
 		var ne net.Error
