@@ -48,17 +48,13 @@ const (
 	// table: whatever the flood of queries, a server reads the database at most
 	// 1/interval times a second. Every answer below the apex is given from a read
 	// that began after the query arrived, so that a value committed before the CA
-	// asked is always seen; a query waits at most this long plus the read for it.
+	// asked is always seen; a query waits at most this long, the read under way
+	// when it came and its own.
 	DefaultDNS01ReadInterval = 50 * time.Millisecond
 
 	// dns01ReadTimeout bounds a read; past it the database counts as unreachable
 	// (SERVFAIL), and the CA's resolver asks again.
 	dns01ReadTimeout = 3 * time.Second
-
-	// dns01MaxLoaded bounds the rows one read takes: orders in flight are at most a
-	// few hundred; the bound only keeps a table filled by mistake from filling the
-	// memory.
-	dns01MaxLoaded = 10000
 
 	// dns01ValueTTL is how long a stored value is served if its instance dies
 	// before deleting it (as tokenTTL for HTTP-01).
@@ -211,11 +207,12 @@ func ParseDNS01Nameservers(zone string, entries []string) ([]DNS01Nameserver, er
 //     for a question beyond MaxInflight waiting for a read;
 //   - TCP connections are capped and timed (dns01conn.go).
 //
-// The database is read as a whole snapshot of the values in flight (they are few),
-// at most once per ReadInterval whatever the queries, and every answer below the
-// apex comes from a read that began after its query arrived: a flood of random labels
-// costs the database at most 1/ReadInterval reads a second, and no value committed
-// before the CA asked is missed.
+// The database is read for the target labels asked, all those asked since the last
+// read in one statement, at most once per ReadInterval whatever the queries, and
+// every answer below the apex comes from a read that began after its query arrived:
+// a flood of random labels costs the database at most 1/ReadInterval reads a second,
+// each an index look-up of the labels asked whatever the table holds, and no value
+// committed before the CA asked is missed.
 //
 // UDP is read by a few goroutines of its own, which answer what needs no read
 // themselves and start one goroutine per question waiting for a read, at most
@@ -242,10 +239,11 @@ type DNS01Server struct {
 	reads atomic.Int64
 
 	mu sync.Mutex
-	// snap is the last read; loading is the read under way, closed when it ends.
-	// Guarded by mu.
-	snap     *dns01Snapshot
-	loading  chan struct{}
+	// next is the read the questions that came since the last one began wait for;
+	// reading is true while a goroutine runs reads (readLoop); lastRead is when the
+	// last read began. Guarded by mu.
+	next     *dns01Read
+	reading  bool
 	lastRead time.Time
 
 	runMu    sync.Mutex
@@ -254,11 +252,13 @@ type DNS01Server struct {
 	limiters []*ConnLimiter   // guarded by runMu
 }
 
-// dns01Snapshot is one read of the values table.
-type dns01Snapshot struct {
-	started time.Time
-	values  map[string][]string // by target label
-	err     error
+// dns01Read is one read of the values table: the values at the target labels asked
+// since the read before it began.
+type dns01Read struct {
+	labels map[string]struct{}
+	done   chan struct{} // closed when values and err are set
+	values map[string][]string
+	err    error
 }
 
 // NewDNS01Server returns a server for opts.Zone reading pool's database. It does not
@@ -484,7 +484,7 @@ func (s *DNS01Server) packet(pc net.PacketConn, pkt []byte, from net.Addr) {
 		return
 	}
 	if !s.needsRead(req) {
-		s.sendUDP(pc, from, s.reply(arrived, req, true))
+		s.sendUDP(pc, from, s.reply(req, true))
 		return
 	}
 	if !s.acquire() {
@@ -495,7 +495,7 @@ func (s *DNS01Server) packet(pc net.PacketConn, pkt []byte, from net.Addr) {
 	go func() {
 		defer s.wg.Done()
 		defer s.release()
-		s.sendUDP(pc, from, s.reply(arrived, req, true))
+		s.sendUDP(pc, from, s.reply(req, true))
 	}()
 }
 
@@ -511,13 +511,12 @@ func (s *DNS01Server) sendUDP(pc net.PacketConn, to net.Addr, m *dns.Msg) {
 // serveTCP answers a question that came over TCP (never rate-limited: the
 // handshake proved its source).
 func (s *DNS01Server) serveTCP(w dns.ResponseWriter, req *dns.Msg) {
-	arrived := time.Now()
 	var m *dns.Msg
 	switch {
 	case !s.needsRead(req):
-		m = s.reply(arrived, req, false)
+		m = s.reply(req, false)
 	case s.acquire():
-		m = s.reply(arrived, req, false)
+		m = s.reply(req, false)
 		s.release()
 	default:
 		m = s.busy(req, false)
@@ -561,10 +560,10 @@ func (s *DNS01Server) targetLabel(name string) (string, bool) {
 	return label, true
 }
 
-// reply is the answer to req, which arrived at arrived, sized for its transport.
-func (s *DNS01Server) reply(arrived time.Time, req *dns.Msg, udp bool) *dns.Msg {
+// reply is the answer to req, sized for its transport.
+func (s *DNS01Server) reply(req *dns.Msg, udp bool) *dns.Msg {
 	m := new(dns.Msg)
-	s.m.query(s.answer(arrived, req, m))
+	s.m.query(s.answer(req, m))
 	fit(req, m, udp)
 	return m
 }
@@ -598,7 +597,7 @@ func fit(req, m *dns.Msg, udp bool) {
 }
 
 // answer fills m, the reply to req, and says what it came to.
-func (s *DNS01Server) answer(arrived time.Time, req *dns.Msg, m *dns.Msg) string {
+func (s *DNS01Server) answer(req *dns.Msg, m *dns.Msg) string {
 	m.SetReply(req)
 	m.RecursionAvailable = false
 	m.Compress = true
@@ -640,13 +639,12 @@ func (s *DNS01Server) answer(arrived time.Time, req *dns.Msg, m *dns.Msg) string
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, dns01ReadTimeout+s.opts.ReadInterval)
 	defer cancel()
-	snap := s.fresh(ctx, arrived)
-	if snap == nil || snap.err != nil {
+	values, ok, err := s.valuesAt(ctx, label)
+	if err != nil {
 		m.SetRcode(req, dns.RcodeServerFailure)
 		m.Authoritative = false
 		return dns01ServFail
 	}
-	values, ok := snap.values[label]
 	if !ok {
 		m.SetRcode(req, dns.RcodeNameError)
 		m.Ns = []dns.RR{s.soa}
@@ -763,67 +761,92 @@ func isTargetLabel(label string) bool {
 	return true
 }
 
-// fresh returns a read of the values table that began after arrived, starting one
-// when none is under way, but never sooner than ReadInterval after the last one
-// began. nil when ctx ends first.
-func (s *DNS01Server) fresh(ctx context.Context, arrived time.Time) *dns01Snapshot {
+// valuesAt are the values at label, from a read of the values table that begins
+// after this call (so after the question arrived): the label joins the next read,
+// which starts at once unless one is under way, and never sooner than ReadInterval
+// after the last one began. false when the label holds none; an error when the read
+// failed or ctx ended first.
+func (s *DNS01Server) valuesAt(ctx context.Context, label string) ([]string, bool, error) {
 	s.mu.Lock()
+	if s.next == nil {
+		s.next = &dns01Read{labels: map[string]struct{}{}, done: make(chan struct{})}
+	}
+	r := s.next
+	r.labels[label] = struct{}{}
+	if !s.reading {
+		s.reading = true
+		go s.readLoop()
+	}
+	s.mu.Unlock()
+	select {
+	case <-r.done:
+	case <-ctx.Done():
+		return nil, false, ctx.Err()
+	}
+	if r.err != nil {
+		return nil, false, r.err
+	}
+	values, ok := r.values[label]
+	return values, ok, nil
+}
+
+// readLoop runs the reads the questions wait for, one after another, each no sooner
+// than ReadInterval after the one before began, until none is waited for.
+func (s *DNS01Server) readLoop() {
 	for {
-		if s.snap != nil && !s.snap.started.Before(arrived) {
-			snap := s.snap
-			s.mu.Unlock()
-			return snap
-		}
-		if s.loading == nil {
-			s.loading = make(chan struct{})
-			go s.read(s.loading)
-		}
-		loading := s.loading
+		s.mu.Lock()
+		wait := time.Until(s.lastRead.Add(s.opts.ReadInterval))
 		s.mu.Unlock()
-		select {
-		case <-loading:
-		case <-ctx.Done():
-			return nil
+		if wait > 0 {
+			time.Sleep(wait) // a read's own pacing; questions wait on their read's done
 		}
 		s.mu.Lock()
+		r := s.next
+		s.next = nil
+		if r == nil {
+			s.reading = false
+			s.mu.Unlock()
+			return
+		}
+		s.lastRead = time.Now()
+		s.mu.Unlock()
+		s.read(r)
 	}
 }
 
-// read reads the values table once, no sooner than ReadInterval after the last read
-// began, publishes the snapshot and closes done.
-func (s *DNS01Server) read(done chan struct{}) {
-	s.mu.Lock()
-	wait := time.Until(s.lastRead.Add(s.opts.ReadInterval))
-	s.mu.Unlock()
-	if wait > 0 {
-		time.Sleep(wait) // a read's own pacing; queries wait on done, not on this
-	}
-	started := time.Now()
-	snap := &dns01Snapshot{started: started, values: map[string][]string{}}
+// read reads the values at r's labels, at most dns01MaxValues each, and closes
+// r.done. It reads by target, through the table's index on it, so that it costs the
+// same whatever else the table holds.
+func (s *DNS01Server) read(r *dns01Read) {
+	defer close(r.done)
 	s.reads.Add(1)
 	s.m.reads.Inc()
+	labels := make([]string, 0, len(r.labels))
+	for l := range r.labels {
+		labels = append(labels, l)
+	}
+	r.values = map[string][]string{}
 	ctx, cancel := context.WithTimeout(s.ctx, dns01ReadTimeout)
 	defer cancel()
 	rows, err := s.pool.Query(ctx, `
-SELECT target, value FROM certworker_dns01_values
-WHERE expires_at > now() ORDER BY target, token LIMIT $1`, dns01MaxLoaded)
+SELECT t.target, v.value
+FROM unnest($1::text[]) AS t(target)
+CROSS JOIN LATERAL (
+    SELECT value FROM certworker_dns01_values
+    WHERE target = t.target AND expires_at > now()
+    ORDER BY token LIMIT $2
+) v`, labels, dns01MaxValues)
 	if err == nil {
 		var target, value string
 		_, err = pgx.ForEachRow(rows, []any{&target, &value}, func() error {
-			if len(snap.values[target]) < dns01MaxValues {
-				snap.values[target] = append(snap.values[target], value)
-			}
+			r.values[target] = append(r.values[target], value)
 			return nil
 		})
 	}
 	if err != nil {
 		s.log.Warn("DNS-01 values could not be read; answering SERVFAIL", zap.Error(err))
-		snap.err = err
+		r.err = err
 	}
-	s.mu.Lock()
-	s.snap, s.loading, s.lastRead = snap, nil, started
-	s.mu.Unlock()
-	close(done)
 }
 
 // dns01Metrics are the server's Prometheus metrics; unregistered ones still count.

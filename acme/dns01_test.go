@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -342,4 +343,31 @@ func TestDNS01Server_NameServerInsideTheZoneWithoutAddressWarns(t *testing.T) {
 		_, err := acme.NewDNS01Server(nil, zap.NewNop(), acme.DNS01Options{Zone: testZone, Nameservers: bad})
 		require.ErrorContains(t, err, "--dns01-nameservers", "%v", bad)
 	}
+}
+
+// A value is answered whatever else the table holds: with 10,000 rows at other targets
+// (orders in flight, or a table filled by mistake), a target sorting after all of
+// them is still answered, and a read costs the same. Guards against a read of the
+// whole table cut at 10,000 rows, which left every target past the cut NXDOMAIN.
+func TestDNS01Server_AnswersATargetWhateverTheTableHolds(t *testing.T) {
+	t.Parallel()
+	pool, _ := newTestPool(t)
+	_, addr := startDNS01(t, pool, acme.DNS01Options{})
+	_, err := pool.Exec(context.Background(), `
+INSERT INTO certworker_dns01_values (token, target, value, domain, expires_at)
+SELECT 'filler-' || n, lpad(to_hex(n), 32, '0'), 'filler', 'filler.example', now() + interval '1 hour'
+FROM generate_series(1, 10000) n`)
+	require.NoError(t, err)
+	var name string
+	for n := 0; ; n++ { // a name whose target sorts after every filler's
+		name = fmt.Sprintf("late-%d.example", n)
+		if acme.DNS01Target(testZone, name) > "1" {
+			break
+		}
+	}
+	putValue(t, pool, name, "late-value")
+	in := ask(t, "udp", addr, acme.DNS01Target(testZone, name), dns.TypeTXT)
+	require.Equal(t, dns.RcodeSuccess, in.Rcode)
+	require.Len(t, in.Answer, 1)
+	require.Equal(t, []string{"late-value"}, in.Answer[0].(*dns.TXT).Txt)
 }
