@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
 
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/internal/dnsresolver"
@@ -237,4 +238,65 @@ func TestDNS01_ACNAMEToAnotherTargetInTheZoneIsNotDNS01(t *testing.T) {
 			require.Contains(t, *st.ChallengeReason, "is a CNAME to "+other+", not to "+acme.DNS01Target(testZone, name))
 		})
 	}
+}
+
+// setupDNS01Responding is setupDNS01 with certworker's HTTP-01 responder on the port
+// Pebble validates, so that a name pointed at 127.0.0.1 (challtestsrv's default
+// answer) passes HTTP-01's preflight and can be issued over HTTP-01 too.
+func setupDNS01Responding(t *testing.T) *dns01Bed {
+	t.Helper()
+	b := &dns01Bed{resolver: workertest.StartResolver(t), zone: testZone}
+	var dsn string
+	b.pool, dsn = pgtest.NewPool(t)
+	b.servers = workertest.ServeZone(t, b.resolver, dsn, testZone)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	b.ca = pebbletest.StartT(t, pebbletest.Options{DNSServer: b.resolver.Addr, HTTPPort: ln.Addr().(*net.TCPAddr).Port})
+	(&bed{ln: ln}).respond(t, b.pool, zap.NewNop())
+	return b
+}
+
+// CAA's validationmethods is read for the challenge the order will use: a name whose
+// records allow the CA only dns-01 is allowed, and waits for its CNAME without an
+// order (though HTTP-01 would reach the proxy), then is issued over DNS-01 once the
+// CNAME is set; a name delegated to the zone whose records allow only http-01 is
+// refused the CA. Guards against CAA checked as http-01 for a name then validated
+// over DNS-01: a tenant allowing only dns-01 was refused, and one allowing only
+// http-01 was ordered over a challenge the CA refuses.
+func TestDNS01_CAAIsReadForTheChallengeUsed(t *testing.T) {
+	t.Parallel()
+	b := setupDNS01Responding(t)
+	r, err := acme.NewCAAResolver(b.resolver.Addr)
+	require.NoError(t, err)
+	iss := newIssuer(t, b.pool, nil, b.config())
+	ctx := testCtx(t, 2*time.Minute)
+
+	only := randomName("caa-dns01-only")
+	setCAA(t, only, pebbletest.DefaultCAAIdentity+"; validationmethods=dns-01")
+	v, err := acme.CheckCAAFor(ctx, r, only, iss)
+	require.NoError(t, err)
+	require.Equal(t, []bool{true}, v.Allowed, "allowed: the name can be validated over DNS-01 once delegated")
+	_, err = iss.Issue(ctx, queue.Request{Domain: only})
+	var we *queue.WaitingError
+	require.True(t, errors.As(err, &we), "it waits for its CNAME: %v", err)
+	target := acme.DNS01Target(testZone, only)
+	require.Contains(t, we.Msg, "the name's CAA records allow only dns-01 validation")
+	require.Contains(t, we.Msg, "set _acme-challenge."+only+" CNAME "+target)
+	require.Zero(t, b.ca.OrderRequests(), "nothing sent to the CA")
+
+	b.delegate(only)
+	v, err = acme.CheckCAAFor(ctx, r, only, iss)
+	require.NoError(t, err)
+	require.Equal(t, []bool{true}, v.Allowed)
+	cert, err := iss.Issue(ctx, queue.Request{Domain: only})
+	require.NoError(t, err)
+	require.Equal(t, []string{only}, parseChain(t, cert.ChainPEM)[0].DNSNames)
+
+	httpOnly := randomName("caa-http01-only")
+	setCAA(t, httpOnly, pebbletest.DefaultCAAIdentity+"; validationmethods=http-01")
+	b.delegate(httpOnly)
+	v, err = acme.CheckCAAFor(ctx, r, httpOnly, iss)
+	require.NoError(t, err)
+	require.Equal(t, []bool{false}, v.Allowed, "delegated, it is validated over DNS-01, which its records forbid")
 }
