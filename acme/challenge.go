@@ -111,8 +111,9 @@ func challengeName(domain string) string {
 // isWildcard reports whether domain is a wildcard (*.BASE).
 func isWildcard(domain string) bool { return strings.HasPrefix(domain, "*.") }
 
-// choose picks the challenge for domain (CONTRACT §5): DNS-01 when its
-// _acme-challenge CNAME points at its target under --dns01-zone, HTTP-01 otherwise.
+// choose picks the challenge for domain (docs/cas.md, DNS-01 by delegation): DNS-01
+// when its _acme-challenge CNAME points at its target under --dns01-zone, HTTP-01
+// otherwise.
 // A wildcard has only DNS-01: without the CNAME it cannot be validated yet, a
 // *queue.PreflightError saying what to set. With the preflight on, DNS-01 is chosen
 // only once a probe value written to the zone is seen through the resolver by the

@@ -69,7 +69,7 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// The zone's answers, over UDP and TCP alike, are CONTRACT §4's: SOA and NS at the
+// The zone's answers, over UDP and TCP alike, are docs/cas.md's: SOA and NS at the
 // apex with a short negative TTL, the TXT values of orders in flight at each target
 // with a TTL of seconds, NXDOMAIN with the SOA for a name it does not hold, NOERROR
 // without data for another type, REFUSED outside the zone and no recursion offered.
