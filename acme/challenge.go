@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -87,11 +88,13 @@ func (c *dnsClient) cname(ctx context.Context, name string) (string, error) {
 	return "", nil
 }
 
-// txt are the TXT values answered for name (through any CNAME the resolver follows).
-func (c *dnsClient) txt(ctx context.Context, name string) ([]string, error) {
+// txt are the TXT values answered for name (through any CNAME the resolver follows)
+// and, for an answer without any, how long the resolver may keep it as a negative
+// answer (RFC 2308 §5: the least of its SOA's TTL and minimum; 0 without an SOA).
+func (c *dnsClient) txt(ctx context.Context, name string) ([]string, time.Duration, error) {
 	in, err := c.exchange(ctx, name, dns.TypeTXT)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	var out []string
 	for _, rr := range in.Answer {
@@ -99,7 +102,13 @@ func (c *dnsClient) txt(ctx context.Context, name string) ([]string, error) {
 			out = append(out, strings.Join(t.Txt, ""))
 		}
 	}
-	return out, nil
+	var negative time.Duration
+	for _, rr := range in.Ns {
+		if soa, ok := rr.(*dns.SOA); ok && len(out) == 0 {
+			negative = time.Duration(min(soa.Hdr.Ttl, soa.Minttl)) * time.Second
+		}
+	}
+	return out, negative, nil
 }
 
 // challengeName is where the CA looks for a name's DNS-01 value: _acme-challenge
@@ -174,8 +183,15 @@ func shownName(s string) string {
 	return s
 }
 
+// negativeMargin is added to a negative answer's TTL before the DNS-01 probe asks
+// again, for the resolver's clock and rounding of TTLs to whole seconds.
+const negativeMargin = time.Second
+
 // probeDNS01 writes a probe value at domain's target and checks that the resolver
-// answers it by the tenant's name (at, through its CNAME), as the CA will ask.
+// answers it by the tenant's name (at, through its CNAME), as the CA will ask. A
+// negative answer is not taken at once: the probe is asked for again once that
+// answer may have left the resolver's cache (at most the zone's negative TTL), so
+// that a negative answer someone keeps warm there does not hold the name back.
 // Nothing is sent to the CA; the probe is deleted after.
 func (i *Issuer) probeDNS01(ctx context.Context, domain, at, target string) error {
 	token, err := probeToken()
@@ -188,7 +204,20 @@ func (i *Issuer) probeDNS01(ctx context.Context, domain, at, target string) erro
 		return fmt.Errorf("acme: preflight: %w", err)
 	}
 	defer store.CleanUp(domain, probeToken, "") //nolint:errcheck // logged; it expires by itself
-	values, err := i.dns.txt(ctx, at)
+	values, negative, err := i.dns.txt(ctx, at)
+	if err == nil && negative > 0 && !slices.Contains(values, token) {
+		// A negative answer may be one the resolver kept from before the probe was
+		// written: anyone can ask it for the target, which the name discloses, and
+		// keep that answer warm. Wait it out, the probe in place, and ask again.
+		wait := time.NewTimer(min(negative, dns01NegTTL*time.Second) + negativeMargin)
+		select {
+		case <-wait.C:
+		case <-ctx.Done():
+			wait.Stop()
+			return fmt.Errorf("acme: preflight: %w", context.Cause(ctx))
+		}
+		values, _, err = i.dns.txt(ctx, at)
+	}
 	switch {
 	case errors.Is(err, errResolverSilent):
 		i.log.Warn("DNS-01 preflight skipped: the DNS resolver did not answer",
@@ -197,10 +226,8 @@ func (i *Issuer) probeDNS01(ctx context.Context, domain, at, target string) erro
 	case err != nil:
 		return fmt.Errorf("acme: preflight: %w", err)
 	}
-	for _, v := range values {
-		if v == token {
-			return nil
-		}
+	if slices.Contains(values, token) {
+		return nil
 	}
 	return &queue.PreflightError{Msg: fmt.Sprintf(
 		"%s is a CNAME to %s, but the value written there is not answered by the name (%d other TXT values): is the zone delegated to certworker's name servers?",
