@@ -381,7 +381,9 @@ func (r *CAAResolver) query(ctx context.Context, name, owner string) (*dns.Msg, 
 	for _, server := range r.servers {
 		for _, network := range []string{"udp", "tcp"} {
 			qctx, cancel := context.WithTimeout(ctx, r.queryTimeout)
-			in, _, err := (&dns.Client{Net: network, UDPSize: caaUDPSize}).ExchangeContext(qctx, m, server)
+			// Timeout set: without it miekg/dns reads for its own 2 s default.
+			c := &dns.Client{Net: network, UDPSize: caaUDPSize, Timeout: r.queryTimeout}
+			in, _, err := c.ExchangeContext(qctx, m, server)
 			cancel()
 			if err != nil {
 				lastErr = err
@@ -665,8 +667,8 @@ func (i *Issuer) CAAIdentities(ctx context.Context) ([]string, error) {
 
 // CAAIssuer is this issuer's CA as CheckCAA needs it: its identities
 // (CAAIdentities), the URI of the account it orders with (from memory or the
-// database; "" when none is registered yet) and ValidationHTTP01. Errors as
-// CAAIdentities's, or the database's.
+// database; "" when none is registered yet) and ValidationHTTP01 (CheckCAAFor sets
+// the method a name's order will use). Errors as CAAIdentities's, or the database's.
 func (i *Issuer) CAAIssuer(ctx context.Context) (CAAIssuer, error) {
 	ids, err := i.CAAIdentities(ctx)
 	if err != nil {
@@ -691,7 +693,11 @@ func (i *Issuer) CAAIssuer(ctx context.Context) (CAAIssuer, error) {
 }
 
 // CheckCAAFor is CheckCAA for the CAs of issuers, in their order (the first CA,
-// then the fallback): each one's identities and account from CAAIssuer. A CA whose
+// then the fallback): each one's identities and account from CAAIssuer, and the
+// validation method the name's order will use (caaMethod: dns-01 when its DNS-01
+// delegation is in place). A name not delegated yet, whose records allow a CA only
+// dns-01 validation, is allowed that CA when its issuer has DNS-01: the issuer then
+// has it wait for its CNAME (choose) rather than be refused. A CA whose
 // identities cannot be read (its directory down since the worker started, without
 // --acme-caa-identities) is CAAIssuer.Unknown: the verdict leaves it Undecided
 // rather than refused, and the others are decided. Its error is CheckCAA's, or ctx's.
@@ -705,9 +711,64 @@ func CheckCAAFor(ctx context.Context, r *CAAResolver, name string, issuers ...*I
 			}
 			i.log.Debug("CAA: the CA's identities cannot be read; it is left undecided where a name's records name CAs",
 				zap.String("directory", i.DirectoryURL()), zap.Error(err))
-			ca = CAAIssuer{Unknown: true, Method: ValidationHTTP01}
+			ca = CAAIssuer{Unknown: true}
 		}
+		ca.Method = i.caaMethod(ctx, name)
 		cas[n] = ca
 	}
-	return CheckCAA(ctx, r, name, cas...)
+	v, err := CheckCAA(ctx, r, name, cas...)
+	if err != nil {
+		return v, err
+	}
+	for n, i := range issuers {
+		if v.Allowed[n] || v.Undecided[n] || i.cfg.DNS01Zone == "" || cas[n].Method != ValidationHTTP01 {
+			continue
+		}
+		alt := cas[n]
+		alt.Method = ValidationDNS01
+		v.Allowed[n] = decideCAA(v.Name, v.Set, false, []CAAIssuer{alt}).Allowed[0]
+	}
+	return v, nil
+}
+
+// caaMethod is the validation method of name's next order: dns-01 for a wildcard,
+// and for a name whose _acme-challenge CNAME points at its target under the zone
+// (as choose decides); http-01 otherwise, and when the CNAME cannot be read.
+func (i *Issuer) caaMethod(ctx context.Context, name string) string {
+	name = strings.ToLower(strings.TrimSuffix(strings.TrimSpace(name), "."))
+	if isWildcard(name) {
+		return ValidationDNS01
+	}
+	if i.cfg.DNS01Zone == "" {
+		return ValidationHTTP01
+	}
+	if got, err := i.dns.cname(ctx, challengeName(name)); err == nil && got == DNS01Target(i.cfg.DNS01Zone, name) {
+		return ValidationDNS01
+	}
+	return ValidationHTTP01
+}
+
+// caaOnlyDNS01 reports whether domain's CAA records allow this issuer's CA only
+// dns-01 validation, for a name about to be validated over HTTP-01 for want of its
+// DNS-01 CNAME: it then waits for the CNAME rather than being ordered over a
+// challenge the CA would refuse. false when the records cannot be read: the worker's
+// CAA check has judged them already, and the CA checks them itself.
+func (i *Issuer) caaOnlyDNS01(ctx context.Context, domain string) bool {
+	if i.caa == nil {
+		return false
+	}
+	ca, err := i.CAAIssuer(ctx)
+	if err != nil {
+		return false
+	}
+	set, err := i.caa.Relevant(ctx, domain)
+	if err != nil {
+		return false
+	}
+	ca.Method = ValidationHTTP01
+	if v := decideCAA(domain, set, false, []CAAIssuer{ca}); v.Allowed[0] || v.CriticalTag != "" {
+		return false
+	}
+	ca.Method = ValidationDNS01
+	return decideCAA(domain, set, false, []CAAIssuer{ca}).Allowed[0]
 }

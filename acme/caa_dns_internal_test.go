@@ -24,6 +24,7 @@ func stubDNS(t *testing.T, answer func(q dns.Question, tcp bool) (rrs []dns.RR, 
 			m := new(dns.Msg)
 			m.SetReply(r)
 			m.RecursionAvailable = true
+			m.Compress = true // as resolvers do: a large answer fits in one TCP message
 			for _, q := range r.Question {
 				rrs, tc := answer(q, tcp)
 				m.Answer = append(m.Answer, rrs...)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -55,9 +56,11 @@ func (c *dnsClient) exchange(ctx context.Context, name string, qtype uint16) (*d
 	m.SetEdns0(dns01UDPSize, false)
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	in, _, err := (&dns.Client{Net: "udp"}).ExchangeContext(ctx, m, c.server)
+	// Timeout set: without it miekg/dns reads for its own 2 s default, whatever
+	// the context allows.
+	in, _, err := (&dns.Client{Net: "udp", Timeout: c.timeout}).ExchangeContext(ctx, m, c.server)
 	if err == nil && in.Truncated {
-		in, _, err = (&dns.Client{Net: "tcp"}).ExchangeContext(ctx, m, c.server)
+		in, _, err = (&dns.Client{Net: "tcp", Timeout: c.timeout}).ExchangeContext(ctx, m, c.server)
 	}
 	if err != nil {
 		var ne net.Error
@@ -84,11 +87,13 @@ func (c *dnsClient) cname(ctx context.Context, name string) (string, error) {
 	return "", nil
 }
 
-// txt are the TXT values answered for name (through any CNAME the resolver follows).
-func (c *dnsClient) txt(ctx context.Context, name string) ([]string, error) {
+// txt are the TXT values answered for name (through any CNAME the resolver follows)
+// and, for an answer without any, how long the resolver may keep it as a negative
+// answer (RFC 2308 §5: the least of its SOA's TTL and minimum; 0 without an SOA).
+func (c *dnsClient) txt(ctx context.Context, name string) ([]string, time.Duration, error) {
 	in, err := c.exchange(ctx, name, dns.TypeTXT)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	var out []string
 	for _, rr := range in.Answer {
@@ -96,7 +101,13 @@ func (c *dnsClient) txt(ctx context.Context, name string) ([]string, error) {
 			out = append(out, strings.Join(t.Txt, ""))
 		}
 	}
-	return out, nil
+	var negative time.Duration
+	for _, rr := range in.Ns {
+		if soa, ok := rr.(*dns.SOA); ok && len(out) == 0 {
+			negative = time.Duration(min(soa.Hdr.Ttl, soa.Minttl)) * time.Second
+		}
+	}
+	return out, negative, nil
 }
 
 // challengeName is where the CA looks for a name's DNS-01 value: _acme-challenge
@@ -108,8 +119,9 @@ func challengeName(domain string) string {
 // isWildcard reports whether domain is a wildcard (*.BASE).
 func isWildcard(domain string) bool { return strings.HasPrefix(domain, "*.") }
 
-// choose picks the challenge for domain (CONTRACT §5): DNS-01 when its
-// _acme-challenge CNAME points at its target under --dns01-zone, HTTP-01 otherwise.
+// choose picks the challenge for domain (docs/cas.md, DNS-01 by delegation): DNS-01
+// when its _acme-challenge CNAME points at its target under --dns01-zone, HTTP-01
+// otherwise.
 // A wildcard has only DNS-01: without the CNAME it cannot be validated yet, a
 // *issuing.PreflightError saying what to set. With the preflight on, DNS-01 is chosen
 // only once a probe value written to the zone is seen through the resolver by the
@@ -154,6 +166,10 @@ func (i *Issuer) choose(ctx context.Context, domain string) (challengeChoice, er
 	default:
 		http01.reason = fmt.Sprintf("no CNAME at %s (for DNS-01, set it to %s)", at, target)
 	}
+	if i.preflight != nil && i.caaOnlyDNS01(ctx, domain) {
+		return challengeChoice{}, &queue.PreflightError{Msg: fmt.Sprintf(
+			"the name's CAA records allow only dns-01 validation, and %s; set %s CNAME %s", http01.reason, at, target)}
+	}
 	return http01, nil
 }
 
@@ -166,8 +182,15 @@ func shownName(s string) string {
 	return s
 }
 
+// negativeMargin is added to a negative answer's TTL before the DNS-01 probe asks
+// again, for the resolver's clock and rounding of TTLs to whole seconds.
+const negativeMargin = time.Second
+
 // probeDNS01 writes a probe value at domain's target and checks that the resolver
-// answers it by the tenant's name (at, through its CNAME), as the CA will ask.
+// answers it by the tenant's name (at, through its CNAME), as the CA will ask. A
+// negative answer is not taken at once: the probe is asked for again once that
+// answer may have left the resolver's cache (at most the zone's negative TTL), so
+// that a negative answer someone keeps warm there does not hold the name back.
 // Nothing is sent to the CA; the probe is deleted after.
 func (i *Issuer) probeDNS01(ctx context.Context, domain, at, target string) error {
 	token, err := probeToken()
@@ -180,7 +203,20 @@ func (i *Issuer) probeDNS01(ctx context.Context, domain, at, target string) erro
 		return fmt.Errorf("acme: preflight: %w", err)
 	}
 	defer store.CleanUp(domain, probeToken, "") //nolint:errcheck // logged; it expires by itself
-	values, err := i.dns.txt(ctx, at)
+	values, negative, err := i.dns.txt(ctx, at)
+	if err == nil && negative > 0 && !slices.Contains(values, token) {
+		// A negative answer may be one the resolver kept from before the probe was
+		// written: anyone can ask it for the target, which the name discloses, and
+		// keep that answer warm. Wait it out, the probe in place, and ask again.
+		wait := time.NewTimer(min(negative, dns01NegTTL*time.Second) + negativeMargin)
+		select {
+		case <-wait.C:
+		case <-ctx.Done():
+			wait.Stop()
+			return fmt.Errorf("acme: preflight: %w", context.Cause(ctx))
+		}
+		values, _, err = i.dns.txt(ctx, at)
+	}
 	switch {
 	case errors.Is(err, errResolverSilent):
 		i.log.Warn("DNS-01 preflight skipped: the DNS resolver did not answer",
@@ -189,10 +225,8 @@ func (i *Issuer) probeDNS01(ctx context.Context, domain, at, target string) erro
 	case err != nil:
 		return fmt.Errorf("acme: preflight: %w", err)
 	}
-	for _, v := range values {
-		if v == token {
-			return nil
-		}
+	if slices.Contains(values, token) {
+		return nil
 	}
 	return &issuing.PreflightError{Msg: fmt.Sprintf(
 		"%s is a CNAME to %s, but the value written there is not answered by the name (%d other TXT values): is the zone delegated to certworker's name servers?",

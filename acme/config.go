@@ -79,6 +79,7 @@ type Config struct {
 	// DNS01Zone is --dns01-zone: the zone certworker answers DNS-01 values in, or ""
 	// for DNS-01 off. With it, a domain whose _acme-challenge CNAME points at its
 	// target (DNS01Target) is validated over DNS-01, and a wildcard can be ordered.
+	// New keeps it as NormalizeDNS01Zone gives it, however it is written here.
 	DNS01Zone string
 	// DNSTarget is --dns-target (ParseDNSTarget), or "".
 	DNSTarget string
@@ -151,6 +152,9 @@ func (c *Config) validate() (certcrypto.KeyType, *x509.CertPool, error) {
 		return "", nil, fmt.Errorf("acme HTTP timeout: %s is negative", c.HTTPTimeout)
 	}
 	if err := c.validatePreflight(); err != nil {
+		return "", nil, err
+	}
+	if c.DNS01Zone, err = NormalizeDNS01Zone(c.DNS01Zone); err != nil {
 		return "", nil, err
 	}
 	for _, id := range c.CAAIdentities {

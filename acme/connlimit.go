@@ -58,7 +58,7 @@ func NewConnLimiter(ln net.Listener, max int, reg prometheus.Registerer) *ConnLi
 	if max <= 0 {
 		max = DefaultMaxResponderConns
 	}
-	return &ConnLimiter{Listener: ln, max: max, m: newConnMetrics(reg)}
+	return &ConnLimiter{Listener: ln, max: max, m: newConnMetrics(reg, "http01", "the HTTP-01 responder")}
 }
 
 // Wrap makes srv report to the limiter which connections have a request being
@@ -193,15 +193,17 @@ type connMetrics struct {
 	closes *prometheus.CounterVec
 }
 
-func newConnMetrics(reg prometheus.Registerer) connMetrics {
+// newConnMetrics are certworker_NAME_connections_open and
+// certworker_NAME_connections_closed_total{reason} of a server, what in their help.
+func newConnMetrics(reg prometheus.Registerer, name, what string) connMetrics {
 	m := connMetrics{
 		open: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "certworker_http01_connections_open",
-			Help: "Connections the HTTP-01 responder holds open (at most its cap).",
+			Name: "certworker_" + name + "_connections_open",
+			Help: "Connections " + what + " holds open (at most its cap).",
 		}),
 		closes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "certworker_http01_connections_closed_total",
-			Help: "Connections the HTTP-01 responder closed at its connection cap: evicted (the longest waiting without a request being answered, to make room) or refused (a new one, while every open one was being answered).",
+			Name: "certworker_" + name + "_connections_closed_total",
+			Help: "Connections " + what + " closed at its connection cap: evicted (the longest waiting without a request being answered, to make room) or refused (a new one, while every open one was being answered).",
 		}, []string{"reason"}),
 	}
 	m.closes.WithLabelValues(closedEvicted)

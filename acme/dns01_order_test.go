@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
 
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/internal/dnsresolver"
@@ -29,14 +30,22 @@ type dns01Bed struct {
 	pool     *pgxpool.Pool
 	resolver *dnsresolver.Resolver
 	servers  []string
+	zone     string // as given to the servers and the issuer
 }
 
 func setupDNS01(t *testing.T) *dns01Bed {
 	t.Helper()
-	b := &dns01Bed{resolver: workertest.StartResolver(t)}
+	return setupDNS01Spelled(t, testZone)
+}
+
+// setupDNS01Spelled is setupDNS01 with the zone servers given zone as an operator
+// wrote it (--dns01-zone), which config's DNS01Zone is then set to.
+func setupDNS01Spelled(t *testing.T, zone string) *dns01Bed {
+	t.Helper()
+	b := &dns01Bed{resolver: workertest.StartResolver(t), zone: zone}
 	var dsn string
 	b.pool, dsn = pgtest.NewPool(t)
-	b.servers = workertest.ServeZone(t, b.resolver, dsn, testZone)
+	b.servers = workertest.ServeZone(t, b.resolver, dsn, zone)
 	b.ca = pebbletest.StartT(t, pebbletest.Options{DNSServer: b.resolver.Addr, HTTPPort: freePort(t)})
 	return b
 }
@@ -59,7 +68,7 @@ func (b *dns01Bed) config() acme.Config {
 	cfg.PreflightResolver = b.resolver.Addr
 	cfg.PreflightAllowCIDR = "127.0.0.0/8"
 	cfg.PreflightPort = b.ca.HTTPPort
-	cfg.DNS01Zone = testZone
+	cfg.DNS01Zone = b.zone
 	return cfg
 }
 
@@ -174,4 +183,121 @@ func TestDNS01_ACNAMEElsewhereMeansHTTP01(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, issuing.ChallengeHTTP01, *st.Challenge)
 	require.Contains(t, *st.ChallengeReason, "is a CNAME to acme.other-provider.example, not to "+acme.DNS01Target(testZone, name))
+}
+
+// A zone written with capitals and a trailing dot is the same zone: the server, the
+// values an order writes and the target the tenant is shown all use it in lower case
+// without the dot, and the name is issued over DNS-01. Guards against the values
+// being written under a target hashed from the zone as written, which the server
+// never answers: every DNS-01 check then waits for ever and every wildcard with it.
+func TestDNS01_ZoneWithCapitalsAndATrailingDotIssues(t *testing.T) {
+	t.Parallel()
+	b := setupDNS01Spelled(t, "ACME.certworker.test.")
+	name := randomName("dns01-spelled")
+	require.NoError(t, pebbletest.SetNoAddress(name))
+	t.Cleanup(func() { pebbletest.ClearDNS(name) })
+	b.delegate(name)
+	iss := newIssuer(t, b.pool, nil, b.config())
+	cert, err := iss.Issue(testCtx(t, 2*time.Minute), queue.Request{Domain: name})
+	require.NoError(t, err)
+	require.Equal(t, []string{name}, parseChain(t, cert.ChainPEM)[0].DNSNames)
+	orders := b.ca.Orders()
+	require.Len(t, orders, 1)
+}
+
+// A CNAME to another target under the zone (another name's, or any label in it) is
+// not the name's delegation: the name is validated over HTTP-01 or waits, never over
+// DNS-01, with the preflight on or off. Guards against accepting any CNAME that
+// merely ends with the zone, which would send a DNS-01 order bound to fail (the CA
+// reads the other target's values) and charge it, with --preflight off.
+func TestDNS01_ACNAMEToAnotherTargetInTheZoneIsNotDNS01(t *testing.T) {
+	t.Parallel()
+	b := setupDNS01(t)
+	tenant := pgtest.Tenant(t, b.pool)
+	for _, preflight := range []string{acme.PreflightHTTP, acme.PreflightOff} {
+		t.Run(preflight, func(t *testing.T) {
+			name := randomName("dns01-other-target")
+			other := acme.DNS01Target(testZone, randomName("dns01-someone-else"))
+			b.resolver.SetCNAME("_acme-challenge."+name, other)
+			id := pgtest.Domain(t, b.pool, tenant, name)
+			cfg := b.config()
+			cfg.Preflight = preflight
+			iss := newIssuer(t, b.pool, nil, cfg)
+			_, err := iss.Issue(testCtx(t, time.Minute), queue.Request{Domain: name, DomainID: id})
+			require.Error(t, err, "nothing answers HTTP-01, and DNS-01 must not be tried")
+			if preflight == acme.PreflightHTTP {
+				var pe *queue.PreflightError
+				require.True(t, errors.As(err, &pe), "the name waits: %v", err)
+			}
+			st, err := queue.New(b.pool, queue.DefaultConfig()).State(context.Background(), name)
+			require.NoError(t, err)
+			if preflight == acme.PreflightHTTP && st.Challenge == nil {
+				return // a wait before any choice is recorded is also not DNS-01
+			}
+			require.NotNil(t, st.Challenge)
+			require.Equal(t, queue.ChallengeHTTP01, *st.Challenge)
+			require.Contains(t, *st.ChallengeReason, "is a CNAME to "+other+", not to "+acme.DNS01Target(testZone, name))
+		})
+	}
+}
+
+// setupDNS01Responding is setupDNS01 with certworker's HTTP-01 responder on the port
+// Pebble validates, so that a name pointed at 127.0.0.1 (challtestsrv's default
+// answer) passes HTTP-01's preflight and can be issued over HTTP-01 too.
+func setupDNS01Responding(t *testing.T) *dns01Bed {
+	t.Helper()
+	b := &dns01Bed{resolver: workertest.StartResolver(t), zone: testZone}
+	var dsn string
+	b.pool, dsn = pgtest.NewPool(t)
+	b.servers = workertest.ServeZone(t, b.resolver, dsn, testZone)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	b.ca = pebbletest.StartT(t, pebbletest.Options{DNSServer: b.resolver.Addr, HTTPPort: ln.Addr().(*net.TCPAddr).Port})
+	(&bed{ln: ln}).respond(t, b.pool, zap.NewNop())
+	return b
+}
+
+// CAA's validationmethods is read for the challenge the order will use: a name whose
+// records allow the CA only dns-01 is allowed, and waits for its CNAME without an
+// order (though HTTP-01 would reach the proxy), then is issued over DNS-01 once the
+// CNAME is set; a name delegated to the zone whose records allow only http-01 is
+// refused the CA. Guards against CAA checked as http-01 for a name then validated
+// over DNS-01: a tenant allowing only dns-01 was refused, and one allowing only
+// http-01 was ordered over a challenge the CA refuses.
+func TestDNS01_CAAIsReadForTheChallengeUsed(t *testing.T) {
+	t.Parallel()
+	b := setupDNS01Responding(t)
+	r, err := acme.NewCAAResolver(b.resolver.Addr)
+	require.NoError(t, err)
+	iss := newIssuer(t, b.pool, nil, b.config())
+	ctx := testCtx(t, 2*time.Minute)
+
+	only := randomName("caa-dns01-only")
+	setCAA(t, only, pebbletest.DefaultCAAIdentity+"; validationmethods=dns-01")
+	v, err := acme.CheckCAAFor(ctx, r, only, iss)
+	require.NoError(t, err)
+	require.Equal(t, []bool{true}, v.Allowed, "allowed: the name can be validated over DNS-01 once delegated")
+	_, err = iss.Issue(ctx, queue.Request{Domain: only})
+	var we *queue.WaitingError
+	require.True(t, errors.As(err, &we), "it waits for its CNAME: %v", err)
+	target := acme.DNS01Target(testZone, only)
+	require.Contains(t, we.Msg, "the name's CAA records allow only dns-01 validation")
+	require.Contains(t, we.Msg, "set _acme-challenge."+only+" CNAME "+target)
+	require.Zero(t, b.ca.OrderRequests(), "nothing sent to the CA")
+
+	b.delegate(only)
+	v, err = acme.CheckCAAFor(ctx, r, only, iss)
+	require.NoError(t, err)
+	require.Equal(t, []bool{true}, v.Allowed)
+	cert, err := iss.Issue(ctx, queue.Request{Domain: only})
+	require.NoError(t, err)
+	require.Equal(t, []string{only}, parseChain(t, cert.ChainPEM)[0].DNSNames)
+
+	httpOnly := randomName("caa-http01-only")
+	setCAA(t, httpOnly, pebbletest.DefaultCAAIdentity+"; validationmethods=http-01")
+	b.delegate(httpOnly)
+	v, err = acme.CheckCAAFor(ctx, r, httpOnly, iss)
+	require.NoError(t, err)
+	require.Equal(t, []bool{false}, v.Allowed, "delegated, it is validated over DNS-01, which its records forbid")
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/miekg/dns"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/internal/workertest"
@@ -68,7 +70,7 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// The zone's answers, over UDP and TCP alike, are CONTRACT §4's: SOA and NS at the
+// The zone's answers, over UDP and TCP alike, are docs/cas.md's: SOA and NS at the
 // apex with a short negative TTL, the TXT values of orders in flight at each target
 // with a TTL of seconds, NXDOMAIN with the SOA for a name it does not hold, NOERROR
 // without data for another type, REFUSED outside the zone and no recursion offered.
@@ -280,4 +282,93 @@ func TestDNS01Value_IsTheDigestOfTheKeyAuthorization(t *testing.T) {
 	t.Parallel()
 	// SHA-256("token.thumbprint") in base64url, computed with openssl.
 	require.Equal(t, "61rBZ_4knHblO0MNoxFsXZ_eTFUHum0B6IVRbhvUn5I", acme.DNS01Value("token.thumbprint"))
+}
+
+// A name server inside the zone given with its addresses (NAME=ADDRESS) is answered
+// by the zone itself: A and AAAA at its name, and as glue beside the NS records. One
+// given without an address is a warning at start naming the glue the parent zone must
+// hold. Guards against in-zone name servers accepted and then answered NXDOMAIN, a
+// lame delegation once resolvers stop trusting the parent's copy of the glue.
+func TestDNS01Server_AnswersItsNameServersInsideTheZone(t *testing.T) {
+	t.Parallel()
+	pool, _ := newTestPool(t)
+	ns1 := "ns1." + testZone
+	_, addr := startDNS01(t, pool, acme.DNS01Options{Nameservers: []string{
+		ns1 + "=127.0.0.53", strings.ToUpper(ns1) + ".=2001:db8::53", "ns2.certworker.test",
+	}})
+	for _, network := range []string{"udp", "tcp"} {
+		a := ask(t, network, addr, ns1, dns.TypeA)
+		require.Equal(t, dns.RcodeSuccess, a.Rcode, network)
+		require.True(t, a.Authoritative)
+		require.Len(t, a.Answer, 1)
+		require.Equal(t, "127.0.0.53", a.Answer[0].(*dns.A).A.String())
+
+		aaaa := ask(t, network, addr, strings.ToUpper(ns1), dns.TypeAAAA)
+		require.Equal(t, dns.RcodeSuccess, aaaa.Rcode, network)
+		require.Len(t, aaaa.Answer, 1)
+		require.Equal(t, "2001:db8::53", aaaa.Answer[0].(*dns.AAAA).AAAA.String())
+
+		txt := ask(t, network, addr, ns1, dns.TypeTXT)
+		require.Equal(t, dns.RcodeSuccess, txt.Rcode, "the name exists, not the type")
+		require.Empty(t, txt.Answer)
+
+		ns := ask(t, network, addr, testZone, dns.TypeNS)
+		var names []string
+		for _, rr := range ns.Answer {
+			names = append(names, rr.(*dns.NS).Ns)
+		}
+		require.Equal(t, []string{ns1 + ".", "ns2.certworker.test."}, names)
+		require.Len(t, ns.Extra, 2, "the in-zone server's addresses as glue: %v", ns.Extra)
+
+		other := ask(t, network, addr, "ns3."+testZone, dns.TypeA)
+		require.Equal(t, dns.RcodeNameError, other.Rcode)
+	}
+}
+
+// An in-zone name server without an address starts, with a warning naming the glue
+// records the parent zone must hold; an address for a name outside the zone, or
+// one that is not an address, is refused naming the flag.
+func TestDNS01Server_NameServerInsideTheZoneWithoutAddressWarns(t *testing.T) {
+	t.Parallel()
+	core, logs := observer.New(zap.WarnLevel)
+	ns1 := "ns1." + testZone
+	_, err := acme.NewDNS01Server(nil, zap.New(core), acme.DNS01Options{
+		Zone: testZone, Nameservers: []string{ns1, "ns2.certworker.test"}})
+	require.NoError(t, err)
+	warned := logs.FilterField(zap.String("nameserver", ns1)).All()
+	require.Len(t, warned, 1, "%v", logs.All())
+	require.Contains(t, warned[0].Message, "glue")
+	require.Contains(t, warned[0].ContextMap()["glue"], ns1+" A and/or AAAA")
+
+	for _, bad := range [][]string{{"ns.elsewhere.test=192.0.2.1"}, {ns1 + "=not-an-address"}} {
+		_, err := acme.NewDNS01Server(nil, zap.NewNop(), acme.DNS01Options{Zone: testZone, Nameservers: bad})
+		require.ErrorContains(t, err, "--dns01-nameservers", "%v", bad)
+	}
+}
+
+// A value is answered whatever else the table holds: with 10,000 rows at other targets
+// (orders in flight, or a table filled by mistake), a target sorting after all of
+// them is still answered, and a read costs the same. Guards against a read of the
+// whole table cut at 10,000 rows, which left every target past the cut NXDOMAIN.
+func TestDNS01Server_AnswersATargetWhateverTheTableHolds(t *testing.T) {
+	t.Parallel()
+	pool, _ := newTestPool(t)
+	_, addr := startDNS01(t, pool, acme.DNS01Options{})
+	_, err := pool.Exec(context.Background(), `
+INSERT INTO certworker_dns01_values (token, target, value, domain, expires_at)
+SELECT 'filler-' || n, lpad(to_hex(n), 32, '0'), 'filler', 'filler.example', now() + interval '1 hour'
+FROM generate_series(1, 10000) n`)
+	require.NoError(t, err)
+	var name string
+	for n := 0; ; n++ { // a name whose target sorts after every filler's
+		name = fmt.Sprintf("late-%d.example", n)
+		if acme.DNS01Target(testZone, name) > "1" {
+			break
+		}
+	}
+	putValue(t, pool, name, "late-value")
+	in := ask(t, "udp", addr, acme.DNS01Target(testZone, name), dns.TypeTXT)
+	require.Equal(t, dns.RcodeSuccess, in.Rcode)
+	require.Len(t, in.Answer, 1)
+	require.Equal(t, []string{"late-value"}, in.Answer[0].(*dns.TXT).Txt)
 }

@@ -45,6 +45,9 @@ type Issuer struct {
 	preflight *preflight
 	// dns asks --preflight-resolver what the challenge's choice needs.
 	dns *dnsClient
+	// caa reads a name's CAA records for the choice (caaOnlyDNS01), through
+	// --preflight-resolver; nil unless both the preflight and DNS-01 are on.
+	caa *CAAResolver
 
 	accountMu sync.Mutex // held while the account is loaded or registered
 	account   *account   // guarded by accountMu; nil until the first order needs it
@@ -77,9 +80,16 @@ func New(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger, cfg Config) (
 	if err != nil {
 		return nil, err
 	}
+	var caa *CAAResolver
+	if cfg.Preflight == PreflightHTTP && cfg.DNS01Zone != "" {
+		if caa, err = NewCAAResolver(cfg.PreflightResolver); err != nil {
+			return nil, err
+		}
+	}
 	routeLegoLog()
 	log = log.Named("acme")
 	return &Issuer{
+		caa:       caa,
 		cfg:       cfg,
 		keyType:   kt,
 		pool:      pool,

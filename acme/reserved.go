@@ -93,6 +93,11 @@ func isReserved(addr netip.Addr, allow []netip.Prefix) bool {
 // for tests and for a private CA that validates inside the operator's network. ""
 // allows none. An IPv4 range also covers the IPv4-mapped IPv6 form of its addresses.
 func ParseAllowCIDR(s string) ([]netip.Prefix, error) {
+	return parsePrefixes("--preflight-allow-cidr", s)
+}
+
+// parsePrefixes reads flag's comma-separated CIDR ranges, as ParseAllowCIDR says.
+func parsePrefixes(flag, s string) ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	for _, part := range strings.Split(s, ",") {
 		part = strings.TrimSpace(part)
@@ -101,10 +106,10 @@ func ParseAllowCIDR(s string) ([]netip.Prefix, error) {
 		}
 		p, err := netip.ParsePrefix(part)
 		if err != nil {
-			return nil, fmt.Errorf("--preflight-allow-cidr: %q is not a CIDR range (such as 10.0.0.0/8 or fd00::/8)", part)
+			return nil, fmt.Errorf("%s: %q is not a CIDR range (such as 10.0.0.0/8 or fd00::/8)", flag, part)
 		}
 		if p.Addr().Zone() != "" {
-			return nil, fmt.Errorf("--preflight-allow-cidr: %q: a range has no zone", part)
+			return nil, fmt.Errorf("%s: %q: a range has no zone", flag, part)
 		}
 		if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
 			// Addresses are judged unmapped: ::ffff:10.0.0.0/104 is 10.0.0.0/8.

@@ -2,6 +2,8 @@ package acme
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -135,10 +137,25 @@ func (i *Issuer) addresses(ctx context.Context, name string) ([]netip.Addr, erro
 	return slices.Compact(out), nil
 }
 
+// maxDNSAnswer bounds the fingerprint dnsAnswer gives, which is stored with each
+// waiting domain: a tenant's DNS may answer thousands of addresses.
+const maxDNSAnswer = 1024
+
 // dnsAnswer is a fingerprint of what the DNS says of domain: its addresses and its
-// _acme-challenge CNAME. "" when the resolver did not answer (no fingerprint: the
-// next check probes).
+// _acme-challenge CNAME, as text, or a SHA-256 of that text when it is longer than
+// maxDNSAnswer. "" when the resolver did not answer (no fingerprint: the next check
+// probes).
 func (i *Issuer) dnsAnswer(ctx context.Context, domain string) string {
+	answer := i.dnsAnswerText(ctx, domain)
+	if len(answer) > maxDNSAnswer {
+		sum := sha256.Sum256([]byte(answer))
+		return "sha256:" + hex.EncodeToString(sum[:])
+	}
+	return answer
+}
+
+// dnsAnswerText is dnsAnswer's text, unbounded.
+func (i *Issuer) dnsAnswerText(ctx context.Context, domain string) string {
 	var parts []string
 	if !isWildcard(domain) {
 		addrs, err := i.addresses(ctx, domain)

@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
@@ -20,20 +19,29 @@ func (c *runCmd) validateDNS() error {
 	if _, err := acme.ParseDNSTarget(c.DNSTarget); err != nil {
 		return usagef("--dns-target: %v", err)
 	}
-	if c.DNS01Zone == "" {
-		return nil
+	// Normalised here, once, so that the zone recorded for certworker_dns01_target,
+	// the server and the issuer all get the same string.
+	zone, err := acme.NormalizeDNS01Zone(c.DNS01Zone)
+	if err != nil {
+		return usagef("%v", err)
 	}
-	zone := strings.TrimSuffix(c.DNS01Zone, ".")
-	if _, ok := dns.IsDomainName(zone); !ok || !strings.Contains(zone, ".") || net.ParseIP(zone) != nil {
-		return usagef("--dns01-zone: %q is not a domain name of at least two labels", c.DNS01Zone)
+	if c.DNS01Zone = zone; zone == "" {
+		return nil
 	}
 	if len(c.nameservers()) == 0 {
 		return usagef("--dns01-nameservers: required with --dns01-zone (the host names of the zone's NS records)")
 	}
-	for _, n := range c.nameservers() {
-		if _, ok := dns.IsDomainName(n); !ok || net.ParseIP(n) != nil {
-			return usagef("--dns01-nameservers: %q is not a host name", n)
-		}
+	if _, err := acme.ParseDNS01Nameservers(zone, c.nameservers()); err != nil {
+		return usagef("%v", err)
+	}
+	if c.DNS01RateLimit < 0 {
+		return usagef("--dns01-rate-limit: must not be negative, got %d", c.DNS01RateLimit)
+	}
+	if c.DNS01RateLimitSlip < 0 {
+		return usagef("--dns01-rate-limit-slip: must not be negative, got %d", c.DNS01RateLimitSlip)
+	}
+	if _, err := acme.ParseDNS01RateLimitExempt(c.DNS01RateLimitExempt); err != nil {
+		return usagef("%v", err)
 	}
 	if _, _, err := net.SplitHostPort(c.DNS01Listen); err != nil {
 		return usagef("--dns01-listen: %q is not host:port", c.DNS01Listen)
@@ -89,8 +97,10 @@ func (c *runCmd) serveDNS01(socks *dns01Sockets, pool *pgxpool.Pool, log *zap.Lo
 	if socks == nil {
 		return nil, nil
 	}
+	exempt, _ := acme.ParseDNS01RateLimitExempt(c.DNS01RateLimitExempt) // validateDNS checked it
 	srv, err := acme.NewDNS01Server(pool, log, acme.DNS01Options{
 		Zone: c.DNS01Zone, Nameservers: c.nameservers(), Registerer: reg,
+		RateLimit: c.DNS01RateLimit, RateLimitSlip: c.DNS01RateLimitSlip, RateLimitExempt: exempt,
 	})
 	if err != nil {
 		return nil, usagef("%v", err)

@@ -235,7 +235,9 @@ SELECT id, d, v, 'tok', s, p, a, e, now() FROM t, (VALUES
 
 // The DNS flags are checked before run connects anywhere, each error naming its flag:
 // --dns01-zone needs --dns01-nameservers (the zone's NS records would otherwise name
-// nothing), a zone must be a domain name, --dns01-listen host:port, --dns-target a
+// nothing), whose addresses must be addresses of names inside the zone, the rate
+// limit's flags must not be negative and its exempt prefixes must be prefixes, a zone
+// must be a domain name, --dns01-listen host:port, --dns-target a
 // host name or addresses, --dns-wait-max positive. Guards against a zone served
 // without name servers, and a typo that leaves DNS-01 silently off.
 func TestCLI_BadDNSFlagsExitTwoNamingTheFlag(t *testing.T) {
@@ -248,6 +250,11 @@ func TestCLI_BadDNSFlagsExitTwoNamingTheFlag(t *testing.T) {
 		{[]string{"run", "--dns01-zone", "acme..example", "--dns01-nameservers", "ns1.example.net"}, "--dns01-zone"},
 		{[]string{"run", "--dns01-zone", "single", "--dns01-nameservers", "ns1.example.net"}, "--dns01-zone"},
 		{[]string{"run", "--dns01-zone", "acme.example.net", "--dns01-nameservers", "ns1.example.net", "--dns01-listen", "5353"}, "--dns01-listen"},
+		{[]string{"run", "--dns01-zone", "acme.example.net", "--dns01-nameservers", "ns1.acme.example.net=not-an-address"}, "--dns01-nameservers"},
+		{[]string{"run", "--dns01-zone", "acme.example.net", "--dns01-nameservers", "ns1.example.net=192.0.2.1"}, "--dns01-nameservers"},
+		{[]string{"run", "--dns01-zone", "acme.example.net", "--dns01-nameservers", "ns1.example.net", "--dns01-rate-limit", "-1"}, "--dns01-rate-limit"},
+		{[]string{"run", "--dns01-zone", "acme.example.net", "--dns01-nameservers", "ns1.example.net", "--dns01-rate-limit-slip", "-1"}, "--dns01-rate-limit-slip"},
+		{[]string{"run", "--dns01-zone", "acme.example.net", "--dns01-nameservers", "ns1.example.net", "--dns01-rate-limit-exempt", "10.0.0.0/33"}, "--dns01-rate-limit-exempt"},
 		{[]string{"run", "--dns-target", "proxy.example.net,10.0.0.1"}, "--dns-target"},
 		{[]string{"run", "--dns-target", "not a name"}, "--dns-target"},
 		{[]string{"run", "--dns-wait-max", "0s"}, "--dns-wait-max"},
