@@ -167,7 +167,7 @@ func (i *Issuer) choose(ctx context.Context, domain string) (challengeChoice, er
 		http01.reason = fmt.Sprintf("no CNAME at %s (for DNS-01, set it to %s)", at, target)
 	}
 	if i.preflight != nil && i.caaOnlyDNS01(ctx, domain) {
-		return challengeChoice{}, &queue.PreflightError{Msg: fmt.Sprintf(
+		return challengeChoice{}, &issuing.PreflightError{Msg: fmt.Sprintf(
 			"the name's CAA records allow only dns-01 validation, and %s; set %s CNAME %s", http01.reason, at, target)}
 	}
 	return http01, nil

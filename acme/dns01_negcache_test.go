@@ -11,7 +11,7 @@ import (
 
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/internal/loopback"
-	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // cachingResolver stands for a shared public resolver as far as caching goes
@@ -152,11 +152,11 @@ func TestDNS01_PreflightOutlastsANegativeAnswerKeptWarm(t *testing.T) {
 	attempts := 0
 	for {
 		attempts++
-		_, err := iss.Issue(testCtx(t, 2*time.Minute), queue.Request{Domain: name})
+		_, err := iss.Issue(testCtx(t, 2*time.Minute), issuing.Request{Domain: name})
 		if err == nil {
 			break
 		}
-		var pe *queue.PreflightError
+		var pe *issuing.PreflightError
 		require.ErrorAs(t, err, &pe, "only the preflight may hold it back")
 		require.Less(t, time.Since(start), 30*time.Second, "not issued within 30 s (%d attempts): %v", attempts, err)
 		time.Sleep(time.Second) // the worker's next check of a waiting name

@@ -198,7 +198,7 @@ func TestDNS01_ZoneWithCapitalsAndATrailingDotIssues(t *testing.T) {
 	t.Cleanup(func() { pebbletest.ClearDNS(name) })
 	b.delegate(name)
 	iss := newIssuer(t, b.pool, nil, b.config())
-	cert, err := iss.Issue(testCtx(t, 2*time.Minute), queue.Request{Domain: name})
+	cert, err := iss.Issue(testCtx(t, 2*time.Minute), issuing.Request{Domain: name})
 	require.NoError(t, err)
 	require.Equal(t, []string{name}, parseChain(t, cert.ChainPEM)[0].DNSNames)
 	orders := b.ca.Orders()
@@ -223,19 +223,19 @@ func TestDNS01_ACNAMEToAnotherTargetInTheZoneIsNotDNS01(t *testing.T) {
 			cfg := b.config()
 			cfg.Preflight = preflight
 			iss := newIssuer(t, b.pool, nil, cfg)
-			_, err := iss.Issue(testCtx(t, time.Minute), queue.Request{Domain: name, DomainID: id})
+			_, err := iss.Issue(testCtx(t, time.Minute), issuing.Request{Domain: name, DomainID: id})
 			require.Error(t, err, "nothing answers HTTP-01, and DNS-01 must not be tried")
 			if preflight == acme.PreflightHTTP {
-				var pe *queue.PreflightError
+				var pe *issuing.PreflightError
 				require.True(t, errors.As(err, &pe), "the name waits: %v", err)
 			}
-			st, err := queue.New(b.pool, queue.DefaultConfig()).State(context.Background(), name)
+			st, err := queue.New(b.pool, issuing.DefaultConfig()).State(context.Background(), name)
 			require.NoError(t, err)
 			if preflight == acme.PreflightHTTP && st.Challenge == nil {
 				return // a wait before any choice is recorded is also not DNS-01
 			}
 			require.NotNil(t, st.Challenge)
-			require.Equal(t, queue.ChallengeHTTP01, *st.Challenge)
+			require.Equal(t, issuing.ChallengeHTTP01, *st.Challenge)
 			require.Contains(t, *st.ChallengeReason, "is a CNAME to "+other+", not to "+acme.DNS01Target(testZone, name))
 		})
 	}
@@ -278,8 +278,8 @@ func TestDNS01_CAAIsReadForTheChallengeUsed(t *testing.T) {
 	v, err := acme.CheckCAAFor(ctx, r, only, iss)
 	require.NoError(t, err)
 	require.Equal(t, []bool{true}, v.Allowed, "allowed: the name can be validated over DNS-01 once delegated")
-	_, err = iss.Issue(ctx, queue.Request{Domain: only})
-	var we *queue.WaitingError
+	_, err = iss.Issue(ctx, issuing.Request{Domain: only})
+	var we *issuing.WaitingError
 	require.True(t, errors.As(err, &we), "it waits for its CNAME: %v", err)
 	target := acme.DNS01Target(testZone, only)
 	require.Contains(t, we.Msg, "the name's CAA records allow only dns-01 validation")
@@ -290,7 +290,7 @@ func TestDNS01_CAAIsReadForTheChallengeUsed(t *testing.T) {
 	v, err = acme.CheckCAAFor(ctx, r, only, iss)
 	require.NoError(t, err)
 	require.Equal(t, []bool{true}, v.Allowed)
-	cert, err := iss.Issue(ctx, queue.Request{Domain: only})
+	cert, err := iss.Issue(ctx, issuing.Request{Domain: only})
 	require.NoError(t, err)
 	require.Equal(t, []string{only}, parseChain(t, cert.ChainPEM)[0].DNSNames)
 
