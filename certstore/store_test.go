@@ -131,7 +131,7 @@ func TestStore_RefusesWhatItMustNotServe(t *testing.T) {
 	require.NoError(t, err)
 	b.storeRaw(t, b.admin, "otherkey.example", c.chainPEM, sealedElsewhere, c)
 	// Two verified uploads of one name in two cases, neither from ACME: either could
-	// be another tenant's (of acme twins, the rule of queue.KeepsNameSQL serves one:
+	// be another tenant's (of acme twins, the rule of certworker_certificate_for serves one:
 	// TestStore_ACaseTwinThatDoesNotKeepTheNameStopsNothing).
 	b.domain(t, "twice.example", "verified", "manual", "active")
 	b.domain(t, "TWICE.example", "verified", "manual", "active")

@@ -46,7 +46,7 @@ type named struct {
 
 var lookUpSQL = `
 SELECT id::text, tenant_id::text, domain, verification_status, ssl_provider, ssl_status,
-    ` + twinCountsSQL("d") + ` AND ` + KeepsNameSQL("d") + `
+    ` + twinCountsSQL("d") + ` AND ` + keepsNameSQL("d") + `
 FROM proxy_domains d WHERE lower(domain) = lower($1) ORDER BY domain FOR UPDATE`
 
 // lookUp finds the one domain called name, in any case (operators type names as a
@@ -80,7 +80,7 @@ func lookUp(ctx context.Context, tx pgx.Tx, name string) (named, error) {
 
 // pickTwin chooses which of n rows matching name in any case an operator means (at
 // gives each row's id, its name as stored, and whether it is verified, acme and keeps its name:
-// KeepsNameSQL). The one row there is; else the row spelled exactly as name; else the
+// keepsNameSQL). The one row there is; else the row spelled exactly as name; else the
 // verified acme row that keeps the name, since twins that are unverified or not acme
 // count for nothing (CONTRACT.md §5). Else an *AmbiguousError naming them all.
 func pickTwin(name string, n int, at func(i int) (id, domain string, keeps bool)) (int, error) {

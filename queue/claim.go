@@ -35,7 +35,7 @@ import (
 // so that no later claim reads it again, and Claim reads on with a wider window. A
 // pause of the CA ($7) is one test for the whole statement, and takes nothing out. Of
 // two rows whose names differ only in case, only the one that keeps the name
-// (KeepsNameSQL, twins.go) is claimed: the other is failed by the same statement
+// (keepsNameSQL, twins.go) is claimed: the other is failed by the same statement
 // (lost), so that it never holds the keeper back and is not read again. Pauses are conditions of the claim, not checks after
 // it, so a held-back domain is never claimed and handed back again.
 //
@@ -73,7 +73,7 @@ var claimSQL = `
 WITH head AS MATERIALIZED (
     SELECT h.*, row_number() OVER () AS rn FROM (
         SELECT d.id, d.tenant_id, COALESCE(d.ssl_queue_tier, 2) AS tier, COALESCE(d.ssl_queue_seq, 0) AS seq,
-            ` + readySQL("d") + ` AS ready, ` + heldByPauseSQL("d", "$7") + ` AS pause, ` + KeepsNameSQL("d") + ` AS keeps
+            ` + readySQL("d") + ` AS ready, ` + heldByPauseSQL("d", "$7") + ` AS pause, ` + keepsNameSQL("d") + ` AS keeps
         FROM proxy_domains d
         WHERE ` + inLineSQL + `
           AND COALESCE(d.ssl_queue_tier, 2) BETWEEN $8 AND $9
@@ -99,7 +99,7 @@ WITH head AS MATERIALIZED (
           AND x.verification_status = 'verified' AND x.ssl_provider = 'acme' AND x.ssl_status = 'pending'
           AND x.ssl_held IS NULL AND x.ssl_attempts < $1 AND ` + readySQL("x") + `
           AND ` + heldByPauseSQL("x", "$7") + ` IS NULL
-          AND ` + KeepsNameSQL("x") + `
+          AND ` + keepsNameSQL("x") + `
         ORDER BY x.ssl_renew_by, x.id
         LIMIT t.k
         FOR UPDATE OF x SKIP LOCKED) e

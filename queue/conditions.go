@@ -157,14 +157,14 @@ func twinRankSQL(x string) string {
          COALESCE(` + x + `.ssl_eligible_at, 'infinity'::timestamptz), ` + x + `.id)`
 }
 
-// KeepsNameSQL is true when no verified acme case twin of row x (an alias of
+// keepsNameSQL is true when no verified acme case twin of row x (an alias of
 // proxy_domains) comes before it (the rules above): x keeps its name. It says nothing
 // of x's own state; a row that is not verified and acme is to be judged by the caller
 // (it keeps nothing from a CA's point of view). It is one probe of the index on
 // lower(domain) (migration 00006) per row: a scalar count, which the planner keeps a
 // probe per row read, rather than NOT EXISTS, which it may turn into an anti-join of
 // the whole table.
-func KeepsNameSQL(x string) string {
+func keepsNameSQL(x string) string {
 	return `((SELECT count(*) FROM proxy_domains o
           WHERE lower(o.domain) = lower(` + x + `.domain) AND o.id <> ` + x + `.id AND ` + twinCountsSQL("o") + `
             AND ` + twinRankSQL("o") + ` < ` + twinRankSQL(x) + `) = 0)`

@@ -10,7 +10,7 @@ import (
 
 var markCaseDuplicatesSQL = `
 WITH judged AS (
-    SELECT d.id, ` + KeepsNameSQL("d") + ` AS keeps
+    SELECT d.id, ` + keepsNameSQL("d") + ` AS keeps
     FROM proxy_domains d
     WHERE d.id = ANY ($1::uuid[]) AND ` + twinCountsSQL("d") + `
     FOR UPDATE OF d SKIP LOCKED

@@ -22,3 +22,6 @@ var TwinCandidatesSQLForTest = twinCandidatesSQL
 
 // ReturnHeldSQLForTest is ReturnHeld's statement for the CA at directory.
 func ReturnHeldSQLForTest(q *Queue, directory string) string { return q.returnHeldStatement(directory) }
+
+// KeepsNameSQL is keepsNameSQL, for the test that it names one keeper.
+var KeepsNameSQL = keepsNameSQL

@@ -92,7 +92,7 @@ WITH head AS MATERIALIZED (
     SELECT h.*, row_number() OVER () AS rn FROM (
         SELECT d.id, d.tenant_id, d.domain, d.ssl_ca_refused, d.ssl_waiting_since, d.ssl_queued_at,
             d.ssl_last_attempt_at, d.ssl_attempts,
-            ` + readySQL("d") + ` AS ready, ` + KeepsNameSQL("d") + ` AS keeps
+            ` + readySQL("d") + ` AS ready, ` + keepsNameSQL("d") + ` AS keeps
         FROM proxy_domains d
         WHERE ` + inLineSQL + `
           AND COALESCE(d.ssl_queue_tier, 2) BETWEEN $10 AND $11

@@ -345,7 +345,7 @@ SELECT d.id::text, d.tenant_id::text, d.domain, d.verification_status, d.ssl_sta
     c.id IS NOT NULL, c.issuer, c.serial, c.not_before, c.expires_at,
     CASE WHEN c.expires_at IS NULL THEN c.certificate_pem END, c.renew_at, COALESCE(c.auto_renew, false),
     c.profile, c.issuer_directory, d.ssl_ca_directory, d.ssl_ca_cause, d.ssl_ca_refused,
-    ` + twinCountsSQL("d") + ` AND ` + KeepsNameSQL("d") + `,
+    ` + twinCountsSQL("d") + ` AND ` + keepsNameSQL("d") + `,
     ds.challenge, ds.challenge_reason
 FROM proxy_domains d LEFT JOIN proxy_certificates c ON c.domain = d.domain
 LEFT JOIN certworker_dns_state ds ON ds.domain_id = d.id ` + pauseSQL + `

@@ -3,10 +3,11 @@ package queue
 // Case twins (CONTRACT.md §5): two rows whose names differ only in case are one name
 // to a CA ("Shop.example" and "shop.example"). The proxy's unique constraint is on the
 // name as written, so a tenant may add another tenant's name in another case. The rule
-// that settles which row keeps the name is stated here once, as SQL, and read by the
-// claim (which fails the other row itself), the housekeeping pass, the certificate
-// store's serving rule and the operator commands; docs/proxy-integration.md ("Serving
-// case twins") gives it to the proxy.
+// that settles which row keeps the name is stated here, and rendered as SQL by
+// keepsNameSQL (conditions.go) for the claim (which fails the other row itself), the
+// housekeeping pass and the operator commands. What the proxy serves follows the same
+// rule in certworker_certificate_for (migrations/functions), whose tests hold it to
+// the cases below.
 //
 //   - Only verified acme rows count. A row that is unverified or not acme never holds
 //     back, fails or stops serving a verified one: anyone may add a row, only the
