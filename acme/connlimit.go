@@ -58,7 +58,7 @@ func NewConnLimiter(ln net.Listener, max int, reg prometheus.Registerer) *ConnLi
 	if max <= 0 {
 		max = DefaultMaxResponderConns
 	}
-	return &ConnLimiter{Listener: ln, max: max, m: newConnMetrics(reg, "http01", "the HTTP-01 responder")}
+	return &ConnLimiter{Listener: ln, max: max, m: newConnMetrics(reg, "http01")}
 }
 
 // Wrap makes srv report to the limiter which connections have a request being
@@ -193,18 +193,37 @@ type connMetrics struct {
 	closes *prometheus.CounterVec
 }
 
-// newConnMetrics are certworker_NAME_connections_open and
-// certworker_NAME_connections_closed_total{reason} of a server, what in their help.
-func newConnMetrics(reg prometheus.Registerer, name, what string) connMetrics {
-	m := connMetrics{
-		open: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "certworker_" + name + "_connections_open",
-			Help: "Connections " + what + " holds open (at most its cap).",
-		}),
-		closes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "certworker_" + name + "_connections_closed_total",
-			Help: "Connections " + what + " closed at its connection cap: evicted (the longest waiting without a request being answered, to make room) or refused (a new one, while every open one was being answered).",
-		}, []string{"reason"}),
+// newConnMetrics are the connection gauge and counter of a server, registered on reg:
+// certworker_http01_connections_open and ..._closed_total{reason} of the HTTP-01
+// responder, and the same of the DNS-01 server (dns01). Each name is written out
+// whole, as every metric of certworker's is, so that the names are found in the code
+// by name (the dashboard's test reads them there).
+func newConnMetrics(reg prometheus.Registerer, server string) connMetrics {
+	const closedHelp = " closed at its connection cap: evicted (the longest waiting without a request being answered, to make room) or refused (a new one, while every open one was being answered)."
+	var m connMetrics
+	switch server {
+	case "dns01":
+		m = connMetrics{
+			open: prometheus.NewGauge(prometheus.GaugeOpts{
+				Name: "certworker_dns01_connections_open",
+				Help: "TCP connections the DNS-01 server holds open (at most its cap).",
+			}),
+			closes: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "certworker_dns01_connections_closed_total",
+				Help: "TCP connections the DNS-01 server" + closedHelp,
+			}, []string{"reason"}),
+		}
+	default:
+		m = connMetrics{
+			open: prometheus.NewGauge(prometheus.GaugeOpts{
+				Name: "certworker_http01_connections_open",
+				Help: "Connections the HTTP-01 responder holds open (at most its cap).",
+			}),
+			closes: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "certworker_http01_connections_closed_total",
+				Help: "Connections the HTTP-01 responder" + closedHelp,
+			}, []string{"reason"}),
+		}
 	}
 	m.closes.WithLabelValues(closedEvicted)
 	m.closes.WithLabelValues(closedRefused)

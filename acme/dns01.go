@@ -294,7 +294,7 @@ func NewDNS01Server(pool *pgxpool.Pool, log *zap.Logger, opts DNS01Options) (*DN
 		pool: pool, log: log.Named("dns01"), zone: zone, opts: opts,
 		hosts: map[string][]dns.RR{},
 		m:     newDNS01Metrics(opts.Registerer),
-		connM: newConnMetrics(opts.Registerer, "dns01", "the DNS-01 server"),
+		connM: newConnMetrics(opts.Registerer, "dns01"),
 		rrl:   newRateLimiter(opts.RateLimit, opts.RateLimitSlip, opts.RateLimitExempt),
 		slots: make(chan struct{}, opts.MaxInflight),
 		ctx:   ctx, cancel: cancel,
