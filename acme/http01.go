@@ -490,9 +490,10 @@ func (r *Responder) Notify(ctx context.Context, conn *pgx.Conn, token string) er
 }
 
 // Disconnected marks the memory incomplete: tokens in it are still answered, and
-// misses are looked up, or 503 beyond the budget.
-func (r *Responder) Disconnected() {
-	if r.listening.Swap(false) {
+// misses are looked up, or 503 beyond the budget. A lost connection is a warning; one
+// closed because the process stops is not.
+func (r *Responder) Disconnected(stopped bool) {
+	if r.listening.Swap(false) && !stopped {
 		r.log.Warn("HTTP-01 token listener lost; tokens in memory are still answered, misses are looked up")
 	}
 	r.m.connected.Set(0)

@@ -334,7 +334,7 @@ func (l *Listener) up(conn *pgx.Conn, reconnect bool, downFor time.Duration) {
 // down records the loss of conn and closes it.
 func (l *Listener) down(ctx context.Context, conn *pgx.Conn) {
 	for _, t := range l.topics {
-		t.Disconnected()
+		t.Disconnected(ctx.Err() != nil)
 	}
 	l.connected.Store(false)
 	l.m.connected.Set(0)

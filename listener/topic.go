@@ -18,8 +18,9 @@ type Topic interface {
 	Connected(ctx context.Context, conn *pgx.Conn, reconnect bool) error
 	// Notify is called with the payload of each notification on the topic's channel.
 	Notify(ctx context.Context, conn *pgx.Conn, payload string) error
-	// Disconnected is called when the connection is lost or closed.
-	Disconnected()
+	// Disconnected is called when the connection is lost, or closed because the
+	// Listener was stopped (stopped): only a loss is worth a warning.
+	Disconnected(stopped bool)
 }
 
 // Listen adds t as the consumer of channel's notifications, on the same connection
@@ -53,7 +54,7 @@ func (l *Listener) listenTopics(ctx context.Context, conn *pgx.Conn, reconnect b
 	for channel, t := range l.topics {
 		if err := t.Connected(ctx, conn, reconnect); err != nil {
 			for _, u := range l.topics {
-				u.Disconnected()
+				u.Disconnected(false)
 			}
 			return fmt.Errorf("%s: %w", channel, err)
 		}

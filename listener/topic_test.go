@@ -58,7 +58,13 @@ func (r *recordingTopic) Notify(_ context.Context, conn *pgx.Conn, payload strin
 	return nil
 }
 
-func (r *recordingTopic) Disconnected() { r.record("disconnected", nil) }
+func (r *recordingTopic) Disconnected(stopped bool) {
+	if stopped {
+		r.record("stopped", nil)
+		return
+	}
+	r.record("disconnected", nil)
+}
 
 func (r *recordingTopic) snapshot() ([]string, []uint32) {
 	r.mu.Lock()
@@ -189,4 +195,18 @@ func TestListener_ListenAfterStartOrTwiceForAChannelPanics(t *testing.T) {
 	require.Panics(t, func() { b.l.Listen(Channel, newRecordingTopic()) })
 	b.start(t)
 	require.Panics(t, func() { b.l.Listen("certworker_test_other", newRecordingTopic()) })
+}
+
+// A Listener that is stopped tells its topics so (stopped), so that a topic warns
+// only of a lost connection: the HTTP-01 responder logged "token listener lost" at
+// every orderly shutdown.
+func TestListener_StopIsToldToTheTopicsAsAStopNotALoss(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Options{})
+	tokens := newRecordingTopic()
+	b.l.Listen("certworker_test_tokens", tokens)
+	b.start(t)
+	tokens.waitFor(t, "connected")
+	b.l.Stop()
+	tokens.waitFor(t, "connected", "stopped")
 }
