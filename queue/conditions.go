@@ -48,7 +48,7 @@ func inLineAsSQL(x string) string {
 // inLineSQL is inLineAsSQL of row d.
 var inLineSQL = inLineAsSQL("d")
 
-// readySQL: the backoff of CONTRACT.md §5 has run out for row x, computed from its
+// readySQL: the retry backoff (docs/internals.md) has run out for row x, computed from its
 // own ssl_attempts with the same parameters as Config.Backoff ($2, $3).
 func readySQL(x string) string { return readyAtSQL(x, "$2", "$3") }
 

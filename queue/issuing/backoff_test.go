@@ -66,7 +66,7 @@ func TestBackoff_TenAttemptsSpanAboutADay(t *testing.T) {
 // The reference's fixed 30 days renewed any certificate shorter than that on every
 // poll, and left a 90-day one a month to notice a problem. A third of the lifetime
 // keeps the month for 90 days and scales down; below 10 days half the lifetime is
-// left (CONTRACT.md §5), as Let's Encrypt advises for its 6-day certificates (renew
+// left (docs/cas.md, renewal times), as Let's Encrypt advises for its 6-day certificates (renew
 // every 2 to 3 days): a third would leave 2 days to notice a failing renewal.
 func TestRenewAtFromValidity_LeavesRoomToNotice(t *testing.T) {
 	t.Parallel()

@@ -16,7 +16,7 @@ const (
 	// DefaultLease is how long a claim stays valid without being renewed. The
 	// running instance renews it every third of this, so a live order survives two
 	// missed renewals; a killed instance's claim is reclaimed within it, well inside
-	// the 2 minutes CONTRACT.md §5 allows.
+	// the 2 minutes a failover may take (docs/high-availability.md).
 	DefaultLease = 60 * time.Second
 )
 

@@ -2,7 +2,7 @@ package issuing
 
 import "time"
 
-// RenewBy is when a renewal of a certificate becomes urgent (CONTRACT.md §5): when a
+// RenewBy is when a renewal of a certificate becomes urgent (its tier of service, docs/internals.md): when a
 // fifth of its lifetime is left, or at the end of the CA's renewal window if that comes
 // first. A renewal past it is served before first issuances.
 func RenewBy(notBefore, notAfter, windowEnd time.Time) time.Time {

@@ -76,7 +76,7 @@ type Request struct {
 	// wrapping the one it got (ErrLeaseDeadline, or ErrClaimLost): the worker hands
 	// the claim back uncharged once the database answers. It is what keeps an order
 	// whose claim a failover lost (a standby that had not received it) from issuing
-	// a second certificate beside the one the new holder orders (CONTRACT.md §5).
+	// a second certificate beside the one the new holder orders (docs/high-availability.md).
 	// nil outside the worker.
 	ConfirmClaim func(ctx context.Context) error
 	// Readmit, when set, is called before a renewal is ordered again without
@@ -116,7 +116,7 @@ type Certificate struct {
 	// a third of its lifetime before NotAfter, half below 10 days).
 	RenewAt time.Time
 	// WindowStart and WindowEnd are the CA's suggested renewal window (ARI), or zero
-	// when the CA offers none. Past its end, a renewal is urgent (CONTRACT.md §5);
+	// when the CA offers none. Past its end, a renewal is urgent (RenewBy);
 	// inside it, a renewal naming this certificate is exempt from every limit (Admit).
 	WindowStart, WindowEnd time.Time
 	// RenewalInfoIn is how long until the CA's renewal information is fetched again
@@ -249,8 +249,8 @@ func (e *PermanentError) Unwrap() error { return e.Err }
 // KeyError: a stored private key an order needs (the ACME account's) does not open
 // with the key encryption keys this instance was started with, or does not parse once
 // opened. Typically another instance, in the middle of a rotation, sealed it under a
-// key this one lacks. It is the operator's problem, never the domain's (CONTRACT.md
-// §6): not charged; the worker hands the claim back, stops claiming, and reports not
+// key this one lacks. It is the operator's problem, never the domain's
+// (docs/security.md): not charged; the worker hands the claim back, stops claiming, and reports not
 // ready until it is restarted with the key. Its message names the key id it lacks
 // where the stored format names one, and never holds a key.
 type KeyError struct {

@@ -8,7 +8,7 @@ import (
 )
 
 // InvalidDomainPrefix starts the ssl_error of a domain whose name no public CA can
-// issue for (CONTRACT.md §5).
+// issue for: CheckName says which names those are.
 const InvalidDomainPrefix = "invalid domain: "
 
 // CheckName returns the name to order for a stored domain, in lower case, or an error

@@ -54,7 +54,7 @@ var checkNameCases = []struct {
 	{"a\x00.example", ""},
 }
 
-// Only names a public CA can issue are ordered (CONTRACT.md §5). A name the CA
+// Only names a public CA can issue are ordered. A name the CA
 // refuses spends an order from a rate-limited budget shared by every domain, ten times
 // over a day; a wildcard needs DNS-01, which this worker does not do; an IP address
 // or a single label can never be validated; a Unicode name must be ordered as its

@@ -8,7 +8,7 @@ import (
 )
 
 // ShortLived is the lifetime below which a certificate renews at half its lifetime
-// instead of at two thirds (CONTRACT.md §5). Let's Encrypt advises renewing its 6-day
+// instead of at two thirds (docs/cas.md, renewal times). Let's Encrypt advises renewing its 6-day
 // (160 h) certificates every 2 to 3 days: at two thirds a 6-day certificate would
 // have 2 days left for a failed renewal to be noticed and fixed, at half it has 3.
 // Its 45-day and 90-day profiles stay at two thirds (15 and 30 days left). Ten days

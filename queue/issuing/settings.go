@@ -56,7 +56,7 @@ func ParseLimit(s string) (Limit, error) {
 	return Limit{Count: n, Window: d}, nil
 }
 
-// Limits are the ledger's limits, mirrors of the CA's published ones (CONTRACT.md §3).
+// Limits are the ledger's limits, mirrors of the CA's published ones (the --limit-* flags, docs/cas.md).
 type Limits struct {
 	OrdersPerAccount         Limit
 	CertsPerRegisteredDomain Limit
