@@ -182,6 +182,9 @@ func TestListener_ATopicThatCannotReReadGetsTheConnectionMadeAgain(t *testing.T)
 	_, err := b.pool.Exec(context.Background(), "SELECT pg_terminate_backend($1)", int32(b.l.backendPID.Load()))
 	require.NoError(t, err)
 	tokens.waitFor(t, "connect failed", "disconnected", "connect failed", "disconnected", "reconnected")
+	// The topic re-reads inside the connection's set-up, before the listener marks
+	// itself connected and sends the catch-up wake-up: that wake-up is the signal.
+	require.Equal(t, SourceReconnect, waitWake(t, b.l.Wakes()).Source)
 	require.True(t, b.l.Connected())
 }
 
