@@ -94,8 +94,10 @@ deploy-check:
 # TEST_DATABASE_URL) and an in-process Pebble.
 # deploy/helm/charttest, a module of its own (Helm and the Kubernetes client
 # libraries stay out of certworker's), lints and renders the Helm chart; ./... does not
-# reach it, so it runs after.
+# reach it, so it runs after. .ci/test-tools first installs promtool and pgbouncer
+# where it can, or says in one line how to.
 test: pg-image-if-needed
+	bash .ci/test-tools
 	$(PG_ENV) $(GO) test -race -count=1 -timeout 30m ./...
 	cd deploy/helm/charttest && $(GO) test -race -count=1 -timeout 10m ./...
 
