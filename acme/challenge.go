@@ -140,7 +140,7 @@ func (i *Issuer) choose(ctx context.Context, domain string) (challengeChoice, er
 			return http01, fmt.Errorf("acme: read the CNAME at %s: %w", at, context.Cause(ctx))
 		}
 		i.log.Warn("could not read the DNS-01 CNAME; the CA decides",
-			zap.String("domain", domain), zap.String("error", err.Error()))
+			issuing.LogDomainCtx(ctx, domain), zap.String("error", err.Error()))
 		if isWildcard(domain) {
 			return challengeChoice{issuing.ChallengeDNS01, "the resolver did not answer for " + at + "; a wildcard has only DNS-01"}, nil
 		}
@@ -220,7 +220,7 @@ func (i *Issuer) probeDNS01(ctx context.Context, domain, at, target string) erro
 	switch {
 	case errors.Is(err, errResolverSilent):
 		i.log.Warn("DNS-01 preflight skipped: the DNS resolver did not answer",
-			zap.String("domain", domain), zap.String("error", err.Error()))
+			issuing.LogDomainCtx(ctx, domain), zap.String("error", err.Error()))
 		return nil
 	case err != nil:
 		return fmt.Errorf("acme: preflight: %w", err)

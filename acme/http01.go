@@ -150,7 +150,7 @@ func deleteFenced(ctx context.Context, pool *pgxpool.Pool, log *zap.Logger, tabl
 DELETE FROM `+table+` WHERE token = $1 AND claim_token IS NOT DISTINCT FROM $2::uuid`, token, c); err != nil {
 		// The row expires by itself; say so rather than fail the order.
 		log.Warn("could not delete "+what+"; it expires by itself",
-			zap.String("domain", domain), zap.Duration("expires_in", ttl), zap.Error(err))
+			issuing.LogDomainCtx(ctx, domain), zap.Duration("expires_in", ttl), zap.Error(err))
 		return fmt.Errorf("delete %s: %w", what, err)
 	}
 	return nil

@@ -159,7 +159,7 @@ func (i *Issuer) Issue(ctx context.Context, req issuing.Request) (*issuing.Certi
 
 // issue is one order, start to end.
 func (i *Issuer) issue(ctx context.Context, req issuing.Request) (*issuing.Certificate, error) {
-	log := i.log.With(zap.String("domain", req.Domain), zap.String("domain_id", req.DomainID))
+	log := i.log.With(issuing.LogDomain(req.Domain, req.DomainID, req.TenantID))
 	choice, err := i.choose(ctx, req.Domain)
 	if err != nil {
 		return nil, i.waiting(ctx, req.Domain, err)

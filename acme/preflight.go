@@ -112,7 +112,7 @@ func (p *preflight) check(ctx context.Context, domain string) error {
 	err := p.run(ctx, run, domain)
 	if errors.Is(err, errResolverSilent) {
 		p.log.Warn("preflight skipped: the DNS resolver did not answer",
-			zap.String("domain", domain), zap.String("error", err.Error()))
+			issuing.LogDomainCtx(ctx, domain), zap.String("error", err.Error()))
 		return nil
 	}
 	return err
@@ -202,7 +202,7 @@ func (r *probeRun) resolve(ctx context.Context, host string) ([]netip.Addr, erro
 	addrs, err := r.lookUp(ctx, host)
 	var pe *issuing.PreflightError
 	if host != r.domain && errors.As(err, &pe) {
-		r.p.log.Info("preflight: a redirect's host has no public address", zap.String("domain", r.domain),
+		r.p.log.Info("preflight: a redirect's host has no public address", issuing.LogDomainCtx(ctx, r.domain),
 			zap.String("redirect_host", host), zap.String("reason", pe.Msg))
 		return nil, redirectUnreachable(r.domain, host)
 	}
@@ -309,7 +309,7 @@ func (r *probeRun) dial(ctx context.Context, network, addr string) (net.Conn, er
 		var re *reservedDialError
 		if errors.As(err, &re) {
 			if host != r.domain {
-				r.p.log.Info("preflight: a redirect's host has no public address", zap.String("domain", r.domain),
+				r.p.log.Info("preflight: a redirect's host has no public address", issuing.LogDomainCtx(ctx, r.domain),
 					zap.String("redirect_host", host), zap.String("reason", re.Error()))
 				return nil, redirectUnreachable(r.domain, host)
 			}

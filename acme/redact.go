@@ -29,7 +29,7 @@ func (i *Issuer) forTenant(err error, req issuing.Request) error {
 	if err == nil {
 		return nil
 	}
-	log := i.log.With(zap.String("domain", req.Domain), zap.String("domain_id", req.DomainID))
+	log := i.log.With(issuing.LogDomain(req.Domain, req.DomainID, req.TenantID))
 	var paused *pausedError
 	if errors.As(err, &paused) {
 		log.Error("the CA has paused issuance for this name on the account; a person must open the unpause link, then run `certworker retry`",

@@ -405,8 +405,7 @@ WHERE d.id = p.id AND d.ssl_held IS DISTINCT FROM
 
 // Untracked is a claim handed back by ReleaseUntracked.
 type Untracked struct {
-	ID     string
-	Domain string
+	ID, TenantID, Domain string
 }
 
 var releaseUntrackedSQL = `
@@ -415,7 +414,7 @@ UPDATE proxy_domains SET
     ` + releaseClaimSQL + `
 WHERE ssl_status = 'provisioning' AND ssl_claimed_by = $1
   AND NOT (ssl_claim_token = ANY($2::uuid[]))
-RETURNING id::text, domain`
+RETURNING id::text, tenant_id::text, domain`
 
 // ReleaseUntracked hands back, uncharged, every row owner holds whose token is not in
 // keep: claims whose statement committed but whose answer never reached the instance
@@ -432,7 +431,7 @@ func (q *Queue) ReleaseUntracked(ctx context.Context, owner string, keep []strin
 	var out []Untracked
 	for rows.Next() {
 		var u Untracked
-		if err := rows.Scan(&u.ID, &u.Domain); err != nil {
+		if err := rows.Scan(&u.ID, &u.TenantID, &u.Domain); err != nil {
 			return nil, fmt.Errorf("release untracked claims: %w", err)
 		}
 		out = append(out, u)

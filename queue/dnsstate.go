@@ -111,9 +111,9 @@ SELECT 1 FROM d`, []any{c.ID, c.Token, msg, checkIn.Seconds(), answer}, &one)
 
 // DueWait is a waiting domain whose check is due.
 type DueWait struct {
-	ID, Domain string
-	Since      time.Time
-	Answer     string
+	ID, TenantID, Domain string
+	Since                time.Time
+	Answer               string
 }
 
 var forgetOrphanWaitsSQL = `
@@ -128,12 +128,12 @@ WHERE s.next_check_at <= now()
 
 var takeDueWaitsSQL = `
 UPDATE certworker_dns_state s SET next_check_at = now() + make_interval(secs => $2)
-FROM (SELECT s.domain_id, d.domain FROM certworker_dns_state s JOIN proxy_domains d ON d.id = s.domain_id
+FROM (SELECT s.domain_id, d.tenant_id, d.domain FROM certworker_dns_state s JOIN proxy_domains d ON d.id = s.domain_id
       WHERE s.next_check_at <= now()
       ORDER BY s.next_check_at LIMIT $1
       FOR UPDATE OF s SKIP LOCKED) due
 WHERE s.domain_id = due.domain_id
-RETURNING s.domain_id::text, due.domain, COALESCE(s.waiting_since, now()), COALESCE(s.answer, ''),
+RETURNING s.domain_id::text, due.tenant_id::text, due.domain, COALESCE(s.waiting_since, now()), COALESCE(s.answer, ''),
     (SELECT count(*) FROM certworker_dns_state x
      WHERE x.next_check_at IS NOT NULL AND x.waiting_since < now() - make_interval(secs => $3))::int`
 
@@ -157,7 +157,7 @@ func (q *Queue) DueWaits(ctx context.Context, limit int) ([]DueWait, int, error)
 	stale := 0
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DueWait, error) {
 		var w DueWait
-		err := r.Scan(&w.ID, &w.Domain, &w.Since, &w.Answer, &stale)
+		err := r.Scan(&w.ID, &w.TenantID, &w.Domain, &w.Since, &w.Answer, &stale)
 		return w, err
 	})
 	if err != nil {

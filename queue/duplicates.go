@@ -16,17 +16,17 @@ WITH judged AS (
     FOR UPDATE OF d SKIP LOCKED
 ), lost AS (
     ` + failTwinsSQL("judged j", "j.id", "NOT j.keeps AND (d.ssl_status <> 'failed' OR d.ssl_error IS DISTINCT FROM '"+duplicateReason+"')",
-	"d.id, d.domain, d.ssl_error, false AS back") + `
+	"d.id, d.tenant_id, d.domain, d.ssl_error, false AS back") + `
 ), back AS (
     UPDATE proxy_domains d SET
         ssl_status = 'pending', ssl_attempts = 0, ssl_error = NULL, ssl_last_attempt_at = NULL, updated_at = now()
     FROM judged j
     WHERE d.id = j.id AND j.keeps AND d.ssl_status = 'failed' AND d.ssl_error LIKE '` + duplicateError + `%'
-    RETURNING d.id, d.domain, 'the name is its own again: back in the queue' AS ssl_error, true AS back
+    RETURNING d.id, d.tenant_id, d.domain, 'the name is its own again: back in the queue' AS ssl_error, true AS back
 )
-SELECT id::text, domain, ssl_error, back FROM lost
+SELECT id::text, tenant_id::text, domain, ssl_error, back FROM lost
 UNION ALL
-SELECT id::text, domain, ssl_error, back FROM back`
+SELECT id::text, tenant_id::text, domain, ssl_error, back FROM back`
 
 // MarkCaseDuplicates applies the case twins' rule (twins.go) to the rows the claim
 // does not read: it marks 'failed' every verified acme domain that a twin keeps the
@@ -70,7 +70,7 @@ func (q *Queue) MarkCaseDuplicates(ctx context.Context) (marked, restored []issu
 	for rows.Next() {
 		var b issuing.BadRow
 		var back bool
-		if err := rows.Scan(&b.ID, &b.Domain, &b.Reason, &back); err != nil {
+		if err := rows.Scan(&b.ID, &b.TenantID, &b.Domain, &b.Reason, &back); err != nil {
 			return nil, nil, fmt.Errorf("mark case duplicates: %w", err)
 		}
 		if back {

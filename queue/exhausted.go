@@ -43,7 +43,7 @@ func (q *Queue) FailExhausted(ctx context.Context) ([]issuing.BadRow, error) {
 }
 
 var exhaustedRowsSQL = `
-SELECT id::text, domain, COALESCE(ssl_error, ''), ssl_attempts FROM proxy_domains
+SELECT id::text, tenant_id::text, domain, COALESCE(ssl_error, ''), ssl_attempts FROM proxy_domains
 WHERE ` + claimableAsSQL("") + `
   AND ssl_attempts >= $1
 LIMIT $2
@@ -67,7 +67,7 @@ func (q *Queue) failExhausted(ctx context.Context) ([]issuing.BadRow, error) {
 		var last string
 		var attempts int
 		var ids, reasons []string
-		_, err = pgx.ForEachRow(rows, []any{&b.ID, &b.Domain, &last, &attempts}, func() error {
+		_, err = pgx.ForEachRow(rows, []any{&b.ID, &b.TenantID, &b.Domain, &last, &attempts}, func() error {
 			b.Reason = sanitizeWithTail(last, fmt.Sprintf(givenUpFormat, fmt.Sprint(attempts), fmt.Sprint(q.cfg.MaxAttempts)), ascii)
 			ids, reasons = append(ids, b.ID), append(reasons, b.Reason)
 			out = append(out, b)

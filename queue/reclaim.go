@@ -11,6 +11,7 @@ import (
 // Reclaimed is a domain requeued because its claim was abandoned.
 type Reclaimed struct {
 	ID       string
+	TenantID string
 	Domain   string
 	Attempts int
 	GaveUp   bool
@@ -45,7 +46,7 @@ UPDATE proxy_domains d SET
     updated_at = now(), ` + releaseClaimSQL + `
 FROM abandoned
 WHERE d.id = abandoned.id
-RETURNING d.id::text, d.domain, d.ssl_attempts, d.ssl_status = 'failed'`
+RETURNING d.id::text, d.tenant_id::text, d.domain, d.ssl_attempts, d.ssl_status = 'failed'`
 
 // ReclaimAbandoned puts back domains whose claim was abandoned: 'provisioning' with a
 // lease that ran out (the instance holding it died), or, for a row claimed without a
@@ -84,7 +85,7 @@ func (q *Queue) ReclaimAbandoned(ctx context.Context) ([]Reclaimed, error) {
 		}
 		batch, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Reclaimed, error) {
 			var x Reclaimed
-			err := r.Scan(&x.ID, &x.Domain, &x.Attempts, &x.GaveUp)
+			err := r.Scan(&x.ID, &x.TenantID, &x.Domain, &x.Attempts, &x.GaveUp)
 			return x, err
 		})
 		out = append(out, batch...)

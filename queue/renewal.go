@@ -109,8 +109,8 @@ func (q *Queue) requeueDue(ctx context.Context) (int64, error) {
 // unscheduled is a certificate row without a renewal time.
 type unscheduled struct {
 	id, domain, chain string
-	// domainID is "" when the row's domain does not exist.
-	domainID string
+	// domainID and tenantID are "" when the row's domain does not exist.
+	domainID, tenantID string
 }
 
 // fillBatch is how many rows one statement of the renewal pass reads or requeues: the
@@ -120,7 +120,7 @@ type unscheduled struct {
 const fillBatch = 1000
 
 var readUnscheduledSQL = `
-SELECT c.id::text, c.domain, c.certificate_pem, COALESCE(d.id::text, '')
+SELECT c.id::text, c.domain, c.certificate_pem, COALESCE(d.id::text, ''), COALESCE(d.tenant_id::text, '')
 FROM proxy_certificates c LEFT JOIN proxy_domains d ON d.domain = c.domain
 WHERE c.renew_at IS NULL AND c.auto_renew AND c.id > $1::uuid
 ORDER BY c.id LIMIT $2`
@@ -139,7 +139,7 @@ func (q *Queue) readUnscheduled(ctx context.Context, after string) ([]unschedule
 	var out []unscheduled
 	for rows.Next() {
 		var u unscheduled
-		if err := rows.Scan(&u.id, &u.domain, &u.chain, &u.domainID); err != nil {
+		if err := rows.Scan(&u.id, &u.domain, &u.chain, &u.domainID, &u.tenantID); err != nil {
 			return nil, fmt.Errorf("read certificates without a renewal time: %w", err)
 		}
 		out = append(out, u)
@@ -180,7 +180,7 @@ func (q *Queue) schedule(ctx context.Context, batch []unscheduled) (int64, []iss
 		leaf, reason := judge(u.chain, u.domain)
 		if reason != "" {
 			badIDs, reasons = append(badIDs, u.id), append(reasons, reason)
-			bad = append(bad, issuing.BadRow{ID: u.domainID, Domain: u.domain, Reason: reason})
+			bad = append(bad, issuing.BadRow{ID: u.domainID, TenantID: u.tenantID, Domain: u.domain, Reason: reason})
 			continue
 		}
 		ids = append(ids, u.id)

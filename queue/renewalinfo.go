@@ -40,12 +40,12 @@ const (
 // RenewalInfoCandidate is a stored certificate whose renewal information an instance
 // has claimed the read of.
 type RenewalInfoCandidate struct {
-	// ID is the certificate row's id, DomainID its domain's.
-	ID, DomainID, Domain string
-	ChainPEM             string
-	NotBefore            time.Time
-	NotAfter             time.Time
-	RenewAt              time.Time
+	// ID is the certificate row's id, DomainID and TenantID its domain's.
+	ID, DomainID, TenantID, Domain string
+	ChainPEM                       string
+	NotBefore                      time.Time
+	NotAfter                       time.Time
+	RenewAt                        time.Time
 	// Now is the database's time at the claim: the worker judges the CA's window by
 	// it, not by its own clock.
 	Now time.Time
@@ -61,7 +61,7 @@ type RenewalInfoCandidate struct {
 
 var claimRenewalInfoSQL = `
 WITH scanned AS (
-    SELECT c.id, c.ari_next_at, d.id AS domain_id,
+    SELECT c.id, c.ari_next_at, d.id AS domain_id, d.tenant_id,
            COALESCE(c.expires_at > now() AND c.renew_at IS NOT NULL AND c.auto_renew
                     AND d.ssl_status = 'active' AND d.ssl_provider = 'acme'
                     AND d.verification_status = 'verified', false) AS eligible,
@@ -72,7 +72,7 @@ WITH scanned AS (
     LIMIT $2
     FOR UPDATE OF c SKIP LOCKED
 ), ranked AS (
-    SELECT id, domain_id, eligible, finished, row_number() OVER (PARTITION BY eligible ORDER BY ari_next_at) AS rank
+    SELECT id, domain_id, tenant_id, eligible, finished, row_number() OVER (PARTITION BY eligible ORDER BY ari_next_at) AS rank
     FROM scanned
 )
 UPDATE proxy_certificates c SET ari_next_at = CASE
@@ -81,7 +81,7 @@ UPDATE proxy_certificates c SET ari_next_at = CASE
         ELSE now() + make_interval(secs => $4) END
 FROM ranked r
 WHERE c.id = r.id AND (NOT r.eligible OR r.rank <= $1)
-RETURNING r.eligible, c.id::text, r.domain_id::text, c.domain, CASE WHEN r.eligible THEN c.certificate_pem END,
+RETURNING r.eligible, c.id::text, r.domain_id::text, r.tenant_id::text, c.domain, CASE WHEN r.eligible THEN c.certificate_pem END,
           COALESCE(c.not_before, c.expires_at), c.expires_at, c.renew_at, now(), c.serial, c.version,
           COALESCE(c.issuer_directory, '')`
 
@@ -114,10 +114,10 @@ func (q *Queue) ClaimRenewalInfo(ctx context.Context, n int) ([]RenewalInfoCandi
 		var (
 			eligible                   bool
 			c                          RenewalInfoCandidate
-			domainID, chain            *string
+			domainID, tenantID, chain  *string
 			notBefore, notAfter, renew *time.Time
 		)
-		if err := rows.Scan(&eligible, &c.ID, &domainID, &c.Domain, &chain, &notBefore, &notAfter, &renew, &c.Now,
+		if err := rows.Scan(&eligible, &c.ID, &domainID, &tenantID, &c.Domain, &chain, &notBefore, &notAfter, &renew, &c.Now,
 			&c.serial, &c.version, &c.Directory); err != nil {
 			return nil, 0, fmt.Errorf("claim renewal-information reads: %w", err)
 		}
@@ -127,7 +127,7 @@ func (q *Queue) ClaimRenewalInfo(ctx context.Context, n int) ([]RenewalInfoCandi
 		}
 		// An eligible row has all of them: a domain, an expiry in the future, a
 		// renewal time, and the chain.
-		c.DomainID, c.ChainPEM, c.NotBefore, c.NotAfter, c.RenewAt = *domainID, *chain, *notBefore, *notAfter, *renew
+		c.DomainID, c.TenantID, c.ChainPEM, c.NotBefore, c.NotAfter, c.RenewAt = *domainID, *tenantID, *chain, *notBefore, *notAfter, *renew
 		out = append(out, c)
 	}
 	if err := rows.Err(); err != nil {

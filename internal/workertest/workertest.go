@@ -37,6 +37,9 @@ type Instance struct {
 	cancel   context.CancelFunc
 	stopped  chan struct{}
 	err      error
+	// ownLog is the logger Start made (keeping every line in Logs), or nil when the
+	// test gave its own.
+	ownLog *zap.Logger
 }
 
 // Start builds a worker from cfg on a pool of its own on dsn, with the worker's
@@ -61,6 +64,7 @@ func Start(t testing.TB, dsn, name string, cfg worker.Config) *Instance {
 	cfg.Pool = pool
 	if cfg.Log == nil {
 		cfg.Log = zap.New(core).With(zap.String("instance", name))
+		in.ownLog = cfg.Log
 	}
 	cfg.Registerer = in.Registry
 	if cfg.Owner == "" {
@@ -94,11 +98,33 @@ func Start(t testing.TB, dsn, name string, cfg worker.Config) *Instance {
 			t.Errorf("worker %s did not stop", name)
 		}
 		pool.Close()
+		if in.ownLog != nil {
+			in.checkDomainLines(t)
+		}
 		if t.Failed() {
 			in.DumpLog(t, 200)
 		}
 	})
 	return in
+}
+
+// checkDomainLines fails the test for each line the worker logged about a domain
+// (one with a "domain" field) that does not also name its row and its tenant
+// ("domain_id" and "tenant_id"): an operator follows a tenant's domains by them.
+// Every test that starts a worker checks it, whatever paths its worker took.
+func (in *Instance) checkDomainLines(t testing.TB) {
+	t.Helper()
+	for _, e := range in.Logs.All() {
+		m := e.ContextMap()
+		if _, ok := m["domain"]; !ok {
+			continue
+		}
+		_, id := m["domain_id"]
+		_, tenant := m["tenant_id"]
+		if !id || !tenant {
+			t.Errorf("worker %s logged %q about domain %v without domain_id and tenant_id: %v", in.Name, e.Message, m["domain"], m)
+		}
+	}
 }
 
 // Session is the session set-up of the pool Start makes for a worker with cfg, as

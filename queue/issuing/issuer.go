@@ -53,6 +53,8 @@ type Issuer interface {
 // Request is one order's input.
 type Request struct {
 	DomainID string
+	// TenantID is the domain's tenant, for the log lines about it.
+	TenantID string
 	// Domain is already checked (CheckName) and in lower case.
 	Domain string
 	// CurrentPEM is the stored certificate chain this order renews, or "" for a first

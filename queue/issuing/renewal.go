@@ -35,9 +35,11 @@ func RenewAtFromValidity(notBefore, notAfter time.Time) time.Time {
 type BadRow struct {
 	// ID is the domain's id (proxy_domains.id), or "" for a certificate row whose
 	// domain does not exist.
-	ID     string
-	Domain string
-	Reason string
+	ID string
+	// TenantID is the domain's tenant, or "" with no domain.
+	TenantID string
+	Domain   string
+	Reason   string
 }
 
 // RenewalPass is what MarkRenewals did.

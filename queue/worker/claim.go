@@ -221,7 +221,7 @@ func (w *Worker) releaseUntracked(ctx context.Context) {
 	for _, u := range released {
 		w.m.outcome("released_untracked", 0)
 		w.log.Warn("claim handed back: its statement committed but its answer was lost; not charged",
-			zap.String("domain", u.Domain), zap.String("domain_id", u.ID))
+			issuing.LogDomain(u.Domain, u.ID, u.TenantID))
 	}
 }
 

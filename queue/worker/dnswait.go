@@ -106,7 +106,7 @@ func (w *Worker) checkWaits(ctx context.Context, checker issuing.DNSChecker) {
 // checkWait runs one check, and reports whether the domain's wait ended with its DNS
 // ready.
 func (w *Worker) checkWait(ctx context.Context, checker issuing.DNSChecker, d queue.DueWait, stale int) bool {
-	log := w.log.With(zap.String("domain", d.Domain), zap.String("domain_id", d.ID))
+	log := w.log.With(issuing.LogDomain(d.Domain, d.ID, d.TenantID))
 	now := time.Now()
 	if now.Sub(d.Since) > w.cfg.DNSWaitMax {
 		msg := fmt.Sprintf("%sits DNS never pointed here within %s (--dns-wait-max); point it here, then retry", issuing.WaitingPrefix, w.cfg.DNSWaitMax)
@@ -124,7 +124,7 @@ func (w *Worker) checkWait(ctx context.Context, checker issuing.DNSChecker, d qu
 		name = d.Domain // the claim will fail it as invalid
 	}
 	cctx, cancel := context.WithTimeout(ctx, dnsCheckTimeout)
-	cerr := checker.CheckDNS(cctx, name, d.Answer)
+	cerr := checker.CheckDNS(issuing.WithDomainRef(cctx, issuing.DomainRef{ID: d.ID, TenantID: d.TenantID}), name, d.Answer)
 	cancel()
 	sctx, scancel := w.step(ctx, true)
 	defer scancel()

@@ -146,13 +146,13 @@ func (w *Worker) renewLeases(ctx context.Context) {
 		if o := w.orders.get(t); o != nil {
 			o.cancel(errLeaseDeadline)
 			w.log.Warn("lease ran out before it could be renewed; stopping the order and handing the claim back",
-				zap.String("domain", o.claim.Domain), zap.String("domain_id", o.claim.ID))
+				issuing.LogDomain(o.claim.Domain, o.claim.ID, o.claim.TenantID))
 		}
 	}
 	for _, t := range leases.Busy {
 		if o := w.orders.get(t); o != nil {
 			w.log.Debug("lease not renewed: another transaction holds the domain's row; trying again at the next heartbeat",
-				zap.String("domain", o.claim.Domain), zap.String("domain_id", o.claim.ID),
+				issuing.LogDomain(o.claim.Domain, o.claim.ID, o.claim.TenantID),
 				zap.Duration("deadline_in", o.deadline.Left()))
 		}
 	}
@@ -164,7 +164,7 @@ func (w *Worker) renewLeases(ctx context.Context) {
 		o.lost.Store(true)
 		o.cancel(errLost)
 		w.log.Warn("claim lost: another instance or an operator took this domain; stopping the order",
-			zap.String("domain", o.claim.Domain), zap.String("domain_id", o.claim.ID))
+			issuing.LogDomain(o.claim.Domain, o.claim.ID, o.claim.TenantID))
 	}
 }
 
@@ -189,7 +189,7 @@ const confirmRetry = 250 * time.Millisecond
 // the order as the heartbeat's fencing does: lost, nothing written.
 func (w *Worker) confirmClaim(ctx context.Context, o *order) error {
 	third := w.cfg.Queue.Lease / 3
-	log := w.log.With(zap.String("domain", o.claim.Domain), zap.String("domain_id", o.claim.ID))
+	log := w.log.With(issuing.LogDomain(o.claim.Domain, o.claim.ID, o.claim.TenantID))
 	for try := 1; ; try++ {
 		budget := o.deadline.Left() - third
 		if budget <= 0 {

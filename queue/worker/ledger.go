@@ -84,7 +84,7 @@ func (w *Worker) admitAt(ctx context.Context, at *ca, claims []issuing.Claim) (a
 	for _, r := range refused {
 		w.m.outcome("ledger_held", 0)
 		w.log.Info("order held back by the ledger: the CA would refuse it; the domain waits, not charged",
-			zap.String("domain", r.Claim.Domain), zap.String("domain_id", r.Claim.ID), zap.String("reason", r.Reason),
+			issuing.LogDomain(r.Claim.Domain, r.Claim.ID, r.Claim.TenantID), zap.String("reason", r.Reason),
 			zap.String("ca", at.label))
 	}
 	return append(invalid, admitted...), true

@@ -190,7 +190,7 @@ func (w *Worker) reclaim(ctx context.Context) int {
 	}
 	for _, r := range reclaimed {
 		w.log.Warn("domain was left mid-issuance by an instance that stopped; requeued",
-			zap.String("domain", r.Domain), zap.String("domain_id", r.ID),
+			issuing.LogDomain(r.Domain, r.ID, r.TenantID),
 			zap.String("error", "issuance was interrupted before it finished"),
 			zap.Int("attempt", r.Attempts), zap.Bool("gave_up", r.GaveUp))
 	}
@@ -232,7 +232,7 @@ func (w *Worker) markRenewals(ctx context.Context) int {
 func (w *Worker) badRows(msg string, bad []issuing.BadRow) {
 	for _, b := range bad {
 		w.m.badRow()
-		w.log.Warn(msg, zap.String("domain", b.Domain), zap.String("domain_id", b.ID), zap.String("error", b.Reason))
+		w.log.Warn(msg, issuing.LogDomain(b.Domain, b.ID, b.TenantID), zap.String("error", b.Reason))
 	}
 }
 
@@ -289,7 +289,7 @@ func (w *Worker) housekeeping(ctx context.Context) {
 	w.badRows("another domain keeps this name in another case; marked failed", twins)
 	for _, r := range back {
 		w.log.Info("a domain failed as a case twin keeps its name now; back in the queue",
-			zap.String("domain", r.Domain), zap.String("domain_id", r.ID))
+			issuing.LogDomain(r.Domain, r.ID, r.TenantID))
 	}
 	exhausted, err := w.q.FailExhausted(hctx)
 	if err != nil {

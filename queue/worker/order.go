@@ -127,7 +127,7 @@ func (w *Worker) start(ctx context.Context, c issuing.Claim, source string, sent
 	w.m.claimed(c, source)
 	w.m.setInflight(w.orders.len())
 	fields := []zap.Field{
-		zap.String("domain", c.Domain), zap.String("domain_id", c.ID),
+		issuing.LogDomain(c.Domain, c.ID, c.TenantID),
 		zap.Int("attempt", max(c.Attempts, 0)+1), zap.String("source", source),
 	}
 	if !c.DueAt.IsZero() {
@@ -159,7 +159,7 @@ func (w *Worker) start(ctx context.Context, c issuing.Claim, source string, sent
 // came of it.
 func (w *Worker) runOrder(ctx context.Context, o *order) result {
 	c := o.claim
-	log := w.log.With(zap.String("domain", c.Domain), zap.String("domain_id", c.ID))
+	log := w.log.With(issuing.LogDomain(c.Domain, c.ID, c.TenantID))
 	res := result{token: c.Token}
 	name, err := issuing.CheckNameFor(c.Domain, w.cfg.Wildcards)
 	if err != nil {
@@ -225,19 +225,19 @@ func (w *Worker) issue(ctx context.Context, o *order, name, profile string) (cer
 	c := o.claim
 	defer func() {
 		if p := recover(); p != nil {
-			w.log.Error("issuer panicked", zap.String("domain", c.Domain), zap.String("domain_id", c.ID),
+			w.log.Error("issuer panicked", issuing.LogDomain(c.Domain, c.ID, c.TenantID),
 				zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
 			err = fmt.Errorf("internal error: issuer panicked: %v", p)
 		}
 	}()
 	at := w.caOf(c.Directory)
-	req := issuing.Request{DomainID: c.ID, Domain: name, CurrentPEM: w.replacesPEM(c),
+	req := issuing.Request{DomainID: c.ID, TenantID: c.TenantID, Domain: name, CurrentPEM: w.replacesPEM(c),
 		Profile: profile, Deadline: o.deadline, ClaimToken: c.Token,
 		ConfirmClaim: func(ctx context.Context) error { return w.confirmClaim(ctx, o) }}
 	if req.CurrentPEM != "" && at.limits.Any() {
 		req.Readmit = func(ctx context.Context) error { return w.readmit(ctx, at, c, name) }
 	}
-	cert, err = at.issuer.Issue(ctx, req)
+	cert, err = at.issuer.Issue(issuing.WithDomainRef(ctx, issuing.DomainRef{ID: c.ID, TenantID: c.TenantID}), req)
 	if err == nil && cert != nil {
 		cert.Directory = at.directory
 		if at != w.first {

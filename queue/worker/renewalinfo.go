@@ -179,7 +179,7 @@ func (w *Worker) askRenewalInfo(ctx context.Context, ri issuing.RenewalInformer,
 		return issuing.RenewalInfo{}, readNone // nothing to ask any more
 	case err != nil:
 		retry := issuing.RenewalInfoRetryIn()
-		w.log.Debug("could not get renewal information; asking again later", zap.String("domain", c.Domain), zap.String("domain_id", c.DomainID),
+		w.log.Debug("could not get renewal information; asking again later", issuing.LogDomain(c.Domain, c.DomainID, c.TenantID),
 			zap.Error(err), zap.Duration("retry_in", retry))
 		if timedOut || errors.As(err, &ue) {
 			return issuing.RenewalInfo{NextIn: retry}, readUnavailable
@@ -212,7 +212,7 @@ func (w *Worker) recordRenewalInfo(ctx context.Context, c queue.RenewalInfoCandi
 	switch {
 	case errors.Is(err, issuing.ErrCertificateReplaced):
 		w.log.Debug("certificate replaced while its renewal information was read; the answer is dropped",
-			zap.String("domain", c.Domain), zap.String("domain_id", c.DomainID))
+			issuing.LogDomain(c.Domain, c.DomainID, c.TenantID))
 		return
 	case err != nil:
 		w.logDBError("record renewal information", err)
@@ -222,7 +222,7 @@ func (w *Worker) recordRenewalInfo(ctx context.Context, c queue.RenewalInfoCandi
 		return
 	}
 	w.log.Warn("the CA moved the certificate's renewal window earlier; renewing sooner",
-		zap.String("domain", c.Domain), zap.String("domain_id", c.DomainID), zap.Duration("renew_in", renewIn), zap.Time("was", c.RenewAt),
+		issuing.LogDomain(c.Domain, c.DomainID, c.TenantID), zap.Duration("renew_in", renewIn), zap.Time("was", c.RenewAt),
 		zap.Time("window_end", info.WindowEnd))
 	w.wantMaintenanceIn(renewIn)
 }

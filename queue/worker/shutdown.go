@@ -40,8 +40,7 @@ func (w *Worker) shutdown() {
 		o.deadline.Expire()
 		ctx, cancel := w.step(context.Background(), true)
 		if err := w.q.Release(ctx, o.claim, false); err != nil && !errors.Is(err, issuing.ErrClaimLost) {
-			w.log.Error("could not hand back a claim; its lease will run out", zap.String("domain", o.claim.Domain),
-				zap.String("domain_id", o.claim.ID), zap.Error(err))
+			w.log.Error("could not hand back a claim; its lease will run out", issuing.LogDomain(o.claim.Domain, o.claim.ID, o.claim.TenantID), zap.Error(err))
 		}
 		cancel()
 		w.orders.remove(o.claim.Token)

@@ -1,6 +1,6 @@
 
 WITH scanned AS (
-    SELECT c.id, c.ari_next_at, d.id AS domain_id,
+    SELECT c.id, c.ari_next_at, d.id AS domain_id, d.tenant_id,
            COALESCE(c.expires_at > now() AND c.renew_at IS NOT NULL AND c.auto_renew
                     AND d.ssl_status = 'active' AND d.ssl_provider = 'acme'
                     AND d.verification_status = 'verified', false) AS eligible,
@@ -11,7 +11,7 @@ WITH scanned AS (
     LIMIT $2
     FOR UPDATE OF c SKIP LOCKED
 ), ranked AS (
-    SELECT id, domain_id, eligible, finished, row_number() OVER (PARTITION BY eligible ORDER BY ari_next_at) AS rank
+    SELECT id, domain_id, tenant_id, eligible, finished, row_number() OVER (PARTITION BY eligible ORDER BY ari_next_at) AS rank
     FROM scanned
 )
 UPDATE proxy_certificates c SET ari_next_at = CASE
@@ -20,6 +20,6 @@ UPDATE proxy_certificates c SET ari_next_at = CASE
         ELSE now() + make_interval(secs => $4) END
 FROM ranked r
 WHERE c.id = r.id AND (NOT r.eligible OR r.rank <= $1)
-RETURNING r.eligible, c.id::text, r.domain_id::text, c.domain, CASE WHEN r.eligible THEN c.certificate_pem END,
+RETURNING r.eligible, c.id::text, r.domain_id::text, r.tenant_id::text, c.domain, CASE WHEN r.eligible THEN c.certificate_pem END,
           COALESCE(c.not_before, c.expires_at), c.expires_at, c.renew_at, now(), c.serial, c.version,
           COALESCE(c.issuer_directory, '')
