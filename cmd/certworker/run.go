@@ -39,7 +39,7 @@ const letsEncrypt = "https://acme-v02.api.letsencrypt.org/directory"
 // fields to the ends of the CA's and the second CA's groups.
 type runCmd struct {
 	dbFlags
-	// ReplicationDatabaseURL is not in CONTRACT.md: it lets the REPLICATION attribute
+	// ReplicationDatabaseURL lets the REPLICATION attribute
 	// that --wake logical needs sit on a role of its own, holding no other right,
 	// instead of on the role that writes the certificates (docs/security.md, "Least
 	// privilege").
@@ -85,8 +85,8 @@ type runCmd struct {
 	PollInterval   time.Duration `name:"poll-interval" env:"CERTWORKER_POLL_INTERVAL" default:"30s" group:"logs" help:"Safety-net pass interval."`
 	OrderTimeout   time.Duration `name:"order-timeout" env:"CERTWORKER_ORDER_TIMEOUT" default:"10m" group:"logs" help:"An order running longer is cancelled and charged as a failure."`
 	ShutdownGrace  time.Duration `name:"shutdown-grace" env:"CERTWORKER_SHUTDOWN_GRACE" default:"30s" group:"logs" help:"Time given to in-flight orders on SIGTERM."`
-	// Lease is not in CONTRACT.md: the claim's lease, for tests that stop the
-	// database for longer than it without waiting minutes.
+	// Lease is hidden: the claim's lease, for tests that stop the database for longer
+	// than it without waiting minutes.
 	Lease time.Duration `name:"lease" env:"CERTWORKER_LEASE" default:"60s" hidden:"" group:"logs" help:"Claim lease (tests only)."`
 }
 
