@@ -2,150 +2,23 @@ package deploy_test
 
 import (
 	"encoding/json"
-	"go/ast"
-	"go/parser"
-	"go/token"
-	"io/fs"
 	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/certworker/certworker/internal/metricsource"
 )
 
-// metricDef is a metric certworker registers: whether it is a histogram (which
-// exports _bucket, _sum and _count) and its label names.
-type metricDef struct {
-	histogram bool
-	labels    map[string]bool
-}
-
-// exportedMetrics reads the metrics certworker's code registers from its source:
-// every prometheus.New{Counter,Gauge,Histogram,Summary}[Vec|Func] whose options name
-// it (Name: "...", ConstLabels' keys, a Vec's label list) and every prometheus.NewDesc
-// (a collector's, such as the fleet statistics'). The source and not a scrape of a
-// running instance: a Vec that has seen no label value yet exports nothing, so a
-// scrape misses the metrics a dashboard most needs on the day something happens.
-func exportedMetrics(t *testing.T) map[string]metricDef {
+// exportedMetrics is the metrics certworker's code registers (metricsource.Read).
+func exportedMetrics(t *testing.T) map[string]metricsource.Def {
 	t.Helper()
-	out := map[string]metricDef{}
-	fset := token.NewFileSet()
-	err := filepath.WalkDir(docsRoot, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if path != docsRoot {
-				if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil {
-					return filepath.SkipDir // a module of its own: not certworker's binary
-				}
-			}
-			if name := d.Name(); name == ".git" || name == "testdata" || name == "bin" {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-			return nil
-		}
-		f, err := parser.ParseFile(fset, path, nil, 0)
-		if err != nil {
-			return err
-		}
-		ast.Inspect(f, func(n ast.Node) bool {
-			call, ok := n.(*ast.CallExpr)
-			if !ok {
-				return true
-			}
-			sel, ok := call.Fun.(*ast.SelectorExpr)
-			if !ok || len(call.Args) == 0 {
-				return true
-			}
-			if pkg, ok := sel.X.(*ast.Ident); !ok || pkg.Name != "prometheus" {
-				return true
-			}
-			switch {
-			case sel.Sel.Name == "NewDesc":
-				if name, ok := stringLit(call.Args[0]); ok {
-					def := metricDef{labels: map[string]bool{}}
-					if len(call.Args) > 2 {
-						for _, l := range stringList(call.Args[2]) {
-							def.labels[l] = true
-						}
-					}
-					out[name] = def
-				}
-			case strings.HasPrefix(sel.Sel.Name, "New"):
-				opts, ok := call.Args[0].(*ast.CompositeLit)
-				if !ok {
-					return true
-				}
-				def := metricDef{histogram: strings.HasPrefix(sel.Sel.Name, "NewHistogram"), labels: map[string]bool{}}
-				var name string
-				for _, e := range opts.Elts {
-					kv, ok := e.(*ast.KeyValueExpr)
-					if !ok {
-						continue
-					}
-					switch key, _ := kv.Key.(*ast.Ident); {
-					case key == nil:
-					case key.Name == "Name":
-						name, _ = stringLit(kv.Value)
-					case key.Name == "ConstLabels":
-						if labels, ok := kv.Value.(*ast.CompositeLit); ok {
-							for _, le := range labels.Elts {
-								if lkv, ok := le.(*ast.KeyValueExpr); ok {
-									if l, ok := stringLit(lkv.Key); ok {
-										def.labels[l] = true
-									}
-								}
-							}
-						}
-					}
-				}
-				if strings.HasSuffix(sel.Sel.Name, "Vec") && len(call.Args) > 1 {
-					for _, l := range stringList(call.Args[1]) {
-						def.labels[l] = true
-					}
-				}
-				if name != "" {
-					out[name] = def
-				}
-			}
-			return true
-		})
-		return nil
-	})
+	m, err := metricsource.Read(docsRoot)
 	require.NoError(t, err)
-	return out
-}
-
-func stringLit(e ast.Expr) (string, bool) {
-	lit, ok := e.(*ast.BasicLit)
-	if !ok || lit.Kind != token.STRING {
-		return "", false
-	}
-	s, err := strconv.Unquote(lit.Value)
-	return s, err == nil
-}
-
-// stringList is the literal strings of []string{"a", "b"}.
-func stringList(e ast.Expr) []string {
-	lit, ok := e.(*ast.CompositeLit)
-	if !ok {
-		return nil
-	}
-	var out []string
-	for _, el := range lit.Elts {
-		if s, ok := stringLit(el); ok {
-			out = append(out, s)
-		}
-	}
-	return out
+	return m
 }
 
 // The reading of the source finds what the binary registers: a metric of each kind
@@ -156,11 +29,11 @@ func TestDashboard_MetricsAreReadFromTheCode(t *testing.T) {
 	t.Parallel()
 	m := exportedMetrics(t)
 	require.GreaterOrEqual(t, len(m), 40)
-	require.Equal(t, metricDef{labels: map[string]bool{"outcome": true}}, m["certworker_issuance_total"])
-	require.Equal(t, metricDef{histogram: true, labels: map[string]bool{}}, m["certworker_wake_latency_seconds"])
-	require.Equal(t, metricDef{labels: map[string]bool{"within": true}}, m["certworker_certificates_expiring_unrenewed"])
-	require.Equal(t, metricDef{labels: map[string]bool{"version": true, "commit": true, "go_version": true}}, m["certworker_build_info"])
-	require.Equal(t, metricDef{labels: map[string]bool{}}, m["certworker_listener_connected"])
+	require.Equal(t, metricsource.Def{Labels: map[string]bool{"outcome": true}}, m["certworker_issuance_total"])
+	require.Equal(t, metricsource.Def{Histogram: true, Labels: map[string]bool{}}, m["certworker_wake_latency_seconds"])
+	require.Equal(t, metricsource.Def{Labels: map[string]bool{"within": true}}, m["certworker_certificates_expiring_unrenewed"])
+	require.Equal(t, metricsource.Def{Labels: map[string]bool{"version": true, "commit": true, "go_version": true}}, m["certworker_build_info"])
+	require.Equal(t, metricsource.Def{Labels: map[string]bool{}}, m["certworker_listener_connected"])
 	require.NotContains(t, m, "certworker_wake_latency_seconds_bucket")
 }
 
@@ -221,7 +94,7 @@ func TestDashboard_QueriesOnlyMetricsCertworkerExports(t *testing.T) {
 				base := name
 				if !ok {
 					for _, suffix := range []string{"_bucket", "_sum", "_count"} {
-						if b, cut := strings.CutSuffix(name, suffix); cut && exported[b].histogram {
+						if b, cut := strings.CutSuffix(name, suffix); cut && exported[b].Histogram {
 							def, ok, base = exported[b], true, b
 							if suffix == "_bucket" {
 								labels["le"] = true
@@ -231,7 +104,7 @@ func TestDashboard_QueriesOnlyMetricsCertworkerExports(t *testing.T) {
 				}
 				require.True(t, ok, "panel %q queries %s, which certworker does not export", p.Title, name)
 				queried[base] = true
-				for l := range def.labels {
+				for l := range def.Labels {
 					labels[l] = true
 				}
 			}

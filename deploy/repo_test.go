@@ -99,13 +99,35 @@ func TestRepository_HoldsNoBuildOutput(t *testing.T) {
 var issueRef = regexp.MustCompile(`(?i)\bissues? ?#?[0-9]+|(^|[^\w&])#[0-9]{1,3}\b`)
 
 // Comments in production code, the Makefile, CI and the deploy files state the rule
-// they rely on, or the CONTRACT.md section, never an issue number, which a reader of
+// they rely on, or the page of docs/ that holds it, never an issue number, which a reader of
 // the code cannot open. Guards against the 33 such comments there were ("The claim
 // reads only what it can take (issue #17)"). Test files may still name one.
 func TestRepository_CommentsNameTheRuleNotTheIssue(t *testing.T) {
 	t.Parallel()
-	root := ".."
 	var found []string
+	for _, rel := range repoFiles(t) {
+		production := strings.HasSuffix(rel, ".go") && !strings.HasSuffix(rel, "_test.go")
+		if !production && rel != "Makefile" && !strings.HasPrefix(rel, "deploy/") && !strings.HasPrefix(rel, ".ci/") {
+			continue
+		}
+		if strings.HasSuffix(rel, "_test.go") || strings.HasSuffix(rel, "_test.yaml") {
+			continue
+		}
+		for i, line := range repoLines(t, rel) {
+			if m := issueRef.FindString(strings.ReplaceAll(line, "PKCS #", "PKCS ")); m != "" {
+				found = append(found, fmt.Sprintf("%s:%d: %s", rel, i+1, strings.TrimSpace(line)))
+			}
+		}
+	}
+	require.Empty(t, found, "name the rule or the docs/ page that holds it instead of the issue")
+}
+
+// repoFiles is every file of the repository (seen from deploy/), relative to its top
+// with slashes, hidden folders left out but .ci.
+func repoFiles(t *testing.T) []string {
+	t.Helper()
+	root := ".."
+	var files []string
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -118,24 +140,64 @@ func TestRepository_CommentsNameTheRuleNotTheIssue(t *testing.T) {
 			}
 			return nil
 		}
-		production := strings.HasSuffix(rel, ".go") && !strings.HasSuffix(rel, "_test.go")
-		if !production && rel != "Makefile" && !strings.HasPrefix(rel, "deploy/") && !strings.HasPrefix(rel, ".ci/") {
-			return nil
-		}
-		if strings.HasSuffix(rel, "_test.go") || strings.HasSuffix(rel, "_test.yaml") {
-			return nil
-		}
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		for i, line := range strings.Split(string(b), "\n") {
-			if m := issueRef.FindString(strings.ReplaceAll(line, "PKCS #", "PKCS ")); m != "" {
-				found = append(found, fmt.Sprintf("%s:%d: %s", rel, i+1, strings.TrimSpace(line)))
-			}
-		}
+		files = append(files, rel)
 		return nil
 	})
 	require.NoError(t, err)
-	require.Empty(t, found, "name the rule or the CONTRACT.md section instead of the issue")
+	return files
+}
+
+// repoLines is the lines of the repository's file rel.
+func repoLines(t *testing.T, rel string) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", filepath.FromSlash(rel)))
+	require.NoError(t, err)
+	return strings.Split(string(b), "\n")
+}
+
+// outsideRef is a citation of the specification the project was built against, which
+// lives outside the repository: "CONTRACT.md §5", "CONTRACT §4".
+var outsideRef = regexp.MustCompile(`CONTRACT(\.md)?\b`)
+
+// citesOutsideExempt are the folders whose citations are still being rewritten into
+// the rule or a docs/ page; the test holds every other file.
+var citesOutsideExempt = []string{"queue/", "acme/"}
+
+// No file of the repository, code, tests, migrations or docs, cites a file a clone
+// does not hold: it states the rule, or cites the docs/ page (docs/reference.md for
+// the interface) that holds it. Guards against the hundred citations of CONTRACT.md
+// a newcomer could not follow.
+func TestRepository_NothingCitesAFileOutsideIt(t *testing.T) {
+	t.Parallel()
+	var found []string
+	for _, rel := range repoFiles(t) {
+		if !citesOutsideChecked(rel) {
+			continue
+		}
+		for i, line := range repoLines(t, rel) {
+			if outsideRef.MatchString(line) {
+				found = append(found, fmt.Sprintf("%s:%d: %s", rel, i+1, strings.TrimSpace(line)))
+			}
+		}
+	}
+	require.Empty(t, found, "state the rule, or cite the docs/ page that holds it (docs/reference.md for the interface)")
+}
+
+// citesOutsideChecked says whether the repository's file rel is one a reader reads:
+// code, SQL, docs, deploy files; not this test, test data, or an exempt folder.
+func citesOutsideChecked(rel string) bool {
+	if rel == "deploy/repo_test.go" || strings.Contains(rel, "testdata/") || strings.HasPrefix(rel, "bin/") {
+		return false
+	}
+	for _, dir := range citesOutsideExempt {
+		if strings.HasPrefix(rel, dir) {
+			return false
+		}
+	}
+	for _, ext := range []string{".go", ".sql", ".md", ".yaml", ".yml", ".sh", "Makefile"} {
+		if strings.HasSuffix(rel, ext) {
+			return true
+		}
+	}
+	return false
 }

@@ -43,10 +43,9 @@ func (lc *lifecycle) start(ctx context.Context, open func() (run func(ctx contex
 	return nil
 }
 
-// stop ends the goroutine and waits until it has finished. It is safe before start,
-// safe twice, and safe from several goroutines at once; every call returns only once
-// the goroutine has stopped. A stop that comes while start is connecting waits for
-// that attempt.
+// stop ends the goroutine and waits until it has finished, with Waker.Stop's
+// guarantees; a stop that comes while start is connecting waits for that attempt
+// (at most Options.ConnectTimeout).
 func (lc *lifecycle) stop() {
 	lc.mu.Lock()
 	cancel, done := lc.cancel, lc.done

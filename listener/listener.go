@@ -16,14 +16,13 @@ import (
 	"go.uber.org/zap"
 )
 
-// Channel is the notification channel the triggers of migration 00002 send on. The
-// name is fixed by the contract (CONTRACT.md §2) and shared with the proxy.
+// Channel is the notification channel the wake trigger sends on (docs/reference.md,
+// "Notification channels"); the proxy's database and the worker must agree on it.
 const Channel = "certworker_wake"
 
-// Defaults for Options. Together they bound how long a dead connection goes
-// unnoticed: DefaultPingAfter + DefaultPingTimeout = 15 s, inside the 30 s the issue
-// allows, leaving room for one failed reconnection before /readyz has been wrong for
-// longer than that.
+// Defaults for Options. Every instance must be listening within 5 s of a failover's
+// promotion (docs/high-availability.md, "Failover"): DefaultHostConnectTimeout and
+// DefaultBackoffMax are chosen for it.
 const (
 	// DefaultPingAfter is how long the connection may stay silent before it is
 	// checked. Short enough to find a half-open connection quickly, long enough that
@@ -40,22 +39,19 @@ const (
 	// DefaultHostConnectTimeout bounds the connection to one host (dial, TLS,
 	// authentication) where the connection string sets no connect_timeout: pgx
 	// applies it to each host of a multi-host URL in turn. A dead primary listed
-	// first (a failover's usual state) then costs each try 2 s before the next host
-	// is asked, which keeps a try and the backoff after it inside the 5 s a
-	// promotion allows (CONTRACT.md §5), and leaves a live server on a loaded host,
-	// which answers in milliseconds, a wide margin. The same figure as the pool's
-	// (queue.HostConnectTimeout), so that the pool and the listener find the new
+	// first (a failover's usual state) then costs each try 2 s before the next host,
+	// the new primary, is asked: a try and the backoff after it fit in the 5 s. The
+	// same figure as the pool's (queue.HostConnectTimeout), so that both find the new
 	// primary together.
 	DefaultHostConnectTimeout = 2 * time.Second
 	// DefaultBackoffMin is the first reconnection delay: a terminated backend or a
 	// fast failover is back in about a tenth of a second.
 	DefaultBackoffMin = 100 * time.Millisecond
-	// DefaultBackoffMax caps the delay, so that after an outage of any length the
-	// listener tries again within a second of the server's return: a failover's
-	// promotion (an HA manager's, after its own timeout of 30 s or more) must find
-	// every instance listening within 5 s (CONTRACT.md §5). A try against a server
-	// that is down costs it nothing (the connection is refused, or the standby
-	// rejects it at once for target_session_attrs), so once a second is cheap.
+	// DefaultBackoffMax caps the delay, so that after an outage of any length (an HA
+	// manager promotes after its own timeout of 30 s or more) the listener tries
+	// again within a second of the server's return. A try against a server that is
+	// down costs it nothing (refused, or rejected at once by a standby for
+	// target_session_attrs), so once a second is cheap.
 	DefaultBackoffMax = time.Second
 )
 
@@ -70,32 +66,19 @@ var ErrStarted = errors.New("listener: already started")
 
 // Options tunes a Listener. The zero value is the production setting.
 type Options struct {
-	// PingAfter is how long the connection may go without a notification before the
-	// listener checks it is alive and still listening. 0 means DefaultPingAfter.
-	PingAfter time.Duration
-	// PingTimeout is the deadline of that check; a check that does not answer in
-	// time counts as a lost connection. 0 means DefaultPingTimeout.
-	PingTimeout time.Duration
-	// ConnectTimeout bounds one connection attempt as a whole, every host and
-	// LISTEN (or the slot) included. 0 means DefaultConnectTimeout.
-	ConnectTimeout time.Duration
-	// HostConnectTimeout bounds the connection to each host where the connection
-	// configuration sets no connect_timeout of its own. 0 means
-	// DefaultHostConnectTimeout.
-	HostConnectTimeout time.Duration
-	// BackoffMin and BackoffMax are the first and the largest reconnection delay.
-	// The delay doubles on every failure in between, and each one is drawn at random
-	// from its upper half. 0 means DefaultBackoffMin and DefaultBackoffMax.
-	BackoffMin time.Duration
-	BackoffMax time.Duration
+	// Each of these is its Default constant when 0.
+	PingAfter          time.Duration // silence before the connection is checked
+	PingTimeout        time.Duration // the check's deadline; past it, the connection is lost
+	ConnectTimeout     time.Duration // one connection attempt, every host and LISTEN (or the slot)
+	HostConnectTimeout time.Duration // one host, where the configuration sets no connect_timeout
+	BackoffMin         time.Duration // the first reconnection delay (Listener.backoff)
+	BackoffMax         time.Duration // the largest
 	// Replication, used by a Logical waker only, configures its replication
 	// connection: a role of its own (the one holding REPLICATION, which the pool's
 	// then needs not) on the pool's database. nil connects with the pool's
 	// configuration. See Logical.
 	Replication *pgconn.Config
-	// Registerer, if not nil, receives the listener's metrics:
-	// certworker_listener_connected, certworker_listener_reconnects_total and
-	// certworker_listener_notifications_total.
+	// Registerer, if not nil, receives the listener's metrics (newMetrics).
 	Registerer prometheus.Registerer
 }
 
@@ -156,19 +139,15 @@ func New(pool *pgxpool.Pool, log *zap.Logger, opts Options) *Listener {
 	}
 }
 
-// Wakes is where wake-ups arrive. Its buffer holds one; a wake-up that finds one
-// pending is merged into it (see the package documentation). It is never closed.
+// Wakes is where wake-ups arrive (mailbox). It is never closed.
 func (l *Listener) Wakes() <-chan Wake { return l.wakes.ch }
 
 // Connected reports whether the listener holds a live connection that is listening.
 // It is false before Start, while reconnecting, and after Stop.
 func (l *Listener) Connected() bool { return l.connected.Load() }
 
-// Start connects and listens, emits a SourceReconnect wake-up so that the worker
-// catches up on whatever became due before it was listening, and keeps the
-// connection up in a goroutine until Stop is called or ctx is cancelled. It returns
-// the error of that first attempt, and then nothing is left running; it returns
-// ErrStarted if the Listener is already running.
+// Start connects and listens, emits the catch-up wake-up, and keeps the connection
+// up in a goroutine until Stop or the end of ctx (Waker); ErrStarted if it runs.
 func (l *Listener) Start(ctx context.Context) error {
 	l.topicsMu.Lock()
 	l.started = true
@@ -183,19 +162,13 @@ func (l *Listener) Start(ctx context.Context) error {
 	})
 }
 
-// Stop ends the listener and waits until its goroutine has finished and its
-// connection is closed. It is safe before Start, safe twice, and safe from several
-// goroutines at once; every call returns only once the listener has stopped. A Stop
-// that comes while Start is connecting waits for that attempt, at most
-// ConnectTimeout.
+// Stop ends the listener and waits until its connection is closed (lifecycle.stop).
 func (l *Listener) Stop() { l.stop() }
 
 // run keeps a listening connection for as long as ctx lasts. conn is the connection
 // Start made.
 func (l *Listener) run(ctx context.Context, conn *pgx.Conn, done chan struct{}) {
-	// Deferred first so that it runs last: Stop returns only once everything below,
-	// the connection's close included, has happened.
-	defer close(done)
+	defer close(done) // first, so that it runs last: Stop waits for the close
 	session[*pgx.Conn]{
 		log: l.log, serve: l.listen, down: l.down, connect: l.connect, up: l.up, backoff: l.backoff,
 	}.keepUp(ctx, conn)
@@ -247,9 +220,7 @@ func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 }
 
 // boundHosts gives cfg HostConnectTimeout where it sets no connect_timeout of its
-// own: without one, the first host of a multi-host URL that does not answer would
-// take the whole attempt's ConnectTimeout, and the next host, the new primary
-// after a failover, would never be asked.
+// own (DefaultHostConnectTimeout says why).
 func (o Options) boundHosts(cfg *pgconn.Config) {
 	if cfg.ConnectTimeout == 0 {
 		cfg.ConnectTimeout = o.HostConnectTimeout
@@ -315,9 +286,8 @@ func (l *Listener) ping(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
-// up records a new listening connection and emits the catch-up wake-up. It is
-// called after LISTEN succeeded, so that anything committed from now on arrives as a
-// notification and anything before is found by the pass this wake-up starts.
+// up records a new listening connection, after LISTEN succeeded, and emits the
+// catch-up wake-up.
 func (l *Listener) up(conn *pgx.Conn, reconnect bool, downFor time.Duration) {
 	l.backendPID.Store(conn.PgConn().PID())
 	l.connected.Store(true)

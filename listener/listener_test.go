@@ -472,8 +472,8 @@ func TestBackoff_GrowsJittersAndCaps(t *testing.T) {
 // Guards against a listener that, after a long outage, waits long before trying
 // again: through an outage of 20 s (a failover whose HA manager waits for its own
 // timeout before promoting) the doubling reached 10 to 19 s between tries, and the
-// instances were ready again up to 24 s after the promotion, where CONTRACT.md §5
-// allows 5 s. However many tries have failed, the next one comes within a second,
+// instances were ready again up to 24 s after the promotion, where a failover is
+// given 5 s (docs/high-availability.md, "Failover"). However many tries have failed, the next one comes within a second,
 // and never sooner than half of one (the jitter keeps a fleet out of lockstep).
 func TestBackoff_StaysWithinASecondThroughALongOutage(t *testing.T) {
 	t.Parallel()

@@ -1,6 +1,6 @@
 package listener
 
-// The numbers behind --wake logical (issue #5), measured side by side in one run on
+// The numbers behind --wake logical, measured side by side in one run on
 // one server: how soon each wake source tells the worker that a domain is due, and
 // what each costs the proxy's writes. `make bench` runs it with -benchtime 1x; it is
 // one long measurement that ignores b.N, so ns/op is only the run's wall time. The

@@ -21,9 +21,8 @@ import (
 // before is for the catch-up pass that up triggers.
 //
 // The connection is made with Options.Replication, or else with the pool's
-// configuration and its BeforeConnect hook, as the Listener's is; the AfterConnect hook is not run, because it takes a
-// *pgx.Conn, which a replication connection cannot be (a WAL sender speaks only
-// the simple query protocol), and session setup does not concern a stream.
+// configuration and its BeforeConnect hook; not AfterConnect, which takes a
+// *pgx.Conn, which a WAL sender (simple query protocol only) cannot be.
 func (lg *Logical) connect(ctx context.Context) (_ *stream, err error) {
 	ctx, cancel := context.WithTimeout(ctx, lg.opts.ConnectTimeout)
 	defer cancel()
@@ -114,9 +113,8 @@ const slotWaitLogged = time.Second
 // Creating a logical slot waits until every transaction that had written something
 // when it was asked for has ended: the slot needs a point from which every
 // transaction is decoded whole. After a failover these are the proxy's transactions
-// open at the promotion, and the waker is back only once they have ended (CONTRACT.md
-// §5): the wait is logged, and an attempt that runs out of ConnectTimeout while
-// waiting says so.
+// open at the promotion, and the waker is back only once they have ended: the wait
+// is logged, and an attempt that runs out of ConnectTimeout while waiting says so.
 func (lg *Logical) startStream(ctx context.Context, conn *pgconn.PgConn) (*stream, error) {
 	slot, err := newSlotName()
 	if err != nil {

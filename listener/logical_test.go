@@ -321,7 +321,7 @@ func TestLogical(t *testing.T) {
 		require.Equal(t, SourceNotify, waitWake(t, b.lg.Wakes()).Source, "the new stream must wake")
 	})
 
-	// Guards against the cost the issue rules out: a slot that makes the server
+	// Guards against a slot that makes the server
 	// keep WAL for a worker that is gone. The waker's slot is temporary: when its
 	// WAL sender is terminated (as when the worker crashes or its connection is
 	// cut) or the waker stops, the slot is gone, and WAL written afterwards is held

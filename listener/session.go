@@ -26,10 +26,8 @@ type session[C any] struct {
 }
 
 // keepUp serves c, and after every failure reconnects with backoff, until ctx ends;
-// tries start at least a backoff's delay apart.
-// The backoff starts again from its minimum only after a connection that lasted
-// stableAfter, so a server that accepts connections and drops them at once is not
-// retried ten times a second.
+// tries start at least a backoff's delay apart, and the backoff starts again from its
+// minimum only after a connection that lasted stableAfter.
 func (s session[C]) keepUp(ctx context.Context, c C) {
 	failures := 0 // consecutive, for the backoff
 	for {

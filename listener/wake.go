@@ -6,9 +6,10 @@ import (
 )
 
 // The reasons a worker looks at the queue, as they appear in the "source" field of its
-// logs (CONTRACT.md §6). The listener produces the first two; the worker produces
-// SourceTimer, SourcePoll and SourceRefill itself, and takes the names from here so that every
-// value an operator can grep for is defined in one place.
+// logs and metrics (docs/reference.md, "Logs"), defined here once for the listener
+// and the worker. A source names why the worker looks, not the transport that said
+// so: a logical stream's wake-up is SourceNotify too, so a query keyed on source works
+// in both wake modes.
 const (
 	// SourceNotify: a trigger said a domain entered the claimable set.
 	SourceNotify = "notify"

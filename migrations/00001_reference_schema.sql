@@ -1,4 +1,4 @@
--- The proxy's tables, as the reference worker knew them (CONTRACT.md §1).
+-- The proxy's tables, as the reference worker knew them (docs/reference.md, "Schema").
 --
 -- Values are text with CHECK constraints rather than enum types: the proxy binds them
 -- as text, and adding a value to a CHECK is a one-line migration where an enum needs
@@ -54,7 +54,7 @@ CREATE TABLE IF NOT EXISTS proxy_certificates (
     -- PEM, or the sealed form described in the README when the worker runs with
     -- --key-encryption-key.
     private_key_pem text NOT NULL,
-    -- NULL in rows the reference or an operator wrote (CONTRACT.md §1): the worker
+    -- NULL in rows the reference or an operator wrote: the worker
     -- then reads the expiry from certificate_pem.
     expires_at      timestamptz,
     auto_renew      boolean NOT NULL DEFAULT true,

@@ -1,6 +1,6 @@
 -- What the event-driven worker adds to the reference schema: claim leases, the
 -- certificate's metadata for renewal, the indexes the claim needs, and the wake
--- trigger (CONTRACT.md §2). All additive: the proxy keeps working unchanged.
+-- trigger (docs/reference.md, "Triggers"). All additive: the proxy keeps working unchanged.
 --
 -- Online (issue #10): the proxy keeps writing while this runs. ALTER TABLE takes an
 -- ACCESS EXCLUSIVE lock even when every column exists already, so it runs only when

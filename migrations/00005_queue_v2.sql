@@ -1,7 +1,7 @@
 -- The queue as issues #8, #9 and #13 need it: hand-backs that restore the attempt
 -- time, a fair order of service between tenants, pauses scoped to what a CA's limit
 -- covers, the limit ledger, the fleet's settings, and a wake trigger that follows
--- CONTRACT.md §2 (every move into the claimable set notifies, but the worker's own
+-- the wake rule (every move into the claimable set notifies, but the worker's own
 -- failure write).
 --
 -- Online: no statement here holds a lock on a proxy table for longer than it takes to
@@ -20,7 +20,7 @@
 -- statement committed, the answer did not arrive) must be handed back too.
 --
 -- ssl_queue_seq and ssl_queue_tier: the row's place in the order of service
--- (CONTRACT.md §5, issue #13). The tier is 1 for a renewal that is urgent, 2 for a
+-- (docs/internals.md, "Order of service"). The tier is 1 for a renewal that is urgent, 2 for a
 -- first issuance or its retries, 3 for a renewal with time to spare; within a tier the
 -- row with the lower seq is served first. The seq is drawn from the tenant's own
 -- counter when the row enters the queue (certworker_enqueue), which is never behind
@@ -93,7 +93,7 @@ CREATE TABLE IF NOT EXISTS certworker_queue_clock (
 INSERT INTO certworker_queue_clock (id, vtime) VALUES (true, 0) ON CONFLICT (id) DO NOTHING;
 
 -- Pauses: what must not be ordered before paused_until. Every instance's claim reads
--- them; the scope is what a CA's limit covers (CONTRACT.md §5):
+-- them; the scope is what a CA's limit covers (docs/cas.md, "Pauses"):
 --   'ca'                 key: the ACME directory URL; nothing is ordered from it;
 --   'registered_domain'  key: a registered domain (public suffix list); no name under
 --                        it is ordered;
@@ -118,7 +118,7 @@ CREATE INDEX IF NOT EXISTS certworker_pauses_until_idx ON certworker_pauses (pau
 DROP TABLE IF EXISTS certworker_ca_pauses;
 
 -- The limit ledger: every order this fleet placed, so that the worker does not send
--- an order the CA's published limits would refuse (CONTRACT.md §5, issue #8). One row
+-- an order the CA's published limits would refuse (docs/cas.md, "The limit ledger"). One row
 -- per order, written under a lock in the transaction that decides the order may go,
 -- so two instances never exceed a limit together; its outcome is updated when the
 -- order ends. Rows older than the longest window are pruned.
@@ -212,7 +212,7 @@ END
 $do$;
 -- +goose StatementEnd
 
--- CONTRACT.md §2: an update that moves a row into the claimable set from outside it
+-- The wake rule: an update that moves a row into the claimable set from outside it
 -- fires, whoever makes it, moves out of 'provisioning' included (the proxy's and an
 -- operator's edits, a hand-back); the function above keeps the worker's failure write
 -- silent. One transaction, so that no write goes unseen between the drop and the

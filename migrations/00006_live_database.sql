@@ -1,6 +1,6 @@
--- The proxy's live database (issue #10). certworker is not given a fresh database: it
+-- The proxy's live database. certworker is not given a fresh database: it
 -- is pointed at the one the proxy and the reference worker have used for years, whose
--- tables were created without the CHECK constraints of CONTRACT.md §1 (00001's
+-- tables were created without the CHECK constraints on its state columns (00001's
 -- CREATE TABLE IF NOT EXISTS skips an existing table whole), whose
 -- proxy_certificates.expires_at allows NULL, and whose rows the proxy keeps writing
 -- while this runs. This migration brings such a database to the contract's schema,

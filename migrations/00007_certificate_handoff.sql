@@ -5,7 +5,7 @@
 -- a reader tells which of two reads of a row is newer without trusting certificate
 -- dates (an operator's replacement may well be older than what it replaces).
 --
--- Channel certworker_certificate, payload the domain in lower case (CONTRACT.md §5).
+-- Channel certworker_certificate, payload the domain in lower case (docs/reference.md, "Notification channels").
 -- README.md ("Serving the certificates") is the reader's side.
 --
 -- Online, as 00005: NO TRANSACTION, every statement can run twice, the index is built

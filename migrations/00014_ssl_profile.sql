@@ -2,7 +2,7 @@
 -- certificates are issued under (Let's Encrypt's classic, tlsserver, shortlived...),
 -- and every certificate certworker stores records the profile it was issued under, so
 -- that a change of profile can be told from a certificate that already has it.
--- CONTRACT.md §1 and §5; README.md ("Profiles") has the rules.
+-- docs/cas.md ("Profiles") has the rules.
 --
 -- Online, as 00005 and 00007: NO TRANSACTION, every statement can run twice, the
 -- columns are nullable without a default (a catalogue change, no rewrite), ALTER

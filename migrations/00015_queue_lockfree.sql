@@ -1,6 +1,6 @@
 -- The queue without a lock of ours in the proxy's transactions, and a claim that reads
--- only what it can take (issue #17); tenants taking turns among urgent renewals
--- (issue #18). CONTRACT.md §5; README.md ("Order of service").
+-- only what it can take; tenants taking turns among urgent renewals (docs/internals.md,
+-- "Order of service").
 --
 -- Until now the wake trigger drew a row's place from its tenant's counter
 -- (certworker_enqueue upserted certworker_tenants), inside the proxy's transaction:
@@ -18,7 +18,7 @@
 -- ssl_held takes a row out of line: the claim's index (proxy_domains_line_idx) holds
 -- only rows in line, so rows in backoff or under a pause cost the claim nothing.
 --   NULL                      in line;
---   'backoff'                 its backoff (CONTRACT.md §5's formula) had not run out;
+--   'backoff'                 its backoff (--retry-base * 2^attempts, capped) had not run out;
 --   'registered_domain:KEY',
 --   'domain:KEY'              held under that pause.
 -- The worker's failure write puts a row out of line; the claim takes out, under SKIP

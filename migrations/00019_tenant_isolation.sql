@@ -1,4 +1,4 @@
--- No tenant can harm another (CONTRACT.md §5, §6).
+-- No tenant can harm another (docs/security.md, "What a tenant can and cannot do").
 --
 -- 1. Case twins: of two verified acme rows whose names differ only in case, the one
 --    holding the name's certificate keeps it, else the one that became verified and

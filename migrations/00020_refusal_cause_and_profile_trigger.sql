@@ -1,4 +1,4 @@
--- Two things the proxy's own writes must reach (CONTRACT.md §5):
+-- Two things the proxy's own writes must reach, whoever makes them:
 --
 -- ssl_ca_refused_cause: why the CA in ssl_ca_refused refused the name: 'caa' when the
 -- name's CAA records forbade it (the worker's own CAA check, or the CA's caa problem),

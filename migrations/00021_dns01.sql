@@ -1,4 +1,5 @@
--- DNS-01 by delegation and waiting for DNS (CONTRACT §4, §5).
+-- DNS-01 by delegation and waiting for DNS (docs/cas.md, "DNS-01 by delegation" and
+-- "Waiting for DNS").
 --
 -- certworker_dns01_values: the TXT values of DNS-01 orders in flight and of the
 -- preflight's probes, which the zone's authoritative server of every instance answers

@@ -1,5 +1,5 @@
 -- A fleet with a second CA holds out of line the rows a hold of the first CA keeps
--- back, as the one-CA claim does with its pauses (CONTRACT.md §5, docs/cas.md), and
+-- back, as the one-CA claim does with its pauses (docs/cas.md, "A second CA"), and
 -- measures that hold from when the row's wait began, not from its last hand-back.
 --
 -- ssl_held 'routed': held back at the CA the row would go to for now (a hold of the

@@ -2,8 +2,8 @@
 -- verified, or renamed while verified) under a stored wildcard's domain row one label
 -- above it (www.shop.example under *.shop.example) is notified to the certificate
 -- readers (certworker_certificate), as a withdrawn one is. A name with a verified row
--- of its own is served its own certificate or none, never the wildcard's (CONTRACT
--- §5): without the notification, a reader that had served the wildcard for the name
+-- of its own is served its own certificate or none, never the wildcard's (docs/
+-- proxy-integration.md, "Wildcards and serving"): without the notification, a reader that had served the wildcard for the name
 -- went on serving it, another tenant's certificate, until its cache entry was checked
 -- again. Only names under a wildcard's row pay for the NOTIFY (its commit lock): a
 -- verify of any other name notifies nothing, as before. The body is in

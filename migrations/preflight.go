@@ -9,8 +9,8 @@ import (
 	"strings"
 )
 
-// valueSet is a CHECK constraint on one of proxy_domains' state columns (CONTRACT.md
-// §1). Migration 00001 declares them on a new table; 00006 adds them to a table that
+// valueSet is a CHECK constraint on one of proxy_domains' state columns (docs/
+// reference.md, "The proxy's tables"). Migration 00001 declares them on a new table; 00006 adds them to a table that
 // existed before (the proxy's, created without them), under the same names: the ones
 // PostgreSQL gives a column's CHECK, "<table>_<column>_check". The two lists must
 // agree, which TestPreflight_KnowsEveryValueSetTheSchemaEnforces checks.

@@ -101,7 +101,7 @@ const eabFlags = "--acme-eab-kid, --acme-eab-hmac-file or --acme-eab-hmac"
 const eabCheckTimeout = time.Minute
 
 // checkEAB registers the ACME account at start when the CA needs an external account
-// binding (CONTRACT.md §3's key check, for the binding's key): a key id or HMAC key
+// binding (as checkAccountKey does for the account's key): a key id or HMAC key
 // the CA refuses is a configuration error (exit 2) naming the directory and the key
 // id, never the key, before anything is claimed. A CA that cannot be asked does not
 // stop the start: the first order registers (and a refusal then pauses the CA, not

@@ -16,7 +16,7 @@ import (
 	"github.com/certworker/certworker/queue/worker"
 )
 
-// fallbackFlags name a second ACME CA (CONTRACT.md §5; docs/cas.md, "A second CA"): its
+// fallbackFlags name a second ACME CA (docs/cas.md, "A second CA"): its
 // own account, profile and ledger limits. Empty --acme-fallback-directory: none.
 type fallbackFlags struct {
 	FallbackDirectory        string        `name:"acme-fallback-directory" env:"CERTWORKER_ACME_FALLBACK_DIRECTORY" placeholder:"URL" group:"fallback" help:"ACME directory URL of a second CA, asked for a domain when the first cannot issue it: the first has been unreachable or answering 5xx, or its rate limits or the ledger have held the domain back, for longer than --acme-fallback-after; or the first refused the name (caa, rejectedIdentifier, unsupportedIdentifier), then at once. Never after a failed validation. Empty: no second CA."`

@@ -9,13 +9,13 @@ import (
 )
 
 // `run --help` is a map: its groups in the order an operator sets certworker up, each
-// with its flags, and a pointer to docs/running.md. Guards against the list it was,
+// with its flags, and a pointer to docs/reference.md. Guards against the list it was,
 // where --key-encryption-key and --acme-fallback-eab-hmac-file came before
 // --acme-directory.
 func TestCLI_RunHelpListsTheGroupsInTheOperatorsOrder(t *testing.T) {
 	code, stdout, _ := invoke(t, "run", "--help")
 	require.Equal(t, exitOK, code)
-	require.Contains(t, strings.Join(strings.Fields(stdout), " "), "docs/running.md describes every flag")
+	require.Contains(t, strings.Join(strings.Fields(stdout), " "), "docs/reference.md lists every flag")
 
 	var headings []string
 	for _, line := range strings.Split(stdout, "\n") {
@@ -82,12 +82,12 @@ func TestCLI_EveryFlagIsInADeclaredGroup(t *testing.T) {
 	}
 }
 
-// `certworker --help` and `run --help` point at docs/running.md, where every flag is
+// `certworker --help` and `run --help` point at docs/reference.md, where every flag is
 // described.
-func TestCLI_HelpLinksToTheRunningPage(t *testing.T) {
+func TestCLI_HelpLinksToTheReference(t *testing.T) {
 	for _, args := range [][]string{{"--help"}, {"run", "--help"}} {
 		code, stdout, _ := invoke(t, args...)
 		require.Equal(t, exitOK, code, args)
-		require.Contains(t, stdout, "docs/running.md", args)
+		require.Contains(t, stdout, "docs/reference.md", args)
 	}
 }

@@ -63,7 +63,7 @@ func logKeys(log *zap.Logger, reg prometheus.Registerer, keys seal.Keyring) {
 }
 
 // checkAccountKey opens the stored ACME account key with the configured keys before
-// anything is claimed (CONTRACT.md §3): a key sealed under a key this instance lacks
+// anything is claimed, as run promises (exit 2): a key sealed under a key this instance lacks
 // would fail every order, so it is a configuration error (exit 2) naming the key id,
 // not a thousand failed domains. No account stored yet is fine.
 func checkAccountKey(ctx context.Context, issuer *acme.Issuer, databaseURL string) error {
@@ -80,7 +80,7 @@ func checkAccountKey(ctx context.Context, issuer *acme.Issuer, databaseURL strin
 
 // keysReady is the part of /readyz about keys: an error while the worker stopped
 // claiming on a key error, or while the stored account key does not open with the
-// configured keys (CONTRACT.md §4; read afresh at every check, so that an instance
+// configured keys (docs/reference.md, "Admin endpoints"; read afresh at every check, so that an instance
 // left behind by a rotation shows before its next order meets it).
 func keysReady(ctx context.Context, wk workerState, issuer *acme.Issuer, conn acme.Queryer) error {
 	if err := wk.Halted(); err != nil {

@@ -1,5 +1,5 @@
 // Command certworker obtains and renews TLS certificates over ACME for the domains a
-// multi-tenant proxy keeps in PostgreSQL. docs/running.md has its commands and flags.
+// multi-tenant proxy keeps in PostgreSQL. docs/reference.md lists its commands and flags.
 package main
 
 import (
@@ -12,7 +12,7 @@ import (
 	"github.com/alecthomas/kong"
 )
 
-// Exit statuses (docs/running.md, "Running it").
+// Exit statuses (docs/reference.md, "Exit status").
 const (
 	exitOK     = 0
 	exitFailed = 1
@@ -113,15 +113,33 @@ func parse(parser *kong.Kong, args []string) (*kong.Context, error) {
 func newParser(c *cli, stdout, stderr io.Writer, exit func(int)) (*kong.Kong, error) {
 	return kong.New(c,
 		kong.Name("certworker"),
-		kong.Description("Obtains and renews TLS certificates over ACME for a multi-tenant proxy's domains, woken by PostgreSQL LISTEN/NOTIFY.\n\nEvery flag can also be set by the environment variable CERTWORKER_ + the flag name in upper case with - as _ (--poll-interval is CERTWORKER_POLL_INTERVAL). A flag beats its variable; an empty variable counts as unset.\n\ndocs/running.md describes every command, flag, endpoint, log line and metric."),
+		kong.Description("Obtains and renews TLS certificates over ACME for a multi-tenant proxy's domains, woken by PostgreSQL LISTEN/NOTIFY.\n\nEvery flag can also be set by the environment variable CERTWORKER_ + the flag name in upper case with - as _ (--poll-interval is CERTWORKER_POLL_INTERVAL). A flag beats its variable; an empty variable counts as unset.\n\ndocs/reference.md lists every command, flag, variable, endpoint, log field and metric; docs/running.md says how to run certworker."),
 		kong.UsageOnError(),
 		kong.Writers(stdout, stderr),
 		kong.Exit(exit),
 		kong.ConfigureHelp(kong.HelpOptions{Compact: true}),
+		kong.ValueFormatter(helpWithDefault),
 		kong.ExplicitGroups(flagGroups),
 		kong.Vars{"version": versionLine(), "le": letsEncrypt},
 		kong.Bind(&globals{stdout: stdout, stderr: stderr}),
 	)
+}
+
+// helpWithDefault is kong's help text of a flag, with its default added where the
+// flag's own column does not show it: kong shows a default in place of the
+// placeholder only when the flag has none, so --http01-listen=ADDR would hide :80.
+// Every default is then on --help, as docs/reference.md lists them.
+func helpWithDefault(v *kong.Value) string {
+	if !v.HasDefault || v.Tag.PlaceHolder == "" {
+		return kong.DefaultHelpValueFormatter(v)
+	}
+	with := *v
+	help, dot := strings.CutSuffix(v.Help, ".")
+	with.Help = fmt.Sprintf("%s (default: %s)", help, v.Default)
+	if dot {
+		with.Help += "."
+	}
+	return kong.DefaultHelpValueFormatter(&with)
 }
 
 // globals are what every command gets besides its flags.
@@ -130,7 +148,7 @@ type globals struct {
 }
 
 // unsetEmptyEnv makes an empty CERTWORKER_* or DATABASE_URL variable count as unset
-// (docs/running.md): kong would otherwise take the empty value over the default. The
+// (docs/reference.md, "Flags and variables"): kong would otherwise take the empty value over the default. The
 // variables in keep are left alone: those of the flags whose empty value is one of
 // their settings ("empty turns it off").
 func unsetEmptyEnv(keep map[string]bool) {

@@ -17,7 +17,7 @@ import (
 const profileCheckTimeout = 10 * time.Second
 
 // checkProfile refuses to start (exit 2) when the CA's directory does not list
-// --acme-profile in meta.profiles (CONTRACT.md §3): every domain without a profile of
+// --acme-profile in meta.profiles: every domain without a profile of
 // its own would be refused, which is the operator's configuration, not the domains'.
 //
 // A CA that cannot be asked (down, 5xx, no answer within profileCheckTimeout) does

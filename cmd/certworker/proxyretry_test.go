@@ -14,7 +14,7 @@ import (
 )
 
 // The proxy's retry (certworker_queue_for_issuance), run under the proxy's role of
-// deploy/grants.sql, forgets every CA's refusal of the name (CONTRACT §5) also for a
+// deploy/grants.sql, forgets every CA's refusal of the name, as `certworker retry` does, also for a
 // row with no history to clear (pending, attempts 0, no error, no last attempt: a
 // first issuance refused by one CA and handed back uncharged), which the retry
 // trigger, keyed on a cleared history, does not see; and the row is claimed at that

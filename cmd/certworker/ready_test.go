@@ -42,7 +42,8 @@ func (j *joinSignal) Done() <-chan struct{} {
 //
 // Guards against a check per probe: after a failover each wanted a connection of
 // its own while every new one first waited out the dead host, and the queue of
-// probes kept an instance from answering ready within the 5 s CONTRACT.md §5 gives.
+// probes kept an instance from answering ready within the 5 s a failover is given
+// (docs/high-availability.md, "Failover").
 func TestReadiness_ProbesThatComeWhileACheckRunsShareItsAnswer(t *testing.T) {
 	const probes = 20
 	var calls atomic.Int32
@@ -193,7 +194,7 @@ func TestReadiness_AChecksOnASessionOfItsOwn(t *testing.T) {
 // next host of the URL, not the 15 s pgx takes to close a connection to a silent
 // server: the first host's relay turns into a black hole (its connections stay open,
 // nothing comes back), and the check after it answers ready through the second host
-// within 5 s (readyTimeout), the bound CONTRACT.md §5 gives a failover.
+// within 5 s (readyTimeout), the bound a failover is given.
 //
 // Guards against a check that waits for the silent connection's close, which pgx
 // gives up to 15 s (pgconn's asyncClose); a pool of the probes' own would keep its

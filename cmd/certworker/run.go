@@ -39,13 +39,13 @@ const letsEncrypt = "https://acme-v02.api.letsencrypt.org/directory"
 // fields to the ends of the CA's and the second CA's groups.
 type runCmd struct {
 	dbFlags
-	// ReplicationDatabaseURL is not in CONTRACT.md: it lets the REPLICATION attribute
+	// ReplicationDatabaseURL lets the REPLICATION attribute
 	// that --wake logical needs sit on a role of its own, holding no other right,
 	// instead of on the role that writes the certificates (docs/security.md, "Least
 	// privilege").
 	ReplicationDatabaseURL string `name:"replication-database-url" env:"CERTWORKER_REPLICATION_DATABASE_URL" placeholder:"URL" group:"database" help:"With --wake logical: connection string of the replication connection, for a role of its own that holds REPLICATION, on the same database (default: --database-url)."`
 	Wake                   string `name:"wake" env:"CERTWORKER_WAKE" default:"notify" enum:"notify,logical" group:"database" help:"How the worker hears that a domain is due: notify (LISTEN/NOTIFY, any server) or logical (a logical replication stream; needs wal_level = logical and a role with REPLICATION, and spares the proxy's commits NOTIFY's commit lock). Every instance on a database should use the same."`
-	ACMEDirectory          string `name:"acme-directory" env:"CERTWORKER_ACME_DIRECTORY" default:"${le}" placeholder:"URL" group:"ca" help:"ACME directory URL (default: Let's Encrypt production)."`
+	ACMEDirectory          string `name:"acme-directory" env:"CERTWORKER_ACME_DIRECTORY" default:"${le}" placeholder:"URL" group:"ca" help:"ACME directory URL."`
 	ACMEEmail              string `name:"acme-email" env:"CERTWORKER_ACME_EMAIL" placeholder:"EMAIL" group:"ca" help:"ACME account contact."`
 	ACMECABundle           string `name:"acme-ca-bundle" env:"CERTWORKER_ACME_CA_BUNDLE" placeholder:"FILE" group:"ca" help:"PEM file of roots trusted for the ACME server, beside the system's."`
 	ACMEProfile            string `name:"acme-profile" env:"CERTWORKER_ACME_PROFILE" placeholder:"NAME" group:"ca" help:"ACME profile of the domains whose ssl_profile is NULL; run exits 2 when the CA's directory does not offer it. Empty: the CA's default (the order names none)."`
@@ -85,14 +85,14 @@ type runCmd struct {
 	PollInterval   time.Duration `name:"poll-interval" env:"CERTWORKER_POLL_INTERVAL" default:"30s" group:"logs" help:"Safety-net pass interval."`
 	OrderTimeout   time.Duration `name:"order-timeout" env:"CERTWORKER_ORDER_TIMEOUT" default:"10m" group:"logs" help:"An order running longer is cancelled and charged as a failure."`
 	ShutdownGrace  time.Duration `name:"shutdown-grace" env:"CERTWORKER_SHUTDOWN_GRACE" default:"30s" group:"logs" help:"Time given to in-flight orders on SIGTERM."`
-	// Lease is not in CONTRACT.md: the claim's lease, for tests that stop the
-	// database for longer than it without waiting minutes.
+	// Lease is hidden: the claim's lease, for tests that stop the database for longer
+	// than it without waiting minutes.
 	Lease time.Duration `name:"lease" env:"CERTWORKER_LEASE" default:"60s" hidden:"" group:"logs" help:"Claim lease (tests only)."`
 }
 
 // Help is the text `run --help` prints above the flags.
 func (c *runCmd) Help() string {
-	return "The flags are grouped in the order an operator sets certworker up. docs/running.md describes every flag, endpoint, log line and metric."
+	return "The flags are grouped in the order an operator sets certworker up. docs/reference.md lists every flag, endpoint, log field and metric."
 }
 
 // validate checks what the flag parser cannot.

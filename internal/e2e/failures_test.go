@@ -36,7 +36,7 @@ func caDownFor(t *testing.T) time.Duration {
 	return 20 * time.Second
 }
 
-// A CA that cannot be reached is the CA's problem, not the domains' (CONTRACT.md §5):
+// A CA that cannot be reached is the CA's problem, not the domains' (docs/cas.md, "Pauses"):
 // with the CA down and domains due, no attempt is charged, ordering is paused for
 // every instance on the CA's own backoff, nothing is left in 'provisioning', the
 // worker goes on running and says what it sees (a line per change of state, a gauge),

@@ -68,7 +68,7 @@ func TestE2E_ShortLivedCertificatesAreRenewedOncePerLifetime(t *testing.T) {
 	acfg := w.acmeConfig()
 	acfg.Profile = pebbletest.ShortProfile
 	// The claim applies the backoff to a renewal too: a domain is claimable
-	// base * 2^0 after its previous claim (CONTRACT.md §5), and a renewal marks it
+	// base * 2^0 after its previous claim (docs/internals.md, "Claim"), and a renewal marks it
 	// pending with 0 attempts. With the default base of a minute, every renewal time
 	// that Pebble's window puts less than a minute after the previous order would
 	// wait for that minute; a second leaves the renewal time in charge.

@@ -3,7 +3,8 @@
 // (internal/pebbletest) and a real primary and streaming standby
 // (internal/pgha), through a multi-host --database-url with
 // target_session_attrs=read-write. Each test fails the primary over to the standby as
-// an HA manager does and checks what CONTRACT.md §5 promises of it: every instance
+// an HA manager does and checks what docs/high-availability.md ("Failover") promises
+// of it: every instance
 // ready again within 5 s of the promotion, nothing lost, and no finalize for a claim
 // the database no longer holds.
 //

@@ -12,8 +12,8 @@ import (
 	"github.com/certworker/certworker/internal/workertest"
 )
 
-// readyBound is CONTRACT.md §5's: every instance is ready again within 5 s of the
-// promotion completing.
+// readyBound is the failover's promise (docs/high-availability.md, "Failover"):
+// every instance is ready again within 5 s of the promotion completing.
 const readyBound = 5 * time.Second
 
 // hadOutage is how long the primary is gone before the standby is promoted in the
@@ -74,7 +74,7 @@ func TestFailover_CaughtUpStandbyLosesNothingAndFinalizesNothingTwice(t *testing
 }
 
 // Promoted 20 s after the primary died, the standby has every instance ready again,
-// listener included, within 5 s (CONTRACT.md §5), in both wake modes; and a domain
+// listener included, within 5 s (readyBound), in both wake modes; and a domain
 // verified then is claimed on a wake-up from the listener (the safety-net poll is
 // ten minutes away). The dead primary is listed first in the URL and vanished
 // without a goodbye (its address answers nothing), so a connection to it takes the

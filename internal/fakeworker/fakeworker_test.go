@@ -322,8 +322,8 @@ func ptr[T any](v T) *T { return &v }
 
 // The instance running an order is SIGKILLed (OOM killer, node lost): nothing of it
 // runs any more, not a deferred hand-back, not a heartbeat. Another instance must
-// issue the domain, with the lost attempt counted, within the 2 minutes of the claim
-// that CONTRACT.md §5 allows, with the production lease (60 s; --lease is not passed).
+// issue the domain, with the lost attempt counted, within 2 minutes of the claim
+// (docs/high-availability.md, "Leases and fencing"), with the production lease (60 s; --lease is not passed).
 // Guards against a claim that nothing takes back in time (the reference waited 15
 // minutes), and against a lease that only runs out in theory: B has to set its timer
 // for the lease's end, not come across it on a later poll or never.

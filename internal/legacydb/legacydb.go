@@ -2,7 +2,7 @@
 // left it, for testing `certworker migrate` and the worker on the database they will
 // really meet, not a fresh one.
 //
-// The tables are CONTRACT.md §1's without their CHECK constraints and without any of
+// The tables are the proxy's (docs/reference.md, "The proxy's tables") without their CHECK constraints and without any of
 // certworker's columns; proxy_certificates has certificate_pem, private_key_pem, a
 // nullable expires_at and auto_renew. The rows are 100,000 domains (by default) of
 // 1,000 tenants, in every state the reference and the proxy leave behind: active with

@@ -144,8 +144,8 @@ type Options struct {
 	ShortLifetime time.Duration
 	// AllowUnnamedProfile lets orders name no profile. Without it StartT fails the
 	// test when one did: Pebble picks a profile at random for such an order, so a
-	// test whose orders name none passes or fails by chance (CONTRACT.md §5: an order
-	// names the domain's profile, or --acme-profile).
+	// test whose orders name none passes or fails by chance (an order names the
+	// domain's profile, or --acme-profile).
 	AllowUnnamedProfile bool
 	// ChallengeRetryAfter is a Retry-After (whole seconds, at least 1) added to
 	// Pebble's answers to a challenge POST, which carry none, as a CA that says

@@ -3,7 +3,7 @@
 -- attempts 0, error and last attempt cleared, so that the next pass takes it rather
 -- than waiting out a backoff computed for a cause the tenant has just fixed), and every
 -- CA's recorded refusal of the name forgotten (ssl_ca_refused and its cause), as
--- `certworker retry` forgets it (CONTRACT.md §5): the tenant may have changed the CAA
+-- `certworker retry` forgets it: the tenant may have changed the CAA
 -- records that caused it, and the CAs are asked afresh. The refusal is certworker's
 -- column, which the proxy's role may not write: the trigger certworker_retried
 -- (certworker_follow_proxy) forgets it, and lifts a hold, when this UPDATE clears the
