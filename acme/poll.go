@@ -9,9 +9,9 @@ import "time"
 // whichever is larger, never more than pollMax. So the CA's work is seen done at most
 // max(pollStep, a quarter of what the order had waited when it was done) after it was
 // done, whatever the CA takes: no pace that a validation just missing a look pays for
-// with a second. A quarter costs about one request more each time the wait grows by a
-// quarter: about 9 looks at an authorization the CA takes a second to validate, 17 at
-// five seconds (docs/internals.md, "Polling the CA", has the table).
+// with a second. A quarter costs one request more each time the wait grows by a
+// quarter, so the looks grow with the logarithm of the CA's time (docs/internals.md,
+// "Polling the CA", has the requests per order).
 const (
 	// authzFirstLook and orderFirstLook are the first looks at an authorization
 	// after the CA answered its challenge, and at an order after its finalize. A

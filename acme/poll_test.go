@@ -15,7 +15,7 @@ const ms = time.Millisecond
 
 // lookSlack is what a look may take beyond its schedule to reach the front: the
 // timer's wake-up, the request's signing and its way over loopback on a loaded
-// machine. Far below the second the schedule before the curve left.
+// machine. Far below the second a schedule with a cliff leaves.
 const lookSlack = 50 * ms
 
 // At a CA that holds an authorization's "valid" back for 300 ms and for 1.5 s after
@@ -23,9 +23,10 @@ const lookSlack = 50 * ms
 // valid at most max(100 ms, a quarter of the time waited) after it was, and no gap
 // between two looks is longer than the curve allows at that point; after the
 // finalize, the order is looked at within 100 ms. Every time is the front's own
-// record of the requests. Guards against a cliff in the schedule: before the curve,
-// an authorization valid at 300 ms was seen at 1 s, one valid at 1.5 s at 2.5 s, and
-// the order 500 ms after the finalize.
+// record of the requests. Guards against a cliff in the schedule: with looks at 25
+// and 100 ms then 1 s, an authorization valid at 300 ms is seen at 1 s, one valid at
+// 1.5 s at 2.5 s; with 500 ms before the first look at the order, the finalize waits
+// that long.
 func TestIssue_SeesTheCAsVerdictWithinTheCurvesBound(t *testing.T) {
 	t.Parallel()
 	b := setup(t, pebbletest.Options{}, true)
