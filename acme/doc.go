@@ -19,6 +19,13 @@
 // the issuer needs to know which step failed, to deactivate what a failed order
 // left pending, and to wait between polls on the order's context.
 //
+// After the challenge's answer and after the finalize, the order looks at the CA's
+// work at the CA's Retry-After when it gives one, otherwise on a curve (poll.go):
+// 25 ms (10 ms after the finalize), then at most max(100 ms, a quarter of the time
+// waited) after the last look, so that the CA's verdict is seen at most that long
+// after it was given, whatever the CA takes; docs/internals.md ("Polling the CA")
+// has what it costs in requests.
+//
 // # Sharing with the CA
 //
 // The account, the CA's directory and the nonces the CA handed out are shared by

@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	legoacme "github.com/go-acme/lego/v4/acme"
@@ -51,11 +50,6 @@ type Issuer struct {
 
 	accountMu sync.Mutex // held while the account is loaded or registered
 	account   *account   // guarded by accountMu; nil until the first order needs it
-
-	// usualPaceOnly drops the early looks (authzEarly, orderEarly) from the orders
-	// that start while it is set: set only by a benchmark that compares the two
-	// (export_test.go).
-	usualPaceOnly atomic.Bool
 }
 
 var _ issuing.Issuer = (*Issuer)(nil)
@@ -212,12 +206,7 @@ func (i *Issuer) issue(ctx context.Context, req issuing.Request) (*issuing.Certi
 		finalizeTimeout: max(30*time.Second, i.cfg.httpTimeout()),
 		authz:           map[string]string{},
 		confirm:         req.ConfirmClaim,
-		authzEarly:      authzEarly,
-		orderEarly:      orderEarly,
 		readmit:         req.Readmit,
-	}
-	if i.usualPaceOnly.Load() {
-		o.authzEarly, o.orderEarly = nil, nil
 	}
 	log.Debug("placing ACME order", zap.Bool("renewal", replaces != ""), zap.String("profile", profile))
 	chainPEM, err := o.run(key, replaces, profile)

@@ -17,23 +17,6 @@ import (
 )
 
 const (
-	// pollFirst is the CA's usual pace for a challenge: the first look at the
-	// authorization after the early ones (earlyLooks), when the CA says nothing
-	// (Retry-After) of how long to wait. Let's Encrypt usually decides within a
-	// second or two.
-	pollFirst = time.Second
-	// issuePollFirst is the usual first look at the order after finalize, after the
-	// early ones, when the CA says nothing of how long to wait: a CA that does not
-	// say (Pebble, Boulder without asynchronous finalize) has the certificate ready
-	// almost at once; Let's Encrypt says 3 s.
-	issuePollFirst = 500 * time.Millisecond
-	// pollMax caps the waits between polls, which grow by half each time, so that
-	// a slow CA is asked at most every 10 s.
-	pollMax = 10 * time.Second
-	// earlyLooksWasted is how many early looks (authzEarly, orderEarly) an order may
-	// spend finding the CA still at work: at most that many requests more than an
-	// order that waited for the CA's usual pace, whatever the CA's speed.
-	earlyLooksWasted = 2
 	// validationTimeout bounds the wait for the CA to decide a challenge. A CA
 	// validates within seconds; one that keeps an authorization pending for
 	// minutes will not decide it, and the order is failed (and retried) rather
@@ -45,19 +28,6 @@ const (
 	// maxCommonNameLen is RFC 5280's upper bound on a common name; a longer name
 	// goes in the SAN only, as lego does.
 	maxCommonNameLen = 64
-)
-
-// The early looks, as offsets from the CA's answer to the challenge (authzEarly) or
-// to the finalize (orderEarly), taken when the CA says nothing of when to look. A CA
-// that answers at once (Pebble validates and issues in milliseconds) is seen done
-// at the first of them, not a second later: every wait of ours is added to what a
-// tenant waits after "verify". A slow CA costs at most earlyLooksWasted requests
-// more per order: once the order has spent them, it looks at the usual pace
-// (pollFirst, issuePollFirst). Variables, not constants, so that a benchmark can
-// compare against the usual pace alone.
-var (
-	authzEarly = []time.Duration{25 * time.Millisecond, 100 * time.Millisecond}
-	orderEarly = []time.Duration{10 * time.Millisecond, 50 * time.Millisecond}
 )
 
 // order is one ACME order for one name, driven step by step on lego's protocol
@@ -87,11 +57,6 @@ type order struct {
 	placed legoacme.ExtendedOrder
 	// authz is the last status seen of each of its authorizations, by URL.
 	authz map[string]string
-	// authzEarly and orderEarly are the order's early looks (the package's, or none).
-	authzEarly, orderEarly []time.Duration
-	// wasted counts the early looks that found the CA still at work
-	// (earlyLooksWasted).
-	wasted int
 	// readmit is the request's Readmit (issuing.Request), or nil.
 	readmit func(context.Context) error
 }
@@ -232,7 +197,7 @@ func (o *order) solve(u string, a legoacme.Authorization) error {
 // awaitValidation polls the authorization at u until the CA has decided it;
 // retryAfter is the Retry-After of the CA's answer to the challenge, or 0.
 func (o *order) awaitValidation(u string, retryAfter time.Duration) error {
-	p := o.newPoll(o.authzEarly, pollFirst)
+	p := newPoll(authzFirstLook)
 	deadline := time.Now().Add(validationTimeout)
 	for {
 		if err := sleep(o.ctx, p.next(time.Now(), retryAfter)); err != nil {
@@ -277,7 +242,7 @@ func (o *order) finalize(key crypto.PrivateKey) ([]byte, error) {
 		return nil, err
 	}
 	deadline := time.Now().Add(o.finalizeTimeout)
-	p := o.newPoll(o.orderEarly, issuePollFirst)
+	p := newPoll(orderFirstLook)
 	for state.Status != legoacme.StatusValid {
 		if state.Status == legoacme.StatusInvalid {
 			return nil, orderProblem(state)
@@ -349,55 +314,6 @@ func (o *order) release(core *api.Core) int {
 		n++
 	}
 	return n
-}
-
-// poll is the schedule of the looks at one thing the CA is at work on (an
-// authorization being validated, an order being issued), from the CA's answer that
-// started it. Each look waits for the CA's Retry-After when it gave one; else for
-// the next early look while the order may still spend one (order.wasted); else for
-// the usual pace: first at first from the start, then each wait half as long again
-// as the last, never more than pollMax.
-type poll struct {
-	o     *order
-	start time.Time
-	early []time.Duration
-	first time.Duration
-	// taken is how many early looks were taken; looked says the last look was one.
-	taken  int
-	looked bool
-	// last is the last wait at the usual pace or the CA's, or 0 before the first.
-	last time.Duration
-}
-
-func (o *order) newPoll(early []time.Duration, first time.Duration) *poll {
-	return &poll{o: o, start: time.Now(), early: early, first: first}
-}
-
-// next is the wait before the next look, at now; retryAfter is the Retry-After of
-// the CA's last answer, or 0. Being asked means the last look found the CA still
-// at work.
-func (p *poll) next(now time.Time, retryAfter time.Duration) time.Duration {
-	if p.looked {
-		p.o.wasted++
-		p.looked = false
-	}
-	switch {
-	case retryAfter > 0:
-		// The CA said when: no early look goes before it, nor after.
-		p.taken = len(p.early)
-		p.last = min(retryAfter, pollMax)
-		return p.last
-	case p.taken < len(p.early) && p.o.wasted < earlyLooksWasted:
-		at := p.early[p.taken]
-		p.taken++
-		p.looked = true
-		return max(at-now.Sub(p.start), 0)
-	case p.last == 0:
-		p.last = p.first
-		return max(p.first-now.Sub(p.start), 0)
-	}
-	p.last = min(p.last*3/2, pollMax)
-	return p.last
 }
 
 // challengeProblem is why the CA marked a challenge invalid.

@@ -29,8 +29,8 @@ import (
 )
 
 const (
-	// verifyBenchDomains is how many domains each way of polling gets, verified one
-	// at a time (the next once the last is served), the two ways alternating.
+	// verifyBenchDomains is how many domains are verified, one at a time (the next
+	// once the last is served).
 	verifyBenchDomains = 20
 	verifyBenchFile    = "../bench/verify-to-served.txt"
 	verifyBenchCommand = "CERTWORKER_PG_IMAGE=certworker-postgres:15 go test -run '^$' -bench BenchmarkVerifyToServed -benchtime 1x ./acme/"
@@ -68,17 +68,19 @@ type verifyRun struct {
 	requests map[pebbletest.Step]int
 }
 
-// BenchmarkVerifyToServed: a tenant verifies domains one at a time; the time from the
-// verify's commit to the domain's row turning active and to an HTTPS handshake that
-// presents its certificate through certstore (the proxy's side), with the real
-// worker, ACME issuer and responder, against Pebble with no validation sleep and no
-// Retry-After (a CA that answers at once). Half the domains are ordered with the
-// early looks, half at the usual pace alone (the waits before them: 1 s before the
-// first look at the authorization, 500 ms before the first look at the order), one
-// of each in turn. It reports, for each way, the times, the share that is ours
-// (everything but the CA's answers and its validation), and the requests per order.
-// Results go to bench/verify-to-served.txt.
-func BenchmarkVerifyToServed(b *testing.B) {
+// verifyBench is a tenant's world for the verify benchmarks: the real worker, ACME
+// issuer and responder, certstore behind an HTTPS listener, and Pebble, with a Front
+// before it (its directory is the issuer's).
+type verifyBench struct {
+	bd     *bed
+	front  *pebbletest.Front
+	clock  *tokenClock
+	https  *loopback.Server
+	roots  *x509.CertPool
+	tenant string
+}
+
+func startVerifyBench(b *testing.B) *verifyBench {
 	ctx := context.Background()
 	bd := setup(b, pebbletest.Options{}, false)
 	responder := acme.NewResponder(bd.pool, zap.NewNop(), acme.ResponderOptions{})
@@ -86,9 +88,10 @@ func BenchmarkVerifyToServed(b *testing.B) {
 	tokens.Listen(acme.TokenChannel, responder)
 	require.NoError(b, tokens.Start(ctx))
 	b.Cleanup(tokens.Stop)
-	clock := &tokenClock{next: responder}
-	bd.serve(b, clock)
+	v := &verifyBench{bd: bd, front: pebbletest.NewFront(b, bd.ca), clock: &tokenClock{next: responder}}
+	bd.serve(b, v.clock)
 	cfg := bd.config()
+	cfg.DirectoryURL = v.front.DirectoryURL
 	cfg.Recorder = queue.New(bd.pool, issuing.DefaultConfig())
 	iss, err := acme.New(ctx, bd.pool, zap.NewNop(), cfg)
 	require.NoError(b, err)
@@ -103,81 +106,90 @@ func BenchmarkVerifyToServed(b *testing.B) {
 	store, err := certstore.Open(ctx, bd.pool, certstore.Options{})
 	require.NoError(b, err)
 	b.Cleanup(store.Close)
-	https, err := loopback.Serve(&tls.Config{GetCertificate: store.GetCertificate})
+	v.https, err = loopback.Serve(&tls.Config{GetCertificate: store.GetCertificate})
 	require.NoError(b, err)
-	b.Cleanup(func() { _ = https.Close() })
-	roots := x509.NewCertPool()
-	require.True(b, roots.AppendCertsFromPEM(bd.ca.IssuerRootsPEM()))
-	var tenant string
+	b.Cleanup(func() { _ = v.https.Close() })
+	v.roots = x509.NewCertPool()
+	require.True(b, v.roots.AppendCertsFromPEM(bd.ca.IssuerRootsPEM()))
 	require.NoError(b, bd.pool.QueryRow(ctx, `INSERT INTO proxy_tenants (name, slug, email) VALUES ('bench', $1, 'o@bench.example') RETURNING id::text`,
-		randomName("t")).Scan(&tenant))
-	load := loadAvg()
+		randomName("t")).Scan(&v.tenant))
+	return v
+}
 
-	one := func() verifyRun {
-		name := randomName("v")
-		var id string
-		require.NoError(b, bd.pool.QueryRow(ctx, `
+// one verifies a new domain and measures its way to active and served.
+func (v *verifyBench) one(b *testing.B) verifyRun {
+	ctx, bd := context.Background(), v.bd
+	name := randomName("v")
+	var id string
+	require.NoError(b, bd.pool.QueryRow(ctx, `
 INSERT INTO proxy_domains (tenant_id, domain, verification_token, ssl_provider)
-VALUES ($1, $2, 'bench-token', 'acme') RETURNING id::text`, tenant, name).Scan(&id))
-		before := bd.ca.Requests()
-		handledBefore := len(bd.ca.Handled())
-		_, err := bd.pool.Exec(ctx, `UPDATE proxy_domains SET verification_status = 'verified', updated_at = now() WHERE id = $1`, id)
-		require.NoError(b, err)
-		verified := time.Now()
-		var r verifyRun
-		deadline := verified.Add(time.Minute)
-		for r.active == 0 {
-			var status string
-			require.NoError(b, bd.pool.QueryRow(ctx, `SELECT ssl_status FROM proxy_domains WHERE id = $1`, id).Scan(&status))
-			require.NotEqual(b, "failed", status)
-			if status == "active" {
-				r.active = time.Since(verified)
-				break
-			}
-			require.True(b, time.Now().Before(deadline), "%s not active within a minute", name)
-			time.Sleep(time.Millisecond)
+VALUES ($1, $2, 'bench-token', 'acme') RETURNING id::text`, v.tenant, name).Scan(&id))
+	before := bd.ca.Requests()
+	handledBefore := len(bd.ca.Handled())
+	_, err := bd.pool.Exec(ctx, `UPDATE proxy_domains SET verification_status = 'verified', updated_at = now() WHERE id = $1`, id)
+	require.NoError(b, err)
+	verified := time.Now()
+	var r verifyRun
+	deadline := verified.Add(time.Minute)
+	for r.active == 0 {
+		var status string
+		require.NoError(b, bd.pool.QueryRow(ctx, `SELECT ssl_status FROM proxy_domains WHERE id = $1`, id).Scan(&status))
+		require.NotEqual(b, "failed", status)
+		if status == "active" {
+			r.active = time.Since(verified)
+			break
 		}
-		for r.served == 0 {
-			hctx, cancel := context.WithTimeout(ctx, time.Second)
-			leaf, err := https.Handshake(hctx, name, roots)
-			cancel()
-			if err == nil && slices.Contains(leaf.DNSNames, name) {
-				r.served = time.Since(verified)
-				break
-			}
-			require.True(b, time.Now().Before(deadline), "%s not served within a minute", name)
-			time.Sleep(time.Millisecond)
-		}
-		r.requests = diff(bd.ca.Requests(), before)
-		var challenged time.Time
-		for _, h := range bd.ca.Handled()[handledBefore:] {
-			r.ca += h.End.Sub(h.Start)
-			if h.Step == pebbletest.StepChallenge {
-				challenged = h.End
-			}
-		}
-		if v := clock.answered(); !challenged.IsZero() && v.After(challenged) {
-			r.ca += v.Sub(challenged)
-		}
-		return r
+		require.True(b, time.Now().Before(deadline), "%s not active within a minute", name)
+		time.Sleep(time.Millisecond)
 	}
+	for r.served == 0 {
+		hctx, cancel := context.WithTimeout(ctx, time.Second)
+		leaf, err := v.https.Handshake(hctx, name, v.roots)
+		cancel()
+		if err == nil && slices.Contains(leaf.DNSNames, name) {
+			r.served = time.Since(verified)
+			break
+		}
+		require.True(b, time.Now().Before(deadline), "%s not served within a minute", name)
+		time.Sleep(time.Millisecond)
+	}
+	r.requests = diff(bd.ca.Requests(), before)
+	var challenged time.Time
+	for _, h := range bd.ca.Handled()[handledBefore:] {
+		r.ca += h.End.Sub(h.Start)
+		if h.Step == pebbletest.StepChallenge {
+			challenged = h.End
+		}
+	}
+	if at := v.clock.answered(); !challenged.IsZero() && at.After(challenged) {
+		r.ca += at.Sub(challenged)
+	}
+	return r
+}
 
+// BenchmarkVerifyToServed: a tenant verifies domains one at a time; the time from the
+// verify's commit to the domain's row turning active and to an HTTPS handshake that
+// presents its certificate through certstore (the proxy's side), with the real
+// worker, ACME issuer and responder, against Pebble with no validation sleep and no
+// Retry-After (a CA that answers at once). It reports the times, the share that is
+// ours (everything but the CA's answers and its validation), and the requests per
+// order. Results go to bench/verify-to-served.txt.
+func BenchmarkVerifyToServed(b *testing.B) {
+	v := startVerifyBench(b)
+	load := loadAvg()
 	// The first order registers the account: not measured.
-	_ = one()
-	var early, usual []verifyRun
+	_ = v.one(b)
+	var runs []verifyRun
 	b.ResetTimer()
 	for range b.N {
-		early, usual = nil, nil
+		runs = nil
 		for range verifyBenchDomains {
-			early = append(early, one())
-			acme.UsualPaceOnly(iss, true)
-			usual = append(usual, one())
-			acme.UsualPaceOnly(iss, false)
+			runs = append(runs, v.one(b))
 		}
 	}
 	b.StopTimer()
-	b.ReportMetric(median(early, func(r verifyRun) time.Duration { return r.served }).Seconds()*1000, "served-p50-ms")
-	writeVerifyTable(b, load, []verifyWay{{"early looks (now)", early}, {"usual pace only (before)", usual}})
+	b.ReportMetric(median(runs, func(r verifyRun) time.Duration { return r.served }).Seconds()*1000, "served-p50-ms")
+	writeVerifyTable(b, load, []verifyWay{{"the curve", runs}})
 }
 
 type verifyWay struct {
@@ -205,14 +217,11 @@ func writeVerifyTable(b *testing.B, load string, ways []verifyWay) {
 	sb.WriteString("# Verify -> HTTPS: a tenant verifies domains one at a time (the next once the last is served);\n")
 	sb.WriteString("# the time from the verify's commit to the row turning active, and to an HTTPS handshake through\n")
 	sb.WriteString("# certstore that presents the new certificate (polled every millisecond). Real worker (concurrency 4),\n")
-	sb.WriteString("# ACME issuer and responder; in-process Pebble with no validation sleep and no Retry-After.\n")
+	sb.WriteString("# ACME issuer and responder; in-process Pebble (through a relay) with no validation sleep and no Retry-After.\n")
 	sb.WriteString("# 'ours' is everything but the CA's share: the time its handlers took to answer the order's\n")
 	sb.WriteString("# requests, and its validation (its answer to the challenge to our answer to its request); Pebble's\n")
-	sb.WriteString("# issuance after finalize, a few ms, counts as ours. The two ways alternate domain by domain.\n")
-	fmt.Fprintf(&sb, "# %s, %s %s/%s, %d CPUs, load average %s at the start, %s at the end\n",
-		time.Now().UTC().Format(time.RFC3339), runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), load, loadAvg())
-	fmt.Fprintf(&sb, "# command: %s\n\n", verifyBenchCommand)
-	tw := tabwriter.NewWriter(&sb, 2, 4, 2, ' ', tabwriter.AlignRight)
+	sb.WriteString("# issuance after finalize, a few ms, counts as ours.\n")
+	tw := benchTable(&sb, load, verifyBenchCommand)
 	fmt.Fprintln(tw, "way\tn\tactive p50 ms\tactive max ms\tserved p50 ms\tserved p90 ms\tserved max ms\tours p50 ms\tCA's p50 ms\trequests/order\t")
 	for _, w := range ways {
 		var reqs int
@@ -242,6 +251,15 @@ func writeVerifyTable(b *testing.B, load string, ways []verifyWay) {
 	}
 	b.Log("\n" + sb.String())
 	require.NoError(b, os.WriteFile(verifyBenchFile, []byte(sb.String()), 0o644))
+}
+
+// benchTable ends a table's header with the time, the machine, its load at the
+// start (load) and now, and the command, and gives the writer for its rows.
+func benchTable(sb *strings.Builder, load, command string) *tabwriter.Writer {
+	fmt.Fprintf(sb, "# %s, %s %s/%s, %d CPUs, load average %s at the start, %s at the end\n",
+		time.Now().UTC().Format(time.RFC3339), runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), load, loadAvg())
+	fmt.Fprintf(sb, "# command: %s\n\n", command)
+	return tabwriter.NewWriter(sb, 2, 4, 2, ' ', tabwriter.AlignRight)
 }
 
 func loadAvg() string {

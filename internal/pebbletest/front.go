@@ -73,6 +73,10 @@ type Front struct {
 	// itself or rewrites (drill.go).
 	drill         *drillState
 	ariRetryAfter time.Duration
+	// validationTime and validations are the validation the front makes the CA
+	// appear to take, and the challenges answered (front_validation.go).
+	validationTime time.Duration
+	validations    []*Validation
 }
 
 // Seen is a request the front received.
@@ -158,7 +162,7 @@ func NewFront(t testing.TB, ca *CA) *Front {
 	f.proxy = httputil.NewSingleHostReverseProxy(target)
 	f.proxy.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}
 	f.proxy.ErrorLog = quietLog
-	f.proxy.ModifyResponse = f.rewriteRetryAfter
+	f.proxy.ModifyResponse = chainModify(f.rewriteRetryAfter, f.holdValidation)
 	f.srv = ca.NewTLSServer(http.HandlerFunc(f.serve))
 	t.Cleanup(f.srv.Close)
 	f.DirectoryURL = f.srv.URL + DirectoryPath
@@ -212,9 +216,10 @@ func (f *Front) Answered() map[Step]int {
 }
 
 func (f *Front) serve(w http.ResponseWriter, r *http.Request) {
-	step := StepOf(r)
+	step, at := StepOf(r), time.Now()
+	r = withArrival(r, at)
 	f.mu.Lock()
-	f.seen = append(f.seen, Seen{At: time.Now(), Step: step, Path: r.URL.Path})
+	f.seen = append(f.seen, Seen{At: at, Step: step, Path: r.URL.Path})
 	f.mu.Unlock()
 	var names []string
 	if step == StepNewOrder {
