@@ -93,7 +93,7 @@ func TestDueWaits_TakesDueChecksOnce(t *testing.T) {
 	due, stale, err := b.q.DueWaits(b.ctx, 10)
 	require.NoError(t, err)
 	require.Len(t, due, 1)
-	require.Equal(t, queue.DueWait{ID: id, Domain: name, Since: due[0].Since, Answer: "answer-1"}, due[0])
+	require.Equal(t, queue.DueWait{ID: id, TenantID: tenant, Domain: name, Since: due[0].Since, Answer: "answer-1"}, due[0])
 	require.Zero(t, stale)
 	again, _, err := b.q.DueWaits(b.ctx, 10)
 	require.NoError(t, err)
