@@ -72,7 +72,7 @@ func (i *Issuer) accountFor(ctx context.Context, tr *orderTransport) (*account, 
 
 // CheckAccountKey opens the stored account key of this issuer's directory and EAB
 // key id with the configured keys, and keeps nothing: `run` calls it before it claims
-// anything, and /readyz on every probe (CONTRACT.md §3, §4). No account stored yet is
+// anything, and /readyz on every probe. No account stored yet is
 // fine: the first order registers one. A stored key that does not open is a
 // *issuing.KeyError naming the key id it lacks; any other error is the database's.
 func (i *Issuer) CheckAccountKey(ctx context.Context) error {

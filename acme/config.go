@@ -24,7 +24,7 @@ import (
 )
 
 // Config is what the issuer needs from the command line. Every field maps to one
-// `run` flag (CONTRACT.md §3), and validation errors name that flag.
+// `run` flag, and validation errors name that flag.
 type Config struct {
 	// Recorder is where the issuer records what the store keeps for it. Required.
 	Recorder Recorder

@@ -215,7 +215,7 @@ type ResponderOptions struct {
 	Registerer prometheus.Registerer
 }
 
-// Responder answers the CA's HTTP-01 validation requests (CONTRACT.md §4): GET or
+// Responder answers the CA's HTTP-01 validation requests: GET or
 // HEAD /.well-known/acme-challenge/TOKEN is 200, text/plain, the key authorization,
 // for an unexpired token stored by any instance, when the request's Host is the name
 // the token was issued for (hostMatches); anything else is 404; 503 when the

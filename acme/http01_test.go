@@ -379,7 +379,7 @@ func TestResponder_LookupsAreBounded(t *testing.T) {
 }
 
 // While the database cannot be reached, a token in memory is still answered and a
-// miss is 503 (CONTRACT.md §4), never a 404 the CA would take as final.
+// miss is 503, never a 404 the CA would take as final.
 func TestResponder_DatabaseLost(t *testing.T) {
 	t.Parallel()
 	_, dsn := pgtest.NewPool(t)

@@ -248,7 +248,7 @@ func (i *Issuer) recordChallenge(ctx context.Context, req issuing.Request, c cha
 }
 
 // checkProfile refuses, before any order or account request is sent, an order naming
-// a profile the CA's directory does not list in meta.profiles (CONTRACT.md §5), and
+// a profile the CA's directory does not list in meta.profiles, and
 // returns the profiles it lists, sorted, for a refusal later. The directory is the
 // session's (one GET an hour). It returns nil, nil when the directory cannot be read,
 // or is not an ACME directory: the order goes ahead and meets the same trouble, which

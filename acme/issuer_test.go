@@ -322,9 +322,9 @@ func TestIssue_ExternalAccountBinding(t *testing.T) {
 	require.Equal(t, kid, storedKid)
 }
 
-// The lifetime rule (a third left from 10 days up, half below: CONTRACT.md §5),
+// The lifetime rule (a third left from 10 days up, half below),
 // exported for hand-uploaded certificates. Guards against a rule that drifts from the
-// queue's (they must agree) or from the contract.
+// queue's (they must agree) or from docs/cas.md.
 func TestRenewAtFromValidity_AThirdLeftOrHalfBelowTenDays(t *testing.T) {
 	t.Parallel()
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)

@@ -161,7 +161,7 @@ var outsideRef = regexp.MustCompile(`CONTRACT(\.md)?\b`)
 
 // citesOutsideExempt are the folders whose citations are still being rewritten into
 // the rule or a docs/ page; the test holds every other file.
-var citesOutsideExempt = []string{"queue/", "acme/"}
+var citesOutsideExempt = []string{}
 
 // No file of the repository, code, tests, migrations or docs, cites a file a clone
 // does not hold: it states the rule, or cites the docs/ page (docs/reference.md for

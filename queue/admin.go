@@ -82,7 +82,7 @@ func lookUp(ctx context.Context, tx pgx.Tx, name string) (named, error) {
 // gives each row's id, its name as stored, and whether it is verified, acme and keeps its name:
 // keepsNameSQL). The one row there is; else the row spelled exactly as name; else the
 // verified acme row that keeps the name, since twins that are unverified or not acme
-// count for nothing (CONTRACT.md §5). Else an *AmbiguousError naming them all.
+// count for nothing. Else an *AmbiguousError naming them all.
 func pickTwin(name string, n int, at func(i int) (id, domain string, keeps bool)) (int, error) {
 	if n == 1 {
 		return 0, nil

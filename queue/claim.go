@@ -39,7 +39,7 @@ import (
 // (lost), so that it never holds the keeper back and is not read again. Pauses are conditions of the claim, not checks after
 // it, so a held-back domain is never claimed and handed back again.
 //
-// Order of service (CONTRACT.md §5):
+// Order of service:
 //  1. ssl_queue_tier 1, renewals close to expiry (a fifth of the lifetime left, or
 //     past the CA's renewal window): a certificate about to expire hurts a tenant
 //     who is already served, and waiting behind a backlog could let it lapse.
@@ -159,7 +159,7 @@ func (q *Queue) Claim(ctx context.Context, owner, directory string, limit int) (
 
 // ClaimShared is Claim with up to newcomers of the limit claimed first among first
 // issuances and their retries (tier 2), whatever the urgent renewals ahead of them:
-// the worker keeps a quarter of its slots for them while any are due (CONTRACT.md §5),
+// the worker keeps a quarter of its slots for them while any are due,
 // so that a tenant who verifies during a mass revocation is served among the next
 // --concurrency claims. What the newcomers leave is claimed in order of service (every
 // tier: 1 to 3, and any other value ssl_queue_tier holds, which a hand edit may have
@@ -275,7 +275,7 @@ func deref(s *string) string {
 
 // ReturnHeld brings back in line the rows held out whose time has come (for the CA at
 // directory, whose ledger's pauses some rows pass), and returns how many: a row held for its backoff once the backoff by the current formula
-// (CONTRACT.md §5: --retry-base, --retry-max, from its own ssl_attempts) has run out,
+// (--retry-base, --retry-max, from its own ssl_attempts) has run out,
 // and a row held under a pause once that pause has ended; a row still held back for
 // the other reason is held for that one instead. So a changed --retry-base, a hand
 // edit of ssl_attempts or ssl_last_attempt_at, or a pause lifted early takes effect at

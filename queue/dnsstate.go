@@ -37,7 +37,7 @@ func (q *Queue) RecordChallenge(ctx context.Context, domainID, challenge, reason
 	return nil
 }
 
-// The waiting-for-DNS schedule (CONTRACT §5). A domain waiting for its DNS is out of
+// The waiting-for-DNS schedule. A domain waiting for its DNS is out of
 // line (ssl_held HeldDNS) and checked by DNS alone, never by the CA.
 const (
 	// WaitFirstHour is how long a wait is checked at WaitCheckFirst: a tenant moving

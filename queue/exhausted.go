@@ -18,7 +18,7 @@ const givenUpFormat = "(given up: %s attempts, at or above --max-attempts %s; `c
 // this they would wait in 'pending' for ever, never tried and never failed, and
 // `status` would show them as retrying. They come from a --max-attempts lowered below
 // the attempts of rows that were retrying, and from hand edits. A failure at the limit
-// marks a domain failed (CONTRACT.md §5); these get the same, and their ssl_error
+// marks a domain failed; these get the same, and their ssl_error
 // keeps what the last attempt said and adds why they stopped.
 //
 // Rows locked by someone else (a transaction of the proxy's) are skipped, not waited

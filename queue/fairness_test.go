@@ -56,7 +56,7 @@ func TestClaim_ALateTenantIsServedBeforeABacklog(t *testing.T) {
 
 // Renewals are served by urgency: a certificate two days from expiry (a 90-day one,
 // under a fifth of its lifetime left) before any first issuance, and one with 30 days
-// left after them (CONTRACT.md §5).
+// left after them.
 func TestClaim_UrgentRenewalsFirstRenewalsWithTimeToSpareLast(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// A second CA (CONTRACT.md §5; docs/cas.md, "A second CA"). With Config.Fallback set,
+// A second CA (docs/cas.md, "A second CA"). With Config.Fallback set,
 // the claim decides for each row which CA its order goes to, in the statement that
 // takes the row, and records the decision on it (ssl_ca_directory, ssl_ca_cause): every
 // instance reads one decision, and a domain is never ordered at both CAs at once.

@@ -179,7 +179,7 @@ func (q *Queue) Disown(ctx context.Context, c issuing.Claim) (bool, error) {
 // reason either way: it is the only way an operator finds out why a domain is stuck.
 // A negative count in a hand-edited row counts as 0.
 //
-// It is the worker's own failure write (CONTRACT.md §2): the row goes back inside its
+// It is the worker's own failure write: the row goes back inside its
 // backoff, which the worker's timer covers, so the wake trigger keeps quiet; and out
 // of line (ssl_held HeldBackoff), so that no claim reads it before ReturnHeld brings
 // it back.
@@ -247,7 +247,7 @@ UPDATE proxy_domains SET
 WHERE ` + heldSQL
 
 // MarkPermanent fails a domain at once, whatever its attempts: a name no CA can issue
-// for, a CA's refusal that no retry changes (CONTRACT.md §5). reason is stored as
+// for, a CA's refusal that no retry changes. reason is stored as
 // ssl_error; the attempt is counted.
 func (q *Queue) MarkPermanent(ctx context.Context, c issuing.Claim, reason string) error {
 	tag, err := q.db.Exec(ctx, markPermanentSQL, c.ID, c.Token, q.errorText(ctx, reason))

@@ -36,7 +36,7 @@ type Leases struct {
 // A lease that has run out is not renewed, even when nobody took the row: after a
 // partition or a pause longer than the lease, an instance cannot know whether another
 // has reclaimed the row and started ordering, and its order has stopped at its
-// deadline (CONTRACT.md §5). It hands the claim back instead.
+// deadline. It hands the claim back instead.
 func (q *Queue) Heartbeat(ctx context.Context, tokens []string) (Leases, error) {
 	rows, err := q.renewLeases(ctx, tokens)
 	if err != nil {
@@ -68,7 +68,7 @@ func (q *Queue) Heartbeat(ctx context.Context, tokens []string) (Leases, error) 
 // has run. It is the check before a step that cannot be taken back (a finalize, which
 // makes the CA issue a certificate): the claim is proven held on the database the
 // instance reaches now, which after a failover to a standby that lagged may no
-// longer know of it (CONTRACT.md §5).
+// longer know of it.
 //
 // It returns ErrClaimLost when the token is not on its row (requeued, reclaimed, or
 // never replicated to the server now primary), an error wrapping ErrLeaseDeadline

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// The limit ledger (CONTRACT.md §5): the worker's own record of its orders,
+// The limit ledger: the worker's own record of its orders,
 // shared by every instance in certworker_ledger, checked against limits that mirror
 // the CA's published ones before each order. An order the CA would refuse is not
 // sent, and the domain waits, uncharged, for the window to free a slot.

@@ -52,7 +52,7 @@ func TestPause_AnExpiredPauseHoldsNothingBack(t *testing.T) {
 	require.True(t, b.claimsInclude(t, id))
 }
 
-// Each scope holds back exactly what the CA's limit covers (CONTRACT.md §5): the
+// Each scope holds back exactly what the CA's limit covers: the
 // whole CA; every name under one registered domain and nothing else; one name and
 // not its subdomains. A held-back domain is not claimed at all, so there is nothing
 // to hand back and no wake-up storm, and it is claimed once the pause ends.

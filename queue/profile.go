@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// A profile per domain (CONTRACT.md §5). proxy_domains.ssl_profile is the
+// A profile per domain. proxy_domains.ssl_profile is the
 // tenant's choice (NULL: the worker's --acme-profile); proxy_certificates.profile is
 // the profile a certificate was issued under (NULL: not known, which matches any);
 // proxy_domains.ssl_profile_refused is the domain's profile the CA does not offer,
@@ -41,8 +41,7 @@ WHERE ` + heldSQL + `
 RETURNING ssl_status = 'provisioning'`
 
 // RefuseProfile records that the CA does not offer the domain's own profile, which
-// the claim was to be ordered under, and decides what becomes of the domain
-// (CONTRACT.md §5), in one statement:
+// the claim was to be ordered under, and decides what becomes of the domain, in one statement:
 //   - without a certificate, it fails at once ('failed', the attempt counted,
 //     reasonNone in ssl_error), and waits for the tenant to change the profile;
 //   - with a certificate that is not due for renewal (the claim was a replacement

@@ -61,8 +61,8 @@ RETURNING d.id::text, d.tenant_id::text, d.domain, d.ssl_attempts, d.ssl_status 
 // nothing would ever claim it and status would not show it as failed).
 //
 // The backoff is not applied (ssl_last_attempt_at is cleared): the failure was this
-// service's, not the domain's, and CONTRACT.md §5 wants a domain whose certworker
-// claim was abandoned claimable again within 2 minutes of it, while the backoff after
+// service's, not the domain's, and a domain whose certworker claim was abandoned
+// is claimable again within 2 minutes of it, while the backoff after
 // one attempt is twice --retry-base.
 //
 // A live order is never taken: its instance renews the lease every third of it. A
@@ -71,8 +71,8 @@ RETURNING d.id::text, d.tenant_id::text, d.domain, d.ssl_attempts, d.ssl_status 
 // Rows another transaction holds locked (the proxy's open write to one of them, as a
 // slow request makes) are passed over, not waited for (SKIP LOCKED): one such lock
 // made the one statement give up (55P03) and take every other abandoned row back
-// with it, and a killed instance's claims stayed 'provisioning' past the 2 minutes
-// CONTRACT.md §5 allows. A row passed over is reclaimed by a later run. fillBatch
+// with it, and a killed instance's claims stayed 'provisioning' past those 2
+// minutes. A row passed over is reclaimed by a later run. fillBatch
 // rows a statement, so that no statement holds many rows' locks.
 func (q *Queue) ReclaimAbandoned(ctx context.Context) ([]Reclaimed, error) {
 	reason := q.errorText(ctx, interruptedError)

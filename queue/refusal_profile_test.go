@@ -8,7 +8,7 @@ import (
 )
 
 // The proxy's retry forgets every CA's recorded refusal of the name, as `certworker
-// retry` does (CONTRACT.md §5): a tenant who changed the CAA records that caused it
+// retry` does: a tenant who changed the CAA records that caused it
 // and pressed retry had the domain fail again 0.1 s later, with nothing sent, because
 // ssl_ca_refused outlived certworker_queue_for_issuance.
 func TestQueueForIssuance_ForgetsEveryCAsRefusal(t *testing.T) {

@@ -82,7 +82,7 @@ WHERE d.id = due.id`
 // to 'pending', with a clean slate (a count left on an active row must not start the
 // renewal part-way up the backoff curve), and with ssl_renew_by, which the wake
 // trigger reads to give the row its tier in the order of service: when the renewal
-// becomes urgent, a fifth of the lifetime before expiry (CONTRACT.md §5), or the end
+// becomes urgent, a fifth of the lifetime before expiry, or the end
 // of the CA's renewal window if that is earlier.
 //
 // The lifetime comes from not_before and expires_at. A row whose expires_at is NULL

@@ -127,7 +127,7 @@ func TestMarkRenewals_LeavesAloneWhatIsNotDue(t *testing.T) {
 
 // A certificate uploaded by hand has no renew_at. It is judged by the same rule from
 // its own validity as one the worker stores: a third of the lifetime left from 10
-// days up, half below (a 6-day certificate renews after 3 days, CONTRACT.md §5).
+// days up, half below (a 6-day certificate renews after 3 days).
 // Leaving renew_at NULL would never renew it (and the proxy serves an expired
 // certificate); the reference's 30-days-before-expiry rule would renew it at once.
 func TestMarkRenewals_AHandUploadedCertificateIsJudgedByItsOwnValidity(t *testing.T) {

@@ -180,7 +180,7 @@ func TestUpdateDomainSQL_WillNotCrossATenantBoundary(t *testing.T) {
 }
 
 // A domain switched away from acme while its certificate is being ordered loses the
-// claim with it: the order's result is not stored (CONTRACT.md §5: only while the
+// claim with it: the order's result is not stored (only while the
 // domain is still acme), and the row is not left 'provisioning' for a worker that will
 // never finish it.
 func TestUpdateDomainSQL_SwitchingAwayFromAcmeDropsTheClaim(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The tenant reserve (CONTRACT.md §5, --limit-tenant-reserve): an account-wide limit
+// The tenant reserve (--limit-tenant-reserve): an account-wide limit
 // L (orders per account, at each CA) is shared between tenants. With
 // R = ⌈L × reserve⌉, the last R orders of a window go only to tenants with fewer than
 // R orders of their own in it, so a tenant alone is capped at L − R: one tenant's

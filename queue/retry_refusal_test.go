@@ -6,7 +6,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// certworker retry forgets every CA's refusal of the name (CONTRACT §5), also for a
+// certworker retry forgets every CA's refusal of the name, also for a
 // pending row with no history to clear (attempts 0, no error, no last attempt: a
 // first issuance refused by one CA and handed back uncharged), where the retry
 // trigger, keyed on a cleared history, does not fire. Guards against a refusal that

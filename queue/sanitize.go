@@ -23,7 +23,7 @@ const truncatedMark = "..."
 // problem, a DNS answer, a Go error): every write of ssl_error goes through it
 // (Queue.errorText), and so does a pause's reason, which `status` shows beside it, so that no value can make the write fail (a NUL is SQLSTATE
 // 22021, invalid UTF-8 22021 too, and the write would be retried for ever) or put
-// what a terminal or a browser acts on in front of the tenant (CONTRACT.md §6: no
+// what a terminal or a browser acts on in front of the tenant (no
 // control characters). Its rules:
 //   - tab, newline and carriage return become a space (a multi-line error keeps its
 //     words apart); every other control character is dropped: C0 (NUL included),

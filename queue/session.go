@@ -84,8 +84,8 @@ func ConfigurePool(cfg *pgxpool.Config) { ConfigureSession(cfg, WorkerSession(is
 // authentication) where its connection string sets no connect_timeout. pgx applies
 // it to each host of a multi-host URL in turn, so that a primary that died and is
 // listed first costs a new connection 2 s before the next host, the promoted
-// standby, is asked: the pool is back within the 5 s CONTRACT.md §5 gives a
-// failover, as the wake listener is (listener.DefaultHostConnectTimeout, the same
+// standby, is asked: the pool is back within the 5 s a failover is
+// given, as the wake listener is (listener.DefaultHostConnectTimeout, the same
 // figure). A live server on a loaded host answers in milliseconds.
 const HostConnectTimeout = 2 * time.Second
 

@@ -88,7 +88,7 @@ func TestOverview_APendingDomainAtTheLimitHasNoNextAttempt(t *testing.T) {
 	require.Nil(t, o.Domains[0].NextAttempt)
 }
 
-// `status --json` is read by scripts: CONTRACT.md §3 fixes these key names, an
+// `status --json` is read by scripts: docs/reference.md fixes these key names, an
 // empty list is [] (not null, which breaks `jq '.domains[]'`), and next_attempt_at is
 // present and null for a failed domain rather than left out.
 func TestOverview_MarshalsToTheContractsJSON(t *testing.T) {

@@ -1,6 +1,6 @@
 package queue
 
-// Case twins (CONTRACT.md §5): two rows whose names differ only in case are one name
+// Case twins: two rows whose names differ only in case are one name
 // to a CA ("Shop.example" and "shop.example"). The proxy's unique constraint is on the
 // name as written, so a tenant may add another tenant's name in another case. The rule
 // that settles which row keeps the name is stated here, and rendered as SQL by

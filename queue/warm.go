@@ -47,7 +47,7 @@ type warmStatement struct {
 }
 
 // warmStatements are the statements of the wake path: the claim, as a wake-up's pass
-// runs it (the newcomers' slot, then the rest; CONTRACT.md §5), the next due time
+// runs it (the newcomers' slot, then the rest), the next due time
 // that ends the pass, the store of the certificate that ends the order, and the
 // return of held rows (ReturnHeld) that runs before the claim on the timer's passes
 // and, once a second, on a refill's, while a wake-up waits for the loop.

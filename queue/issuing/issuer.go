@@ -198,7 +198,7 @@ type PreflightError struct{ Msg string }
 
 func (e *PreflightError) Error() string { return PreflightPrefix + e.Msg }
 
-// WaitingPrefix starts the ssl_error of a domain waiting for its DNS (CONTRACT §5).
+// WaitingPrefix starts the ssl_error of a domain waiting for its DNS.
 const WaitingPrefix = "waiting for DNS: "
 
 // WaitingError: the name cannot be validated yet (it does not point at the proxy, and

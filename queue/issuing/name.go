@@ -22,7 +22,7 @@ const InvalidDomainPrefix = "invalid domain: "
 func CheckName(name string) (string, error) { return CheckNameFor(name, false) }
 
 // CheckNameFor is CheckName, with wildcards valid when wildcards is set (the worker
-// runs with --dns01-zone, CONTRACT §5): a first label "*" followed by a name that is
+// runs with --dns01-zone): a first label "*" followed by a name that is
 // valid on its own (*.shop.example; never *.example, a public suffix's every name,
 // since a valid base needs two labels, nor a "*" deeper than the first label).
 func CheckNameFor(name string, wildcards bool) (string, error) {

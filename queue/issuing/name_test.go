@@ -125,8 +125,7 @@ func FuzzCheckName(f *testing.F) {
 }
 
 // With --dns01-zone a first label "*" makes a wildcard, in lower case; anywhere else,
-// under a base that is not a valid name, twice, or without DNS-01, it stays invalid
-// (CONTRACT §5). Guards against a wildcard ordered without DNS-01 (the CA would refuse
+// under a base that is not a valid name, twice, or without DNS-01, it stays invalid. Guards against a wildcard ordered without DNS-01 (the CA would refuse
 // it over HTTP-01) and against "*.com" or "a.*.example" reaching the CA.
 func TestCheckNameFor_WildcardsOnlyWithDNS01AndOnlyAsTheFirstLabel(t *testing.T) {
 	t.Parallel()

@@ -90,7 +90,7 @@ func (w *Worker) finished(ctx context.Context, r result) {
 		}
 	}
 	// While the queue stays full, finishing orders keep claiming: the claim that
-	// follows a finished order is a "refill" (CONTRACT.md §6). A queue that was not
+	// follows a finished order is a "refill". A queue that was not
 	// full at the last claim has nothing due that a wake-up or the timer will not
 	// bring.
 	if !w.saturated || ctx.Err() != nil || w.halted() {
@@ -193,8 +193,7 @@ func (w *Worker) bringsHeldBack(source string) bool {
 	return true
 }
 
-// newcomerSlots is how many of n free slots the claim offers first issuances first
-// (CONTRACT.md §5): a quarter of --concurrency, rounded up, less the first
+// newcomerSlots is how many of n free slots the claim offers first issuances first: a quarter of --concurrency, rounded up, less the first
 // issuances already in flight. While first issuances are due they get these slots
 // whatever the urgent renewals ahead of them, so a tenant who verifies during a mass
 // revocation is among the next --concurrency claims; when none are due, the claim

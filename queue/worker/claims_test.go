@@ -52,7 +52,7 @@ func TestWorker_AClaimWhoseAnswerWasLostIsHandedBackUncharged(t *testing.T) {
 }
 
 // SIGTERM while a claim's answer is lost: the shutdown hands back what the instance
-// holds under its name, so nothing is left in 'provisioning' (CONTRACT.md §5).
+// holds under its name, so nothing is left in 'provisioning'.
 func TestWorker_StopHandsBackAClaimWhoseAnswerWasLost(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

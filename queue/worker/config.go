@@ -16,7 +16,7 @@ import (
 	"github.com/certworker/certworker/queue/issuing"
 )
 
-// Defaults of Config, the `certworker run` flags' (CONTRACT.md §3).
+// Defaults of Config, the `certworker run` flags'.
 const (
 	// DefaultConcurrency is the number of orders in flight on one instance. The
 	// reference issued one at a time: a thirty-second order held up every other domain.

@@ -15,7 +15,7 @@ import (
 )
 
 // The waiter's pace. Together with queue.WaitCheckFirst they make the first hour's
-// promise (CONTRACT §5): a name whose resolver starts answering with the proxy's
+// promise: a name whose resolver starts answering with the proxy's
 // address is seen at its next check (10 s at most), taken by a waiter within a tick,
 // and claimed at once by the instance that saw it.
 const (

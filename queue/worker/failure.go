@@ -9,7 +9,7 @@ import (
 	"go.uber.org/zap"
 )
 
-// The CA's own backoff while it cannot be reached (CONTRACT.md §5): the first pause is
+// The CA's own backoff while it cannot be reached: the first pause is
 // short, since most outages are a restart or a blip, and the longest is short enough
 // that every domain due is issued within a minute of the CA's return.
 const (
@@ -129,8 +129,7 @@ func (w *Worker) caUnreachable(o *order, log *zap.Logger, cause error) (string, 
 // keyMissing hands the claim back uncharged, at once for any instance (the hand-back
 // wakes them), and stops this one claiming: a stored key it cannot open (another
 // instance sealed the account key under a key this one lacks, a rotation half rolled
-// out) fails every order alike, and is the operator's to fix, never the domain's
-// (CONTRACT.md §6). Orders already running go on with the account they hold. The
+// out) fails every order alike, and is the operator's to fix, never the domain's. Orders already running go on with the account they hold. The
 // first such error is logged at error level with the key id, never a key.
 func (w *Worker) keyMissing(o *order, log *zap.Logger, ke *issuing.KeyError) string {
 	if w.keyErr.CompareAndSwap(nil, ke) {

@@ -12,7 +12,7 @@ import (
 	"go.uber.org/zap"
 )
 
-// A second CA (CONTRACT.md §5; queue/fallback.go has the rules of the claim's
+// A second CA (queue/fallback.go has the rules of the claim's
 // decision). The worker keeps what is per CA apart: the issuer (its own account), the
 // ledger's limits, whether this instance saw it unreachable, and its pauses, which it
 // writes under the CA the claim went to. It acts on the claim's decision, and overrides

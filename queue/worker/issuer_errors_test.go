@@ -25,7 +25,7 @@ SELECT COALESCE((SELECT EXTRACT(epoch FROM paused_until - now())::float8 FROM ce
 	return time.Duration(secs * float64(time.Second))
 }
 
-// A CA's rate limit is never charged to the domain (CONTRACT.md §5): the claim is
+// A CA's rate limit is never charged to the domain: the claim is
 // handed back (pending, no attempt, no error, not claimed), and what the limit covers
 // is paused for every instance until its Retry-After: the whole CA, every name under
 // the registered domain, or the one name. What it does not cover carries on. Until

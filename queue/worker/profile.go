@@ -9,7 +9,7 @@ import (
 	"go.uber.org/zap"
 )
 
-// A domain's ACME profile (CONTRACT.md §5): its ssl_profile, or the
+// A domain's ACME profile: its ssl_profile, or the
 // issuer's --acme-profile when NULL. When the CA does not offer the domain's own
 // profile (its directory does not list it, or it answers invalidProfile), that is
 // the tenant's to fix: a domain without a certificate fails at once, and one with a

@@ -12,8 +12,8 @@ import (
 	"github.com/certworker/certworker/queue/worker"
 )
 
-// reclaimDeadline is CONTRACT.md §5's bound: a killed instance's claim is claimable
-// again within 2 minutes of it, whatever other rows the proxy holds locked.
+// reclaimDeadline is the bound docs/high-availability.md promises: a killed
+// instance's claim is claimable again within 2 minutes of it, whatever other rows the proxy holds locked.
 const reclaimDeadline = 2 * time.Minute
 
 // abandon makes id a claim of an instance that was killed: 'provisioning' under a

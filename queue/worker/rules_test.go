@@ -24,7 +24,7 @@ func (validationFailure) Error() string {
 func (validationFailure) AuthorizationFailed() bool { return true }
 
 // A validation failure at the first CA is the domain's, not the CA's: it is charged,
-// and retried at the first CA, never at the second (CONTRACT.md §5: "a validation
+// and retried at the first CA, never at the second ("a validation
 // failure never moves a domain to the other CA"). Until now only the end-to-end tests
 // said so.
 func TestWorker_AValidationFailureIsNeverRetriedAtTheSecondCA(t *testing.T) {
@@ -45,7 +45,7 @@ func TestWorker_AValidationFailureIsNeverRetriedAtTheSecondCA(t *testing.T) {
 }
 
 // A domain without a certificate whose own profile the CA does not offer fails at
-// once, charged one attempt, with nothing retried (CONTRACT.md §5). Until now only the
+// once, charged one attempt, with nothing retried. Until now only the
 // end-to-end tests said so.
 func TestWorker_AnUnofferedProfileFailsAFirstIssuanceAtOnce(t *testing.T) {
 	t.Parallel()

@@ -17,7 +17,7 @@ const cancelGrace = 10 * time.Second
 // shutdown runs after the loop has stopped claiming: it waits for the orders in flight
 // up to the grace, cancels the rest, which hand their claims back, and finally hands
 // back from here whatever this instance still holds, the claims it does not track
-// included. Nothing is left in 'provisioning' (CONTRACT.md §5).
+// included. Nothing is left in 'provisioning'.
 func (w *Worker) shutdown() {
 	if n := w.orders.len(); n > 0 {
 		w.log.Info("stopping: waiting for orders in flight", zap.Int("orders", n),

@@ -219,7 +219,7 @@ func (w *Worker) Run(ctx context.Context) error {
 func (w *Worker) Ready() bool { return w.waker.Connected() }
 
 // Halted is the error that stopped this instance claiming, or nil: /readyz answers
-// 503 with it (CONTRACT.md §4). A *issuing.KeyError for a stored key it cannot open; a
+// 503 with it. A *issuing.KeyError for a stored key it cannot open; a
 // *ProfileHalt when the CA does not offer --acme-profile.
 func (w *Worker) Halted() error {
 	if ke := w.keyErr.Load(); ke != nil {

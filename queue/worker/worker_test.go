@@ -36,7 +36,7 @@ func TestWorker_ADomainVerifiedWhileRunningIsClaimedThroughNotify(t *testing.T) 
 
 // A retry scheduled for a backoff happens when the backoff runs out, through the
 // worker's timer, not up to a poll interval late. The backoff after one failure is
-// base * 2^1 (CONTRACT.md §5).
+// base * 2^1.
 func TestWorker_AFailedDomainIsRetriedWhenItsBackoffRunsOut(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -156,8 +156,7 @@ SELECT $1, 'many' || g || '.example', 'pending', 'tok', 'pending', 'acme' FROM g
 	}
 }
 
-// A claim that follows a finished order is a "refill", in the log and in the metrics
-// (CONTRACT.md §6), not a timer pass: an operator reading why the worker claimed must
+// A claim that follows a finished order is a "refill", in the log and in the metrics, not a timer pass: an operator reading why the worker claimed must
 // read the truth.
 func TestWorker_AClaimAfterAFinishedOrderIsARefill(t *testing.T) {
 	t.Parallel()
