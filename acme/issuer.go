@@ -195,6 +195,23 @@ func (i *Issuer) issue(ctx context.Context, req issuing.Request) (*issuing.Certi
 		return nil, fmt.Errorf("acme: generate %s key: %w", i.keyType, err)
 	}
 	replaces := replacesCertID(req.CurrentPEM, log)
+	book := &orderBook{pool: i.pool, log: log, directory: i.cfg.DirectoryURL, domainID: req.DomainID, claim: req.ClaimToken}
+	rec, err := book.load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if rec != nil && replaces != "" && rec.ReplacesRefused == replaces && rec.URL == "" &&
+		!time.Now().Before(thirdLeftAt(req.CurrentPEM)) {
+		// The CA would not see the certificate replaced again, and a third of its
+		// lifetime is left: it is ordered without the name, as a new order.
+		log.Info("ordering the renewal without naming the certificate it replaces: the CA refused to see it replaced again, and a third of its lifetime is left")
+		if req.Readmit != nil {
+			if err := req.Readmit(ctx); err != nil {
+				return nil, err
+			}
+		}
+		replaces = ""
+	}
 	var tokens challenge.Provider = &tokenStore{pool: i.pool, log: log, ctx: ctx, claim: req.ClaimToken}
 	if choice.challenge == issuing.ChallengeDNS01 {
 		tokens = &valueStore{pool: i.pool, log: log, ctx: ctx, zone: i.cfg.DNS01Zone, claim: req.ClaimToken}
@@ -206,10 +223,26 @@ func (i *Issuer) issue(ctx context.Context, req issuing.Request) (*issuing.Certi
 		finalizeTimeout: max(30*time.Second, i.cfg.httpTimeout()),
 		authz:           map[string]string{},
 		confirm:         req.ConfirmClaim,
-		readmit:         req.Readmit,
+		book:            book,
+		seal:            func(k crypto.PrivateKey) (string, error) { return i.sealKey(k, req.Domain) },
 	}
-	log.Debug("placing ACME order", zap.Bool("renewal", replaces != ""), zap.String("profile", profile))
-	chainPEM, err := o.run(key, replaces, profile)
+	var chainPEM []byte
+	resumed := false
+	if rec != nil && rec.URL != "" {
+		var used crypto.PrivateKey
+		chainPEM, used, resumed, err = o.resume(rec, key, func(s string) (crypto.PrivateKey, error) { return i.openKey(s, req.Domain) })
+		if resumed && used != nil {
+			key = used
+		}
+	}
+	if !resumed {
+		log.Debug("placing ACME order", zap.Bool("renewal", replaces != ""), zap.String("profile", profile))
+		chainPEM, err = o.run(key, replaces, profile)
+	}
+	var refused *replacesRefusedError
+	if errors.As(err, &refused) {
+		return nil, i.replacesRefused(ctx, book, replaces, req, refused, tr, log)
+	}
 	if err != nil {
 		i.release(ctx, acct, o)
 		switch problemType(err) {
@@ -233,6 +266,24 @@ func (i *Issuer) issue(ctx context.Context, req issuing.Request) (*issuing.Certi
 		cert.Profile = profile
 	}
 	return cert, nil
+}
+
+// replacesRefused records that the CA refused to see the certificate replaced again
+// and pauses the name: until a third of its lifetime is left, after which it is
+// ordered without "replaces", or replacesRetry, after which the CA is asked again.
+func (i *Issuer) replacesRefused(ctx context.Context, book *orderBook, id string, req issuing.Request, refused *replacesRefusedError, tr *orderTransport, log *zap.Logger) error {
+	if err := i.fail(ctx, refused.cause, tr); ctx.Err() != nil || errors.Is(err, issuing.ErrLeaseDeadline) || errors.Is(err, issuing.ErrClaimLost) {
+		return err
+	}
+	book.recordRefusal(ctx, id)
+	wait := min(replacesRetry, max(time.Until(thirdLeftAt(req.CurrentPEM)), 0))
+	detail := problemDetailOf(refused.cause)
+	if detail == "" {
+		detail = "it holds another order replacing it"
+	}
+	log.Info("the CA refused the renewal's order naming the certificate it replaces; nothing more sent, the name waits",
+		zap.String("problem", detail), zap.Duration("retry_in", wait))
+	return &issuing.ReplacesRefusedError{RetryAfter: wait, Detail: truncate(detail)}
 }
 
 // recordChallenge records the challenge chosen for `status DOMAIN`; a failure to
@@ -343,13 +394,9 @@ func (i *Issuer) certificate(domain string, chainPEM []byte, key crypto.PrivateK
 	}
 	at, window, infoIn, fromWindow := i.renewalSchedule(tr, leaf, log)
 
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	sealed, err := i.sealKey(key, domain)
 	if err != nil {
-		return nil, fmt.Errorf("acme: encode certificate key: %w", err)
-	}
-	sealed, err := i.cfg.KeyEncryptionKeys.Seal(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), domain)
-	if err != nil {
-		return nil, fmt.Errorf("acme: %w", err)
+		return nil, err
 	}
 	var out strings.Builder
 	for _, c := range chain {

@@ -160,60 +160,6 @@ func TestIssue_RenewalNamesReplacedCertificate(t *testing.T) {
 	require.True(t, second.RenewAt.Before(second.NotAfter), "RenewAt %s not before NotAfter %s", second.RenewAt, second.NotAfter)
 }
 
-// A stored certificate the CA does not know (uploaded by hand, or from another CA)
-// must not block its renewal: Pebble refuses an order whose "replaces" it cannot
-// find, and the issuer orders again without it. Guards against a domain that can
-// never renew.
-func TestIssue_RenewalOfUnknownCertificateOrdersWithoutReplaces(t *testing.T) {
-	t.Parallel()
-	b := setup(t, pebbletest.Options{}, true)
-	other := pebbletest.StartT(t, pebbletest.Options{HTTPPort: b.ca.HTTPPort})
-	name := randomName("u")
-	ctx := testCtx(t, 30*time.Second)
-
-	// A certificate from another CA, stored as if uploaded by hand.
-	otherCfg := b.config()
-	otherCfg.DirectoryURL, otherCfg.CABundle = other.DirectoryURL, other.RootsFile
-	foreign, err := newIssuer(t, b.pool, nil, otherCfg).Issue(ctx, issuing.Request{Domain: name})
-	require.NoError(t, err)
-
-	renewed, err := newIssuer(t, b.pool, nil, b.config()).Issue(ctx, issuing.Request{Domain: name, CurrentPEM: foreign.ChainPEM})
-	require.NoError(t, err)
-	require.NoError(t, parseChain(t, renewed.ChainPEM)[0].VerifyHostname(name))
-	orders := b.ca.Orders()
-	require.Len(t, orders, 1)
-	require.Empty(t, orders[0].Replaces)
-	require.Equal(t, 2, b.ca.OrderRequests(), "one refused order naming the old certificate, one without")
-}
-
-// A renewal naming a certificate that another renewal already replaced is refused
-// by the CA (alreadyReplaced, RFC 9773 §7.4) and ordered again, once, without
-// "replaces", so the renewal succeeds and nothing is charged. lego does this retry
-// itself (api.OrderService.NewWithOptions); the issuer must not add a third order.
-// Guards against a domain whose renewal fails for ever because an earlier renewal
-// (say, by an instance that died before storing it) replaced its certificate.
-func TestIssue_RenewalOfAlreadyReplacedCertificateOrdersWithoutReplaces(t *testing.T) {
-	t.Parallel()
-	b := setup(t, pebbletest.Options{}, true)
-	iss := newIssuer(t, b.pool, nil, b.config())
-	name := randomName("a")
-	ctx := testCtx(t, 30*time.Second)
-	first, err := iss.Issue(ctx, issuing.Request{Domain: name})
-	require.NoError(t, err)
-	_, err = iss.Issue(ctx, issuing.Request{Domain: name, CurrentPEM: first.ChainPEM})
-	require.NoError(t, err)
-	require.Equal(t, 2, b.ca.OrderRequests())
-
-	again, err := iss.Issue(ctx, issuing.Request{Domain: name, CurrentPEM: first.ChainPEM})
-	require.NoError(t, err, "a renewal refused for its replaces is retried without, uncharged")
-	require.NoError(t, parseChain(t, again.ChainPEM)[0].VerifyHostname(name))
-	require.Equal(t, 4, b.ca.OrderRequests(), "one refused order naming the replaced certificate, one without")
-	orders := b.ca.Orders()
-	require.Len(t, orders, 3)
-	require.NotEmpty(t, orders[1].Replaces)
-	require.Empty(t, orders[2].Replaces)
-}
-
 // Pebble rejecting nonces (lego must retry badNonce) and sleeping before validating
 // (lego must poll until the authorization is decided) is what a real CA under load
 // looks like. Guards against treating badNonce as a failure, or giving up polling.

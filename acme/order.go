@@ -57,8 +57,10 @@ type order struct {
 	placed legoacme.ExtendedOrder
 	// authz is the last status seen of each of its authorizations, by URL.
 	authz map[string]string
-	// readmit is the request's Readmit (issuing.Request), or nil.
-	readmit func(context.Context) error
+	// book records the order and its key for whoever takes the domain next.
+	book *orderBook
+	// seal is the key as stored (Issuer.sealKey).
+	seal func(crypto.PrivateKey) (string, error)
 }
 
 // run places the order, answers its challenge and returns the certificate chain
@@ -74,35 +76,33 @@ func (o *order) run(key crypto.PrivateKey, replaces, profile string) ([]byte, er
 	return o.finalize(key)
 }
 
-// place sends the new-order request. A renewal that the CA refuses because of its
-// "replaces" (a certificate it does not know: another account's, one uploaded by
-// hand, its database reset; or one already replaced) is ordered again, once,
-// without it: naming the replaced certificate only buys a renewal exemption from the
-// CA's limits, and a renewal is not worth failing over it. lego's own retry on
-// alreadyReplaced (api.OrderService.NewWithOptions) is that retry for that problem;
-// this one covers the others.
+// place sends the new-order request, once, and records the order the CA accepted.
+// A renewal that the CA refuses because of its "replaces" (it holds a replacement
+// order already, alreadyReplaced, or does not know the certificate: another
+// account's, one uploaded by hand, its database reset) is not ordered again without
+// it here: that order would count against every limit the renewal is exempt from.
+// lego's own answer to alreadyReplaced, posting the order again without
+// "replaces", is refused by the order's transport (errSecondNewOrder).
 func (o *order) place(replaces, profile string) error {
 	opts := &api.OrderOptions{Profile: profile, ReplacesCertID: replaces}
 	placed, err := o.core.Orders.NewWithOptions([]string{o.domain}, opts)
-	if err != nil && replaces != "" && o.tr.newOrderRequests() == 1 && refusesReplaces(err) {
-		o.log.Info("CA refused the order naming the certificate it replaces; ordering without",
-			zap.String("error", classify(err, o.tr).Error()))
-		if o.readmit != nil {
-			// Without "replaces" it is a new order to the CA's limits: the ledger
-			// admits it again as one before it is sent, and records it so.
-			if rerr := o.readmit(o.ctx); rerr != nil {
-				return rerr
-			}
-		}
-		opts.ReplacesCertID = ""
-		placed, err = o.core.Orders.NewWithOptions([]string{o.domain}, opts)
-	}
 	if err != nil {
+		if replaces != "" && (o.tr.refusedSecondOrder() || refusesReplaces(err)) {
+			return &replacesRefusedError{cause: err}
+		}
 		return err
 	}
 	o.placed = placed
-	return nil
+	return o.book.recordOrder(o.ctx, placed.Location, replaces)
 }
+
+// replacesRefusedError: the CA refused the order naming the certificate it replaces.
+type replacesRefusedError struct{ cause error }
+
+func (e *replacesRefusedError) Error() string {
+	return "the CA refused the order naming the certificate it replaces: " + e.cause.Error()
+}
+func (e *replacesRefusedError) Unwrap() error { return e.cause }
 
 // refusesReplaces reports whether a new-order request naming a replaced certificate
 // failed in a way that ordering without it may fix: the CA answered it with a
@@ -237,10 +237,24 @@ func (o *order) finalize(key crypto.PrivateKey) ([]byte, error) {
 	if err := finalizeAllowed(o.ctx, o.tr.deadline, o.confirm); err != nil {
 		return nil, err
 	}
+	if !o.book.off() {
+		sealed, err := o.seal(key)
+		if err != nil {
+			return nil, err
+		}
+		if err := o.book.recordKey(o.ctx, o.placed.Location, sealed); err != nil {
+			return nil, err
+		}
+	}
 	state, err := o.core.Orders.UpdateForCSR(o.placed.Finalize, csr)
 	if err != nil {
 		return nil, err
 	}
+	return o.download(state)
+}
+
+// download waits for the CA to issue the order in state and downloads the chain.
+func (o *order) download(state legoacme.ExtendedOrder) ([]byte, error) {
 	deadline := time.Now().Add(o.finalizeTimeout)
 	p := newPoll(orderFirstLook)
 	for state.Status != legoacme.StatusValid {
@@ -253,6 +267,7 @@ func (o *order) finalize(key crypto.PrivateKey) ([]byte, error) {
 		if err := sleep(o.ctx, p.next(time.Now(), o.tr.lastRetryAfter())); err != nil {
 			return nil, err
 		}
+		var err error
 		if state, err = o.core.Orders.Get(o.placed.Location); err != nil {
 			return nil, err
 		}
@@ -353,4 +368,57 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// resume goes on with the order rec records, from where the CA says it stands:
+// pending, it is validated again; ready, finalized with the recorded key (or a new
+// one); processing or valid, its certificate is fetched, which needs the recorded
+// key. An order the CA no longer has, or has ended (invalid, expired), or whose key
+// does not open, is forgotten, and resumed is false: a new order is placed. key is
+// the key the chain is for.
+func (o *order) resume(rec *orderRecord, key crypto.PrivateKey, open func(string) (crypto.PrivateKey, error)) (chain []byte, used crypto.PrivateKey, resumed bool, err error) {
+	state, err := o.core.Orders.Get(rec.URL)
+	if err != nil {
+		var pd *legoacme.ProblemDetails
+		if errors.As(err, &pd) && pd.HTTPStatus >= 400 && pd.HTTPStatus < 500 {
+			o.log.Info("the recorded order is gone at the CA; placing a new one", zap.String("problem", problemDetail(pd)))
+			o.book.forget(o.ctx, rec.URL)
+			return nil, nil, false, nil
+		}
+		return nil, nil, false, err
+	}
+	state.Location = rec.URL
+	var recorded crypto.PrivateKey
+	if rec.KeyPEM != "" {
+		if recorded, err = open(rec.KeyPEM); err != nil {
+			o.log.Info("the recorded order's key does not open; placing a new order", zap.Error(err))
+			recorded = nil
+		}
+	}
+	switch state.Status {
+	case legoacme.StatusPending, legoacme.StatusReady:
+		o.placed = state
+		if recorded != nil {
+			key = recorded
+		}
+		o.log.Info("resuming the recorded order", zap.String("status", state.Status))
+		if state.Status == legoacme.StatusPending {
+			if err := o.authorize(); err != nil {
+				return nil, nil, true, err
+			}
+		}
+		chain, err := o.finalize(key)
+		return chain, key, true, err
+	case legoacme.StatusProcessing, legoacme.StatusValid:
+		if recorded == nil {
+			break
+		}
+		o.placed = state
+		o.log.Info("resuming the recorded order: fetching its certificate", zap.String("status", state.Status))
+		chain, err := o.download(state)
+		return chain, recorded, true, err
+	}
+	o.log.Info("the recorded order is over at the CA; placing a new one", zap.String("status", state.Status))
+	o.book.forget(o.ctx, rec.URL)
+	return nil, nil, false, nil
 }

@@ -49,7 +49,15 @@ type orderTransport struct {
 	lastRetry   string // Retry-After of the last answer, whatever its status
 	unavailable error
 	newOrders   int
+	// secondOrder: a second new-order request was refused (errSecondNewOrder).
+	secondOrder bool
 }
+
+// errSecondNewOrder refuses a second new-order request within one order. An order
+// is one new-order request: lego's own answer to alreadyReplaced posts the order
+// again without "replaces", inside one call, and that order would count against
+// every limit the renewal is exempt from, unseen by the ledger.
+var errSecondNewOrder = errors.New("acme: a second new-order request within one order is not sent")
 
 func (t *orderTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err := t.deadline.Check(); err != nil {
@@ -62,8 +70,16 @@ func (t *orderTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	newNonce := t.session.isNewNonce(req)
 	if t.session.isNewOrder(req) {
 		t.mu.Lock()
-		t.newOrders++
+		second := t.newOrders > 0
+		if second {
+			t.secondOrder = true
+		} else {
+			t.newOrders++
+		}
 		t.mu.Unlock()
+		if second {
+			return nil, errSecondNewOrder
+		}
 	}
 
 	// The request's context carries http.Client.Timeout; the order's, its
@@ -198,11 +214,11 @@ func (t *orderTransport) unreachable() error {
 	return t.unavailable
 }
 
-// newOrderRequests is how many new-order requests the order sent.
-func (t *orderTransport) newOrderRequests() int {
+// refusedSecondOrder reports whether a second new-order request was refused.
+func (t *orderTransport) refusedSecondOrder() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.newOrders
+	return t.secondOrder
 }
 
 // orderBody is a response body read through the order's context: a reset while it

@@ -88,6 +88,8 @@ GRANT SELECT, INSERT (token, target, value, domain, expires_at, claim_token),
    ON certworker_dns01_values TO :"role";
 -- Per domain: the challenge chosen and why, and the waiting-for-DNS state.
 GRANT SELECT, INSERT, UPDATE, DELETE ON certworker_dns_state TO :"role";
+-- Per domain: the ACME order in flight and its key, for whoever takes the domain next.
+GRANT SELECT, INSERT, UPDATE, DELETE ON certworker_orders TO :"role";
 -- Pauses: a CA's rate limit, its outage or the ledger pauses ordering from that CA
 -- for every instance; an outage's ends when the CA answers, ended pauses are pruned.
 GRANT SELECT, INSERT (directory, scope, key, source, paused_until, reason, failures, held_since),

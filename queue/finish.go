@@ -101,6 +101,8 @@ WITH d AS (
 ), w AS (
     UPDATE certworker_dns_state SET waiting_since = NULL, updated_at = now()
     WHERE domain_id = $1 AND waiting_since IS NOT NULL AND EXISTS (SELECT 1 FROM d)
+), o AS (
+    DELETE FROM certworker_orders WHERE domain_id = $1 AND EXISTS (SELECT 1 FROM d)
 )
 SELECT ` + secondsUntilSQL("renew_at") + ` FROM c`
 

@@ -507,3 +507,28 @@ func TestHeartbeat_ExtendsTheLeaseAndReportsLostClaims(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, queue.Leases{}, leases)
 }
+
+// The order recorded for the domain (certworker_orders, for whoever takes it next to
+// resume) is forgotten in the statement that stores its certificate, and only then:
+// a claim that no longer holds the row leaves it, so the order can still be resumed.
+func TestMarkActive_ForgetsTheRecordedOrderWithTheCertificateStored(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, name := b.domain(t, b.tenant(t), "pending", 0, nil)
+	_, err := b.pool.Exec(b.ctx, `
+INSERT INTO certworker_orders (domain_id, directory, order_url) VALUES ($1, 'https://ca.example/dir', 'https://ca.example/order/1')`, id)
+	require.NoError(t, err)
+	recorded := func() int {
+		var n int
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM certworker_orders WHERE domain_id = $1`, id).Scan(&n))
+		return n
+	}
+	c := b.claimOne(t, id)
+	stale := c
+	stale.Token = uuid.NewString()
+	now := nowSecond()
+	require.ErrorIs(t, b.markActive(stale, mintCertificate(t, name, now, now.Add(90*24*time.Hour))), issuing.ErrClaimLost)
+	require.Equal(t, 1, recorded(), "a lost claim forgot the order")
+	require.NoError(t, b.markActive(c, mintCertificate(t, name, now, now.Add(90*24*time.Hour))))
+	require.Zero(t, recorded(), "the stored certificate's order is still recorded")
+}

@@ -30,6 +30,8 @@ type PruneResult struct {
 	// IssuedNames: the ledger's record that a CA issued for a name, for names no
 	// domain has any more.
 	IssuedNames int64
+	// Orders: recorded ACME orders of deleted domains.
+	Orders int64
 }
 
 const (
@@ -103,6 +105,9 @@ SELECT c.ctid FROM proxy_certificates c
 WHERE c.updated_at < now() - make_interval(secs => $1)
   AND NOT EXISTS (SELECT 1 FROM proxy_domains d WHERE lower(d.domain) = lower(c.domain))`,
 			[]any{seconds(orphanGrace)}, false},
+		{"recorded orders of deleted domains", &r.Orders, "certworker_orders", `
+SELECT o.ctid FROM certworker_orders o
+WHERE NOT EXISTS (SELECT 1 FROM proxy_domains d WHERE d.id = o.domain_id)`, nil, false},
 		{"names issued for deleted domains", &r.IssuedNames, "certworker_issued_names", `
 SELECT n.ctid FROM certworker_issued_names n
 WHERE n.issued_at < now() - make_interval(secs => $1)

@@ -77,6 +77,8 @@ type Front struct {
 	// appear to take, and the challenges answered (front_validation.go).
 	validationTime time.Duration
 	validations    []*Validation
+	// boulderReplaces: new orders are refused as Boulder does (front_replaces.go).
+	boulderReplaces bool
 }
 
 // Seen is a request the front received.
@@ -231,6 +233,9 @@ func (f *Front) serve(w http.ResponseWriter, r *http.Request) {
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		if o, err := parseOrder(body); err == nil {
 			names = o.Identifiers
+			if f.alreadyReplaced(w, r, o.Replaces) {
+				return
+			}
 		}
 	}
 	if step == StepFinalize {

@@ -34,6 +34,8 @@ import (
 //     CA (charged; ssl_error starts "preflight:");
 //   - *WaitingError when the name cannot be validated yet, by its DNS, and nothing
 //     was sent (not charged; the domain waits for its DNS, out of line);
+//   - *ReplacesRefusedError when the CA refused a renewal's order naming the
+//     certificate it replaces (not charged; the name is paused);
 //   - *PermanentError for a refusal no retry can fix (the domain fails at once);
 //   - *ProfileError when the CA does not offer the profile the order names (not
 //     listed in its directory, and then nothing is sent; or its invalidProfile
@@ -81,9 +83,10 @@ type Request struct {
 	// a second certificate beside the one the new holder orders (docs/high-availability.md).
 	// nil outside the worker.
 	ConfirmClaim func(ctx context.Context) error
-	// Readmit, when set, is called before a renewal is ordered again without
-	// "replaces" (the CA refused the order naming the certificate): the order is no
-	// longer the renewal the ledger admitted, and is admitted again as a new one. An
+	// Readmit, when set, is called before a renewal is ordered without "replaces"
+	// (the CA refused the order naming the certificate, and a third of its lifetime
+	// is left): the order is no longer the renewal the ledger admitted, and is
+	// admitted again as a new one. An
 	// error (a *LedgerRefusedError when the ledger refuses it) stops the order: the
 	// issuer sends nothing more and returns it.
 	Readmit func(ctx context.Context) error
@@ -178,6 +181,23 @@ func (e *RateLimitError) Error() string {
 		return fmt.Sprintf("rate limited by the CA (retry after %s): %s", e.RetryAfter, e.Detail)
 	}
 	return "rate limited by the CA: " + e.Detail
+}
+
+// ReplacesRefusedError: the CA refused a renewal's order naming the certificate it
+// replaces (RFC 9773): it holds a replacement order already (alreadyReplaced) that is
+// not ours to resume, or does not know the certificate. Nothing else was sent: an
+// order without "replaces" would count against every limit the renewal is exempt
+// from. Not charged: the name is paused until RetryAfter, and once a third of the
+// certificate's lifetime is left it is ordered without "replaces", admitted by the
+// ledger as a new order (Request.Readmit).
+type ReplacesRefusedError struct {
+	// RetryAfter is how long the name waits before it is ordered again.
+	RetryAfter time.Duration
+	Detail     string
+}
+
+func (e *ReplacesRefusedError) Error() string {
+	return "the CA refused to replace the current certificate again: " + e.Detail
 }
 
 // CAUnavailableError: the CA could not be reached at some step of the order (no

@@ -41,6 +41,11 @@ func (w *Worker) failed(o *order, log *zap.Logger, name string, err error) (stri
 		return w.waitForDNS(o, log, waiting), 0
 	}
 	at := w.caOf(o.claim.Directory)
+	var refused *issuing.ReplacesRefusedError
+	if errors.As(err, &refused) {
+		w.caAnswered(at)
+		return w.replacesRefused(o, log, name, refused)
+	}
 	if rl, ok := issuing.IsRateLimit(err); ok {
 		w.caAnswered(at)
 		return w.rateLimited(o, log, name, rl)
@@ -98,6 +103,28 @@ func (w *Worker) rateLimited(o *order, log *zap.Logger, name string, rl *issuing
 		zap.String("error", rl.Error()), zap.String("scope", scope), zap.String("key", key),
 		zap.String("limit", rl.Limit), zap.Duration("paused_for", until), zap.String("ca", at.label))
 	return w.handBack(o, log, false, "rate_limited"), until
+}
+
+// replacesRefused pauses the name alone, for every instance, until the issuer says
+// (a CA that refused to see its certificate replaced again), and hands the claim back
+// uncharged: nothing was ordered.
+func (w *Worker) replacesRefused(o *order, log *zap.Logger, name string, e *issuing.ReplacesRefusedError) (string, time.Duration) {
+	at := w.caOf(o.claim.Directory)
+	wait := e.RetryAfter
+	if wait <= 0 {
+		wait = w.cfg.Queue.RetryBase
+	}
+	var until time.Duration
+	err := w.record(o, log, "pause", func(ctx context.Context) (err error) {
+		until, err = w.q.PauseAt(ctx, at.directory, issuing.ScopeDomain, name, issuing.PauseRateLimit, wait, e.Error())
+		return err
+	})
+	if err != nil {
+		log.Error("could not record the CA's refusal of the replacement", zap.Error(err))
+	}
+	log.Warn("the CA refused the renewal naming the certificate it replaces; the name waits, not charged",
+		zap.String("error", e.Error()), zap.Duration("paused_for", until), zap.String("ca", at.label))
+	return w.handBack(o, log, false, "already_replaced"), until
 }
 
 // caUnreachable pauses ordering from the claim's CA for every instance, on the CA's

@@ -131,3 +131,34 @@ SELECT failures FROM certworker_pauses WHERE scope = 'ca' AND source = 'unreacha
 		return in.Metric(t, "certworker_ca_unreachable") == 0
 	})
 }
+
+// A CA that refuses to see the certificate replaced again (issuing.ReplacesRefusedError)
+// holds the one name, uncharged, until the issuer says: the claim is handed back with
+// no attempt counted, the name alone is paused for every instance, and its outcome is
+// already_replaced. Another name carries on.
+func TestWorker_AReplacementRefusedPausesTheNameUncharged(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fake := fakeissuer.New(10)
+	fake.Fail = func(domain string, _ int) error {
+		if domain == "held.example" {
+			return &issuing.ReplacesRefusedError{RetryAfter: time.Hour, Detail: "an order replacing it is in progress"}
+		}
+		return nil
+	}
+	tn := b.tenant(t)
+	held := b.named(t, tn, "held.example")
+	other := b.named(t, tn, "other.example")
+	in := b.start(t, "w", worker.Config{Issuer: fake, Concurrency: 2, PollInterval: time.Hour})
+	workertest.Eventually(t, 10*time.Second, "the name's pause", func() bool {
+		return b.pauseLeft(t, issuing.ScopeDomain, "held.example", issuing.PauseRateLimit) > 0
+	})
+	require.InDelta(t, time.Hour.Seconds(), b.pauseLeft(t, issuing.ScopeDomain, "held.example", issuing.PauseRateLimit).Seconds(), 60)
+	workertest.Eventually(t, 10*time.Second, "the hand-back", func() bool { return b.status(t, held) == "pending" })
+	require.Zero(t, b.row(t, held).Attempts, "the refusal was charged")
+	workertest.Eventually(t, 10*time.Second, "the outcome counted", func() bool {
+		return in.Metric(t, "certworker_issuance_total", "already_replaced") >= 1
+	})
+	b.waitStatus(t, other, "active", 10*time.Second)
+	require.Equal(t, 1, fake.Count("held.example"), "a paused name was ordered again")
+}

@@ -146,7 +146,7 @@ func (w *Worker) settleLedger(o *order, r result) {
 		outcome = issuing.LedgerIssued
 	case r.outcome == "invalid", r.outcome == "unrecorded":
 		return // no ledger row, or nothing known
-	case r.outcome == "preflight_failed", r.outcome == "waiting_dns", r.outcome == "rate_limited", r.outcome == "key_error", r.outcome == "ledger_held",
+	case r.outcome == "preflight_failed", r.outcome == "waiting_dns", r.outcome == "rate_limited", r.outcome == "key_error", r.outcome == "ledger_held", r.outcome == "already_replaced",
 		r.outcome == "profile_refused", r.outcome == "profile_halted",
 		strings.HasPrefix(r.outcome, "caa_"):
 		// Nothing the CA counts: the preflight sent nothing (nor did a name that

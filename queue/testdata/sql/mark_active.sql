@@ -29,5 +29,7 @@ WITH d AS (
 ), w AS (
     UPDATE certworker_dns_state SET waiting_since = NULL, updated_at = now()
     WHERE domain_id = $1 AND waiting_since IS NOT NULL AND EXISTS (SELECT 1 FROM d)
+), o AS (
+    DELETE FROM certworker_orders WHERE domain_id = $1 AND EXISTS (SELECT 1 FROM d)
 )
 SELECT (EXTRACT(epoch FROM (renew_at)) - EXTRACT(epoch FROM clock_timestamp()))::float8 FROM c
