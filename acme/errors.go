@@ -21,6 +21,7 @@ const (
 	problemUnsupportedIdentifier = problemNS + "unsupportedIdentifier"
 	problemCAA                   = problemNS + "caa"
 	problemServerInternal        = problemNS + "serverInternal"
+	problemBadNonce              = legoacme.BadNonceErr
 	// problemInvalidProfile is the CA's refusal of the profile an order names
 	// (draft-ietf-acme-profiles; Boulder and Pebble answer it to a new order).
 	problemInvalidProfile = problemNS + "invalidProfile"

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
@@ -42,7 +43,13 @@ type orderBook struct {
 	claim     string
 }
 
-func (b *orderBook) off() bool { return b == nil || b.domainID == "" }
+func (b *orderBook) off() bool {
+	if b == nil {
+		return true
+	}
+	_, err := uuid.Parse(b.domainID)
+	return err != nil
+}
 
 // load returns the domain's record at this CA, or nil.
 func (b *orderBook) load(ctx context.Context) (*orderRecord, error) {

@@ -68,7 +68,8 @@ func (t *orderTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return resp, nil
 	}
 	newNonce := t.session.isNewNonce(req)
-	if t.session.isNewOrder(req) {
+	newOrder := t.session.isNewOrder(req)
+	if newOrder {
 		t.mu.Lock()
 		second := t.newOrders > 0
 		if second {
@@ -113,6 +114,22 @@ func (t *orderTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.Method == http.MethodHead {
 		// No body to read, and lego does not close it.
 		_ = body.Close()
+	}
+	if newOrder && resp.StatusCode == http.StatusBadRequest {
+		// A new order refused for its nonce was not an order: lego sends it again
+		// with a fresh nonce, and that one is let through.
+		raw, err := io.ReadAll(body)
+		_ = body.Close()
+		if err != nil {
+			return nil, err
+		}
+		if bytes.Contains(raw, []byte(problemBadNonce)) {
+			t.mu.Lock()
+			t.newOrders--
+			t.mu.Unlock()
+		}
+		resp.Body = io.NopCloser(bytes.NewReader(raw))
+		return resp, nil
 	}
 	if t.session.isDirectory(req) && resp.StatusCode == http.StatusOK {
 		raw, err := io.ReadAll(body)
