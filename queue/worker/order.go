@@ -45,8 +45,7 @@ type result struct {
 	retryIn time.Duration
 	// authzFailed: the order failed because its authorization did (for the ledger).
 	authzFailed bool
-	// issued: the CA issued a certificate, whether or not it could be stored (for
-	// the ledger, which counts what the CA counts).
+	// issued: the CA issued a certificate, stored or not (the ledger counts it).
 	issued bool
 }
 
@@ -141,9 +140,8 @@ func (w *Worker) start(ctx context.Context, c issuing.Claim, source string, sent
 	}
 	w.log.Info("order started", fields...)
 	go func() {
-		// The order also ends at its lease deadline. The issuer checks the deadline
-		// before every request as well (issuing.Issuer): this is what ends the waits
-		// between requests.
+		// The issuer checks the deadline before every request (issuing.Issuer); this ends
+		// the waits between requests.
 		dctx, stopDeadline := o.deadline.Bound(octx)
 		r := w.runOrder(dctx, o)
 		stopDeadline()
@@ -199,10 +197,9 @@ func (w *Worker) runOrder(ctx context.Context, o *order) result {
 			zap.Int("attempt", max(c.Attempts, 0)+1))
 		res.outcome = "lost"
 	case errors.Is(cause, issuing.ErrLeaseDeadline), errors.Is(err, issuing.ErrLeaseDeadline):
-		// Another instance may have reclaimed the row by now: this one cannot tell
-		// (its database is away, or it was paused), and sends the CA nothing more.
-		// The claim goes back uncharged if it is still ours once the database
-		// answers; if it was reclaimed meanwhile, the reclaim counted the attempt.
+		// Another instance may have reclaimed the row; this one cannot tell and sends
+		// nothing more. The claim goes back uncharged if still ours once the database
+		// answers.
 		log.Warn("order stopped at its lease deadline: the lease could not be renewed in time; nothing more is sent to the CA, and the claim is handed back uncharged once the database answers",
 			zap.Error(err), zap.Int("attempt", max(c.Attempts, 0)+1))
 		res.outcome = w.handBack(o, log, false, "lease_deadline")
@@ -219,8 +216,8 @@ func (w *Worker) runOrder(ctx context.Context, o *order) result {
 	return res
 }
 
-// issue calls the issuer, turning a panic into an error: nothing about the CA, however
-// it misbehaves, may crash the worker or leave a domain in provisioning.
+// issue calls the issuer, turning a panic into an error: no CA misbehaviour may crash
+// the worker or leave a domain in provisioning.
 func (w *Worker) issue(ctx context.Context, o *order, name, profile string) (cert *issuing.Certificate, err error) {
 	c := o.claim
 	defer func() {
@@ -241,8 +238,7 @@ func (w *Worker) issue(ctx context.Context, o *order, name, profile string) (cer
 	if err == nil && cert != nil {
 		cert.Directory = at.directory
 		if at != w.first {
-			// A certificate of the second CA is never replaced for its profile: it
-			// records none (a certificate with no recorded profile matches any).
+			// A second CA's certificate records no profile, so it is never replaced for one.
 			cert.Profile = ""
 		}
 	}
@@ -270,12 +266,10 @@ func (w *Worker) store(o *order, log *zap.Logger, cert *issuing.Certificate) str
 }
 
 // unstorableReason is the ssl_error recorded when the database refused the failure's
-// own text (unstorableError): the domain is charged all the same, and the operator
-// finds the CA's words in the log.
+// own text: the domain is charged all the same, and the log has the CA's words.
 const unstorableReason = "the order failed, and its error could not be recorded as it was (the database refused its text); the details are in certworker's log"
 
-// fail charges a failure to the domain. A reason the database refuses (a deterministic
-// error: record) is replaced, once, by unstorableReason.
+// fail charges a failure to the domain (recordOr).
 func (w *Worker) fail(o *order, log *zap.Logger, reason, outcome string) (string, time.Duration) {
 	var f issuing.Failure
 	err := w.recordOr(o, log, "record failure", reason, func(ctx context.Context, reason string) (err error) {
@@ -319,10 +313,8 @@ func (w *Worker) handBack(o *order, log *zap.Logger, quiet bool, outcome string)
 	return outcome
 }
 
-// notRecorded turns a write that did not happen into the order's outcome: the claim
-// lost to another instance, a domain switched away from acme mid-order (its claim is
-// dropped and whatever the tenant uploaded stays), or a write that gave up at
-// shutdown.
+// notRecorded turns a write that did not happen into the order's outcome: claim lost,
+// domain switched away from acme mid-order, or a write given up at shutdown.
 func (w *Worker) notRecorded(o *order, log *zap.Logger, err error) (string, bool) {
 	switch {
 	case err == nil:
@@ -343,10 +335,9 @@ func (w *Worker) notRecorded(o *order, log *zap.Logger, err error) (string, bool
 	return "unrecorded", true
 }
 
-// recordOr is record for a write of reason as the domain's ssl_error: when the
-// database refuses the write as it is (unstorableError), it is made once more with
-// unstorableReason. If that fails too, the error is returned, and the order ends
-// unrecorded (its slot freed; its lease runs out and the reclaim charges the attempt).
+// recordOr is record for a write of reason as ssl_error: a write the database
+// refuses as it is (unstorableError) is made once more with unstorableReason. If that
+// fails too, the order ends unrecorded and the reclaim charges the attempt.
 func (w *Worker) recordOr(o *order, log *zap.Logger, what, reason string, write func(context.Context, string) error) error {
 	err := w.record(o, log, what, func(ctx context.Context) error { return write(ctx, reason) })
 	var unstorable *unstorableError
@@ -364,22 +355,17 @@ func (e *unstorableError) Error() string { return "result not recordable: " + e.
 func (e *unstorableError) Unwrap() error { return e.err }
 
 // deterministic reports whether err is the database refusing a statement for what it
-// holds, which the same statement meets every time: a data exception (class 22: a
-// NUL, invalid UTF-8, a character the encoding lacks, a value out of range) or an
-// integrity constraint violation (class 23). Anything else (a lock timeout, a lost
-// connection, a failover, a serialization failure) may pass on a retry.
+// holds, every time: a data exception (class 22) or an integrity constraint violation
+// (class 23). Anything else may pass on a retry.
 func deterministic(err error) bool {
 	var pg *pgconn.PgError
 	return errors.As(err, &pg) && (strings.HasPrefix(pg.Code, "22") || strings.HasPrefix(pg.Code, "23"))
 }
 
-// record runs a write that finishes an order until it succeeds, the claim is found
-// lost (by the write itself or by the heartbeat), or the shutdown stops waiting. It
-// keeps retrying through an outage of any length: every write is made under the
-// claim's token, so once the database answers it lands if the claim is still this
-// instance's (nobody reclaimed the row meanwhile), and is refused if not. A write the
-// database refuses deterministically (deterministic) is not retried: the error is an
-// *unstorableError.
+// record runs a write that finishes an order until it succeeds, the claim is lost, or
+// the shutdown stops waiting, through an outage of any length: the write is fenced by
+// the claim's token, so it lands only if the claim is still ours. A deterministic
+// refusal is not retried: the error is an *unstorableError.
 func (w *Worker) record(o *order, log *zap.Logger, what string, write func(context.Context) error) error {
 	delay := 200 * time.Millisecond
 	for {
@@ -396,8 +382,7 @@ func (w *Worker) record(o *order, log *zap.Logger, what string, write func(conte
 		case o.lost.Load():
 			return errLost
 		case deterministic(err):
-			// The same write fails the same way every time: retrying it would hold the
-			// slot, and the lease the heartbeat keeps renewing, for ever.
+			// Retrying would hold the slot, and the lease, for ever.
 			w.health.ok()
 			log.Error("could not record the result: the database refuses it as it is; not retried",
 				zap.String("step", what), zap.Error(err))
