@@ -10,12 +10,11 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Pause holds back what scope and key cover (ScopeCA: an ACME directory URL;
-// ScopeRegisteredDomain: a registered domain; ScopeDomain: a domain name) for every
-// instance, for wait from now on the database's clock. A later pause never shortens
-// an earlier one of the same source; the reason of the longer one is kept. It returns
-// how long the pause now lasts. A pause of a registered domain or a name is the first
-// CA's (PauseAt names the CA).
+// Pause holds back what scope and key cover (ScopeCA: a directory URL;
+// ScopeRegisteredDomain; ScopeDomain) for every instance, for wait from now on the
+// database's clock, and returns how long it now lasts. A later pause never shortens
+// an earlier one of the same source. A registered domain's or a name's pause is the
+// first CA's (see PauseAt).
 func (q *Queue) Pause(ctx context.Context, scope, key, source string, wait time.Duration, reason string) (time.Duration, error) {
 	directory := ""
 	if scope == issuing.ScopeCA {
@@ -48,10 +47,9 @@ func (q *Queue) PauseAt(ctx context.Context, directory, scope, key, source strin
 	return durationFromSeconds(left), nil
 }
 
-// outageForgotten is how long after the end of an unreachable pause a failure starts
-// a new outage rather than continuing it (PauseUnreachable). Long against the CA's
-// backoff (30 s at most): a fleet that sends every domain to a second CA tries the
-// first only when its pause ends, and an outage must not look new at each try.
+// outageForgotten is how long after an unreachable pause ends a failure starts a new
+// outage: long against the CA's backoff, so tries of the first CA during a fallback
+// do not each look like a new outage.
 const outageForgotten = time.Hour
 
 var pauseUnreachableSQL = `
@@ -71,17 +69,12 @@ ON CONFLICT (directory, scope, key, source) DO UPDATE SET
     updated_at = now()
 RETURNING failures, ` + secondsUntilSQL("paused_until")
 
-// PauseUnreachable records that the CA at directory could not be reached and pauses
-// ordering from it for every instance, for base doubled per consecutive failure up to
-// limit: the CA's own backoff, kept apart from any domain's (nothing is charged). The
-// orders that fail together, while the pause they caused is in force (a fleet's
-// --concurrency of them, when the pause ends and the CA is still down), are one
-// failure: the backoff grows once per try of the CA, not once per order.
+// PauseUnreachable pauses ordering from the CA at directory for every instance, for
+// base doubled per consecutive failure up to limit; nothing is charged. Orders that
+// fail together while their pause is in force are one failure.
 //
-// The outage began (held_since) at its first failure, and goes on until an order gets
-// an answer (ClearUnreachable), through the gaps between the pause's end and the next
-// try. A row whose pause ended longer than outageForgotten ago is a new outage: no
-// instance told of the CA's answer (the one that saw it down was restarted).
+// The outage (held_since) runs from its first failure until an order gets an answer
+// (ClearUnreachable), unless the pause ended more than outageForgotten ago.
 func (q *Queue) PauseUnreachable(ctx context.Context, directory, reason string, base, limit time.Duration) (issuing.Unreachable, error) {
 	var u issuing.Unreachable
 	var left float64

@@ -21,18 +21,13 @@ ON CONFLICT (id) DO UPDATE SET wake = EXCLUDED.wake, updated_at = EXCLUDED.updat
 RETURNING (SELECT wake FROM old)`
 
 // SetWakeMode records mode (WakeNotify or WakeLogical) in certworker_settings, which
-// decides whether the wake trigger notifies, and returns the mode that was in force
-// before (WakeNotify where none was recorded). `certworker run` calls it once its wake
-// source has started.
+// decides whether the wake trigger notifies, and returns the previous mode
+// (WakeNotify when none). It writes only on a change, so notify mode needs only
+// SELECT on the table.
 //
-// It writes only when the mode changes, so that a worker in notify mode, the default,
-// needs nothing on certworker_settings beyond reading it; switching needs INSERT and
-// UPDATE on it.
-//
-// The setting is shared by every instance on the database: an instance still running
-// in notify mode after another set logical hears no more notifications and wakes only
-// on its timer and poll until it is restarted with --wake logical. A caller that sees
-// the mode change should say so.
+// The setting is the fleet's: an instance still on notify after another set logical
+// wakes only on its timer and poll until restarted. A caller seeing a change should
+// say so.
 func (q *Queue) SetWakeMode(ctx context.Context, mode string) (previous string, err error) {
 	if mode != issuing.WakeNotify && mode != issuing.WakeLogical {
 		return "", fmt.Errorf("set wake mode: %q is neither %s nor %s", mode, issuing.WakeNotify, issuing.WakeLogical)
@@ -45,8 +40,7 @@ func (q *Queue) SetWakeMode(ctx context.Context, mode string) (previous string, 
 	if current == mode {
 		return current, nil
 	}
-	// The CTE reads the row as it was before the statement, so that an instance
-	// switching at the same moment is reported too.
+	// The CTE reads the row as it was, so a switch at the same moment is reported too.
 	var prev *string
 	err = q.db.QueryRow(ctx, setWakeModeSQL, mode).Scan(&prev)
 	if err != nil {
@@ -78,9 +72,8 @@ RETURNING (SELECT retry_base_seconds FROM old), (SELECT retry_max_seconds FROM o
     (SELECT max_attempts FROM old), (SELECT limits FROM old)`
 
 // RecordSettings writes s as the fleet's settings and returns what was recorded
-// before (ok false when nothing was). `certworker run` calls it at start, so the last
-// instance started decides, as for --wake; an instance that sees them change should
-// say so in its log, since the others keep their own flags until they restart.
+// before (ok false when nothing). The last instance started decides, as for --wake;
+// a change should be logged, since the others keep their flags until restarted.
 func (q *Queue) RecordSettings(ctx context.Context, s FleetSettings) (prev FleetSettings, ok bool, err error) {
 	limits, err := json.Marshal(s.Limits)
 	if err != nil {
@@ -142,10 +135,8 @@ INSERT INTO certworker_settings (id, dns01_zone, updated_at) VALUES (true, $1, n
 ON CONFLICT (id) DO UPDATE SET dns01_zone = EXCLUDED.dns01_zone, updated_at = EXCLUDED.updated_at
 WHERE certworker_settings.dns01_zone IS DISTINCT FROM EXCLUDED.dns01_zone`
 
-// RecordDNS01Zone records --dns01-zone in certworker_settings ("" records that DNS-01
-// is off), where certworker_dns01_target reads it: the database does not know the
-// flag. It writes only when the value changes. As for the other settings, the last
-// instance started decides.
+// RecordDNS01Zone records --dns01-zone ("" for off) for certworker_dns01_target, only
+// when it changes; the last instance started decides.
 func (q *Queue) RecordDNS01Zone(ctx context.Context, zone string) error {
 	zone = strings.ToLower(strings.TrimSuffix(strings.TrimSpace(zone), "."))
 	var stored *string
