@@ -8,26 +8,17 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// givenUpFormat ends the ssl_error of a domain FailExhausted gave up on, after what
-// the last attempt said (format(): the attempts, the limit).
+// givenUpFormat ends the ssl_error of a domain FailExhausted gave up on.
 const givenUpFormat = "(given up: %s attempts, at or above --max-attempts %s; `certworker retry` puts it back)"
 
-// FailExhausted marks failed the claimable rows whose attempts are at or above the
-// limit (--max-attempts) and returns them. The claim never takes them (attempts below
-// the limit is one of its conditions) and no failure write reaches them, so without
-// this they would wait in 'pending' for ever, never tried and never failed, and
-// `status` would show them as retrying. They come from a --max-attempts lowered below
-// the attempts of rows that were retrying, and from hand edits. A failure at the limit
-// marks a domain failed; these get the same, and their ssl_error
-// keeps what the last attempt said and adds why they stopped.
+// FailExhausted fails the claimable rows whose attempts are at or above
+// --max-attempts (a lowered limit, a hand edit) and returns them: the claim never
+// takes them, so they would otherwise wait in 'pending' for ever. Their ssl_error
+// keeps the last attempt's words and adds why they stopped.
 //
-// Rows locked by someone else (a transaction of the proxy's) are skipped, not waited
-// for, and left for the next run; fillBatch rows a statement. The rows leave the
-// claimable set, so the wake trigger says nothing.
-//
-// The new ssl_error is composed here, not in SQL, so that it goes through errorText
-// like every other (the last attempt's words stay, cut to leave room for why it
-// stopped): read, then written, in one short transaction that holds the rows it read.
+// Locked rows wait for the next run; fillBatch rows a statement. The message is
+// composed in Go so it goes through errorText, read and written in one short
+// transaction.
 func (q *Queue) FailExhausted(ctx context.Context) ([]issuing.BadRow, error) {
 	var out []issuing.BadRow
 	for {

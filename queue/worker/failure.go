@@ -9,16 +9,16 @@ import (
 	"go.uber.org/zap"
 )
 
-// The CA's own backoff while it cannot be reached: the first pause is
-// short, since most outages are a restart or a blip, and the longest is short enough
-// that every domain due is issued within a minute of the CA's return.
+// The CA's own backoff while it cannot be reached: short at first (most outages
+// are a blip), and at most long enough that every domain due is issued within a
+// minute of the CA's return.
 const (
 	unreachableBase = 2 * time.Second
 	unreachableMax  = 30 * time.Second
 )
 
-// failed records what an issuer's error means for the domain (issuing.Issuer lists the
-// kinds), and returns the outcome and when the domain falls due again.
+// failed records what an issuer's error means for the domain (issuing.Issuer lists
+// the kinds), and returns the outcome and when the domain falls due again.
 func (w *Worker) failed(o *order, log *zap.Logger, name string, err error) (string, time.Duration) {
 	attempt := zap.Int("attempt", max(o.claim.Attempts, 0)+1)
 	var unavailable *issuing.CAUnavailableError
@@ -67,9 +67,7 @@ func (w *Worker) failed(o *order, log *zap.Logger, name string, err error) (stri
 }
 
 // rateLimited pauses what the CA's limit covers, for every instance, until its
-// Retry-After (--retry-base when it gave none), and hands the claim back: a rate limit
-// is never charged to the domain. The hand-back wakes every instance once, and their
-// passes, which claim nothing the pause covers, set their timers for its end. It
+// Retry-After (--retry-base when none), and hands the claim back uncharged. It
 // returns the outcome and how long the pause lasts.
 func (w *Worker) rateLimited(o *order, log *zap.Logger, name string, rl *issuing.RateLimitError) (string, time.Duration) {
 	at := w.caOf(o.claim.Directory)
@@ -101,10 +99,8 @@ func (w *Worker) rateLimited(o *order, log *zap.Logger, name string, rl *issuing
 }
 
 // caUnreachable pauses ordering from the claim's CA for every instance, on the CA's
-// own backoff, and hands the claim back uncharged: a CA that is down is the CA's
-// problem, not the domain's. As for a rate limit, the hand-back tells every instance
-// when the pause ends. With a second CA, the pause held a domain back for longer
-// than --acme-fallback-after sends it there (queue/fallback.go).
+// own backoff, and hands the claim back uncharged: the CA's problem, not the
+// domain's.
 func (w *Worker) caUnreachable(o *order, log *zap.Logger, cause error) (string, time.Duration) {
 	at := w.caOf(o.claim.Directory)
 	var u issuing.Unreachable
@@ -126,11 +122,9 @@ func (w *Worker) caUnreachable(o *order, log *zap.Logger, cause error) (string, 
 	return w.handBack(o, log, false, "ca_unavailable"), u.For
 }
 
-// keyMissing hands the claim back uncharged, at once for any instance (the hand-back
-// wakes them), and stops this one claiming: a stored key it cannot open (another
-// instance sealed the account key under a key this one lacks, a rotation half rolled
-// out) fails every order alike, and is the operator's to fix, never the domain's. Orders already running go on with the account they hold. The
-// first such error is logged at error level with the key id, never a key.
+// keyMissing hands the claim back uncharged and stops this instance claiming: a
+// stored key it cannot open fails every order alike and is the operator's to fix.
+// Running orders go on. The first such error is logged with the key id, never a key.
 func (w *Worker) keyMissing(o *order, log *zap.Logger, ke *issuing.KeyError) string {
 	if w.keyErr.CompareAndSwap(nil, ke) {
 		w.log.Error("a stored key does not open with this instance's --key-encryption-key: it claims nothing more and reports not ready until restarted with the key; nothing is charged",
@@ -143,15 +137,10 @@ func (w *Worker) keyMissing(o *order, log *zap.Logger, ke *issuing.KeyError) str
 	return outcome
 }
 
-// caAnswered records that the CA at answered an order, which ends its unreachable
-// state for the fleet if this instance saw it. With a second CA, every answer of the
-// first ends it, whoever saw it down: while its outage pause stays, the claim sends
-// domains to the second, and an instance that saw the outage may have been restarted.
-//
-// "CA reachable again" is logged by the one caller whose delete ended the state
-// (ClearUnreachable reports it to one statement only, fleet-wide): two orders
-// finishing together both logged it, one because it won the local flag and the other
-// because its delete found the pause.
+// caAnswered records that the CA at answered an order, ending its unreachable state
+// if this instance saw it. With a second CA, every answer of the first ends it,
+// whoever saw it down: the instance that saw the outage may have restarted. Only the
+// caller whose delete ended the state logs it.
 func (w *Worker) caAnswered(at *ca) {
 	if !at.down.Load() && (w.second == nil || at != w.first) {
 		return

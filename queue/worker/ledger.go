@@ -12,16 +12,12 @@ import (
 )
 
 // admit asks the ledger about claims before their orders (when a limit is on) and
-// returns the ones that may go. A claim whose name no CA can issue for goes on without
-// the ledger: it is failed without an order. Refused claims are handed back and what
-// they hit is paused (queue.Admit).
+// returns the ones that may go. A name no CA can issue for skips the ledger; refused
+// claims are handed back and what they hit is paused (queue.Admit).
 //
-// When the ledger cannot be asked, no claim goes, and ok is false: the fill stops
-// there rather than claim again into a ledger that does not answer (its lock held by
-// an instance cut off mid-transaction: every claim would be taken and handed back for
-// nothing). The claims are handed back by the next pass, as claims whose answer was
-// lost; and when the ledger's COMMIT may have gone through, their rows are settled as
-// not sent after that (settleNotSent), so that they do not count as orders in flight.
+// When the ledger cannot be asked, no claim goes and ok is false: the fill stops
+// rather than claim again into a ledger that does not answer. The next pass hands the
+// claims back, and settleNotSent settles rows the COMMIT may have written.
 func (w *Worker) admit(ctx context.Context, claims []issuing.Claim) (admitted []issuing.Claim, ok bool) {
 	if len(claims) == 0 {
 		return claims, true
@@ -58,7 +54,7 @@ func (w *Worker) admitAt(ctx context.Context, at *ca, claims []issuing.Claim) (a
 			invalid = append(invalid, c)
 			continue
 		}
-		// A certificate of the other CA's is no renewal to this one (replacesPEM).
+		// Another CA's certificate is no renewal to this one (replacesPEM).
 		asks = append(asks, queue.Admission{Claim: c, Name: name,
 			RegisteredDomain: issuing.RegisteredDomain(name), Renewal: w.replacesPEM(c) != ""})
 	}
@@ -90,8 +86,8 @@ func (w *Worker) admitAt(ctx context.Context, at *ca, claims []issuing.Claim) (a
 	return append(invalid, admitted...), true
 }
 
-// readmit asks the CA's ledger again about claim c, admitted as a renewal, whose order
-// is about to go without "replaces" (queue.Queue.Readmit): as a new order.
+// readmit asks the CA's ledger again about claim c, admitted as a renewal, whose
+// order is about to go without "replaces": as a new order.
 func (w *Worker) readmit(ctx context.Context, at *ca, c issuing.Claim, name string) error {
 	rctx, cancel := w.step(ctx, true)
 	defer cancel()
@@ -99,8 +95,7 @@ func (w *Worker) readmit(ctx context.Context, at *ca, c issuing.Claim, name stri
 		RegisteredDomain: issuing.RegisteredDomain(name)})
 	var refused *issuing.LedgerRefusedError
 	if err != nil && !errors.As(err, &refused) {
-		// A ledger that cannot be asked lets nothing go; the claim is handed back,
-		// uncharged, as a refusal is.
+		// A ledger that cannot be asked lets nothing go; the claim goes back uncharged.
 		w.logDBError("ask the ledger again about a renewal sent without replaces", err)
 		return &issuing.LedgerRefusedError{Reason: "ledger: could not be asked again about the order without replaces"}
 	}
@@ -115,9 +110,8 @@ type notSent struct {
 }
 
 // settleNotSent records as not sent the ledger rows of claims whose Admit may have
-// committed without its answer arriving (admit), once the pass has handed those
-// claims back: none of their orders was placed. What it cannot settle now it tries
-// at the next pass; SettleStaleLedger catches what an instance that stops leaves.
+// committed unseen, once the pass has handed them back. What it cannot settle now it
+// tries next pass; SettleStaleLedger catches the rest.
 func (w *Worker) settleNotSent() {
 	for len(w.notSent) > 0 {
 		ctx, cancel := w.step(context.Background(), true)
@@ -141,19 +135,15 @@ func (w *Worker) settleLedger(o *order, r result) {
 	var outcome string
 	switch {
 	case r.issued:
-		// The CA issued, whatever became of the claim (lost, no longer acme, the
-		// write that stores it given up): the CA counts the certificate.
+		// The CA issued, whatever became of the claim: the CA counts it.
 		outcome = issuing.LedgerIssued
 	case r.outcome == "invalid", r.outcome == "unrecorded":
 		return // no ledger row, or nothing known
 	case r.outcome == "preflight_failed", r.outcome == "waiting_dns", r.outcome == "rate_limited", r.outcome == "key_error", r.outcome == "ledger_held",
 		r.outcome == "profile_refused", r.outcome == "profile_halted",
 		strings.HasPrefix(r.outcome, "caa_"):
-		// Nothing the CA counts: the preflight sent nothing (nor did a name that
-		// waits for its DNS), nor did an order that
-		// the name's CAA records stopped (caa_*), nor one
-		// without its account key or under a profile the directory does not list,
-		// and Let's Encrypt refunds a new order it refused.
+		// Nothing the CA counts: nothing was sent (preflight, DNS wait, CAA, key, unlisted
+		// profile), or Let's Encrypt refunds a refused new order.
 		outcome = issuing.LedgerNotSent
 	default:
 		outcome = issuing.LedgerFailed
