@@ -10,29 +10,16 @@ import (
 	"github.com/certworker/certworker/queue/issuing"
 )
 
-// claimSQL claims up to $6 due domains of the tiers $8 to $9 in one statement
-// (docs/internals.md, Claim and Order of service).
+// claimSQL claims up to $6 due domains of the tiers $8 to $9 in one statement, the
+// one judge of what is due (docs/internals.md, Claim and Order of service). FOR
+// UPDATE SKIP LOCKED lets instances claim side by side without blocking.
 //
-// FOR UPDATE SKIP LOCKED in the statement that flips the status lets instances claim
-// side by side: none claims a row twice, none blocks. The statement is the one judge
-// of what is due; the backoff is computed here from the row's own ssl_attempts, with
-// Config.Backoff's parameters, so the check and the claim are one statement.
-//
-// It reads at most $10 rows in line (proxy_domains_line_idx), in order of service,
-// locking as it reads. A row it finds held back by a pause of its registered domain
-// or name, or by its backoff, it takes out of line (out) so no later claim reads it
-// again; a case twin that loses its name (keepsNameSQL) it fails (lost). A pause of
-// the CA ($7) is one test for the whole statement. Pauses are conditions of the
-// claim, so a held-back domain is never claimed and handed back.
-//
-// Tier 1 (urgent renewals) serves each tenant's turn (ssl_queue_seq) with its due
-// renewal of earliest ssl_renew_by (picks), handing the turn's place to the row it
-// did not take (moved). Tiers 2 and 3 take rows by their place, which the wake
-// trigger gave them.
-//
-// It stamps ssl_last_attempt_at and updated_at, keeps the previous attempt time in
-// ssl_claim_prev_attempt_at for a hand-back, and returns the claims in order of
-// service plus one row at least with the counts Claim reads on by.
+// It reads at most $10 rows in line, in order of service, locking as it reads. A row
+// held back by a pause or its backoff it takes out of line (out), a twin that loses
+// its name it fails (lost), so no later claim reads either again. Tier 1 serves each
+// tenant's turn with its earliest due renewal (picks), handing the turn's place to
+// the row it did not take (moved). The previous attempt time is kept for a hand-back,
+// and the counts Claim reads on by come back in one row at least.
 var claimSQL = `
 WITH head AS MATERIALIZED (
     SELECT h.*, row_number() OVER () AS rn FROM (
@@ -89,9 +76,9 @@ WITH head AS MATERIALIZED (
     RETURNING d.id
 ` + claimTailSQL("take", false)
 
-// claimWindow is how many rows in line one claim statement reads for n slots: n at
-// first, then four times as many after each round that came back short, up to
-// maxClaimWindow, since held-back rows come in runs (a pause of a registered domain).
+// claimWindow is how many rows in line one claim statement reads for n slots: n,
+// then four times as many after each short round, up to maxClaimWindow: held-back
+// rows come in runs.
 func claimWindow(n, round int) int {
 	w := n
 	for range round {
@@ -103,9 +90,8 @@ func claimWindow(n, round int) int {
 // maxClaimWindow bounds the rows one claim statement reads and may take out of line.
 const maxClaimWindow = 10000
 
-// claimRounds bounds the statements one Claim runs for one part: a few seconds of
-// writes at most, within a step's timeout. A claim left short is followed by the
-// worker's next pass, since the queue still says something is due.
+// claimRounds bounds the statements one Claim runs for one part, within a step's
+// timeout; the worker's next pass takes what is left.
 const claimRounds = 8
 
 // Claim takes up to limit due domains for owner (an instance name), from the CA at
@@ -114,10 +100,9 @@ func (q *Queue) Claim(ctx context.Context, owner, directory string, limit int) (
 	return q.ClaimShared(ctx, owner, directory, limit, 0)
 }
 
-// ClaimShared is Claim with up to newcomers of the limit claimed first among first
-// issuances and their retries (tier 2), whatever is ahead of them. What they leave
-// is claimed in order of service, over every tier value (a hand edit may put any
-// there). Held rows whose time has come are brought back first (ReturnHeld).
+// ClaimShared is Claim with up to newcomers of the limit taken first from tier 2,
+// whatever is ahead; the rest in order of service, over every tier value. Held rows
+// whose time has come are brought back first (ReturnHeld).
 func (q *Queue) ClaimShared(ctx context.Context, owner, directory string, limit, newcomers int) ([]issuing.Claim, error) {
 	if limit <= 0 {
 		return nil, nil
@@ -128,9 +113,8 @@ func (q *Queue) ClaimShared(ctx context.Context, owner, directory string, limit,
 	return q.ClaimInLine(ctx, owner, directory, limit, newcomers)
 }
 
-// ClaimInLine is ClaimShared without bringing held rows back first: the claim of a
-// pass woken for a row just put in line, which should not pay for ReturnHeld's
-// statement. The timer brings held rows back at their time (NextDue).
+// ClaimInLine is ClaimShared without ReturnHeld first: the claim of a pass woken for
+// a row just put in line. The timer brings held rows back (NextDue).
 func (q *Queue) ClaimInLine(ctx context.Context, owner, directory string, limit, newcomers int) ([]issuing.Claim, error) {
 	if limit <= 0 {
 		return nil, nil
@@ -223,20 +207,14 @@ func deref(s *string) string {
 	return *s
 }
 
-// ReturnHeld brings back in line the rows held out whose time has come, for the CA
-// at directory, and returns how many: a row whose backoff by the current formula has
-// run out, or whose pause has ended; a row still held for the other reason is held
-// for that one. So a changed --retry-base, a hand edit or a pause lifted early takes
-// effect at the next claim.
-//
-// Its cost follows the rows it brings back, not the rows held: it reads index ranges
-// per attempt count and each pause once. Rows locked by someone else wait for the
-// next call; at most fillBatch a call. Rows are looked up by id = ANY(array), so
-// the planner uses the primary key whatever the statistics say. A row back in line
-// takes its place as the wake trigger would give it.
+// ReturnHeld brings back in line the rows held out whose time has come, for the CA at
+// directory, and returns how many: a row whose backoff by the current formula has run
+// out or whose pause has ended (a row still held for the other reason is held for
+// that). Its cost follows the rows it brings back; locked rows wait for the next call.
+// Rows are looked up by id = ANY(array), so the primary key is used whatever the
+// statistics say, and take their place as the wake trigger would give it.
 func (q *Queue) ReturnHeld(ctx context.Context, directory string) (int64, error) {
-	// Query, not Exec: Exec without arguments uses the simple protocol, planned at
-	// every call.
+	// Query, not Exec: Exec without arguments is planned at every call.
 	rows, err := q.db.Query(ctx, q.returnHeldStatement(directory))
 	if err != nil {
 		return 0, fmt.Errorf("bring held rows back in line: %w", err)
@@ -248,16 +226,14 @@ func (q *Queue) ReturnHeld(ctx context.Context, directory string) (int64, error)
 	return rows.CommandTag().RowsAffected(), nil
 }
 
-// returnHeldStatement is ReturnHeld's statement for the CA at directory. Its
-// settings are literals, not parameters, so the server plans it once per session
-// (docs/internals.md, The wake path and held rows).
+// returnHeldStatement is ReturnHeld's statement for the CA at directory, with its
+// settings as literals so the server plans it once per session (docs/internals.md).
 func (q *Queue) returnHeldStatement(directory string) string {
 	maxAttempts, batch := strconv.Itoa(q.cfg.MaxAttempts), strconv.Itoa(fillBatch)
 	float := func(d time.Duration) string { return strconv.FormatFloat(seconds(d), 'g', -1, 64) + "::float8" }
 	base, cap := float(q.cfg.RetryBase), float(q.cfg.RetryMax)
 	dir, _ := sqlLiterals([]any{directory}) // a string always has one
-	// With a second CA, a row held back at the first stays in line: it may go to the
-	// second (claimRoutedSQL).
+	// With a second CA, a row held back at the first stays in line (claimRoutedSQL).
 	pause := heldByPauseSQL("d", dir+"::text")
 	// A row held under a pause comes back once the pause ends; with a second CA, at
 	// once, whatever holds it.
@@ -349,8 +325,8 @@ WHERE ssl_status = 'provisioning' AND ssl_claimed_by = $1
 RETURNING id::text, tenant_id::text, domain`
 
 // ReleaseUntracked hands back, uncharged, every row owner holds whose token is not in
-// keep: claims whose answer never reached the instance. Otherwise they would wait for
-// their lease and be reclaimed with an attempt charged. owner must name one instance.
+// keep: claims whose answer never arrived, which the reclaim would otherwise charge.
+// owner must name one instance.
 func (q *Queue) ReleaseUntracked(ctx context.Context, owner string, keep []string) ([]Untracked, error) {
 	rows, err := q.db.Query(ctx, releaseUntrackedSQL, owner, keep)
 	if err != nil {

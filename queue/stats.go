@@ -24,32 +24,29 @@ const PendingTooLong = time.Hour
 // rather than left holding a snapshot open.
 const statsTimeout = "10s"
 
-// FleetStats is the state of the whole fleet, for alerts, from one snapshot: counts
-// and times only, so the metrics do not grow with the domains.
+// FleetStats is the fleet's state for alerts, from one snapshot: counts and times
+// only, so the metrics do not grow with the domains.
 type FleetStats struct {
 	// At is the database's clock at the snapshot.
 	At time.Time
 	// Domains counts acme domains by ssl_status; every status has a key.
 	Domains map[string]int
-	// Verified counts the verified acme domains, and Valid those of them whose
-	// certificate (ssl_expires_at) has not expired: Valid/Verified is the SLO.
+	// Verified counts the verified acme domains, Valid those with an unexpired
+	// certificate: Valid/Verified is the SLO.
 	Verified, Valid int
 	// NextExpiry is the earliest expiry among those valid certificates (nil: none).
 	NextExpiry *time.Time
 	// ExpiringUnrenewed[i] counts verified acme domains expiring within
-	// ExpiryWindows[i] with no renewal under way: failed, renewal failed, or active an
-	// hour past its renewal time.
+	// ExpiryWindows[i] with no renewal under way.
 	ExpiringUnrenewed []int
-	// PendingOverHour counts queued domains (verified, acme, pending) that entered
-	// the queue more than PendingTooLong ago.
+	// PendingOverHour counts domains queued more than PendingTooLong ago.
 	PendingOverHour int
-	// Paused counts queued domains held back by a pause in force, by scope
-	// (ScopeCA for the directory asked about); every scope has a key.
+	// Paused counts queued domains held back by a pause in force, by scope.
 	Paused map[string]int
 	// CAPausedUntil is when the directory's CA-wide pause ends (nil: not paused).
 	CAPausedUntil *time.Time
-	// LedgerOrders counts the ledger's orders for the directory in the
-	// orders_per_account window, against LedgerLimit; nil while that limit is off.
+	// LedgerOrders counts the directory's orders in the orders_per_account window,
+	// against LedgerLimit; nil while that limit is off.
 	LedgerOrders, LedgerLimit *int
 	// Replace is the progress of replacing certificates whose renewal window has started.
 	Replace issuing.ReplaceProgress
@@ -65,21 +62,20 @@ type FleetStats struct {
 type FleetTotals struct {
 	// At is the database's clock when they were counted.
 	At time.Time
-	// Active counts the acme domains in ssl_status 'active'; Verified the verified
-	// acme domains.
+	// Active counts the active acme domains; Verified the verified ones.
 	Active, Verified int
 }
 
-// FleetStats reads the fleet's state for the alert metrics, on a timer rather than
-// every scrape: FleetTotals reads an index of all acme domains. The rest reads only
-// unsettled rows, the queue, the pauses and the ledger.
+// FleetStats reads the fleet's state for the alert metrics, on a timer: FleetTotals
+// reads an index of all acme domains; the rest reads only unsettled rows, the queue,
+// the pauses and the ledger.
 func (q *Queue) FleetStats(ctx context.Context, directory string) (FleetStats, error) {
 	return q.FleetStatsReusing(ctx, directory, nil, 0)
 }
 
-// FleetStatsReusing is FleetStats reusing last's Totals while younger than maxAge.
-// Valid is then last's Verified less the verified domains without a valid
-// certificate now, so an expiry shows at once and the error leans towards alerting.
+// FleetStatsReusing is FleetStats reusing last's Totals while younger than maxAge;
+// Valid then subtracts the verified domains without a valid certificate now, so an
+// expiry shows at once.
 func (q *Queue) FleetStatsReusing(ctx context.Context, directory string, last *FleetTotals, maxAge time.Duration) (FleetStats, error) {
 	s := FleetStats{
 		Domains:      map[string]int{"pending": 0, "provisioning": 0, "active": 0, "failed": 0},
@@ -94,7 +90,7 @@ func (q *Queue) FleetStatsReusing(ctx context.Context, directory string, last *F
 		return s, fmt.Errorf("fleet statistics: begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
-	// One snapshot for every figure, so that they add up.
+	// One snapshot, so the figures add up.
 	if _, err := tx.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"); err != nil {
 		return s, fmt.Errorf("fleet statistics: %w", err)
 	}
@@ -111,9 +107,8 @@ func (q *Queue) FleetStatsReusing(ctx context.Context, directory string, last *F
 	return s, nil
 }
 
-// statusCountsSQL reads, over the unsettled rows only: the acme domains not active
-// by status (proxy_domains_unsettled_idx), the verified ones with no unexpired
-// certificate, and the next expiry (proxy_domains_fleet_idx).
+// statusCountsSQL reads only the unsettled rows: the non-active acme domains by
+// status, the verified ones with no unexpired certificate, and the next expiry.
 var statusCountsSQL = `
 SELECT now(), u.pending, u.provisioning, u.failed,
        (SELECT count(*) FROM proxy_domains
@@ -146,7 +141,7 @@ func readStatusCounts(ctx context.Context, tx pgx.Tx, s *FleetStats, _ string) e
 }
 
 // readTotals counts FleetTotals afresh unless s.Totals is younger than
-// s.totalsMaxAge, and sets the active, verified and valid counts.
+// s.totalsMaxAge.
 func readTotals(ctx context.Context, tx pgx.Tx, s *FleetStats, _ string) error {
 	if s.Totals.At.IsZero() || s.At.Sub(s.Totals.At) >= s.totalsMaxAge {
 		if err := tx.QueryRow(ctx, totalsSQL).Scan(&s.Totals.At, &s.Totals.Active, &s.Totals.Verified); err != nil {
@@ -159,9 +154,8 @@ func readTotals(ctx context.Context, tx pgx.Tx, s *FleetStats, _ string) error {
 }
 
 // expiringUnrenewedSQL counts per window ($1, seconds; $2 the longest) the verified
-// acme certificates expiring inside it with no renewal under way: failed and
-// retrying rows by proxy_domains_fleet_idx, active ones an hour past their renewal
-// time by proxy_certificates_renew_idx. Neither reads the healthy majority.
+// acme certificates expiring inside it with no renewal under way, without reading the
+// healthy majority.
 var expiringUnrenewedSQL = `
 WITH late AS MATERIALIZED (
     SELECT d.ssl_expires_at AS expires
@@ -196,8 +190,7 @@ func readExpiringUnrenewed(ctx context.Context, tx pgx.Tx, s *FleetStats, _ stri
 	return nil
 }
 
-// pendingOverHourSQL counts the queue's rows queued more than $1 seconds ago
-// (ssl_queued_at, or updated_at when it is NULL).
+// pendingOverHourSQL counts the rows queued more than $1 seconds ago.
 var pendingOverHourSQL = `
 SELECT count(*) FROM proxy_domains
 WHERE ` + claimableAsSQL("") + `
@@ -211,9 +204,8 @@ func readPendingOverHour(ctx context.Context, tx pgx.Tx, s *FleetStats, _ string
 }
 
 // pausesSQL counts the queued domains each scope of pause of the CA at $1 holds back,
-// matching keys as the claim does; the suffix match is written as a string
-// comparison, cheaper than building certworker_suffixes' array per name. The queue is
-// read only while a pause is in force.
+// matching keys as the claim does (the suffix match as a string comparison, cheaper
+// than certworker_suffixes' array), reading the queue only while a pause is in force.
 var pausesSQL = `
 WITH p AS MATERIALIZED (
     SELECT scope, key, paused_until FROM certworker_pauses

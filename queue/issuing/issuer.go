@@ -9,28 +9,18 @@ import (
 
 // Issuer turns a domain name into a certificate: acme.Issuer, or a fake in tests.
 //
-// Implementations MUST be safe for concurrent use and MUST return promptly once ctx
-// is cancelled (claim lost, --order-timeout, lease deadline, end of shutdown grace).
-//
-// Implementations MUST honour req.Deadline: call req.Deadline.Check before every
-// request to the CA and send nothing when it fails, and bound each request by
+// Implementations MUST be safe for concurrent use, MUST return promptly once ctx is
+// cancelled, and MUST honour req.Deadline: call req.Deadline.Check before every
+// request to the CA, send nothing when it fails, and bound each request by
 // req.Deadline.Bound. Cancelling ctx alone races with the next request, and past the
-// deadline another instance may be ordering the domain: this order must neither
-// finalize nor clean up at the CA. Such an order returns an error wrapping
-// ErrLeaseDeadline; the worker hands its claim back uncharged.
+// deadline another instance may be ordering the domain. Such an order returns an
+// error wrapping ErrLeaseDeadline.
 //
-// A failure's type decides how it is treated, so an implementation MUST return:
-//   - *RateLimitError for a CA's rate limit;
-//   - *CAUnavailableError when the CA could not be reached or answered 5xx;
-//   - *PreflightError when a check before ordering failed and nothing was sent;
-//   - *WaitingError when the name's DNS does not allow validation yet;
-//   - *PermanentError for a refusal no retry can fix;
-//   - *ProfileError when the CA does not offer the order's profile;
-//   - *KeyError when a stored key the order needs does not open;
-//   - any other error for a failure charged to the domain and retried with backoff.
-//
-// An error whose chain holds an AuthorizationFailure reporting true is also recorded
-// in the limit ledger.
+// A failure's type decides how it is treated: implementations MUST return the typed
+// errors of this file where they apply (RateLimitError, CAUnavailableError,
+// PreflightError, WaitingError, PermanentError, ProfileError, KeyError); any other
+// error is charged to the domain and retried. An error holding an
+// AuthorizationFailure that reports true is also recorded in the ledger.
 type Issuer interface {
 	Issue(ctx context.Context, req Request) (*Certificate, error)
 }
@@ -42,8 +32,7 @@ type Request struct {
 	TenantID string
 	// Domain is already checked (CheckName) and in lower case.
 	Domain string
-	// CurrentPEM is the stored certificate chain this order renews, or "" for a first
-	// issuance. An ACME issuer names it in the order (RFC 9773 "replaces").
+	// CurrentPEM is the stored chain this order renews (RFC 9773 "replaces"), or "".
 	CurrentPEM string
 	// Deadline is the claim's local lease deadline (see Issuer), or nil for none.
 	Deadline *Deadline
@@ -51,14 +40,12 @@ type Request struct {
 	// read (the HTTP-01 token) are made under it, so an order that lost its claim cannot
 	// overwrite what the new holder needs.
 	ClaimToken string
-	// Profile is the ACME profile the order names; "" is the issuer's own default
-	// (--acme-profile, which may itself be "": the CA's default).
+	// Profile is the ACME profile the order names; "" is --acme-profile.
 	Profile string
-	// ConfirmClaim, when not nil, MUST be called just before the finalize: it renews the
-	// claim's lease (Queue.ConfirmClaim) and fails unless the claim is held with a third
-	// of the lease ahead. On failure the issuer sends nothing more and returns an error
-	// wrapping it. This keeps an order whose claim a failover lost from issuing a second
-	// certificate (docs/high-availability.md).
+	// ConfirmClaim, when not nil, MUST be called just before the finalize: it fails
+	// unless the claim is still held with a third of its lease ahead
+	// (Queue.ConfirmClaim), and then the issuer sends nothing more and returns its error.
+	// It keeps an order whose claim a failover lost from issuing a second certificate.
 	ConfirmClaim func(ctx context.Context) error
 	// Readmit, when set, is called before a renewal is ordered again without "replaces":
 	// the order is then admitted by the ledger as a new one. An error (a
@@ -83,18 +70,15 @@ type Certificate struct {
 	NotAfter   time.Time
 	Issuer     string
 	Serial     string
-	// Profile is the ACME profile the certificate was issued under, as the CA's order
-	// says, or "" when not known (recorded as proxy_certificates.profile).
+	// Profile is the ACME profile the CA's order names, or "" when not known.
 	Profile string
-	// Directory is the ACME directory of the CA that issued it (recorded as
-	// proxy_certificates.issuer_directory); the worker sets it, "" for not known.
+	// Directory is the issuing CA's ACME directory, set by the worker.
 	Directory string
 	// RenewAt is when this certificate should be renewed (ARI, or RenewAtFromValidity).
 	RenewAt time.Time
 	// WindowStart and WindowEnd are the CA's suggested renewal window (ARI), or zero.
 	WindowStart, WindowEnd time.Time
-	// RenewalInfoIn is how long until the CA's renewal information is fetched again, or
-	// zero when the CA offers none.
+	// RenewalInfoIn is how long until renewal information is fetched again, or zero.
 	RenewalInfoIn time.Duration
 }
 
@@ -102,8 +86,7 @@ type Certificate struct {
 // and when to ask again.
 type RenewalWindow struct {
 	Start, End time.Time
-	// RetryAfter is the CA's Retry-After for the renewal information, or 0 when it
-	// gave none.
+	// RetryAfter is the CA's Retry-After, or 0.
 	RetryAfter time.Duration
 }
 
@@ -165,10 +148,10 @@ func (e *PreflightError) Error() string { return PreflightPrefix + e.Msg }
 // WaitingPrefix starts the ssl_error of a domain waiting for its DNS.
 const WaitingPrefix = "waiting for DNS: "
 
-// WaitingError: the name cannot be validated yet (it does not point at the proxy and
-// has no DNS-01 delegation); nothing was sent. Not charged: the domain waits out of
-// line for a DNSChecker. Msg says what to set ("" when nothing new for the tenant);
-// Answer fingerprints the DNS answers, so the HTTP probe reruns only on a change.
+// WaitingError: the name cannot be validated yet (no address at the proxy, no DNS-01
+// delegation); nothing was sent. Not charged: the domain waits out of line for a
+// DNSChecker. Msg says what to set ("": nothing new); Answer fingerprints the DNS
+// answers, so the HTTP probe reruns only on a change.
 type WaitingError struct {
 	Msg    string
 	Answer string
@@ -186,8 +169,8 @@ func (e *WaitingError) Unwrap() error {
 }
 
 // DNSChecker is implemented by an Issuer that can tell by DNS whether a waiting name
-// can be validated now: nil when it can, a *WaitingError while it cannot, another
-// error when the check failed. It sends nothing to the CA.
+// can be validated now: nil, a *WaitingError, or an error of the check. It sends
+// nothing to the CA.
 type DNSChecker interface {
 	CheckDNS(ctx context.Context, domain, answer string) error
 }
@@ -207,10 +190,9 @@ type PermanentError struct {
 func (e *PermanentError) Error() string { return e.Err.Error() }
 func (e *PermanentError) Unwrap() error { return e.Err }
 
-// KeyError: a stored private key an order needs does not open (or parse) with this
-// instance's key encryption keys. The operator's problem (docs/security.md): not
-// charged; the worker stops claiming and reports not ready until restarted with the
-// key. Its message names the missing key id where it can, never a key.
+// KeyError: a stored key an order needs does not open with this instance's key
+// encryption keys. Not charged: the worker stops claiming until restarted with the
+// key (docs/security.md). Its message names the key id, never a key.
 type KeyError struct {
 	// Key says which stored key, e.g. "ACME account key of https://ca/directory".
 	Key string
@@ -223,7 +205,7 @@ func (e *KeyError) Error() string { return "cannot open the stored " + e.Key + "
 func (e *KeyError) Unwrap() error { return e.Err }
 
 // AuthorizationFailure is implemented by errors of orders whose authorization failed
-// at the CA; the CA and the ledger count those per name.
+// at the CA, which the CA and the ledger count per name.
 type AuthorizationFailure interface {
 	error
 	AuthorizationFailed() bool

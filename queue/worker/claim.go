@@ -16,18 +16,14 @@ type loopState struct {
 	timer       *time.Timer
 	timerAt     time.Time
 	timerSource string
-	// saturated: every slot was busy at the last claim, so more may be due; a
-	// finished order claims again at once.
+	// saturated: every slot was busy at the last claim, so a finished order claims again.
 	saturated bool
-	// idleRetry is the gap before looking again at a queue that says something is due
-	// which the claim did not take. It doubles up to the poll interval, so two
-	// disagreeing views cannot make a hot loop.
+	// idleRetry is the gap before looking again at a queue whose due row the claim did
+	// not take; it doubles up to the poll interval, so it cannot become a hot loop.
 	idleRetry time.Duration
-	// untracked: a claim's statement failed after it may have committed; every pass
-	// tries to hand back what the instance holds but does not track.
+	// untracked: a claim may have committed unseen; every pass tries to hand it back.
 	untracked bool
-	// returnHeld: a pass found something due that it did not claim, so the next claim
-	// brings held rows back first, whatever woke it.
+	// returnHeld: a pass left something due, so the next claim brings held rows back.
 	returnHeld bool
 	// heldReturnedAt is when a claim last brought held rows back first.
 	heldReturnedAt time.Time
@@ -36,23 +32,21 @@ type loopState struct {
 const (
 	// minIdleRetry is the first idle retry.
 	minIdleRetry = 50 * time.Millisecond
-	// wakeRetry is how soon a wake-up's pass that found something due but claimed
-	// nothing looks once more: logical decoding sends a commit a moment before a new
-	// snapshot sees its rows, and another instance's claim may be committing.
+	// wakeRetry is how soon a wake-up's pass that claimed nothing due looks once more:
+	// a logically decoded commit may not be visible to a new snapshot yet.
 	wakeRetry = 5 * time.Millisecond
-	// timerSlack makes the timer fire a little late rather than early: the claim
-	// compares with the database's clock, and strictly.
+	// timerSlack makes the timer fire late rather than early against the database's
+	// strict comparison.
 	timerSlack = 5 * time.Millisecond
-	// untrackedRetry is how soon a pass tries again to hand back claims whose answer
-	// was lost.
+	// untrackedRetry is how soon a pass tries again to hand back lost claims.
 	untrackedRetry = time.Second
-	// returnHeldEvery bounds how often refills bring held rows back first, so that a
-	// statement before each refill does not slow the drain of a full queue.
+	// returnHeldEvery bounds how often refills bring held rows back first, so a full
+	// queue drains at full speed.
 	returnHeldEvery = time.Second
 )
 
-// pass looks at the queue: claims into the free slots and, when the queue ran dry
-// before they were full, sets the timer for the next thing that falls due.
+// pass claims into the free slots and, when the queue ran dry first, sets the timer
+// for the next thing that falls due.
 func (w *Worker) pass(ctx context.Context, source string, at time.Time) {
 	w.m.wake(source)
 	w.log.Debug("wake-up", zap.String("source", source), zap.Time("at", at))
@@ -70,8 +64,8 @@ func (w *Worker) pass(ctx context.Context, source string, at time.Time) {
 	w.schedule(ctx, source, claimed)
 }
 
-// finished takes a finished order's result, and every other one already waiting, off
-// the loop, then refills the slots they freed in one claim.
+// finished takes every waiting result off the loop, then refills the freed slots in
+// one claim.
 func (w *Worker) finished(ctx context.Context, r result) {
 	w.settle(r)
 	for more := true; more; {
@@ -82,8 +76,7 @@ func (w *Worker) finished(ctx context.Context, r result) {
 			more = false
 		}
 	}
-	// While the queue stays full, each finished order claims again (a refill); a queue
-	// that was not full has nothing due a wake-up or the timer will not bring.
+	// Only a full queue refills: otherwise a wake-up or the timer brings what is due.
 	if !w.saturated || ctx.Err() != nil || w.halted() {
 		return
 	}
@@ -93,8 +86,8 @@ func (w *Worker) finished(ctx context.Context, r result) {
 	}
 }
 
-// settle forgets a finished order and moves the timer to when its domain falls due
-// again, if that is sooner: the retry after its backoff, known without a query.
+// settle forgets a finished order and moves the timer to its domain's retry, if
+// sooner.
 func (w *Worker) settle(r result) {
 	w.orders.remove(r.token)
 	w.m.setInflight(w.orders.len())
@@ -103,8 +96,7 @@ func (w *Worker) settle(r result) {
 	}
 }
 
-// fill claims into the free slots until they are full or nothing more is due. It
-// returns how many it claimed, and whether every slot is busy.
+// fill claims into the free slots until they are full or nothing more is due.
 func (w *Worker) fill(ctx context.Context, source string) (claimed int, full bool) {
 	for {
 		free := w.cfg.Concurrency - w.orders.len()
@@ -127,12 +119,10 @@ func (w *Worker) fill(ctx context.Context, source string) (claimed int, full boo
 	}
 }
 
-// claim runs the claim statement for n slots, and the ledger on what it took.
-// Whether held rows come back first is bringsHeldBack's rule (docs/internals.md,
-// The wake path and held rows). It is not cancelled by the worker's context: a
-// committed claim is never dropped, so shutdown waits for it; a failed one's rows
-// are handed back by the next pass. full reports that the claim took all n and the
-// ledger let at least one go; sent is where the lease deadlines start.
+// claim runs the claim statement for n slots, and the ledger on what it took. It is
+// not cancelled by the worker's context: a committed claim is never dropped. full
+// reports that it took all n and the ledger let one go; sent starts the lease
+// deadlines.
 func (w *Worker) claim(ctx context.Context, n int, source string) (claims []issuing.Claim, sent time.Time, full bool) {
 	cctx, cancel := w.step(ctx, true)
 	defer cancel()
@@ -153,14 +143,12 @@ func (w *Worker) claim(ctx context.Context, n int, source string) (claims []issu
 		w.returnHeld, w.heldReturnedAt = false, time.Now()
 	}
 	admitted, ok := w.admit(ctx, claims)
-	// A claim the ledger refused entirely ends the fill: claiming again would take the
-	// same rows, and a fill must not spin on a disagreement it cannot see.
+	// A claim the ledger refused entirely ends the fill, which must not spin.
 	return admitted, sent, ok && len(claims) == n && len(admitted) > 0
 }
 
-// bringsHeldBack says whether the claim of a pass woken by source brings held rows
-// back first: the timer's and a reconnection's, a refill's once every
-// returnHeldEvery, and the pass after one that left something due (returnHeld).
+// bringsHeldBack says whether a pass woken by source brings held rows back first
+// (docs/internals.md, The wake path and held rows).
 func (w *Worker) bringsHeldBack(source string) bool {
 	switch {
 	case w.returnHeld:
@@ -174,15 +162,13 @@ func (w *Worker) bringsHeldBack(source string) bool {
 }
 
 // newcomerSlots is how many of n free slots go to first issuances first: a quarter
-// of --concurrency, rounded up, less those in flight (docs/internals.md, Order of
-// service).
+// of --concurrency, rounded up, less those in flight.
 func (w *Worker) newcomerSlots(n int) int {
 	quarter := (w.cfg.Concurrency + 3) / 4
 	return min(n, max(quarter-w.orders.firstIssuances(), 0))
 }
 
-// releaseUntracked hands back, uncharged, the rows this instance holds but does not
-// track: claims whose statement committed while its answer was lost.
+// releaseUntracked hands back, uncharged, claims whose answer was lost.
 func (w *Worker) releaseUntracked(ctx context.Context) {
 	rctx, cancel := w.step(ctx, true)
 	defer cancel()
