@@ -54,13 +54,10 @@ func (q *Queue) Heartbeat(ctx context.Context, tokens []string) (Leases, error) 
 }
 
 // ConfirmClaim renews the lease of the claim with this token, as Heartbeat does, and
-// returns how much is left on the database's clock. It is the check before the
-// finalize: the claim is proven held on the database reached now, which after a
-// failover may not know of it.
-//
-// It returns ErrClaimLost when the token is not on its row, an error wrapping
-// ErrLeaseDeadline when the lease had run out, and ErrClaimBusy when the row is
-// locked; the lease is then not renewed.
+// returns how much is left on the database's clock: the check before the finalize
+// (issuing.Request's ConfirmClaim). It returns ErrClaimLost when the token is not on
+// its row, an error wrapping ErrLeaseDeadline when the lease had run out, and
+// ErrClaimBusy when the row is locked; the lease is then not renewed.
 func (q *Queue) ConfirmClaim(ctx context.Context, token string) (time.Duration, error) {
 	rows, err := q.renewLeases(ctx, []string{token})
 	if err != nil {

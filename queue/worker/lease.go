@@ -18,20 +18,16 @@ import (
 )
 
 // dbHealth is what the worker has seen of the database lately: whether it answered
-// its last statement, and since when it has answered them all.
-//
-// An answer is a round trip, not a success: a statement the server refused (a lock
-// timeout, a constraint, statement_timeout) was answered. Only no answer, or an
-// answer that the server cannot serve now, counts as the database being away;
-// otherwise any recurring failure would keep the reclaim's gate shut.
+// its last statement, and since when it has answered them all. A refusal (lock
+// timeout, constraint, statement_timeout) is an answer; only no answer, or "cannot
+// serve now", counts as away, so no recurring failure keeps the reclaim's gate shut.
 type dbHealth struct {
 	mu      sync.Mutex
 	down    bool
 	upSince time.Time
 	lastOK  time.Time
-	// silence is the longest gap between two successes that still counts as reaching
-	// the database all along: half a lease, where the heartbeat succeeds every third of
-	// one. A longer gap means the process was paused (SIGSTOP, a frozen VM).
+	// silence is the longest gap between successes that still counts as reachable all
+	// along: half a lease. A longer one means the process was paused.
 	silence time.Duration
 }
 
@@ -50,8 +46,7 @@ func (h *dbHealth) ok() {
 	h.lastOK = now
 }
 
-// failed records a statement that failed with err: the database is away unless it
-// answered (answered).
+// failed records a failed statement: the database is away unless it answered.
 func (h *dbHealth) failed(err error) {
 	if answered(err) {
 		h.ok()
@@ -62,9 +57,8 @@ func (h *dbHealth) failed(err error) {
 	h.down = true
 }
 
-// answered reports whether err is the database's answer to a statement (a
-// *pgconn.PgError), other than one saying it cannot serve now: class 08, 53, 57P
-// (short of a cancel), and a standby's 25006.
+// answered reports whether err is the database's answer (a *pgconn.PgError) other
+// than "cannot serve now": class 08, 53, 57P (short of a cancel), and 25006.
 func answered(err error) bool {
 	var pg *pgconn.PgError
 	if !errors.As(err, &pg) {
@@ -78,8 +72,7 @@ func answered(err error) bool {
 	return true
 }
 
-// upFor is how long statements have succeeded without a failure or a silence
-// between them (0 while the last one failed, or when none has succeeded lately).
+// upFor is how long statements have succeeded without a failure or a silence.
 func (h *dbHealth) upFor() time.Duration {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -90,9 +83,8 @@ func (h *dbHealth) upFor() time.Duration {
 }
 
 // heartbeatLoop renews this instance's leases every third of a lease, on its own
-// timer and database session (heartbeatConn), so neither a long pass nor a busy pool
-// delays a renewal. An order survives two missed renewals. It runs until ctx ends,
-// after the shutdown has handed back what was left.
+// timer and session (heartbeatConn), so no pass or busy pool delays a renewal. It
+// runs until ctx ends, after the shutdown.
 func (w *Worker) heartbeatLoop(ctx context.Context) {
 	t := time.NewTicker(w.cfg.Queue.Lease / 3)
 	defer t.Stop()
@@ -108,8 +100,8 @@ func (w *Worker) heartbeatLoop(ctx context.Context) {
 }
 
 // renewLeases renews the leases of the orders in flight, moves their deadlines, and
-// stops those whose claim is gone (fencing) or whose lease ran out. With no order in
-// flight it still makes the round trip, to keep dbHealth current.
+// stops those whose claim is gone or whose lease ran out. With no order it still
+// makes the round trip, for dbHealth.
 func (w *Worker) renewLeases(ctx context.Context) {
 	tokens := w.orders.tokens()
 	// Taken before the statement: the database stamps the lease later.
@@ -118,8 +110,7 @@ func (w *Worker) renewLeases(ctx context.Context) {
 	if err != nil {
 		w.health.failed(err)
 		w.m.heartbeatFailed()
-		// Orders run on to their deadline, which this renewal did not move: they stop
-		// before any other instance can reclaim their rows.
+		// Orders stop at their deadline, before another instance can reclaim their rows.
 		w.logDBError("renew leases", err)
 		return
 	}
@@ -155,19 +146,15 @@ func (w *Worker) renewLeases(ctx context.Context) {
 	}
 }
 
-// confirmRetry is the pause between two tries of confirmClaim: short, since the
-// order waits, and a failover's promotion is over within seconds.
+// confirmRetry is the pause between tries of confirmClaim: the order waits, and a
+// promotion is over within seconds.
 const confirmRetry = 250 * time.Millisecond
 
-// confirmClaim is the order's check just before its finalize (issuing.Request's
-// ConfirmClaim): the claim's lease renewed under its token, with at least a third of
-// a lease left on the database's clock and on the local deadline. Without it, a claim
-// a failover lost would be noticed only at the next renewal, after the CA had issued
-// a second certificate.
-//
-// A database error or a locked row is tried again while the local deadline leaves a
-// third of the lease; then the error wraps issuing.ErrLeaseDeadline and the claim is
-// handed back uncharged. A claim no longer held stops the order as lost.
+// confirmClaim implements issuing.Request's ConfirmClaim: the lease renewed under
+// the claim's token with a third of a lease left, on the database's clock and the
+// local deadline. An error or a locked row is tried again while the local deadline
+// allows; then the error wraps issuing.ErrLeaseDeadline. A lost claim stops the
+// order as lost.
 func (w *Worker) confirmClaim(ctx context.Context, o *order) error {
 	third := w.cfg.Queue.Lease / 3
 	log := w.log.With(issuing.LogDomain(o.claim.Domain, o.claim.ID, o.claim.TenantID))
@@ -204,7 +191,7 @@ func (w *Worker) confirmClaim(ctx context.Context, o *order) error {
 		if !errors.Is(err, issuing.ErrClaimBusy) {
 			w.health.failed(err)
 		}
-		// The first failure is logged; the retries through an outage are for debugging.
+		// The first failure is logged; retries are for debugging.
 		logTry := log.Debug
 		if try == 1 {
 			logTry = log.Info
@@ -220,18 +207,16 @@ func (w *Worker) confirmClaim(ctx context.Context, o *order) error {
 	}
 }
 
-// heartbeatConn is the heartbeat's own database session, outside the pool: a
-// renewal waiting for a pooled connection might come too late and stop every order.
-// Connected when needed and again once pgx has closed it; every wait is bounded, and
-// statement_timeout ends what the client gave up on. Only the heartbeat uses it.
+// heartbeatConn is the heartbeat's own session, outside the pool, so a renewal never
+// waits for a pooled connection. Reconnected once pgx has closed it; every wait is
+// bounded. Only the heartbeat uses it.
 type heartbeatConn struct {
 	cfg  *pgxpool.Config
 	conn *pgx.Conn
 }
 
-// renew runs queue.Heartbeat for tokens: the statement within a third of a lease, a
-// connection first within a lease, since connecting (an authentication) may be slow
-// and renewals need it anyway.
+// renew runs queue.Heartbeat for tokens within a third of a lease, connecting first
+// within a lease if need be (an authentication may be slow).
 func (h *heartbeatConn) renew(ctx context.Context, qcfg issuing.Config, tokens []string) (queue.Leases, error) {
 	if h.conn == nil || h.conn.IsClosed() {
 		cctx, cancel := context.WithTimeout(ctx, qcfg.Lease)

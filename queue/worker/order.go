@@ -29,11 +29,9 @@ type order struct {
 	source  string
 	started time.Time
 	cancel  context.CancelCauseFunc
-	// deadline is the claim's local lease deadline: the heartbeat moves it, the
-	// issuer sends the CA nothing after it, and the order's context ends then.
+	// deadline is the claim's local lease deadline, moved by the heartbeat.
 	deadline *issuing.Deadline
-	// lost is set by the heartbeat when the claim is no longer held; a write that
-	// finishes the order stops retrying then.
+	// lost is set by the heartbeat when the claim is gone; finishing writes stop then.
 	lost atomic.Bool
 }
 
@@ -49,8 +47,7 @@ type result struct {
 	issued bool
 }
 
-// orderSet is the orders in flight, by claim token. The loop adds and removes; the
-// heartbeat reads.
+// orderSet is the orders in flight, by token: the loop writes, the heartbeat reads.
 type orderSet struct {
 	mu sync.Mutex
 	m  map[string]*order
@@ -115,8 +112,8 @@ func (s *orderSet) all() []*order {
 	return out
 }
 
-// start runs the order for a claim in a goroutine of its own. sent is when the claim
-// statement was sent: the claim's lease deadline runs from it.
+// start runs the order for a claim in its own goroutine; its lease deadline runs
+// from sent.
 func (w *Worker) start(ctx context.Context, c issuing.Claim, source string, sent time.Time) {
 	o := &order{claim: c, source: source, started: time.Now(), deadline: issuing.NewDeadline(sent, w.cfg.Queue.Lease)}
 	// Orders are not cancelled by the shutdown signal itself: they get the grace.
@@ -140,8 +137,7 @@ func (w *Worker) start(ctx context.Context, c issuing.Claim, source string, sent
 	}
 	w.log.Info("order started", fields...)
 	go func() {
-		// The issuer checks the deadline before every request (issuing.Issuer); this ends
-		// the waits between requests.
+		// This ends the waits between the issuer's requests.
 		dctx, stopDeadline := o.deadline.Bound(octx)
 		r := w.runOrder(dctx, o)
 		stopDeadline()
@@ -153,8 +149,8 @@ func (w *Worker) start(ctx context.Context, c issuing.Claim, source string, sent
 	}()
 }
 
-// runOrder checks the name, places the order under --order-timeout, and records what
-// came of it.
+// runOrder checks the name, places the order under --order-timeout, and records
+// the outcome.
 func (w *Worker) runOrder(ctx context.Context, o *order) result {
 	c := o.claim
 	log := w.log.With(issuing.LogDomain(c.Domain, c.ID, c.TenantID))
@@ -175,8 +171,7 @@ func (w *Worker) runOrder(ctx context.Context, o *order) result {
 	if at := w.caOf(c.Directory); at == w.first {
 		cert, err = w.issueUnderProfile(octx, o, log, name)
 	} else {
-		// The second CA orders under --acme-fallback-profile, its issuer's own: a
-		// domain's ssl_profile is the first CA's.
+		// The second CA orders under its own --acme-fallback-profile.
 		cert, err = w.issue(octx, o, name, "")
 		var pe *issuing.ProfileError
 		if errors.As(err, &pe) {
@@ -197,9 +192,8 @@ func (w *Worker) runOrder(ctx context.Context, o *order) result {
 			zap.Int("attempt", max(c.Attempts, 0)+1))
 		res.outcome = "lost"
 	case errors.Is(cause, issuing.ErrLeaseDeadline), errors.Is(err, issuing.ErrLeaseDeadline):
-		// Another instance may have reclaimed the row; this one cannot tell and sends
-		// nothing more. The claim goes back uncharged if still ours once the database
-		// answers.
+		// Another instance may have reclaimed the row; the claim goes back uncharged if
+		// still ours.
 		log.Warn("order stopped at its lease deadline: the lease could not be renewed in time; nothing more is sent to the CA, and the claim is handed back uncharged once the database answers",
 			zap.Error(err), zap.Int("attempt", max(c.Attempts, 0)+1))
 		res.outcome = w.handBack(o, log, false, "lease_deadline")
@@ -216,8 +210,8 @@ func (w *Worker) runOrder(ctx context.Context, o *order) result {
 	return res
 }
 
-// issue calls the issuer, turning a panic into an error: no CA misbehaviour may crash
-// the worker or leave a domain in provisioning.
+// issue calls the issuer, turning a panic into an error, so no CA can crash the
+// worker or leave a domain in provisioning.
 func (w *Worker) issue(ctx context.Context, o *order, name, profile string) (cert *issuing.Certificate, err error) {
 	c := o.claim
 	defer func() {
@@ -266,7 +260,7 @@ func (w *Worker) store(o *order, log *zap.Logger, cert *issuing.Certificate) str
 }
 
 // unstorableReason is the ssl_error recorded when the database refused the failure's
-// own text: the domain is charged all the same, and the log has the CA's words.
+// own text; the log has the CA's words.
 const unstorableReason = "the order failed, and its error could not be recorded as it was (the database refused its text); the details are in certworker's log"
 
 // fail charges a failure to the domain (recordOr).
@@ -313,8 +307,7 @@ func (w *Worker) handBack(o *order, log *zap.Logger, quiet bool, outcome string)
 	return outcome
 }
 
-// notRecorded turns a write that did not happen into the order's outcome: claim lost,
-// domain switched away from acme mid-order, or a write given up at shutdown.
+// notRecorded turns a write that did not happen into the order's outcome.
 func (w *Worker) notRecorded(o *order, log *zap.Logger, err error) (string, bool) {
 	switch {
 	case err == nil:
@@ -335,9 +328,8 @@ func (w *Worker) notRecorded(o *order, log *zap.Logger, err error) (string, bool
 	return "unrecorded", true
 }
 
-// recordOr is record for a write of reason as ssl_error: a write the database
-// refuses as it is (unstorableError) is made once more with unstorableReason. If that
-// fails too, the order ends unrecorded and the reclaim charges the attempt.
+// recordOr is record for a write of reason as ssl_error, made once more with
+// unstorableReason if the database refuses it; failing that, the reclaim charges it.
 func (w *Worker) recordOr(o *order, log *zap.Logger, what, reason string, write func(context.Context, string) error) error {
 	err := w.record(o, log, what, func(ctx context.Context) error { return write(ctx, reason) })
 	var unstorable *unstorableError
@@ -347,25 +339,22 @@ func (w *Worker) recordOr(o *order, log *zap.Logger, what, reason string, write 
 	return w.record(o, log, what+" (generic reason)", func(ctx context.Context) error { return write(ctx, unstorableReason) })
 }
 
-// unstorableError is a write that finishes an order which the database refused
-// deterministically (record).
+// unstorableError is a finishing write the database refused deterministically.
 type unstorableError struct{ err error }
 
 func (e *unstorableError) Error() string { return "result not recordable: " + e.err.Error() }
 func (e *unstorableError) Unwrap() error { return e.err }
 
-// deterministic reports whether err is the database refusing a statement for what it
-// holds, every time: a data exception (class 22) or an integrity constraint violation
-// (class 23). Anything else may pass on a retry.
+// deterministic reports whether the database refused err's statement for what it
+// holds, every time: class 22 (data) or 23 (integrity).
 func deterministic(err error) bool {
 	var pg *pgconn.PgError
 	return errors.As(err, &pg) && (strings.HasPrefix(pg.Code, "22") || strings.HasPrefix(pg.Code, "23"))
 }
 
-// record runs a write that finishes an order until it succeeds, the claim is lost, or
-// the shutdown stops waiting, through an outage of any length: the write is fenced by
-// the claim's token, so it lands only if the claim is still ours. A deterministic
-// refusal is not retried: the error is an *unstorableError.
+// record runs a finishing write until it succeeds, the claim is lost, or the
+// shutdown stops waiting, through an outage of any length: the token fences it. A
+// deterministic refusal is not retried (*unstorableError).
 func (w *Worker) record(o *order, log *zap.Logger, what string, write func(context.Context) error) error {
 	delay := 200 * time.Millisecond
 	for {

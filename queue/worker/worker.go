@@ -25,19 +25,16 @@ import (
 // ErrStarted is returned by Start on a worker that has been started before.
 var ErrStarted = errors.New("worker: already started")
 
-// Worker claims due domains and runs their orders. It is driven by wake-ups (its wake
-// source's, its own timer's and the poll's); the claim query decides what is due.
+// Worker claims due domains and runs their orders, driven by wake-ups.
 type Worker struct {
 	cfg   Config
 	q     Store
 	log   *zap.Logger
 	m     *metrics
 	waker listener.Waker
-	// topics is the listening connection of the topics in --wake logical mode; nil
-	// otherwise (the waker carries them) or without topics.
+	// topics is the topics' own listening connection under --wake logical, or nil.
 	topics *listener.Listener
-	// owner is what this instance writes into ssl_claimed_by: cfg.Owner and a random
-	// suffix, unique to this worker, which ReleaseUntracked relies on.
+	// owner is cfg.Owner and a random suffix, unique to this worker (ReleaseUntracked).
 	owner string
 
 	orders  *orderSet      // in flight; the loop adds, the heartbeat reads
@@ -48,19 +45,15 @@ type Worker struct {
 	health  dbHealth
 	// first is the CA at cfg.Directory; second is cfg.Fallback's, or nil.
 	first, second *ca
-	// keyErr is set by the first order that found a stored key this instance cannot
-	// open; from then on it claims nothing and is not ready until restarted.
+	// keyErr is set by the first order that found a stored key it cannot open (Halted).
 	keyErr atomic.Pointer[issuing.KeyError]
 	// profileErr is set when the CA does not offer --acme-profile; like keyErr.
 	profileErr atomic.Pointer[issuing.ProfileError]
-	// lastHousekeeping is when the maintenance last ran its housekeeping; only the
-	// maintenance goroutine touches it.
+	// lastHousekeeping is only the maintenance goroutine's.
 	lastHousekeeping time.Time
-	// hard is closed when the shutdown stops waiting for results: a write that
-	// finishes an order gives up retrying then.
+	// hard is closed when the shutdown stops waiting: finishing writes stop retrying.
 	hard chan struct{}
-	// notSent are the claim tokens whose ledger rows an Admit may have committed
-	// without its answer arriving; only the loop touches it (settleNotSent).
+	// notSent are claims whose Admit may have committed unseen (settleNotSent).
 	notSent []notSent
 
 	loopState
@@ -107,8 +100,7 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.Wake == issuing.WakeLogical {
 		w.waker = listener.NewLogical(cfg.Pool, cfg.Log, opts)
 		if len(cfg.Topics) > 0 {
-			// The logical waker's metrics are the listener's: the topics' connection
-			// exports none of its own.
+			// The topics' connection exports no metrics of its own.
 			topicOpts := opts
 			topicOpts.Registerer, topicOpts.Replication = nil, nil
 			w.topics = listener.New(cfg.Pool, cfg.Log, topicOpts)
@@ -145,8 +137,7 @@ func (w *Worker) launch(ctx context.Context) error {
 		}
 	}
 	// After the wake source is up, so a --wake logical that cannot start does not
-	// silence the trigger for instances on notify; before the first pass, so that pass
-	// covers what the old mode signalled.
+	// silence the trigger for others; before the first pass, which covers the switch.
 	if err := w.recordSettings(ctx); err != nil {
 		w.stopListening()
 		close(w.done)
@@ -159,10 +150,9 @@ func (w *Worker) launch(ctx context.Context) error {
 	return nil
 }
 
-// warmPool has the pool open the connections the worker may use at once before the
-// wake source starts, so their warm-up (queue.Queue.WarmUp) is not paid on the path
-// of the first verifies. Not MinConns: during a failover its background connects hold
-// the pool's slots, and /readyz waits behind them. Best effort.
+// warmPool has the pool open and warm the connections the worker may use at once
+// before the wake source starts, off the path of the first verifies. Not MinConns:
+// its background connects hold the pool's slots during a failover. Best effort.
 func (w *Worker) warmPool(ctx context.Context) {
 	// The loop, the maintenance, the renewal-information reads and the DNS waits.
 	const warmHelpers = 4
@@ -184,9 +174,8 @@ func (w *Worker) warmPool(ctx context.Context) {
 	}
 }
 
-// Wait blocks until the worker has stopped, and returns nil: database errors are
-// logged and never end it, since a worker that exits on a hiccup silently stops
-// issuing. After a failed Start it returns at once.
+// Wait blocks until the worker has stopped, and returns nil: database errors never
+// end it, since a worker that exits on a hiccup silently stops issuing.
 func (w *Worker) Wait() error {
 	<-w.done
 	return w.err
@@ -203,8 +192,8 @@ func (w *Worker) Run(ctx context.Context) error {
 // Ready reports whether the wake source holds a live connection (/readyz).
 func (w *Worker) Ready() bool { return w.waker.Connected() }
 
-// Halted is the error that stopped this instance claiming, or nil (/readyz answers
-// 503 with it): a *issuing.KeyError or a *ProfileHalt.
+// Halted is the error that stopped this instance claiming (*issuing.KeyError or
+// *ProfileHalt), or nil; /readyz answers 503 with it.
 func (w *Worker) Halted() error {
 	if ke := w.keyErr.Load(); ke != nil {
 		return ke
@@ -233,8 +222,7 @@ func (w *Worker) Owner() string { return w.owner }
 func (w *Worker) run(ctx context.Context) {
 	defer close(w.done)
 	defer w.stopListening()
-	// The heartbeat outlives the loop, so orders finishing in the shutdown grace keep
-	// their leases.
+	// The heartbeat outlives the loop, for orders finishing in the shutdown grace.
 	hbCtx, stopHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
 	var helpers sync.WaitGroup
 	helpers.Go(func() { w.heartbeatLoop(hbCtx) })
@@ -277,8 +265,8 @@ func (w *Worker) loop(ctx context.Context) {
 // maintenance, so a hung statement gives up well inside a lease.
 func (w *Worker) stepTimeout() time.Duration { return w.cfg.Queue.Lease / 4 }
 
-// step is a context for one statement: it ends after stepTimeout, and not before
-// ctx's end only if the step must finish whatever happens (noCancel).
+// step is a context for one statement, ending after stepTimeout; noCancel detaches
+// it from ctx's end.
 func (w *Worker) step(ctx context.Context, noCancel bool) (context.Context, context.CancelFunc) {
 	if noCancel {
 		ctx = context.WithoutCancel(ctx)
@@ -294,8 +282,8 @@ func (w *Worker) logDBError(step string, err error) {
 	w.log.Warn("database step failed; will try again", zap.String("step", step), zap.Error(err))
 }
 
-// recordSettings writes this instance's wake mode and fleet settings and says so when
-// that changes them for every instance.
+// recordSettings writes this instance's wake mode and fleet settings, logging a
+// change.
 func (w *Worker) recordSettings(ctx context.Context) error {
 	ctx, cancel := w.step(ctx, false)
 	defer cancel()
