@@ -24,23 +24,16 @@ func durationFromSeconds(s float64) time.Duration {
 }
 
 // MarkActive stores the certificate and turns the domain active in one statement, so
-// the proxy never sees one without the other. The certificate row is upserted by
-// domain; auto_renew keeps what the proxy set. It returns how long until renewal.
+// the proxy never sees one without the other, and returns how long until renewal. It
+// records the profile and issuing CA, and forgets the CAs' refusals and the DNS
+// wait's clock. ssl_error becomes NULL, or the note of a refused profile while the
+// domain still names it. A domain whose ssl_profile changed mid-order goes back to
+// pending (profileMovedOnSQL). Nothing is written when the claim is lost
+// (ErrClaimLost) or the domain no longer ACME (ErrNotACME).
 //
 // The upsert sets the parameters, not EXCLUDED's columns: reading
 // EXCLUDED.private_key_pem needs SELECT on it, which the workers' role lacks
 // (deploy/grants.sql), so a stolen worker password reads no keys.
-//
-// It records the profile and the issuing CA's directory, forgets the CAs' refusals
-// (ssl_ca_refused) and the DNS wait's clock. ssl_error becomes NULL, or, while the
-// domain's own profile is the one the CA refused, that refusal's note (the one in
-// ssl_error, else c.Notice).
-//
-// A domain whose ssl_profile changed while its order ran goes back to pending,
-// attempts 0 (profileMovedOnSQL), so its replacement is ordered next.
-//
-// Nothing is written when the claim is no longer held (ErrClaimLost) or the domain is
-// no longer ACME (ErrNotACME; Disown drops the claim).
 func (q *Queue) MarkActive(ctx context.Context, c issuing.Claim, cert *issuing.Certificate) (time.Duration, error) {
 	renewAt := cert.RenewAt
 	if renewAt.IsZero() {
@@ -89,8 +82,8 @@ WITH d AS (
 )
 SELECT ` + secondsUntilSQL("renew_at") + ` FROM c`
 
-// markActiveStatement is MarkActive's statement and its arguments: notice is what
-// ssl_error says once the certificate is stored (NULL for nothing).
+// markActiveStatement is MarkActive's statement and arguments; notice is ssl_error's
+// note, or NULL.
 func markActiveStatement(c issuing.Claim, cert *issuing.Certificate, renewAt time.Time, notice *string) (string, []any) {
 	return markActiveSQL, []any{
 		c.ID, c.Token, cert.NotAfter, cert.ChainPEM, cert.PrivateKey, cert.NotBefore,
@@ -126,11 +119,10 @@ func nullTime(t time.Time) *time.Time {
 var whyNotHeldSQL = `
 SELECT ssl_provider FROM proxy_domains WHERE id = $1 AND (ssl_claim_token = $2 OR ssl_claim_token IS NULL)`
 
-// whyNotHeld tells a lost claim (ErrClaimLost) from a row that is no longer ACME
-// (ErrNotACME) after a finishing write matched nothing.
+// whyNotHeld tells ErrClaimLost from ErrNotACME after a finishing write matched
+// nothing.
 func (q *Queue) whyNotHeld(ctx context.Context, c issuing.Claim) error {
-	// The provider first: a switch away from acme drops the claim too
-	// (certworker_provider_switched), and the switch is the reason to give.
+	// A switch away from acme drops the claim too, and is the reason to give.
 	var provider string
 	err := q.db.QueryRow(ctx, whyNotHeldSQL,
 		c.ID, c.Token).Scan(&provider)
@@ -148,8 +140,8 @@ func (q *Queue) whyNotHeld(ctx context.Context, c issuing.Claim) error {
 var disownSQL = `
 UPDATE proxy_domains SET ` + releaseClaimSQL + ` WHERE id = $1 AND ssl_claim_token = $2`
 
-// Disown drops this claim from a row that is no longer an ACME domain, leaving its
-// state to whoever changed the provider. It reports whether the claim was still held.
+// Disown drops this claim from a row no longer ACME, leaving its state to whoever
+// changed the provider; it reports whether the claim was still held.
 func (q *Queue) Disown(ctx context.Context, c issuing.Claim) (bool, error) {
 	tag, err := q.db.Exec(ctx, disownSQL, c.ID, c.Token)
 	if err != nil {
@@ -158,12 +150,9 @@ func (q *Queue) Disown(ctx context.Context, c issuing.Claim) (bool, error) {
 	return tag.RowsAffected() > 0, nil
 }
 
-// MarkFailed records a failure: ssl_error, one more attempt, and back to 'pending',
-// or to 'failed' at the limit. ssl_error carries the reason either way: it is how an
-// operator finds out why a domain is stuck.
-//
-// The row goes out of line (HeldBackoff) until ReturnHeld, and quietly: the worker's
-// timer covers its backoff, so the wake trigger need not notify.
+// MarkFailed records a failure: ssl_error (how an operator learns why), one more
+// attempt, and back to 'pending', or 'failed' at the limit. The row goes out of line
+// (HeldBackoff) quietly: the worker's timer covers its backoff.
 func (q *Queue) MarkFailed(ctx context.Context, c issuing.Claim, reason string) (issuing.Failure, error) {
 	var f issuing.Failure
 	var status string
@@ -194,8 +183,8 @@ RETURNING ssl_attempts, ssl_status,
 }
 
 // quietly runs one statement returning one row in a transaction marked as the
-// worker's own (certworker.quiet), which keeps the wake trigger from notifying, and
-// scans it into dest. BEGIN, the mark, the statement and COMMIT go out together.
+// worker's own (certworker.quiet), so the wake trigger does not notify, in one round
+// trip.
 func (q *Queue) quietly(ctx context.Context, sql string, args []any, dest ...any) error {
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN`)
@@ -240,11 +229,8 @@ func (q *Queue) MarkPermanent(ctx context.Context, c issuing.Claim, reason strin
 }
 
 // Release hands a claim back uncharged: 'pending', attempts untouched, and
-// ssl_last_attempt_at restored, so any instance may claim it at once. Used at
-// shutdown, and when the CA rate-limits or cannot be reached.
-//
-// The hand-back wakes every instance through the wake trigger unless quiet: after a
-// pause, no claim would take the row before the pause ends.
+// ssl_last_attempt_at restored, so any instance may claim it at once. The wake
+// trigger wakes every instance unless quiet (after a pause, nobody could take it).
 func (q *Queue) Release(ctx context.Context, c issuing.Claim, quiet bool) error {
 	sql := `
 UPDATE proxy_domains SET

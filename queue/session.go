@@ -11,20 +11,16 @@ import (
 )
 
 // Session is what ConfigureSession sets on every session of a pool: bounds on how
-// long the server works or waits for a client that may be gone. A zero field leaves
-// the server's setting.
+// long the server works or waits for a client that may be gone (zero: the server's).
 type Session struct {
-	// StatementTimeout bounds each statement: across a partition the server never hears
-	// that the client gave up.
+	// StatementTimeout bounds each statement: across a partition the server never
+	// hears that the client gave up.
 	StatementTimeout time.Duration
-	// LockTimeout bounds each lock wait: a statement queued for a lock queues the
-	// proxy's writes behind it.
+	// LockTimeout bounds each lock wait, which queues the proxy's writes behind it.
 	LockTimeout time.Duration
-	// IdleInTransactionTimeout ends a session whose transaction waits for its client,
-	// which could otherwise hold its locks for hours.
+	// IdleInTransactionTimeout ends a transaction whose client is gone, and its locks.
 	IdleInTransactionTimeout time.Duration
-	// Warm, when set, readies each new session after the settings (Queue.WarmUp). A
-	// session it could not warm is used all the same, unless the connection broke.
+	// Warm, when set, readies each new session (Queue.WarmUp); a failure leaves it usable.
 	Warm func(ctx context.Context, conn *pgx.Conn) error
 }
 
@@ -32,17 +28,15 @@ type Session struct {
 const (
 	// workerLockTimeout: the proxy holds row locks for milliseconds, so a lock held two
 	// seconds belongs to a long-open transaction; ours gives up and retries rather than
-	// queue the proxy's writes behind it. Same as migrate's --lock-timeout.
+	// queue the proxy's writes behind it.
 	workerLockTimeout = 2 * time.Second
-	// workerIdleInTransaction: no worker transaction waits on anything between its
-	// statements, so one idle this long has lost its client. It frees the ledger's lock
-	// within the step of the instances waiting for it.
+	// workerIdleInTransaction: no worker transaction waits between its statements, so
+	// one idle this long has lost its client; it frees the ledger's lock within a step.
 	workerIdleInTransaction = 10 * time.Second
 )
 
-// WorkerSession is the worker's: each statement bounded by the worker's step
-// deadline (a quarter lease), two-second lock waits, and ten seconds idle in a
-// transaction. Some steps set tighter bounds inside their transaction.
+// WorkerSession is the worker's: statements bounded by the step deadline (a quarter
+// lease), two-second lock waits, ten seconds idle in a transaction.
 func WorkerSession(lease time.Duration) Session {
 	if lease <= 0 {
 		lease = issuing.DefaultLease
@@ -54,8 +48,8 @@ func WorkerSession(lease time.Duration) Session {
 	}
 }
 
-// WorkerSessionFor is WorkerSession for cfg's lease, with each new session warmed
-// up for the wake path (Queue.WarmUp).
+// WorkerSessionFor is WorkerSession for cfg's lease, warming each new session for
+// the wake path.
 func WorkerSessionFor(cfg issuing.Config, directory string) Session {
 	s := WorkerSession(cfg.Lease)
 	s.Warm = func(ctx context.Context, conn *pgx.Conn) error { return New(conn, cfg).WarmUp(ctx, conn, directory) }
@@ -65,20 +59,14 @@ func WorkerSessionFor(cfg issuing.Config, directory string) Session {
 // ConfigurePool sets up a pool's sessions with WorkerSession at the default lease.
 func ConfigurePool(cfg *pgxpool.Config) { ConfigureSession(cfg, WorkerSession(issuing.DefaultLease)) }
 
-// HostConnectTimeout bounds a pool's connection to one host where the connection
-// string sets no connect_timeout. pgx applies it to each host of a multi-host URL in
-// turn, so a dead primary listed first costs 2 s before the promoted standby is
-// asked, within a failover's 5 s (as listener.DefaultHostConnectTimeout).
+// HostConnectTimeout bounds a connection to one host where the connection string
+// sets no connect_timeout: pgx tries each host of a multi-host URL in turn, so a dead
+// primary listed first costs 2 s, within a failover's 5 s.
 const HostConnectTimeout = 2 * time.Second
 
-// ConfigureSession sets up the sessions of a pool, keeping the pool's AfterConnect:
-// JIT off, s's bounds, and HostConnectTimeout where the connection string sets none.
-//
-// JIT off: the statements are short, but their estimated cost at a million rows
-// crosses jit_above_cost, and compiling would take most of the claim's time.
-//
-// A SET after connecting, not a startup parameter, which PgBouncer refuses; one round
-// trip in one simple-protocol string.
+// ConfigureSession sets up the sessions of a pool, keeping its AfterConnect: JIT off
+// (docs/internals.md, Claim), s's bounds, and HostConnectTimeout. SET after
+// connecting, since PgBouncer refuses startup parameters; one round trip.
 func ConfigureSession(cfg *pgxpool.Config, s Session) {
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = HostConnectTimeout
@@ -136,9 +124,8 @@ func NewPoolWith(ctx context.Context, dsn string, s Session) (*pgxpool.Pool, err
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
-// ConnectSession opens a session of its own, outside the pool cfg configures, set up
-// as the pool's are (its AfterConnect: the session's bounds, a warm-up if it has
-// one). A session whose set-up failed is closed (CloseQuickly).
+// ConnectSession opens a session outside the pool cfg configures, set up as the
+// pool's are; one whose set-up failed is closed.
 func ConnectSession(ctx context.Context, cfg *pgxpool.Config) (*pgx.Conn, error) {
 	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
 	if err != nil {
@@ -153,8 +140,7 @@ func ConnectSession(ctx context.Context, cfg *pgxpool.Config) (*pgx.Conn, error)
 	return conn, nil
 }
 
-// CloseQuickly closes a session of its own (not a pool's) without waiting on a server
-// that may not answer: the goodbye gets a second, then the socket is closed anyway.
+// CloseQuickly closes a session of its own, giving the goodbye a second at most.
 func CloseQuickly(conn *pgx.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()

@@ -12,13 +12,9 @@ import (
 )
 
 // maintenanceLoop runs the steps that find work no wake-up announces (abandoned
-// claims, renewals falling due) on its own timer, beside the loop so a notification
-// never waits behind them. The renewal-information reads have their own goroutine.
-//
-// The steps are the fleet's: only the holder of the maintenance duty
-// (queue.TakeDuty) runs them; the others look again when its lease would run out. A
-// run this instance asked for itself (wantMaintenanceIn) marks renewals even without
-// the duty, as the holder may not know of that certificate yet.
+// claims, renewals due) on its own timer, beside the loop. Only the holder of the
+// maintenance duty (queue.TakeDuty) runs them; a run this instance asked for itself
+// (wantMaintenanceIn) marks renewals even without it.
 func (w *Worker) maintenanceLoop(ctx context.Context) {
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -53,13 +49,12 @@ func (w *Worker) maintenanceLoop(ctx context.Context) {
 	}
 }
 
-// dutyTTL is the maintenance duty's lease: a claim's lease, so a dead holder's duty
-// has run out by the time its claims have. The holder renews it at every run.
+// dutyTTL is the maintenance duty's lease, a claim's lease: a dead holder's duty
+// runs out with its claims.
 func (w *Worker) dutyTTL() time.Duration { return w.cfg.Queue.Lease }
 
-// maintenanceDuty takes or renews the maintenance duty, and says whether this
-// instance holds it, or else how long until the holder's lease runs out. A duty that
-// cannot be read counts as held: a needless run costs less than none.
+// maintenanceDuty takes or renews the maintenance duty: held, or how long until the
+// holder's lease runs out. An unreadable duty counts as held.
 func (w *Worker) maintenanceDuty(ctx context.Context) (held bool, left time.Duration) {
 	sctx, cancel := w.step(ctx, false)
 	defer cancel()
@@ -73,8 +68,7 @@ func (w *Worker) maintenanceDuty(ctx context.Context) (held bool, left time.Dura
 	return held, left
 }
 
-// releaseMaintenanceDuty hands the duty on at shutdown, so another instance takes
-// it at its next look.
+// releaseMaintenanceDuty hands the duty on at shutdown.
 func (w *Worker) releaseMaintenanceDuty(ctx context.Context) {
 	rctx, cancel := w.step(ctx, true)
 	defer cancel()
@@ -91,8 +85,7 @@ func (w *Worker) kickPass() {
 	}
 }
 
-// wantMaintenanceIn asks for a maintenance run d from now (the renewal time of a
-// certificate just stored), unless one is due sooner.
+// wantMaintenanceIn asks for a maintenance run d from now, unless one is due sooner.
 func (w *Worker) wantMaintenanceIn(d time.Duration) {
 	want := time.Now().Add(d + timerSlack)
 	for {
@@ -111,8 +104,7 @@ func (w *Worker) wantMaintenanceIn(d time.Duration) {
 	}
 }
 
-// nextMaintenance is how long until the next maintenance run: the next renewal-side
-// work or lease to run out, not before the reclaim is allowed, capped by the poll.
+// nextMaintenance is how long until the next maintenance run, capped by the poll.
 func (w *Worker) nextMaintenance(ctx context.Context) time.Duration {
 	sctx, cancel := w.step(ctx, false)
 	defer cancel()
@@ -133,8 +125,8 @@ func (w *Worker) nextMaintenance(ctx context.Context) time.Duration {
 	return max(d, 0) + timerSlack
 }
 
-// maintain runs the maintenance steps once, and starts a pass when one of them put a
-// domain back in the queue (covering a wake source that is down).
+// maintain runs the maintenance steps once, and starts a pass when one of them
+// queued a domain.
 func (w *Worker) maintain(ctx context.Context) {
 	w.housekeeping(ctx)
 	w.settleStaleLedger(ctx)
@@ -149,13 +141,9 @@ func (w *Worker) maintain(ctx context.Context) {
 }
 
 // reclaim requeues domains whose claim was abandoned by an instance that died, with
-// the attempt counted.
-//
-// Not before the database has answered this instance for a full lease (dbHealth).
-// Safety does not rest on this wait (an instance that cannot renew stops its order
-// at its own deadline); it keeps an outage every instance shares from being charged:
-// the live instances hand their stopped orders back uncharged once they reach the
-// database, and a reclaim could not tell those from a crash.
+// the attempt counted, once the database has answered this instance for a full lease
+// (dbHealth). Safety does not rest on this wait; it keeps a shared outage from being
+// charged: live instances hand their stopped orders back uncharged first.
 func (w *Worker) reclaim(ctx context.Context) int {
 	if up := w.health.upFor(); up < w.cfg.Queue.Lease {
 		w.log.Debug("reclaim waits for the database to have been up a full lease", zap.Duration("up_for", up))
@@ -180,9 +168,8 @@ func (w *Worker) reclaim(ctx context.Context) int {
 	return len(reclaimed)
 }
 
-// markRenewals puts certificates due for renewal back in the queue, and promotes
-// renewals that became urgent. A certificate row it cannot use is logged and counted
-// once, and its domain ordered afresh. Each part runs whatever became of the other.
+// markRenewals queues certificates due for renewal and promotes urgent renewals; a
+// certificate row it cannot use is logged once and its domain ordered afresh.
 func (w *Worker) markRenewals(ctx context.Context) int {
 	rctx, cancel := w.step(ctx, false)
 	defer cancel()
@@ -208,8 +195,7 @@ func (w *Worker) markRenewals(ctx context.Context) int {
 	return int(pass.Marked + promoted)
 }
 
-// badRows logs and counts rows a step could not use. Each comes back from the queue
-// once (the step marks it), so each is logged once, not on every pass.
+// badRows logs and counts rows a step could not use, each once.
 func (w *Worker) badRows(msg string, bad []issuing.BadRow) {
 	for _, b := range bad {
 		w.m.badRow()
@@ -243,9 +229,8 @@ func (w *Worker) settleStaleLedger(ctx context.Context) {
 	}
 }
 
-// housekeepingEvery is how often the steps that read whole tables run. None is
-// urgent: the claim handles the twins and the limit it meets, and
-// certworker_set_profile queues a changed profile itself.
+// housekeepingEvery is how often the steps that read whole tables run: none is
+// urgent.
 const housekeepingEvery = 10 * time.Minute
 
 // housekeeping applies the case twins' rule, fails domains stuck at the attempt
@@ -289,8 +274,7 @@ func (w *Worker) housekeeping(ctx context.Context) {
 	}
 }
 
-// requeueProfileChanges queues the replacement of certificates of another profile
-// than their domain's that certworker_set_profile did not queue.
+// requeueProfileChanges queues the replacements certworker_set_profile did not.
 func (w *Worker) requeueProfileChanges(ctx context.Context) {
 	changed, err := w.q.RequeueProfileChanges(ctx)
 	if err != nil {
