@@ -9,33 +9,19 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// A second CA (docs/cas.md, "A second CA"). With Config.Fallback set, the claim
-// decides for each row which CA its order goes to, in the statement that takes the
-// row, and records it (ssl_ca_directory, ssl_ca_cause): every instance reads one
-// decision, and a domain is never ordered at both CAs at once.
-//
-// The first CA is asked, unless:
-//   - it refused the name for good (ssl_ca_refused): the second, at once
-//     (FallbackRefused); when the second refused it, the first only;
-//   - a pause of the first has held the row back longer than Fallback.After, from
-//     the later of when it fell due and when the hold began (FallbackOutage,
-//     FallbackRateLimit, FallbackLedger);
-//   - the stored certificate is the second's and a pause of the first holds the row
-//     back: it is renewed where it was issued (FallbackRenewal). Otherwise the first
-//     renews it, bringing the fleet back to its primary.
-//
-// A row the second CA's pauses hold back waits, as does one held at the first for
-// less than After. A validation failure is charged and retried wherever the next
-// claim routes it. Pauses are per CA (certworker_pauses.directory; '' is the first's).
+// A second CA (docs/cas.md, "A second CA", has the rules). With Config.Fallback set,
+// the claim decides for each row which CA its order goes to, in the statement that
+// takes the row, and records it (ssl_ca_directory, ssl_ca_cause): every instance
+// reads one decision, and a domain is never ordered at both CAs at once. A certificate
+// of the second's is renewed there only while the first holds the row back, which
+// brings the fleet back to its primary. Pauses are per CA ('' is the first's).
 
 // routeSQL is, for row d of the routed claim's head, a lateral subquery of two
 // columns: cause, why the row goes to the second CA ($8, after $9 seconds), NULL for
 // the first ($7), or 'held' for neither now; and until, for a held row, the first
-// moment that can change (never one already past, which would bring the row back only
-// to hold it again). hp is the first CA's earliest hold on the row, measured from the
-// latest of ssl_waiting_since, the end of its backoff and the pause's held_since. sp
-// is the end of the second's pauses. Each lookup is one index probe, for the rows the
-// claim read only.
+// future moment that can change. hp is the first CA's earliest hold on the row, from
+// the latest of ssl_waiting_since, its backoff's end and held_since; sp the end of
+// the second's pauses. Each lookup is one index probe.
 var routeSQL = `SELECT CASE
         WHEN d.ssl_ca_refused = $7 THEN CASE WHEN sp.until IS NOT NULL THEN 'held' ELSE '` + issuing.FallbackRefused + `' END
         WHEN hp.source IS NULL THEN NULL
@@ -63,14 +49,11 @@ var routeSQL = `SELECT CASE
     LEFT JOIN LATERAL (SELECT EXISTS (SELECT 1 FROM proxy_certificates c
                                       WHERE c.domain = d.domain AND c.issuer_directory = $8) AS second) sc ON true`
 
-// claimRoutedSQL is the claim of a fleet with a second CA: one statement decides
-// for each row which CA its order goes to and which pauses hold it back (routeSQL).
-// Like claimSQL it reads at most $12 rows in line of tiers $10 to $11, in order of
-// service, locked as read, and routes only those (head, then routed), so the planner
-// cannot route the whole queue before sorting. It claims up to $6; a row whose backoff
-// has not run out goes out of line as HeldBackoff, one no CA may be asked for now as
-// HeldRouted until its decision can change, so no later claim reads it before then. A
-// twin that does not keep the name is failed (lost). Its columns are claimSQL's.
+// claimRoutedSQL is the claim of a fleet with a second CA: like claimSQL, but it
+// routes the rows it reads (routeSQL) before claiming up to $6 of them (head, then
+// routed, so the planner cannot route the whole queue before sorting). A row no CA may
+// be asked for now goes out of line as HeldRouted until its decision can change. Its
+// columns are claimSQL's.
 var claimRoutedSQL = `
 WITH head AS MATERIALIZED (
     SELECT h.*, row_number() OVER () AS rn FROM (

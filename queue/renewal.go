@@ -11,17 +11,12 @@ import (
 	"github.com/certworker/certworker/queue/issuing"
 )
 
-// MarkRenewals moves active domains whose certificate is due for renewal back to
-// 'pending' (the trigger wakes every instance), and reports how many. It follows
-// proxy_certificates.renew_at, so a certificate replaced out of band renews on its own
-// schedule; rows without one first get one from their PEM (fillRenewalTimes).
-//
-// A certificate the proxy cannot serve for its domain (unreadable, or not naming it)
-// makes the domain due for issuance now, and the row is returned in Bad; no bad row
-// stops the pass. A NULL expires_at is fine: the renewal time comes from the PEM.
-//
-// The two parts are independent: a failure of one never keeps the other from running;
-// their errors are joined. Rows locked by another transaction wait for the next pass.
+// MarkRenewals moves active domains whose certificate is due for renewal
+// (proxy_certificates.renew_at) back to 'pending', and reports how many; rows
+// without a renewal time first get one from their PEM (fillRenewalTimes). A
+// certificate the proxy cannot serve for its domain makes the domain due for issuance
+// now, and the row is returned in Bad. The two parts run whatever became of the
+// other; their errors are joined. Locked rows wait for the next pass.
 func (q *Queue) MarkRenewals(ctx context.Context) (issuing.RenewalPass, error) {
 	var pass issuing.RenewalPass
 	fillErr := q.fillRenewalTimes(ctx, &pass)
@@ -30,8 +25,7 @@ func (q *Queue) MarkRenewals(ctx context.Context) (issuing.RenewalPass, error) {
 	return pass, errors.Join(fillErr, err)
 }
 
-// fillRenewalTimes gives the certificate rows without a renewal time one, in batches,
-// adding what it did to pass.
+// fillRenewalTimes gives the certificate rows without a renewal time one, in batches.
 func (q *Queue) fillRenewalTimes(ctx context.Context, pass *issuing.RenewalPass) error {
 	for after := ""; ; {
 		batch, err := q.readUnscheduled(ctx, after)
@@ -69,15 +63,13 @@ FROM due
 WHERE d.id = due.id`
 
 // requeueDue moves the active domains whose renewal time has passed back to
-// 'pending' with a clean attempt count, and with ssl_renew_by, from which the wake
-// trigger gives the tier: a fifth of the lifetime before expiry, or the end of the
-// CA's renewal window if earlier.
+// 'pending' with a clean attempt count and ssl_renew_by (RenewBy), from which the
+// wake trigger gives the tier.
 //
-// The lifetime comes from not_before and expires_at. Where expires_at is NULL, renew_at
-// came from RenewAtFromValidity, so the lifetime L follows from D = renew_at -
-// not_before: D = 2L/3 from 10 days (D >= 6.67 days), D = L/2 below (D < 5 days).
-// The fifth before expiry is then renew_at + D/5 or renew_at + 3D/5. With no
-// lifetime at all, renew_at itself (urgent).
+// Where expires_at is NULL, renew_at came from RenewAtFromValidity, so the lifetime L
+// follows from D = renew_at - not_before: D = 2L/3 from 10 days (D >= 6.67 days),
+// D = L/2 below (D < 5 days), and the fifth before expiry is renew_at + D/5 or
+// renew_at + 3D/5. With no lifetime, renew_at itself.
 func (q *Queue) requeueDue(ctx context.Context) (int64, error) {
 	var total int64
 	for {
@@ -99,9 +91,8 @@ type unscheduled struct {
 	domainID, tenantID string
 }
 
-// fillBatch is how many rows one statement of the renewal pass reads or requeues, so
-// tens of thousands of rows without a renewal time are neither held in memory (their
-// PEMs) nor locked at once.
+// fillBatch is how many rows one statement of the renewal pass reads or requeues,
+// bounding the PEMs in memory and the locks held.
 const fillBatch = 1000
 
 var readUnscheduledSQL = `
@@ -110,8 +101,7 @@ FROM proxy_certificates c LEFT JOIN proxy_domains d ON d.domain = c.domain
 WHERE c.renew_at IS NULL AND c.auto_renew AND c.id > $1::uuid
 ORDER BY c.id LIMIT $2`
 
-// readUnscheduled reads the next batch of certificate rows without a renewal time,
-// in id order after the given id.
+// readUnscheduled reads the next batch of rows without a renewal time, after id.
 func (q *Queue) readUnscheduled(ctx context.Context, after string) ([]unscheduled, error) {
 	if after == "" {
 		after = "00000000-0000-0000-0000-000000000000"
@@ -151,9 +141,8 @@ UPDATE proxy_certificates c SET
 FROM f JOIN free USING (id)
 WHERE c.id = f.id`
 
-// schedule gives each row of the batch its renewal time from its leaf, by the same
-// rule as a certificate the worker stores, and marks the domains of the rows it cannot
-// use due for issuance. It returns how many it marked, and those rows.
+// schedule gives each row of the batch its renewal time from its leaf and marks the
+// domains of the rows it cannot use due for issuance.
 func (q *Queue) schedule(ctx context.Context, batch []unscheduled) (int64, []issuing.BadRow, error) {
 	var ids, issuers, serials []string
 	var renewAts, notBefores []time.Time
@@ -211,12 +200,9 @@ UPDATE proxy_domains x SET
 FROM d
 WHERE x.id = d.id`
 
-// requeueForIssuance marks the certificates of the given rows due now (so no later
-// pass reads them again) and moves their domains back to 'pending' as a first
-// issuance, with the reason in ssl_error for `status`.
-//
-// Locked rows are passed over: a certificate row is read again next pass; a domain
-// whose certificate was marked is requeued by requeueDue as a renewal once unlocked.
+// requeueForIssuance marks the given certificates due now and requeues their
+// domains as first issuances, with the reason in ssl_error. Locked rows are passed
+// over: the next pass (requeueDue) picks them up.
 func (q *Queue) requeueForIssuance(ctx context.Context, ids, reasons []string) (int64, error) {
 	tag, err := q.db.Exec(ctx, requeueForIssuanceSQL, ids, reasons)
 	if err != nil {
@@ -225,8 +211,7 @@ func (q *Queue) requeueForIssuance(ctx context.Context, ids, reasons []string) (
 	return tag.RowsAffected(), nil
 }
 
-// judge parses a stored chain's leaf and checks that it names its domain. It returns
-// the leaf, or why the certificate cannot be used for the domain.
+// judge returns a stored chain's leaf, or why it cannot serve its domain.
 func judge(chain, domain string) (*x509.Certificate, string) {
 	leaf, err := issuing.LeafFromPEM(chain)
 	if err != nil {

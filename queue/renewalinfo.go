@@ -11,24 +11,21 @@ import (
 )
 
 // The renewal-information reads (RFC 9773) of stored certificates. Instances share
-// the work by claiming each read (ClaimRenewalInfo moves ari_next_at forward first)
-// and the CA's budget through TakeRenewalInfoTokens. Every time written is on the
-// database's clock: the worker hands over delays.
+// the work by claiming each read and the CA's budget through TakeRenewalInfoTokens.
 
 const (
 	// RenewalInfoHold is how far a claimed read moves ari_next_at: far longer than a
-	// read takes, and small next to the CA's six hours between reads.
+	// read takes.
 	RenewalInfoHold = 10 * time.Minute
 	// renewalInfoIneligibleIn is when a due certificate not to be asked about now (its
 	// domain renewing, failed, unverified) is looked at again.
 	renewalInfoIneligibleIn = issuing.RenewalInfoDefault
 	// renewalInfoSweep is how many due rows not to be asked about one claim moves out
-	// of the way, so they do not keep the next read due now. Small: each is a row lock.
+	// of the way, so they do not keep a read due now.
 	renewalInfoSweep = 32
 )
 
-// RenewalInfoCandidate is a stored certificate whose renewal information an instance
-// has claimed the read of.
+// RenewalInfoCandidate is a certificate whose renewal-information read was claimed.
 type RenewalInfoCandidate struct {
 	// ID is the certificate row's id, DomainID and TenantID its domain's.
 	ID, DomainID, TenantID, Domain string
@@ -41,8 +38,8 @@ type RenewalInfoCandidate struct {
 	// Directory is the issuing CA's directory (issuer_directory), or "".
 	Directory string
 
-	// serial and version are the certificate's when the read was claimed:
-	// RecordRenewalInfo writes only while both still match.
+	// serial and version are the certificate's at the claim; RecordRenewalInfo writes
+	// only while both match.
 	serial  *string
 	version *int64
 }
@@ -73,15 +70,11 @@ RETURNING r.eligible, c.id::text, r.domain_id::text, r.tenant_id::text, c.domain
           COALESCE(c.not_before, c.expires_at), c.expires_at, c.renew_at, now(), c.serial, c.version,
           COALESCE(c.issuer_directory, '')`
 
-// ClaimRenewalInfo claims the reads of up to n certificates whose renewal
-// information is due, still valid, of verified active ACME domains that renew
-// automatically, longest waiting first, by moving ari_next_at RenewalInfoHold ahead
-// (FOR UPDATE SKIP LOCKED), so no two instances ask about one certificate.
-//
-// It also moves up to renewalInfoSweep due rows not to be asked about out of the way:
-// never again (ari_next_at NULL, RFC 9773 §4.3) for an expired certificate, one that
-// no longer renews automatically or has no domain; in renewalInfoIneligibleIn for a
-// domain not active now. It returns the claimed reads and how many it moved.
+// ClaimRenewalInfo claims the reads of up to n due certificates of verified active
+// ACME domains that renew automatically, longest waiting first, by moving ari_next_at
+// RenewalInfoHold ahead (SKIP LOCKED). It also moves up to renewalInfoSweep due rows
+// not to be asked about out of the way: for good (RFC 9773 §4.3) when expired, not
+// auto-renewed or without a domain, else for renewalInfoIneligibleIn.
 func (q *Queue) ClaimRenewalInfo(ctx context.Context, n int) ([]RenewalInfoCandidate, int, error) {
 	if n <= 0 {
 		return nil, 0, nil
@@ -153,12 +146,9 @@ WITH c AS (
 )
 SELECT ` + secondsUntilSQL("renew_at") + ` FROM c`
 
-// RecordRenewalInfo records the CA's renewal window for c and returns how long until
-// its renewal time. A renewal time moved earlier also moves ssl_renew_by, so a
-// certificate about to be revoked renews before first issuances.
-//
-// Written only while the row holds the same serial and version (the version changes
-// with the certificate, key or domain); else ErrCertificateReplaced.
+// RecordRenewalInfo records the CA's window for c and returns how long until its
+// renewal time; an earlier renewal time also moves ssl_renew_by. Written only while
+// the row holds the same serial and version, else ErrCertificateReplaced.
 func (q *Queue) RecordRenewalInfo(ctx context.Context, c RenewalInfoCandidate, info issuing.RenewalInfo) (time.Duration, error) {
 	var renewIn float64
 	err := q.db.QueryRow(ctx, recordRenewalInfoSQL,
