@@ -9,10 +9,9 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// A profile per domain: proxy_domains.ssl_profile is the tenant's choice (NULL:
-// --acme-profile); proxy_certificates.profile the certificate's (NULL matches any);
-// ssl_profile_refused the domain's profile the CA does not offer, so it is not tried
-// on every pass.
+// A profile per domain: ssl_profile is the tenant's choice (NULL: --acme-profile),
+// proxy_certificates.profile the certificate's (NULL matches any), and
+// ssl_profile_refused a profile the CA does not offer, not tried again.
 
 var refuseProfileSQL = `
 WITH cert AS (
@@ -39,15 +38,10 @@ WHERE ` + heldSQL + `
 RETURNING ssl_status = 'provisioning'`
 
 // RefuseProfile records that the CA does not offer the claim's profile and decides,
-// in one statement, what becomes of the domain:
-//   - without a certificate, it fails (attempt counted, reasonNone);
-//   - with a certificate not due for renewal, it goes back to 'active' (reasonKept,
-//     claim dropped, attempt not counted);
-//   - with a certificate due, it stays claimed (reasonKept) and renew reports true:
-//     the caller orders under the certificate's profile.
-//
-// ssl_profile_refused records the profile until the tenant sets another. Nothing is
-// written when the claim is no longer held (ErrClaimLost, ErrNotACME).
+// in one statement: without a certificate the domain fails (reasonNone); with one not
+// due, it goes back to 'active' (reasonKept, uncharged); with one due, it stays
+// claimed (reasonKept) and renew is true: order under the certificate's profile.
+// Nothing is written when the claim is lost (ErrClaimLost, ErrNotACME).
 func (q *Queue) RefuseProfile(ctx context.Context, c issuing.Claim, profile, reasonNone, reasonKept string) (renew bool, err error) {
 	err = q.db.QueryRow(ctx, refuseProfileSQL, c.ID, c.Token, profile, q.errorText(ctx, reasonNone), q.errorText(ctx, reasonKept)).Scan(&renew)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -76,19 +70,12 @@ UPDATE proxy_domains d SET ssl_status = 'pending', ssl_attempts = 0, ssl_last_at
 FROM changed
 WHERE d.id = changed.id`
 
-// RequeueProfileChanges moves back to 'pending' the active domains whose certificate
-// has another profile than the one they name, so the next claim replaces it, and
-// reports how many. certworker_set_profile queues these itself, by the same rule;
-// this finds the rest (a profile written without it, or set mid-order). The row keeps
-// its ssl_renew_by, so it is served as a renewal, and its last attempt is cleared: a
-// tenant's change must not wait out a backoff.
-//
-// Not replaced: a NULL ssl_profile (--acme-profile applies at renewal), a
-// certificate with no recorded profile, a refused profile (ssl_profile_refused), and
-// auto_renew off.
-//
-// It reads the domains with a profile of their own through their partial index, in
-// batches; its cost (docs/cas.md) is why it runs with the housekeeping.
+// RequeueProfileChanges requeues the active domains whose certificate has another
+// profile than the one they name, which certworker_set_profile did not queue itself
+// (a profile written without it, or set mid-order), and reports how many. The row is
+// served as a renewal, without a backoff. Not replaced: NULL ssl_profile, a
+// certificate with no recorded profile, a refused profile, auto_renew off. Its cost
+// (docs/cas.md) puts it with the housekeeping.
 func (q *Queue) RequeueProfileChanges(ctx context.Context) (int64, error) {
 	var total int64
 	for {
@@ -106,9 +93,8 @@ func (q *Queue) RequeueProfileChanges(ctx context.Context) (int64, error) {
 var setProfileSQL = `
 SELECT ` + domainColumns + ` FROM certworker_set_profile($1, $2, $3)`
 
-// SetProfile is the proxy API's profile setting: certworker_set_profile, which the
-// proxy calls too. A nil profile means --acme-profile. It returns nil, nil when
-// refused: not the tenant's domain, or not a profile name.
+// SetProfile is the proxy API's profile setting, certworker_set_profile. A nil
+// profile means --acme-profile; nil, nil when refused.
 func (q *Queue) SetProfile(ctx context.Context, id, tenantID string, profile *string) (*Domain, error) {
 	d, err := scanDomain(q.db.QueryRow(ctx, setProfileSQL, id, tenantID, profile))
 	if errors.Is(err, pgx.ErrNoRows) {

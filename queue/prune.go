@@ -7,8 +7,7 @@ import (
 	"time"
 )
 
-// LedgerWindow is how long the ledger rows of the CA at Directory are kept (Prune):
-// the longest window of its limits.
+// LedgerWindow is how long the ledger rows of the CA at Directory are kept.
 type LedgerWindow struct {
 	Directory string
 	Window    time.Duration
@@ -31,29 +30,22 @@ type PruneResult struct {
 }
 
 const (
-	// pauseKeep is how long an ended pause is kept: `status` still shows it, and a CA
-	// failing again within the day resumes its backoff.
+	// pauseKeep is how long an ended pause is kept, for `status` and for a CA failing
+	// again within the day to resume its backoff.
 	pauseKeep = 24 * time.Hour
-	// defaultLedgerWindow is the ledger's history when no limits are recorded: the
-	// longest default window.
+	// defaultLedgerWindow is the ledger's history when no limits are recorded.
 	defaultLedgerWindow = 168 * time.Hour
-	// orphanGrace is how long a certificate row without a domain is kept after its last
+	// orphanGrace keeps a certificate row without a domain this long after its last
 	// write, so a proxy storing it before the domain row is not raced.
 	orphanGrace = time.Hour
-	// pruneBatch is how many rows one statement deletes, to keep transactions and locks
-	// short.
+	// pruneBatch is how many rows one statement deletes.
 	pruneBatch = 1000
 )
 
-// Prune deletes what the worker keeps and no longer needs, in batches of pruneBatch.
-// Safe on any instance at any time: it deletes only rows nothing will read again.
-//
-// A deleted domain's certificate row and key go an hour after their last write (no
-// foreign key ties them; the key should not outlive the domain), matched by name in
-// any case, as the proxy looks them up.
-//
-// A ledger row is kept for the longest window of its CA's limits (keep, by
-// directory), and never less than the longest window certworker_settings records.
+// Prune deletes what the worker keeps and no longer needs, in batches; safe on any
+// instance at any time. A deleted domain's certificate row and key go an hour after
+// their last write, matched by name in any case. A ledger row is kept for the longest
+// window of its CA's limits (keep), and of those certworker_settings records.
 func (q *Queue) Prune(ctx context.Context, keep ...LedgerWindow) (PruneResult, error) {
 	dirs, windows := make([]string, len(keep)), make([]float64, len(keep))
 	for i, k := range keep {
@@ -106,9 +98,8 @@ WHERE n.issued_at < now() - make_interval(secs => $1)
 	return r, errors.Join(errs...)
 }
 
-// deleteInBatches deletes the rows of table that match (a query of their ctids),
-// pruneBatch at a time, and returns how many. A row that changed meanwhile (new ctid)
-// or is locked (skipLocked) is left for the next run.
+// deleteInBatches deletes the rows of table that match (by ctid), pruneBatch at a
+// time; a row changed meanwhile or locked is left for the next run.
 func (q *Queue) deleteInBatches(ctx context.Context, table, match string, args []any, skipLocked bool) (int64, error) {
 	lock := ""
 	if skipLocked {

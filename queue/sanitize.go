@@ -8,29 +8,23 @@ import (
 	"unicode/utf8"
 )
 
-// MaxErrorBytes bounds the text of ssl_error, which the proxy shows its tenant: a
-// kilobyte holds every message certworker writes and a CA's detail of a few
-// sentences, and keeps a hostile answer from filling the row.
+// MaxErrorBytes bounds ssl_error, which the tenant sees: room for any message of
+// ours and a CA's detail, not for a hostile answer.
 const MaxErrorBytes = 1024
 
 // truncatedMark ends a text SanitizeError had to cut; ASCII, for any encoding.
 const truncatedMark = "..."
 
-// SanitizeError is the text stored as ssl_error (and as a pause's reason) for s,
-// whatever its source, so that no value can make the write fail (a NUL or invalid
-// UTF-8 is SQLSTATE 22021, and the write would be retried for ever) or put control
-// characters in front of the tenant. Its rules:
-//   - tab, newline and carriage return become a space; every other control
-//     character is dropped (C0, DEL, C1, bidirectional and line/paragraph controls);
-//   - a byte that is not valid UTF-8 is written as \xNN;
-//   - the result is at most MaxErrorBytes, cut on a character boundary and ended
-//     with "...".
-//
-// It is idempotent.
+// SanitizeError is the text stored as ssl_error (and a pause's reason) for s, so no
+// value can make the write fail (a NUL or invalid UTF-8 is 22021, retried for ever)
+// or put control characters before the tenant. Tab, newline and carriage return
+// become a space; other control and bidirectional characters are dropped; invalid
+// UTF-8 bytes become \xNN; the result is cut to MaxErrorBytes on a character boundary,
+// ending "...". It is idempotent.
 func SanitizeError(s string) string { return sanitize(s, false) }
 
-// sanitize is SanitizeError; asciiOnly also writes every non-ASCII character as
-// \u{XXXX}, for a server encoding that cannot hold them all (22P05).
+// sanitize is SanitizeError; asciiOnly also escapes every non-ASCII character as
+// \u{XXXX}, for a server encoding that cannot hold it (22P05).
 func sanitize(s string, asciiOnly bool) string {
 	if clean(s, asciiOnly) {
 		return s
@@ -59,8 +53,7 @@ func sanitize(s string, asciiOnly bool) string {
 	return cut(out, MaxErrorBytes)
 }
 
-// cut shortens s, valid UTF-8, to at most n bytes (n at least the mark's length) on
-// a character boundary, ending it with truncatedMark.
+// cut shortens valid UTF-8 s to at most n bytes, ending it with truncatedMark.
 func cut(s string, n int) string {
 	if len(s) <= n {
 		return s
@@ -72,8 +65,7 @@ func cut(s string, n int) string {
 	return s[:i] + truncatedMark
 }
 
-// clean reports whether s needs no change: short enough, valid UTF-8, and nothing
-// sanitize replaces or drops.
+// clean reports whether s needs no change.
 func clean(s string, asciiOnly bool) bool {
 	if len(s) > MaxErrorBytes {
 		return false
@@ -88,8 +80,8 @@ func clean(s string, asciiOnly bool) bool {
 	return true
 }
 
-// dropped is the characters sanitize leaves out: C0, DEL, C1, and the format
-// characters that reorder or break the text around them.
+// dropped is the characters sanitize leaves out: C0, DEL, C1, and format characters
+// that reorder or break the text around them.
 func dropped(r rune) bool {
 	switch {
 	case r < 0x20, r >= 0x7f && r <= 0x9f:
@@ -110,15 +102,14 @@ type serverEncoding struct {
 	asciiOnly bool
 }
 
-// errorText is SanitizeError for this queue's database: characters outside ASCII are
-// escaped too unless the encoding is UTF8 or SQL_ASCII (a failed read counts as
-// ASCII-only, for this text).
+// errorText is SanitizeError for this queue's database: ASCII-only unless the
+// encoding is UTF8 or SQL_ASCII (or when it could not be read).
 func (q *Queue) errorText(ctx context.Context, s string) string {
 	return sanitize(s, q.asciiOnly(ctx))
 }
 
-// sanitizeWithTail is sanitize for head, a space and tail, cutting head so that
-// tail (certworker's own words) survives. An empty head gives tail alone.
+// sanitizeWithTail is sanitize for head, a space and tail, cutting head so tail
+// survives.
 func sanitizeWithTail(head, tail string, ascii bool) string {
 	tail = sanitize(tail, ascii)
 	head = sanitize(head, ascii)

@@ -9,15 +9,11 @@ import (
 	"github.com/certworker/certworker/queue/issuing"
 )
 
-// NextDue is how long until something becomes claimable without a wake-up from
-// outside (a backoff running out, a pause ending), on the database's clock; ok is
-// false when nothing is scheduled, and a domain due already gives 0. The worker sets
-// its timer for it. A ledger's pause of the account is judged row by row by the claim
-// (ledgerExemptSQL), so it postpones nothing here.
-//
-// It reads one index entry per attempt count below the curve's cap and one range at
-// the cap, so its cost follows the attempt limit, not the queue. That count is a
-// literal, not a parameter, so the server keeps one plan (docs/internals.md).
+// NextDue is how long until something becomes claimable without a wake-up (a
+// backoff running out, a pause ending), on the database's clock; 0 when due now, ok
+// false when nothing is scheduled. A ledger's account pause postpones nothing: the
+// claim judges it per row. Its cost follows the attempt limit, not the queue; the
+// count of attempt values is a literal so one plan serves (docs/internals.md).
 func (q *Queue) NextDue(ctx context.Context, directory string) (d time.Duration, ok bool, err error) {
 	var secs *float64
 	sql, args := q.nextDueStatement(directory)
@@ -35,8 +31,7 @@ func (q *Queue) NextDue(ctx context.Context, directory string) (d time.Duration,
 func (q *Queue) nextDueStatement(directory string) (string, []any) {
 	capped := min(firstCapped(q.cfg), q.cfg.MaxAttempts)
 	args := []any{q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax), directory, capped}
-	// With a second CA, the first CA's pause does not postpone ($6): the routed claim
-	// holds rows out until ssl_held_until, which routedUntilSQL reads.
+	// With a second CA, the first CA's pause does not postpone ($6): routedUntilSQL.
 	args = append(args, q.cfg.Fallback == nil)
 	return `
 WITH per_count AS (
@@ -75,8 +70,7 @@ func firstCapped(c issuing.Config) int {
 	return issuing.MaxShift
 }
 
-// Maintenance is when the maintenance steps next have work, as delays on the
-// database's clock; nil: nothing scheduled.
+// Maintenance is when the maintenance steps next have work (nil: nothing).
 type Maintenance struct {
 	// Renewals: a certificate due for renewal, or a renewal becoming urgent.
 	Renewals *time.Duration
@@ -97,8 +91,8 @@ SELECT ` + secondsUntilSQL(`LEAST(
                          COALESCE(ssl_last_attempt_at, updated_at) + make_interval(secs => $1)))
        FROM proxy_domains WHERE ssl_status = 'provisioning' AND ssl_provider = 'acme')`)
 
-// NextMaintenance is when the maintenance steps next have work, apart because the
-// worker may hold the reclaim back after an outage while renewals must not wait.
+// NextMaintenance is when the maintenance steps next have work, apart since the
+// reclaim may be held back while renewals must not wait.
 func (q *Queue) NextMaintenance(ctx context.Context) (Maintenance, error) {
 	var renewals, reclaim *float64
 	err := q.db.QueryRow(ctx, nextMaintenanceSQL,
@@ -131,9 +125,8 @@ WITH due AS (
 UPDATE proxy_domains d SET ssl_queue_tier = 1, ssl_queue_seq = p.seq
 FROM placed p WHERE d.id = p.id`
 
-// PromoteUrgentRenewals moves renewals whose ssl_renew_by has passed to the front
-// tier, taking their tenant's next turn there (placeSQL), and returns how many.
-// Rows locked by someone else wait for the next run.
+// PromoteUrgentRenewals moves renewals whose ssl_renew_by has passed to tier 1,
+// into their tenant's next turn, and returns how many; locked rows wait.
 func (q *Queue) PromoteUrgentRenewals(ctx context.Context) (int64, error) {
 	var total int64
 	for {

@@ -14,17 +14,14 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// A new session plans the wake path's statements cold, and the server plans a
-// prepared statement anew at each of its first five executions (docs/internals.md,
-// The wake path and held rows). WarmUp pays that when the connection is made
-// (Session.Warm): it prepares each statement of the wake path under the name pgx's
-// statement cache gives it and has the server plan it until it settles (EXPLAIN
-// EXECUTE: planned, never run, taking only relation locks the proxy's writes do not
-// wait on). pgx then finds the statement prepared, and the first claim runs on the
-// settled plan.
+// A new session plans the wake path's statements cold, five times each before the
+// server settles (docs/internals.md, The wake path and held rows). WarmUp pays that
+// when the connection is made: it prepares each statement under the name pgx's
+// statement cache gives it and plans it until settled with EXPLAIN EXECUTE (planned,
+// never run).
 
 // customPlans is how many custom plans the server makes before weighing the generic
-// one (plancache.c); one more EXPLAIN EXECUTE builds the generic plan.
+// one (plancache.c).
 const customPlans = 5
 
 // warmStatement is one statement of the wake path and arguments like its callers'.
@@ -33,8 +30,7 @@ type warmStatement struct {
 	args []any
 }
 
-// warmStatements are the statements of the wake path: the claim (newcomers' slot,
-// then the rest), the next due time, the store of the certificate, and ReturnHeld.
+// warmStatements are the statements of the wake path.
 func (q *Queue) warmStatements(directory string) []warmStatement {
 	const owner = "warm-up"
 	newcomer, newcomerArgs := q.claimStatement(owner, directory, 1, 2, 2, 1)
@@ -96,8 +92,7 @@ func statementCacheName(sql string) string {
 	return "stmtcache_" + hex.EncodeToString(digest[0:24])
 }
 
-// sqlLiterals writes args as a list of SQL literals, for EXECUTE in the simple
-// protocol.
+// sqlLiterals writes args as SQL literals, for EXECUTE in the simple protocol.
 func sqlLiterals(args []any) (string, error) {
 	lits := make([]string, len(args))
 	for i, a := range args {

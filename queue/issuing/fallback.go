@@ -5,11 +5,9 @@ import (
 	"time"
 )
 
-// Why a claim went to the second CA (ssl_ca_cause; the label of
-// certworker_fallback_decisions_total).
+// Why a claim went to the second CA (ssl_ca_cause, and a metric label).
 const (
-	// FallbackOutage: the first CA's outage pause held the domain back past
-	// --acme-fallback-after.
+	// FallbackOutage: the first CA's outage pause held the domain back past After.
 	FallbackOutage = "outage"
 	// FallbackRateLimit: a rate-limit pause of the first CA did.
 	FallbackRateLimit = "rate_limit"
@@ -21,22 +19,19 @@ const (
 	FallbackRenewal = "renewal"
 )
 
-// DefaultFallbackAfter is --acme-fallback-after: long enough that a CA's hiccup or
-// a short rate limit does not spread a fleet over two CAs, short enough that a
-// tenant is not kept waiting through a real outage.
+// DefaultFallbackAfter is --acme-fallback-after: long enough that a hiccup does not
+// spread a fleet over two CAs, short enough to spare tenants a real outage.
 const DefaultFallbackAfter = 10 * time.Minute
 
 // Fallback is the second CA as the claim sees it.
 type Fallback struct {
 	// Directory is the second CA's ACME directory URL.
 	Directory string
-	// After is how long a domain may be held back at the first CA before the second is
-	// asked (DefaultFallbackAfter when 0).
+	// After is how long the first CA may hold a domain back (0: DefaultFallbackAfter).
 	After time.Duration
 }
 
-// Verdict says which CAs may be asked for a name, by directory (CAA, RFC 8659; the
-// worker's). A nil Verdict allows every CA.
+// Verdict says which CAs may be asked for a name, by directory; nil allows all.
 type Verdict func(directory string) bool
 
 // Allows reports whether v allows the CA at directory.
@@ -54,11 +49,10 @@ type Decision struct {
 }
 
 // Decide is where the worker sends claim c's order, given the claim's choice, what
-// CAA allows, and whether the first CA just refused the name (refused). primary is
-// the first CA's directory; fb the second, or nil. A CA that CAA forbids or that
-// refused the name is never asked: the other is, at once; when neither may be, the
-// domain fails. A claim sent to the second for a hold of the first waits for the
-// first when CAA forbids the second.
+// CAA allows, and whether the first CA just refused the name. A CA that CAA forbids
+// or that refused the name is never asked: the other is, at once, or the domain fails
+// when neither may be. A claim sent to the second for a hold of the first waits when
+// CAA forbids the second.
 func Decide(c Claim, primary string, fb *Fallback, refused bool, allowed Verdict) Decision {
 	firstOK := !refused && allowed.Allows(primary)
 	if fb == nil {

@@ -12,10 +12,8 @@ import (
 	"go.uber.org/zap"
 )
 
-// A second CA (queue/fallback.go has the claim's rules). The worker keeps what is
-// per CA apart: issuer, ledger limits, seen-down state, and pauses, written under the
-// CA the claim went to. It overrides the claim's decision only when the first CA
-// refuses the name for good.
+// A second CA (queue/fallback.go). The worker keeps what is per CA apart, and
+// overrides the claim's decision only when the first CA refuses the name for good.
 
 // FallbackCA is the second CA.
 type FallbackCA struct {
@@ -23,8 +21,7 @@ type FallbackCA struct {
 	Issuer issuing.Issuer
 	// Directory is its ACME directory URL: the key of its pauses and its ledger.
 	Directory string
-	// After is how long a domain is held back at the first CA before it goes to this
-	// one (issuing.DefaultFallbackAfter when 0).
+	// After is how long the first CA may hold a domain back before this one is asked.
 	After time.Duration
 	// Limits are the ledger's limits for this CA (--acme-fallback-limit-*).
 	Limits issuing.Limits
@@ -58,8 +55,7 @@ func (w *Worker) cas() []*ca {
 }
 
 // replacesPEM is the certificate an order names in "replaces" (RFC 9773): the stored
-// one, when the CA the order goes to issued it (one with no recorded CA is the
-// first's); otherwise none, and the order counts as new.
+// one when the order's CA issued it (certOfSQL's rule), else none.
 func (w *Worker) replacesPEM(c issuing.Claim) string {
 	issuedBy := c.CertDirectory
 	if issuedBy == "" {
@@ -88,9 +84,9 @@ func (w *Worker) logFallback(c issuing.Claim, log *zap.Logger) {
 		zap.String("directory", c.Directory))
 }
 
-// refusedByFirst handles the first CA's refusal of the name for good, with a second
-// CA: recorded, and the claim handed back uncharged for the second. When the second
-// refused it before, the domain fails. handled is false for other refusals.
+// refusedByFirst handles the first CA's refusal for good, with a second CA: recorded,
+// and the claim handed back for the second; when the second refused too, the domain
+// fails. handled is false for other refusals.
 func (w *Worker) refusedByFirst(o *order, log *zap.Logger, perm *issuing.PermanentError) (outcome string, handled bool) {
 	c := o.claim
 	if w.second == nil || !perm.Refused || w.caOf(c.Directory) != w.first {
@@ -111,8 +107,8 @@ func (w *Worker) refusedByFirst(o *order, log *zap.Logger, perm *issuing.Permane
 	return w.handBack(o, log, false, "refused_first"), true
 }
 
-// refusedBySecond handles the second CA's refusal for good: the domain fails when the
-// first refused it too, else waits for the first, uncharged.
+// refusedBySecond fails the domain when the first refused it too; else it waits for
+// the first, uncharged.
 func (w *Worker) refusedBySecond(o *order, log *zap.Logger, perm *issuing.PermanentError) (outcome string, handled bool) {
 	c := o.claim
 	if w.second == nil || !perm.Refused || w.caOf(c.Directory) != w.second {
@@ -141,22 +137,19 @@ func refusalCause(perm *issuing.PermanentError) string {
 	return issuing.RefusedByCA
 }
 
-// fallbackProfileError is the second CA's refusal of --acme-fallback-profile: the
-// operator's to fix; charged like any failure, and the error names the flag.
+// fallbackProfileError is the second CA's refusal of --acme-fallback-profile,
+// charged, naming the flag.
 func fallbackProfileError(pe *issuing.ProfileError) error {
 	return errors.New("the second CA does not offer --acme-fallback-profile: " + pe.Error())
 }
 
-// CAAFunc reads a name's CAA records and says which CAs they allow, by directory
-// (nil: every CA), and in words for ssl_error. An error is the tenant's DNS failing:
-// charged like a failed preflight, its message (starting "caa: ") becomes ssl_error.
-// It MUST be safe for concurrent use.
+// CAAFunc reads a name's CAA records: the CAs they allow by directory (nil: all) and
+// in words. An error (the tenant's DNS failing, "caa: ...") is charged and becomes
+// ssl_error. It MUST be safe for concurrent use.
 type CAAFunc func(ctx context.Context, name string) (allowed issuing.Verdict, allows string, err error)
 
-// checkCAA applies the name's CAA records to the claim before its order, so a
-// forbidden CA is never asked (issuing.Decide), and records a forbidden CA in
-// ssl_ca_refused. done reports the claim was settled here: caa_other_ca, caa_waits,
-// caa_refused or caa_failed.
+// checkCAA applies the name's CAA records before the order (issuing.Decide), and
+// records a forbidden CA in ssl_ca_refused. done reports the claim settled here.
 func (w *Worker) checkCAA(ctx context.Context, o *order, log *zap.Logger, name string) (outcome string, retryIn time.Duration, done bool) {
 	if w.cfg.CAA == nil {
 		return "", 0, false
