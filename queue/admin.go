@@ -11,14 +11,12 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// RefusedError is a retry the domain's state does not allow. Its message is the
-// reason, for the operator.
+// RefusedError is a retry the domain's state does not allow; its message says why.
 type RefusedError struct{ Reason string }
 
 func (e *RefusedError) Error() string { return e.Reason }
 
-// AmbiguousError is a name matching several case twins of which pickTwin can choose
-// none. The operator commands refuse to choose between them.
+// AmbiguousError is a name matching case twins pickTwin cannot choose between.
 type AmbiguousError struct {
 	Name    string
 	Matches []NameMatch
@@ -47,9 +45,8 @@ SELECT id::text, tenant_id::text, domain, verification_status, ssl_provider, ssl
     ` + twinCountsSQL("d") + ` AND ` + keepsNameSQL("d") + `
 FROM proxy_domains d WHERE lower(domain) = lower($1) ORDER BY domain FOR UPDATE`
 
-// lookUp finds the one domain called name, in any case, locking it for the rest of
-// tx. It returns ErrNotFound for none, and an *AmbiguousError for several that
-// pickTwin cannot choose between.
+// lookUp finds the one domain called name, in any case, locking it for tx:
+// ErrNotFound or an *AmbiguousError otherwise.
 func lookUp(ctx context.Context, tx pgx.Tx, name string) (named, error) {
 	rows, err := tx.Query(ctx, lookUpSQL, name)
 	if err != nil {
@@ -75,10 +72,9 @@ func lookUp(ctx context.Context, tx pgx.Tx, name string) (named, error) {
 	return found[i], nil
 }
 
-// pickTwin chooses which of n rows matching name in any case an operator means (at
-// gives each row's id, stored name, and keepsNameSQL's verdict): the one row there
-// is; else the row spelled exactly as name; else the row that keeps the name. Else
-// an *AmbiguousError naming them all.
+// pickTwin chooses which of n rows matching name in any case an operator means: the
+// only row, else the one spelled exactly so, else the one that keeps the name
+// (keepsNameSQL); else an *AmbiguousError.
 func pickTwin(name string, n int, at func(i int) (id, domain string, keeps bool)) (int, error) {
 	if n == 1 {
 		return 0, nil
@@ -107,10 +103,9 @@ func pickTwin(name string, n int, at func(i int) (id, domain string, keeps bool)
 var retrySQL = `SELECT count(*) FROM certworker_queue_for_issuance($1, $2)`
 
 // Retry puts a failed or backing-off domain back in the queue now, by name in any
-// case, through certworker_queue_for_issuance (the proxy's own): pending, attempts 0,
-// error, last attempt and every CA's refusal cleared, so the next pass takes it. It
-// refuses, with a *RefusedError saying why, a domain unknown, not verified, not acme,
-// active or being issued, and with an *AmbiguousError a name held by case twins.
+// case, through certworker_queue_for_issuance: attempts, error and every CA's refusal
+// cleared. It refuses with a *RefusedError a domain unknown, not verified, not acme,
+// active or being issued, and with an *AmbiguousError a name case twins hold.
 func (q *Queue) Retry(ctx context.Context, domain string) error {
 	return pgx.BeginFunc(ctx, q.db, func(tx pgx.Tx) error {
 		d, err := lookUp(ctx, tx, domain)
@@ -144,9 +139,9 @@ func (q *Queue) Retry(ctx context.Context, domain string) error {
 
 var queueForIssuanceSQL = `SELECT count(*) FROM certworker_queue_for_issuance($1, $2)`
 
-// QueueForIssuance is the proxy API's "retry": certworker_queue_for_issuance. It
-// reports whether the domain was queued; false, with nothing changed, for another
-// tenant's domain, or one not verified, not acme, provisioning or active.
+// QueueForIssuance is the proxy API's "retry", certworker_queue_for_issuance. It
+// reports whether the domain was queued (false, changing nothing, when the function
+// refuses).
 func (q *Queue) QueueForIssuance(ctx context.Context, id, tenantID string) (bool, error) {
 	var queued int
 	if err := q.db.QueryRow(ctx, queueForIssuanceSQL,
@@ -189,9 +184,9 @@ func scanDomain(row pgx.Row) (*Domain, error) {
 var updateDomainSQL = `
 SELECT ` + domainColumns + ` FROM certworker_update_domain($1, $2, $3, $4)`
 
-// UpdateDomain is the proxy API's domain update: certworker_update_domain. A nil
-// field is left alone; changing the provider resets the SSL state to 'pending'. It
-// returns nil, nil when the domain is not the tenant's.
+// UpdateDomain is the proxy API's domain update, certworker_update_domain: nil
+// fields are left alone, and a provider change resets the SSL state to 'pending'.
+// nil, nil when the domain is not the tenant's.
 func (q *Queue) UpdateDomain(ctx context.Context, id, tenantID string, method, provider *string) (*Domain, error) {
 	d, err := scanDomain(q.db.QueryRow(ctx, updateDomainSQL, id, tenantID, method, provider))
 	if errors.Is(err, pgx.ErrNoRows) {

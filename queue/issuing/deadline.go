@@ -12,18 +12,14 @@ import (
 var ErrLeaseDeadline = errors.New("the claim's lease deadline has passed: nothing more is sent to the CA for this order")
 
 // LeaseMargin is what a claim's local deadline keeps back from the lease: a
-// twentieth. It covers the database's and the instance's clocks running at different
-// rates (NTP slews at most 500 ppm, 0.1% of the lease) fifty times over, for the
-// scheduling delay between a check and a request leaving the host. No margin covers
-// an unbounded pause: the database refuses to renew a lease that ran out, and every
-// write is fenced by the claim token (docs/high-availability.md).
+// twentieth, fifty times the clock drift NTP allows, to cover the delay between a
+// check and a request leaving the host (docs/high-availability.md).
 func LeaseMargin(lease time.Duration) time.Duration { return lease / 20 }
 
 // Deadline is a claim's local deadline on this process's monotonic clock: the send
-// time of the last successful lease renewal (at first, of the claim), plus the lease,
-// minus LeaseMargin. Past it another instance may have reclaimed the row, and the
-// order must send the CA nothing more. It moves only forward. A nil *Deadline is no
-// deadline. Safe for concurrent use.
+// time of the last confirmed lease renewal (or the claim) plus the lease, less
+// LeaseMargin. Past it another instance may have reclaimed the row. It only moves
+// forward; a nil *Deadline is none. Safe for concurrent use.
 type Deadline struct {
 	lease time.Duration
 	life  time.Duration // lease minus margin
@@ -36,8 +32,7 @@ type Deadline struct {
 	expire context.CancelFunc
 }
 
-// NewDeadline is the deadline of a claim whose statement was sent at sent (this
-// process's time.Now(), taken before sending), under lease.
+// NewDeadline is the deadline of a claim whose statement was sent at sent.
 func NewDeadline(sent time.Time, lease time.Duration) *Deadline {
 	d := &Deadline{lease: lease, life: lease - LeaseMargin(lease)}
 	d.at = sent.Add(d.life)
@@ -45,9 +40,8 @@ func NewDeadline(sent time.Time, lease time.Duration) *Deadline {
 	return d
 }
 
-// Expire ends the deadline now, for good: Check fails and every context Bound made
-// ends. The shutdown calls it before handing an order back, so the order cannot
-// afterwards deactivate an authorization another instance's order reuses.
+// Expire ends the deadline for good. The shutdown calls it before handing an order
+// back, so the order cannot then deactivate an authorization another order reuses.
 func (d *Deadline) Expire() {
 	if d == nil {
 		return
@@ -60,8 +54,7 @@ func (d *Deadline) Expire() {
 	d.expire()
 }
 
-// Renewed moves the deadline to a lease from sent, a confirmed renewal's send time;
-// it never moves back.
+// Renewed moves the deadline to a lease from sent; it never moves back.
 func (d *Deadline) Renewed(sent time.Time) {
 	at := sent.Add(d.life)
 	d.mu.Lock()
@@ -84,8 +77,7 @@ func (d *Deadline) At() time.Time {
 // Left is the time until the deadline (negative once passed), on the monotonic clock.
 func (d *Deadline) Left() time.Duration { return time.Until(d.At()) }
 
-// Check returns ErrLeaseDeadline once the deadline has passed, and nil before it or
-// for a nil Deadline. An issuer calls it before every request to the CA.
+// Check returns ErrLeaseDeadline once the deadline has passed (never for nil).
 func (d *Deadline) Check() error {
 	if d == nil || d.Left() > 0 && d.ended.Err() == nil {
 		return nil
@@ -93,9 +85,8 @@ func (d *Deadline) Check() error {
 	return ErrLeaseDeadline
 }
 
-// Bound is ctx, ending with cause ErrLeaseDeadline when the deadline passes, as
-// renewals have moved it by then. For a nil Deadline it is ctx. cancel releases its
-// timer.
+// Bound is ctx, ending with cause ErrLeaseDeadline at the deadline as renewals move
+// it; ctx itself for a nil Deadline.
 func (d *Deadline) Bound(ctx context.Context) (context.Context, context.CancelFunc) {
 	if d == nil {
 		return context.WithCancel(ctx)

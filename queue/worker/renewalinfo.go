@@ -13,25 +13,21 @@ import (
 )
 
 const (
-	// renewalInfoConcurrency bounds one instance's reads in flight: enough for one
-	// instance to keep up with the default budget alone at a few hundred ms a read.
+	// renewalInfoConcurrency bounds one instance's reads in flight: enough to keep up
+	// with the default budget alone.
 	renewalInfoConcurrency = 16
-	// renewalInfoTimeout bounds one read: a CA slower than this is in trouble, and the
-	// certificate is asked again an hour later.
+	// renewalInfoTimeout bounds one read; a slower CA is asked again an hour later.
 	renewalInfoTimeout = 10 * time.Second
 	// renewalInfoBusy is how soon the reads look again when every due read was taken.
 	renewalInfoBusy = time.Second
-	// renewalInfoOutage is how long the reads rest after a whole batch failed: the next
-	// would only fail the same way.
+	// renewalInfoOutage is how long the reads rest after a whole batch failed.
 	renewalInfoOutage = time.Minute
 )
 
 // renewalInfoLoop asks the CA again, at its Retry-After, for the renewal window of
-// every valid stored certificate (RFC 9773), so a window moved earlier (a coming
-// revocation) moves the renewal. Its own goroutine, so a slow CA delays nothing else.
-// Each read is claimed first (queue.ClaimRenewalInfo) and takes a token of the
-// fleet's budget (--ari-requests-per-second). A certificate is asked about at the CA
-// that issued it (informerFor), on the first CA's budget.
+// every valid stored certificate (RFC 9773), so a window moved earlier moves the
+// renewal. Its own goroutine, so a slow CA delays nothing else. Each read is claimed
+// (queue.ClaimRenewalInfo) and takes a token of the fleet's budget first.
 func (w *Worker) renewalInfoLoop(ctx context.Context) {
 	ri, ok := w.cfg.Issuer.(issuing.RenewalInformer)
 	if !ok {
@@ -49,8 +45,7 @@ func (w *Worker) renewalInfoLoop(ctx context.Context) {
 	}
 }
 
-// readRenewalInfo reads what is due, a batch at a time, and returns how long until
-// it should look again.
+// readRenewalInfo reads what is due, batch by batch, and says when to look again.
 func (w *Worker) readRenewalInfo(ctx context.Context, ri issuing.RenewalInformer) time.Duration {
 	for ctx.Err() == nil {
 		sctx, cancel := w.step(ctx, false)
@@ -73,8 +68,8 @@ func (w *Worker) readRenewalInfo(ctx context.Context, ri issuing.RenewalInformer
 	return 0
 }
 
-// readRenewalInfoBatch takes tokens, claims as many reads, asks the CA, and records
-// the answers. done says to stop for wait; otherwise the next batch may follow.
+// readRenewalInfoBatch takes tokens, claims as many reads, asks, and records; done
+// says to stop for wait.
 func (w *Worker) readRenewalInfoBatch(ctx context.Context, ri issuing.RenewalInformer) (wait time.Duration, done bool) {
 	rate := w.cfg.RenewalInfoPerSecond
 	sctx, cancel := w.step(ctx, false)
@@ -118,8 +113,8 @@ func (w *Worker) readRenewalInfoBatch(ctx context.Context, ri issuing.RenewalInf
 	return 0, false
 }
 
-// askRenewalInfoBatch asks the CA about every certificate of batch at once and
-// records each answer. It returns how many the CA did not answer.
+// askRenewalInfoBatch asks about every certificate of batch at once and records the
+// answers, returning how many went unanswered.
 func (w *Worker) askRenewalInfoBatch(ctx context.Context, ri issuing.RenewalInformer, batch []queue.RenewalInfoCandidate) int {
 	var (
 		wg          sync.WaitGroup
@@ -153,8 +148,7 @@ const (
 	readUnavailable = "unavailable" // no answer: unreachable, 5xx, or not in time
 )
 
-// askRenewalInfo asks the CA for c's window and works out what it changes, by the
-// database's time at the claim (c.Now).
+// askRenewalInfo asks the CA for c's window and works out what it changes.
 func (w *Worker) askRenewalInfo(ctx context.Context, ri issuing.RenewalInformer, c queue.RenewalInfoCandidate) (issuing.RenewalInfo, string) {
 	qctx, cancel := context.WithTimeout(ctx, renewalInfoTimeout)
 	win, err := ri.RenewalInfo(qctx, c.ChainPEM)
@@ -174,8 +168,7 @@ func (w *Worker) askRenewalInfo(ctx context.Context, ri issuing.RenewalInformer,
 		return issuing.RenewalInfo{NextIn: retry}, readRefused
 	}
 	info := issuing.RenewalInfo{WindowStart: win.Start, WindowEnd: win.End, NextIn: issuing.RenewalInfoIn(win.RetryAfter)}
-	// Only a window moved earlier than the renewal time changes it: redrawing at every
-	// question would only ever pull it earlier.
+	// Only a window moved earlier than the renewal time changes it.
 	if c.RenewAt.Before(win.End) {
 		return info, readWindow
 	}
@@ -189,8 +182,8 @@ func (w *Worker) askRenewalInfo(ctx context.Context, ri issuing.RenewalInformer,
 	return info, readWindow
 }
 
-// recordRenewalInfo writes what the CA said of c, and when it moved the renewal
-// earlier, says so and has the maintenance look at the new renewal time.
+// recordRenewalInfo writes what the CA said of c, and on an earlier renewal has the
+// maintenance look at it.
 func (w *Worker) recordRenewalInfo(ctx context.Context, c queue.RenewalInfoCandidate, info issuing.RenewalInfo) {
 	sctx, cancel := w.step(ctx, false)
 	renewIn, err := w.q.RecordRenewalInfo(sctx, c, info)
@@ -214,7 +207,7 @@ func (w *Worker) recordRenewalInfo(ctx context.Context, c queue.RenewalInfoCandi
 }
 
 // informerFor is the renewal-information source for a certificate the CA at
-// directory issued: the second CA's issuer for its own, when it offers it; else first.
+// directory issued.
 func (w *Worker) informerFor(directory string, first issuing.RenewalInformer) issuing.RenewalInformer {
 	if at := w.caOf(directory); at != w.first {
 		if ri, ok := at.issuer.(issuing.RenewalInformer); ok {
