@@ -29,14 +29,10 @@ UNION ALL
 SELECT id::text, tenant_id::text, domain, ssl_error, back FROM back`
 
 // MarkCaseDuplicates applies the case twins' rule (twins.go) to the rows the claim
-// does not read: it fails every verified acme domain that a twin keeps the name from
-// (dropping any claim), and requeues every domain failed as a duplicate that keeps its
-// name now. It returns the rows it newly marked and those it put back.
-//
-// It reads the names of the verified acme rows once from proxy_domains_twins_idx, then
-// only the rows of names held twice and the duplicates failed, so it belongs on a
-// maintenance timer. Marking is a second statement, by id: one statement doing both
-// is planned for a third of the table.
+// does not read: it fails every verified acme domain a twin keeps the name from, and
+// requeues every duplicate that keeps its name now, returning both. It reads the
+// twins' index once, so it belongs on a maintenance timer; marking is a second
+// statement by id, since one doing both is planned for a third of the table.
 func (q *Queue) MarkCaseDuplicates(ctx context.Context) (marked, restored []issuing.BadRow, err error) {
 	rows, err := q.db.Query(ctx, twinCandidatesSQL)
 	if err != nil {
@@ -72,9 +68,8 @@ func (q *Queue) MarkCaseDuplicates(ctx context.Context) (marked, restored []issu
 	return marked, restored, nil
 }
 
-// twinCandidatesSQL returns the ids MarkCaseDuplicates judges: every verified acme
-// row of a name two or more such rows hold, and every row failed as a duplicate. Both
-// read proxy_domains_twins_idx (key lower(domain), predicate twinCountsSQL).
+// twinCandidatesSQL returns the ids MarkCaseDuplicates judges: the verified acme rows
+// of names held twice, and the rows failed as duplicates (proxy_domains_twins_idx).
 var twinCandidatesSQL = `
 WITH twice AS MATERIALIZED (
     SELECT lower(t.domain) AS name FROM proxy_domains t

@@ -11,14 +11,10 @@ import (
 // givenUpFormat ends the ssl_error of a domain FailExhausted gave up on.
 const givenUpFormat = "(given up: %s attempts, at or above --max-attempts %s; `certworker retry` puts it back)"
 
-// FailExhausted fails the claimable rows whose attempts are at or above
-// --max-attempts (a lowered limit, a hand edit) and returns them: the claim never
-// takes them, so they would otherwise wait in 'pending' for ever. Their ssl_error
-// keeps the last attempt's words and adds why they stopped.
-//
-// Locked rows wait for the next run; fillBatch rows a statement. The message is
-// composed in Go so it goes through errorText, read and written in one short
-// transaction.
+// FailExhausted fails the claimable rows at or above --max-attempts (a lowered limit,
+// a hand edit), which the claim never takes, and returns them. Their ssl_error keeps
+// the last attempt's words, composed in Go to pass errorText. Locked rows wait;
+// fillBatch rows a statement.
 func (q *Queue) FailExhausted(ctx context.Context) ([]issuing.BadRow, error) {
 	var out []issuing.BadRow
 	for {

@@ -10,11 +10,9 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Pause holds back what scope and key cover (ScopeCA: a directory URL;
-// ScopeRegisteredDomain; ScopeDomain) for every instance, for wait from now on the
-// database's clock, and returns how long it now lasts. A later pause never shortens
-// an earlier one of the same source. A registered domain's or a name's pause is the
-// first CA's (see PauseAt).
+// Pause holds back what scope and key cover for every instance, for wait on the
+// database's clock, and returns how long it now lasts; a later pause of the same
+// source never shortens it. Pause is the first CA's; PauseAt names the CA.
 func (q *Queue) Pause(ctx context.Context, scope, key, source string, wait time.Duration, reason string) (time.Duration, error) {
 	directory := ""
 	if scope == issuing.ScopeCA {
@@ -33,8 +31,7 @@ ON CONFLICT (directory, scope, key, source) DO UPDATE SET
     updated_at = now()
 RETURNING ` + secondsUntilSQL("paused_until")
 
-// PauseAt is Pause for the CA at directory: nothing it says holds a domain back at
-// another CA. A ScopeCA pause's key is the directory.
+// PauseAt is Pause for the CA at directory; a ScopeCA pause's key is the directory.
 func (q *Queue) PauseAt(ctx context.Context, directory, scope, key, source string, wait time.Duration, reason string) (time.Duration, error) {
 	if scope == issuing.ScopeCA {
 		key = directory
@@ -48,8 +45,7 @@ func (q *Queue) PauseAt(ctx context.Context, directory, scope, key, source strin
 }
 
 // outageForgotten is how long after an unreachable pause ends a failure starts a new
-// outage: long against the CA's backoff, so tries of the first CA during a fallback
-// do not each look like a new outage.
+// outage, so tries of the first CA during a fallback do not each start one.
 const outageForgotten = time.Hour
 
 var pauseUnreachableSQL = `
@@ -69,12 +65,10 @@ ON CONFLICT (directory, scope, key, source) DO UPDATE SET
     updated_at = now()
 RETURNING failures, ` + secondsUntilSQL("paused_until")
 
-// PauseUnreachable pauses ordering from the CA at directory for every instance, for
-// base doubled per consecutive failure up to limit; nothing is charged. Orders that
-// fail together while their pause is in force are one failure.
-//
-// The outage (held_since) runs from its first failure until an order gets an answer
-// (ClearUnreachable), unless the pause ended more than outageForgotten ago.
+// PauseUnreachable pauses the CA at directory for every instance, for base doubled
+// per consecutive failure up to limit; orders failing together under one pause are
+// one failure. The outage runs from its first failure until an answer
+// (ClearUnreachable), or outageForgotten after its pause ended.
 func (q *Queue) PauseUnreachable(ctx context.Context, directory, reason string, base, limit time.Duration) (issuing.Unreachable, error) {
 	var u issuing.Unreachable
 	var left float64
@@ -90,8 +84,7 @@ func (q *Queue) PauseUnreachable(ctx context.Context, directory, reason string, 
 var clearUnreachableSQL = `
 DELETE FROM certworker_pauses WHERE scope = 'ca' AND key = $1 AND source = 'unreachable'`
 
-// ClearUnreachable ends the unreachable state of the CA at directory, after an order
-// got an answer from it. It reports whether there was one to end.
+// ClearUnreachable ends the CA's unreachable state, reporting whether there was one.
 func (q *Queue) ClearUnreachable(ctx context.Context, directory string) (bool, error) {
 	tag, err := q.db.Exec(ctx, clearUnreachableSQL, directory)
 	if err != nil {

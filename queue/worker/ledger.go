@@ -12,17 +12,14 @@ import (
 )
 
 // admit asks the ledger about claims before their orders (when a limit is on) and
-// returns the ones that may go. A name no CA can issue for skips the ledger; refused
-// claims are handed back and what they hit is paused (queue.Admit).
-//
-// When the ledger cannot be asked, no claim goes and ok is false: the fill stops
-// rather than claim again into a ledger that does not answer. The next pass hands the
-// claims back, and settleNotSent settles rows the COMMIT may have written.
+// returns those that may go; refused ones are handed back (queue.Admit). When the
+// ledger cannot be asked, none goes and ok is false, so the fill stops; the next pass
+// hands them back and settleNotSent settles what the COMMIT may have written.
 func (w *Worker) admit(ctx context.Context, claims []issuing.Claim) (admitted []issuing.Claim, ok bool) {
 	if len(claims) == 0 {
 		return claims, true
 	}
-	// Each CA's ledger, with its own limits, for the claims the claim sent to it.
+	// Each CA's ledger, with its own limits.
 	ok = true
 	for _, at := range w.cas() {
 		var mine []issuing.Claim
@@ -86,8 +83,8 @@ func (w *Worker) admitAt(ctx context.Context, at *ca, claims []issuing.Claim) (a
 	return append(invalid, admitted...), true
 }
 
-// readmit asks the CA's ledger again about claim c, admitted as a renewal, whose
-// order is about to go without "replaces": as a new order.
+// readmit asks the CA's ledger again about renewal claim c, now to go without
+// "replaces": as a new order.
 func (w *Worker) readmit(ctx context.Context, at *ca, c issuing.Claim, name string) error {
 	rctx, cancel := w.step(ctx, true)
 	defer cancel()
@@ -95,23 +92,21 @@ func (w *Worker) readmit(ctx context.Context, at *ca, c issuing.Claim, name stri
 		RegisteredDomain: issuing.RegisteredDomain(name)})
 	var refused *issuing.LedgerRefusedError
 	if err != nil && !errors.As(err, &refused) {
-		// A ledger that cannot be asked lets nothing go; the claim goes back uncharged.
+		// The claim goes back uncharged, as for a refusal.
 		w.logDBError("ask the ledger again about a renewal sent without replaces", err)
 		return &issuing.LedgerRefusedError{Reason: "ledger: could not be asked again about the order without replaces"}
 	}
 	return err
 }
 
-// notSent is a claim whose ledger row at a CA an Admit may have committed without its
-// answer arriving.
+// notSent is a claim whose Admit may have committed unseen.
 type notSent struct {
 	token string
 	at    *ca
 }
 
-// settleNotSent records as not sent the ledger rows of claims whose Admit may have
-// committed unseen, once the pass has handed them back. What it cannot settle now it
-// tries next pass; SettleStaleLedger catches the rest.
+// settleNotSent records as not sent the ledger rows of handed-back claims whose Admit
+// may have committed unseen; SettleStaleLedger catches what it misses.
 func (w *Worker) settleNotSent() {
 	for len(w.notSent) > 0 {
 		ctx, cancel := w.step(context.Background(), true)
@@ -142,8 +137,7 @@ func (w *Worker) settleLedger(o *order, r result) {
 	case r.outcome == "preflight_failed", r.outcome == "waiting_dns", r.outcome == "rate_limited", r.outcome == "key_error", r.outcome == "ledger_held",
 		r.outcome == "profile_refused", r.outcome == "profile_halted",
 		strings.HasPrefix(r.outcome, "caa_"):
-		// Nothing the CA counts: nothing was sent (preflight, DNS wait, CAA, key, unlisted
-		// profile), or Let's Encrypt refunds a refused new order.
+		// Nothing the CA counts was sent, or Let's Encrypt refunds a refused new order.
 		outcome = issuing.LedgerNotSent
 	default:
 		outcome = issuing.LedgerFailed

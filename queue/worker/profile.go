@@ -9,14 +9,11 @@ import (
 	"go.uber.org/zap"
 )
 
-// A domain's ACME profile: its ssl_profile, or --acme-profile when NULL. When the
-// CA does not offer the domain's own, that is the tenant's to fix: a domain without a
-// certificate fails, one with a certificate renews under the certificate's profile.
-// When it does not offer --acme-profile, that is the operator's: the instance stops
-// claiming. ssl_profile_refused remembers a refusal, so it is not retried every pass.
+// A domain's ACME profile: its ssl_profile, or --acme-profile when NULL. A CA that
+// does not offer the domain's own is the tenant's to fix (queue.RefuseProfile); one
+// that does not offer --acme-profile is the operator's (profileHalt).
 
-// profileLister is implemented by an issuer that can list its CA's profiles, which
-// the worker names in ssl_error.
+// profileLister is implemented by an issuer that can list its CA's profiles.
 type profileLister interface {
 	Profiles(ctx context.Context) ([]string, error)
 }
@@ -27,9 +24,8 @@ type errProfileSettled struct{ outcome string }
 func (e *errProfileSettled) Error() string { return "order settled over its profile: " + e.outcome }
 
 // issueUnderProfile places the claim's order under the profile the domain should
-// have, and deals with a CA that does not offer it. It returns the certificate, the
-// issuer's error, or an *errProfileSettled once a refusal is recorded. At most three
-// orders: the domain's own profile, its certificate's, --acme-profile.
+// have, handling a CA that does not offer it: the certificate, the issuer's error, or
+// an *errProfileSettled. At most three orders: own profile, certificate's, default.
 func (w *Worker) issueUnderProfile(ctx context.Context, o *order, log *zap.Logger, name string) (*issuing.Certificate, error) {
 	c := &o.claim
 	profile, own := "", false
@@ -77,9 +73,8 @@ func (w *Worker) issueUnderProfile(ctx context.Context, o *order, log *zap.Logge
 	}
 }
 
-// refuseProfile records that the CA does not offer the domain's own profile and
-// reports whether the order goes on under the certificate's (a renewal is due);
-// otherwise outcome is the order's.
+// refuseProfile records the refusal of the domain's own profile and reports whether
+// the order goes on under the certificate's; otherwise outcome is the order's.
 func (w *Worker) refuseProfile(ctx context.Context, o *order, log *zap.Logger, cause error) (renew bool, outcome string) {
 	c := &o.claim
 	base := issuing.ProfilePrefix + cause.Error()
@@ -108,8 +103,8 @@ func (w *Worker) refuseProfile(ctx context.Context, o *order, log *zap.Logger, c
 	return false, "profile_refused"
 }
 
-// keptNotice is ssl_error's note for a domain that keeps its certificate because the
-// CA does not offer its profile, completed with what the CA offers when known.
+// keptNotice is ssl_error's note for a domain renewed under its certificate's
+// profile, naming what the CA offers when known.
 func (w *Worker) keptNotice(ctx context.Context, c *issuing.Claim, cause error) string {
 	var pe *issuing.ProfileError
 	if errors.As(cause, &pe) && pe.Offered == nil {
@@ -129,9 +124,8 @@ func (w *Worker) keptNotice(ctx context.Context, c *issuing.Claim, cause error) 
 		issuing.ProfilePrefix, cause, under)
 }
 
-// profileHalt hands the claim back uncharged and stops this instance claiming: the
-// CA does not offer --acme-profile, which is the operator's to fix. /readyz answers
-// 503 until a restart.
+// profileHalt hands the claim back uncharged and stops this instance claiming until
+// a restart (Halted): --acme-profile is not offered, the operator's to fix.
 func (w *Worker) profileHalt(o *order, log *zap.Logger, pe *issuing.ProfileError) string {
 	if w.profileErr.CompareAndSwap(nil, pe) {
 		w.log.Error("the CA does not offer --acme-profile: this instance claims nothing more and reports not ready until restarted with a profile the CA offers; nothing is charged",
