@@ -12,21 +12,18 @@ import (
 type Leases struct {
 	// Renewed: held, and the lease now runs a full Lease from the statement's start.
 	Renewed []string
-	// Expired: the token is still on its row, but the lease had run out. Not renewed
-	// (see Heartbeat); the caller hands it back uncharged.
+	// Expired: the token is on its row but the lease had run out; not renewed (see
+	// Heartbeat).
 	Expired []string
-	// Busy: held, but another transaction has the row locked. Not renewed, not waited
-	// for: one locked row must not hold up every renewal.
+	// Busy: held, but the row is locked; not renewed, not waited for.
 	Busy []string
 	// Lost: no longer held. The caller stops the order and writes nothing.
 	Lost []string
 }
 
 // Heartbeat renews the leases of the given claims, by token, and says what became of
-// each. With no tokens it still makes the round trip.
-//
-// A lease that has run out is never renewed: its holder cannot know whether another
-// instance has reclaimed the row, and its order has stopped at its deadline.
+// each; with no tokens it still makes the round trip. A lease that has run out is
+// never renewed: its holder cannot know whether the row was reclaimed meanwhile.
 func (q *Queue) Heartbeat(ctx context.Context, tokens []string) (Leases, error) {
 	rows, err := q.renewLeases(ctx, tokens)
 	if err != nil {
@@ -104,10 +101,10 @@ SELECT m.ssl_claim_token::text, m.unexpired,
 FROM mine m`
 
 // renewLeases is the one statement that renews leases, for Heartbeat and
-// ConfirmClaim. A token not on a provisioning row is not in its answer.
+// ConfirmClaim; a token on no provisioning row is not in its answer.
 func (q *Queue) renewLeases(ctx context.Context, tokens []string) ([]leaseRow, error) {
-	// mine reads the provisioning rows from the snapshot; live re-reads the unexpired
-	// ones by id, locks them (SKIP LOCKED), and rechecks a row changed since the snapshot.
+	// mine reads from the snapshot; live re-reads and locks the unexpired rows (SKIP
+	// LOCKED), rechecking rows changed since.
 	rows, err := q.db.Query(ctx, renewLeasesSQL, tokens, seconds(q.cfg.Lease))
 	if err != nil {
 		return nil, err

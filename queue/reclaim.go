@@ -44,16 +44,11 @@ FROM abandoned
 WHERE d.id = abandoned.id
 RETURNING d.id::text, d.tenant_id::text, d.domain, d.ssl_attempts, d.ssl_status = 'failed'`
 
-// ReclaimAbandoned puts back domains whose claim was abandoned: 'provisioning' with a
-// lease that ran out (leaseEndSQL), or, without a lease, last tried more than
-// unleasedGrace ago. Otherwise nothing would move such a row again.
-//
-// The attempt is counted, so an instance crash-looping during issuance cannot spend
-// the CA's rate limit without end; at the limit the domain fails. The backoff is
-// not applied (ssl_last_attempt_at cleared): the failure was ours, not the domain's.
-//
-// Locked rows are passed over (SKIP LOCKED) for a later run, so one lock cannot make
-// the whole statement fail; fillBatch rows a statement.
+// ReclaimAbandoned puts back domains whose claim was abandoned: a lease that ran out
+// (leaseEndSQL), or, without a lease, a last attempt older than unleasedGrace. The
+// attempt is counted, so a crash-looping instance cannot spend the CA's limit without
+// end; the backoff is not (the failure was ours). Locked rows are passed over (SKIP
+// LOCKED), so one lock cannot fail the statement; fillBatch rows a statement.
 func (q *Queue) ReclaimAbandoned(ctx context.Context) ([]Reclaimed, error) {
 	reason := q.errorText(ctx, interruptedError)
 	var out []Reclaimed
