@@ -25,8 +25,8 @@ func managedSQL(x string) string {
 	return column(x, "verification_status") + ` = 'verified' AND ` + column(x, "ssl_provider") + ` = 'acme'`
 }
 
-// claimableAsSQL: row x is managed and pending, as the wake trigger, the claim and
-// the queue's partial indexes agree.
+// claimableAsSQL: row x is managed and pending (the wake trigger, the claim and the
+// partial indexes agree on it).
 func claimableAsSQL(x string) string {
 	return managedSQL(x) + ` AND ` + column(x, "ssl_status") + ` = 'pending'`
 }
@@ -34,8 +34,8 @@ func claimableAsSQL(x string) string {
 // claimableSQL is claimableAsSQL of a statement's only row.
 var claimableSQL = claimableAsSQL("")
 
-// inLineAsSQL: row x is in line (proxy_domains_line_idx): claimable and not held out
-// of line (ssl_held). certworker_queue_place reads the same set.
+// inLineAsSQL: row x is in line: claimable and not held out (ssl_held), the set of
+// proxy_domains_line_idx and certworker_queue_place.
 func inLineAsSQL(x string) string {
 	return claimableAsSQL(x) + `
       AND ` + column(x, "ssl_held") + ` IS NULL`
@@ -53,9 +53,8 @@ func readyAtSQL(x, base, cap string) string {
 		backoffSQL(x+".ssl_attempts", base, cap) + `))`
 }
 
-// heldByPauseSQL is the pause holding row x back, as ssl_held names it, or NULL. It
-// looks among the row's suffixes only while such a pause exists; which one, when
-// several hold the row, does not matter: ReturnHeld looks again once it ends.
+// heldByPauseSQL is the pause holding row x back, as ssl_held names it, or NULL,
+// looked up only while such a pause exists; which of several does not matter.
 func heldByPauseSQL(x, dir string) string {
 	return `CASE WHEN EXISTS (SELECT 1 FROM certworker_pauses
                    WHERE (scope <> 'ca' OR (key = ` + dir + ` AND source = 'ledger')) AND paused_until > now()) THEN
@@ -79,8 +78,7 @@ func placeSQL(tenant, tier string) string {
 	return `certworker_queue_place(` + tenant + `, ` + tier + `)`
 }
 
-// pauseOfFirstSQL matches a pause p in force of the first CA ($7) that holds row d
-// back: the CA's own, or its pause of d's registered domain or name.
+// pauseOfFirstSQL matches a pause p in force of the first CA ($7) holding row d back.
 var pauseOfFirstSQL = `p.paused_until > now()
   AND ((p.scope = 'ca' AND p.key = $7)
     OR (p.scope IN ('registered_domain', 'domain') AND p.directory IN ($7, '')
@@ -96,15 +94,14 @@ const (
 	HeldBackoff = "backoff"
 	// HeldRouted: the routed claim held it back until ssl_held_until.
 	HeldRouted = "routed"
-	// HeldDNS: it waits for its DNS (StartWait), checked by DNS alone. EndWait clears
-	// it, and so does clearing its 'waiting for DNS:' error (a retry).
+	// HeldDNS: it waits for its DNS (StartWait); EndWait, or a retry clearing its
+	// 'waiting for DNS:' error, clears it.
 	HeldDNS = "dns"
 	// A pause that holds the row back is named SCOPE:KEY (heldByPauseSQL), e.g.
 	// registered_domain:shop.example, ca:DIRECTORY, tenant:ID.
 )
 
-// heldAtSecondUntilSQL is the earliest end of the second CA's ($8) pauses holding
-// row d back, NULL when none does.
+// heldAtSecondUntilSQL is the earliest end of the second CA's pauses holding row d.
 var heldAtSecondUntilSQL = `SELECT min(p.paused_until) AS until FROM certworker_pauses p
         WHERE p.paused_until > now() AND p.directory = $8 AND NOT ` + ledgerExemptSQL("p", "d", "$8", "$8") + `
           AND ((p.scope = 'ca' AND p.key = $8)
@@ -133,17 +130,17 @@ func twinRankSQL(x string) string {
          COALESCE(` + x + `.ssl_eligible_at, 'infinity'::timestamptz), ` + x + `.id)`
 }
 
-// keepsNameSQL is true when no verified acme case twin of row x ranks before it. It
-// says nothing of x's own state. A scalar count keeps one index probe per row, where
-// NOT EXISTS may become an anti-join of the whole table.
+// keepsNameSQL is true when no verified acme case twin of row x ranks before it,
+// whatever x's own state. A scalar count keeps one index probe per row, where NOT
+// EXISTS may become an anti-join of the table.
 func keepsNameSQL(x string) string {
 	return `((SELECT count(*) FROM proxy_domains o
           WHERE lower(o.domain) = lower(` + x + `.domain) AND o.id <> ` + x + `.id AND ` + twinCountsSQL("o") + `
             AND ` + twinRankSQL("o") + ` < ` + twinRankSQL(x) + `) = 0)`
 }
 
-// failTwinsSQL is an UPDATE failing the rows of from whose id is id and for which
-// cond holds, as twins that lost their name; it returns returning.
+// failTwinsSQL is an UPDATE failing the rows of from with this id for which cond
+// holds, as twins that lost their name; it returns returning.
 func failTwinsSQL(from, id, cond, returning string) string {
 	return `UPDATE proxy_domains d SET
         ssl_status = 'failed', ssl_error = '` + duplicateReason + `', updated_at = now(), ` + releaseClaimSQL + `
@@ -159,19 +156,18 @@ func ariWindowSQL(domain string) string {
 }
 
 // renewalSQL is the one rule of "an order for domain is a renewal to the CA at
-// directory": it holds a certificate this CA issued (certOfSQL), and the ledger saw
-// this CA issue for the name. The claim (ledgerExemptSQL) and Admit (knownRenewals)
-// both read it, so they cannot disagree, which would let the claim take a row Admit
-// refuses, again and again.
+// directory": it holds a certificate this CA issued (certOfSQL) and the ledger saw
+// this CA issue for the name. The claim and Admit both read it, so they never
+// disagree (a claim Admit refuses would be claimed again and again).
 func renewalSQL(domain, directory, second string) string {
 	return `EXISTS (SELECT 1 FROM proxy_certificates x JOIN certworker_issued_names n
                        ON n.directory = ` + directory + ` AND n.name = lower(x.domain)
                WHERE x.domain = ` + domain + ` AND x.certificate_pem <> ''` + certOfSQL("x", directory, second) + `)`
 }
 
-// certOfSQL is the condition (with a leading AND, or nothing without a second CA)
-// that certificate row x was issued by the CA at directory: the second CA's are
-// recorded as such, any other is the first's. replacesPEM applies the same rule.
+// certOfSQL is the condition (a leading AND, or nothing without a second CA) that
+// certificate row x is the CA at directory's: the second's are recorded as such, any
+// other is the first's.
 func certOfSQL(x, directory, second string) string {
 	if second == "" {
 		return ""
@@ -185,9 +181,8 @@ func ariExemptSQL(domain, directory, second string) string {
 	return `(` + renewalSQL(domain, directory, second) + ` AND ` + ariWindowSQL(domain) + `)`
 }
 
-// ledgerExemptSQL is true when ledger pause p of the CA at directory does not hold
-// row d back: a renewal passes a pause of scope 'ca' or of its registered domain,
-// an ARI renewal passes every ledger pause.
+// ledgerExemptSQL is true when ledger pause p of the CA at directory lets row d
+// pass: a renewal passes a 'ca' or registered-domain pause, an ARI renewal any.
 func ledgerExemptSQL(p, d, directory, second string) string {
 	return `(` + p + `.source = 'ledger' AND CASE WHEN ` + p + `.scope IN ('ca', 'registered_domain')
                                          THEN ` + renewalSQL(d+".domain", directory, second) + `
@@ -202,9 +197,8 @@ func tenantReservePauseSQL(p, x, directory, second string) string {
 }
 
 // dueByBackoffSQL: the rows that fall due when their backoff runs out (with
-// claimableSQL, the predicate of proxy_domains_due_line_idx). Rows held otherwise
-// fall due by their own clock (pause end, ssl_held_until, DNS check), so they are
-// not read here.
+// claimableSQL, proxy_domains_due_line_idx's predicate); rows held otherwise fall due
+// by their own clock.
 const dueByBackoffSQL = `(ssl_held IS NULL OR ssl_held = '` + HeldBackoff + `')`
 
 // routedUntilSQL is the earliest ssl_held_until of the routed rows.
@@ -219,10 +213,9 @@ const releaseClaimSQL = `ssl_claim_token = NULL, ssl_claimed_by = NULL, ssl_leas
 // switched provider mid-order keeps their upload.
 const heldSQL = `id = $1 AND ssl_claim_token = $2 AND ssl_status = 'provisioning' AND ssl_provider = 'acme'`
 
-// secondsUntilSQL is the time from now to ts, in seconds, on the database's clock.
-// Both times become seconds before subtracting: PostgreSQL before 17 fails on
-// subtracting 'infinity', which comes back here as +Inf (capped by
-// durationFromSeconds).
+// secondsUntilSQL is the time from now to ts, in seconds, on the database's clock,
+// converting both to seconds first: PostgreSQL before 17 cannot subtract 'infinity'
+// (+Inf here, capped by durationFromSeconds).
 func secondsUntilSQL(ts string) string {
 	return "(EXTRACT(epoch FROM (" + ts + ")) - EXTRACT(epoch FROM clock_timestamp()))::float8"
 }
@@ -240,8 +233,8 @@ func leaseEndSQL(x, lease string) string {
 }
 
 // profileMovedOnSQL is true, in MarkActive, when the domain names a profile of its
-// own that is not the certificate's ($13), as certworker_set_profile and the profile
-// trigger decide. An unknown profile or the refused one ($14) is kept.
+// own other than the certificate's ($13, when recorded) and the refused one ($14),
+// and the certificate renews automatically: certworker_set_profile's rule.
 const profileMovedOnSQL = `(ssl_profile IS NOT NULL AND $13::text IS NOT NULL AND ssl_profile <> $13::text
           AND ssl_profile IS DISTINCT FROM $14::text
           AND COALESCE((SELECT x.auto_renew FROM proxy_certificates x WHERE x.domain = proxy_domains.domain), true))`
@@ -262,9 +255,9 @@ func nextAttemptAtSQL(attempts, base, cap string) string {
     END`
 }
 
-// claimTailSQL is the end both claims share: take's rows (id, rn) become claims
-// under a new lease, returned in order of service with the counts Claim uses to
-// decide whether to read on. The routed claim also returns each row's CA and refusals.
+// claimTailSQL is the end both claims share: take's rows become claims under a new
+// lease, returned in order of service with the counts Claim reads on by (and, routed,
+// each row's CA and refusals).
 func claimTailSQL(take string, routed bool) string {
 	setCA, returnCA, selectCA := "", "", `CASE WHEN c.id IS NOT NULL THEN $7::text END, ''::text, ''::text, ''::text`
 	if routed {
