@@ -12,9 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// putCert writes a certificate row by hand, as the reference, the proxy or an
-// operator did: renew_at NULL, expires_at as given (nil: NULL, as the reference wrote
-// when it did not know).
+// putCert writes a certificate row by hand, as the Rust worker, the proxy or an
+// operator does: renew_at NULL, expires_at as given (nil: NULL, as the Rust worker
+// writes when it does not know).
 func (b *bundle) putCert(t *testing.T, domain, chain string, expires *time.Time) {
 	t.Helper()
 	_, err := b.pool.Exec(b.ctx, `
