@@ -34,7 +34,6 @@ func (e *AmbiguousError) Error() string {
 		e.Name, len(e.Matches), strings.Join(names, ", "))
 }
 
-// named is one row of a look-up by name.
 type named struct {
 	id, tenantID, domain, verification, provider, status string
 	keeps                                                bool

@@ -41,7 +41,6 @@ UPDATE proxy_domains d SET ssl_status = 'failed', ssl_error = x.reason, updated_
 FROM unnest($1::uuid[], $2::text[]) AS x (id, reason)
 WHERE d.id = x.id`
 
-// failExhausted is one batch of FailExhausted.
 func (q *Queue) failExhausted(ctx context.Context) ([]issuing.BadRow, error) {
 	var out []issuing.BadRow
 	ascii := q.asciiOnly(ctx)

@@ -92,7 +92,6 @@ func markActiveStatement(c issuing.Claim, cert *issuing.Certificate, renewAt tim
 		nullString(c.ProfileRefused), notice, nullTime(cert.WindowStart), nullString(cert.Directory)}
 }
 
-// nullSeconds is d in seconds, or NULL for 0.
 func nullSeconds(d time.Duration) *float64 {
 	if d <= 0 {
 		return nil
@@ -101,7 +100,6 @@ func nullSeconds(d time.Duration) *float64 {
 	return &s
 }
 
-// nullString is s, or NULL for "".
 func nullString(s string) *string {
 	if s == "" {
 		return nil

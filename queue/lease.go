@@ -71,7 +71,6 @@ func (q *Queue) ConfirmClaim(ctx context.Context, token string) (time.Duration, 
 	return 0, fmt.Errorf("confirm the claim: the lease had run out: %w", issuing.ErrLeaseDeadline)
 }
 
-// leaseRow is what renewLeases found of one claim still on its row.
 type leaseRow struct {
 	token     string
 	unexpired bool

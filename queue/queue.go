@@ -37,5 +37,4 @@ func New(db DB, cfg issuing.Config) *Queue {
 // Config is the queue's effective configuration.
 func (q *Queue) Config() issuing.Config { return q.cfg }
 
-// seconds turns a duration into the float the SQL's make_interval takes.
 func seconds(d time.Duration) float64 { return d.Seconds() }

@@ -25,7 +25,6 @@ func (q *Queue) MarkRenewals(ctx context.Context) (issuing.RenewalPass, error) {
 	return pass, errors.Join(fillErr, err)
 }
 
-// fillRenewalTimes gives the certificate rows without a renewal time one, in batches.
 func (q *Queue) fillRenewalTimes(ctx context.Context, pass *issuing.RenewalPass) error {
 	for after := ""; ; {
 		batch, err := q.readUnscheduled(ctx, after)
@@ -84,7 +83,6 @@ func (q *Queue) requeueDue(ctx context.Context) (int64, error) {
 	}
 }
 
-// unscheduled is a certificate row without a renewal time.
 type unscheduled struct {
 	id, domain, chain string
 	// domainID and tenantID are "" when the row's domain does not exist.
@@ -101,7 +99,6 @@ FROM proxy_certificates c LEFT JOIN proxy_domains d ON d.domain = c.domain
 WHERE c.renew_at IS NULL AND c.auto_renew AND c.id > $1::uuid
 ORDER BY c.id LIMIT $2`
 
-// readUnscheduled reads the next batch of rows without a renewal time, after id.
 func (q *Queue) readUnscheduled(ctx context.Context, after string) ([]unscheduled, error) {
 	if after == "" {
 		after = "00000000-0000-0000-0000-000000000000"

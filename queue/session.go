@@ -91,7 +91,6 @@ func ConfigureSession(cfg *pgxpool.Config, s Session) {
 	}
 }
 
-// sql is the SET statements for s.
 func (s Session) sql() string {
 	set := "SET jit = off"
 	for _, p := range []struct {

@@ -94,7 +94,6 @@ const troubleColumnsSQL = `id, tenant_id, domain, verification_status, ssl_provi
 
 var countsSQL = `SELECT ssl_status, count(*) FROM proxy_domains WHERE ssl_provider = 'acme' GROUP BY 1`
 
-// counts is the number of acme domains in each ssl_status.
 func (q *Queue) counts(ctx context.Context) (Counts, error) {
 	var c Counts
 	rows, err := q.db.Query(ctx, countsSQL)
@@ -203,7 +202,6 @@ SELECT COALESCE(c.issuer_directory, ''), count(*)
 FROM proxy_certificates c JOIN proxy_domains d ON d.domain = c.domain AND d.ssl_provider = 'acme'
 GROUP BY 1 ORDER BY 2 DESC, 1`
 
-// issuerCounts counts the certificates of acme domains by the CA that issued them.
 func (q *Queue) issuerCounts(ctx context.Context) ([]IssuerCount, error) {
 	rows, err := q.db.Query(ctx, issuerCountsSQL)
 	if err != nil {

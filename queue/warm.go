@@ -24,13 +24,11 @@ import (
 // one (plancache.c).
 const customPlans = 5
 
-// warmStatement is one statement of the wake path and arguments like its callers'.
 type warmStatement struct {
 	sql  string
 	args []any
 }
 
-// warmStatements are the statements of the wake path.
 func (q *Queue) warmStatements(directory string) []warmStatement {
 	const owner = "warm-up"
 	newcomer, newcomerArgs := q.claimStatement(owner, directory, 1, 2, 2, 1)

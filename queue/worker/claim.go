@@ -234,13 +234,11 @@ func (w *Worker) nextIdleRetry() time.Duration {
 	return d
 }
 
-// setTimer makes the timer fire after d for source.
 func (w *Worker) setTimer(d time.Duration, source string) {
 	w.timer.Reset(d)
 	w.timerAt, w.timerSource = time.Now().Add(d), source
 }
 
-// setTimerIfSooner moves the timer to d from now if that is before it fires.
 func (w *Worker) setTimerIfSooner(d time.Duration, source string) {
 	if w.timerAt.IsZero() || time.Now().Add(d).Before(w.timerAt) {
 		w.setTimer(d, source)

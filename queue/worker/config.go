@@ -88,7 +88,6 @@ type Config struct {
 // before a planned move, and then a name whose DNS never came stops being checked.
 const DefaultDNSWaitMax = 7 * 24 * time.Hour
 
-// withDefaults checks c and fills in what is unset.
 func (c Config) withDefaults() (Config, error) {
 	switch {
 	case c.Pool == nil:

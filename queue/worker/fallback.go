@@ -27,7 +27,6 @@ type FallbackCA struct {
 	Limits issuing.Limits
 }
 
-// ca is one CA as the worker uses it.
 type ca struct {
 	// label is "primary" or "fallback", for logs and metrics.
 	label     string
@@ -46,7 +45,6 @@ func (w *Worker) caOf(directory string) *ca {
 	return w.first
 }
 
-// cas are the CAs the worker orders from, the first first.
 func (w *Worker) cas() []*ca {
 	if w.second == nil {
 		return []*ca{w.first}

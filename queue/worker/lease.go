@@ -237,7 +237,6 @@ func (h *heartbeatConn) renew(ctx context.Context, qcfg issuing.Config, tokens [
 	return leases, err
 }
 
-// connect opens the session with the pool's configuration and session set-up.
 func (h *heartbeatConn) connect(ctx context.Context, timeout time.Duration) (*pgx.Conn, error) {
 	conn, err := queue.ConnectSession(ctx, h.cfg)
 	if err != nil {

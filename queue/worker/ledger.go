@@ -38,7 +38,6 @@ func (w *Worker) admit(ctx context.Context, claims []issuing.Claim) (admitted []
 	return admitted, ok
 }
 
-// admitAt is admit for the claims that go to the CA at.
 func (w *Worker) admitAt(ctx context.Context, at *ca, claims []issuing.Claim) (admitted []issuing.Claim, ok bool) {
 	if !at.limits.Any() {
 		return claims, true

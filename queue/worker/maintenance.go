@@ -68,7 +68,6 @@ func (w *Worker) maintenanceDuty(ctx context.Context) (held bool, left time.Dura
 	return held, left
 }
 
-// releaseMaintenanceDuty hands the duty on at shutdown.
 func (w *Worker) releaseMaintenanceDuty(ctx context.Context) {
 	rctx, cancel := w.step(ctx, true)
 	defer cancel()
@@ -77,7 +76,6 @@ func (w *Worker) releaseMaintenanceDuty(ctx context.Context) {
 	}
 }
 
-// kickPass starts a pass, unless one is asked for already.
 func (w *Worker) kickPass() {
 	select {
 	case w.kick <- listener.SourceTimer:

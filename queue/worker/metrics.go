@@ -108,7 +108,6 @@ func (m *metrics) outcome(outcome string, d time.Duration) {
 
 func (m *metrics) setInflight(n int) { m.inflight.Set(float64(n)) }
 
-// setCAUnreachable sets the unreachable gauge of the CA labelled label.
 func (m *metrics) setCAUnreachable(label string, down bool) {
 	v := 0.0
 	if down {
@@ -121,10 +120,8 @@ func (m *metrics) setCAUnreachable(label string, down bool) {
 	m.caUnreachable.Set(v)
 }
 
-// caOrder counts a finished order at the CA labelled label.
 func (m *metrics) caOrder(label, outcome string) { m.caOrders.WithLabelValues(label, outcome).Inc() }
 
-// fallback counts an order sent to the second CA, by cause.
 func (m *metrics) fallback(cause string) { m.fallbacks.WithLabelValues(cause).Inc() }
 
 func (m *metrics) heartbeatFailed() { m.heartbeats.Inc() }

@@ -23,7 +23,6 @@ var (
 	errLeaseDeadline = fmt.Errorf("lease not renewed in time: %w", issuing.ErrLeaseDeadline)
 )
 
-// order is one claim being worked on.
 type order struct {
 	claim   issuing.Claim
 	source  string
@@ -35,7 +34,6 @@ type order struct {
 	lost atomic.Bool
 }
 
-// result is what an order hands back to the loop.
 type result struct {
 	token   string
 	outcome string
@@ -242,7 +240,6 @@ func (w *Worker) issue(ctx context.Context, o *order, name, profile string) (cer
 	return cert, err
 }
 
-// store records a certificate.
 func (w *Worker) store(o *order, log *zap.Logger, cert *issuing.Certificate) string {
 	var renewIn time.Duration
 	err := w.record(o, log, "store certificate", func(ctx context.Context) (err error) {
@@ -296,7 +293,6 @@ func (w *Worker) failForGood(o *order, log *zap.Logger, reason, outcome string) 
 	return outcome
 }
 
-// handBack returns the claim uncharged.
 func (w *Worker) handBack(o *order, log *zap.Logger, quiet bool, outcome string) string {
 	err := w.record(o, log, "hand back", func(ctx context.Context) error {
 		return w.q.Release(ctx, o.claim, quiet)

@@ -47,7 +47,6 @@ func (w *Worker) shutdown() {
 	w.m.setInflight(0)
 }
 
-// waitForOrders takes results until no order is in flight or d has passed.
 func (w *Worker) waitForOrders(d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()

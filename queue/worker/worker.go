@@ -212,13 +212,11 @@ func (e *ProfileHalt) Error() string {
 }
 func (e *ProfileHalt) Unwrap() error { return e.Err }
 
-// halted reports whether the instance has stopped claiming (Halted).
 func (w *Worker) halted() bool { return w.keyErr.Load() != nil || w.profileErr.Load() != nil }
 
 // Owner is the name this instance claims under (ssl_claimed_by).
 func (w *Worker) Owner() string { return w.owner }
 
-// run is the worker's life: its helpers, the loop, and the shutdown.
 func (w *Worker) run(ctx context.Context) {
 	defer close(w.done)
 	defer w.stopListening()
@@ -320,14 +318,12 @@ func settingsFields(s queue.FleetSettings) map[string]string {
 	}
 }
 
-// listenAll adds topics to l.
 func listenAll(l *listener.Listener, topics map[string]listener.Topic) {
 	for channel, t := range topics {
 		l.Listen(channel, t)
 	}
 }
 
-// stopListening stops the wake source and the topics' connection.
 func (w *Worker) stopListening() {
 	w.waker.Stop()
 	if w.topics != nil {
