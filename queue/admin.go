@@ -11,16 +11,12 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// RefusedError is a retry the domain's state does not allow. Its message is the
-// reason, for the operator.
+// RefusedError is a retry the domain's state does not allow; its message says why.
 type RefusedError struct{ Reason string }
 
 func (e *RefusedError) Error() string { return e.Reason }
 
-// AmbiguousError is a name that matches several domains when looked up in any case
-// (rows that differ only in case) of which none is spelled so and none is a verified
-// acme row that keeps the name (pickTwin). The operator commands refuse to choose
-// between them.
+// AmbiguousError is a name matching case twins pickTwin cannot choose between.
 type AmbiguousError struct {
 	Name    string
 	Matches []NameMatch
@@ -38,7 +34,6 @@ func (e *AmbiguousError) Error() string {
 		e.Name, len(e.Matches), strings.Join(names, ", "))
 }
 
-// named is one row of a look-up by name.
 type named struct {
 	id, tenantID, domain, verification, provider, status string
 	keeps                                                bool
@@ -49,10 +44,8 @@ SELECT id::text, tenant_id::text, domain, verification_status, ssl_provider, ssl
     ` + twinCountsSQL("d") + ` AND ` + keepsNameSQL("d") + `
 FROM proxy_domains d WHERE lower(domain) = lower($1) ORDER BY domain FOR UPDATE`
 
-// lookUp finds the one domain called name, in any case (operators type names as a
-// browser shows them), through the index on lower(domain) of migration 00006, locking
-// it for the rest of tx. It returns ErrNotFound for none, and an *AmbiguousError,
-// naming them all, for several that pickTwin cannot choose between.
+// lookUp finds the one domain called name, in any case, locking it for tx:
+// ErrNotFound or an *AmbiguousError otherwise.
 func lookUp(ctx context.Context, tx pgx.Tx, name string) (named, error) {
 	rows, err := tx.Query(ctx, lookUpSQL, name)
 	if err != nil {
@@ -78,11 +71,9 @@ func lookUp(ctx context.Context, tx pgx.Tx, name string) (named, error) {
 	return found[i], nil
 }
 
-// pickTwin chooses which of n rows matching name in any case an operator means (at
-// gives each row's id, its name as stored, and whether it is verified, acme and keeps its name:
-// keepsNameSQL). The one row there is; else the row spelled exactly as name; else the
-// verified acme row that keeps the name, since twins that are unverified or not acme
-// count for nothing. Else an *AmbiguousError naming them all.
+// pickTwin chooses which of n rows matching name in any case an operator means: the
+// only row, else the one spelled exactly so, else the one that keeps the name
+// (keepsNameSQL); else an *AmbiguousError.
 func pickTwin(name string, n int, at func(i int) (id, domain string, keeps bool)) (int, error) {
 	if n == 1 {
 		return 0, nil
@@ -111,14 +102,9 @@ func pickTwin(name string, n int, at func(i int) (id, domain string, keeps bool)
 var retrySQL = `SELECT count(*) FROM certworker_queue_for_issuance($1, $2)`
 
 // Retry puts a failed or backing-off domain back in the queue now, by name in any
-// case: pending, attempts 0, error and last attempt cleared (so the next pass takes it
-// rather than waiting out a backoff computed for a cause the operator has just
-// fixed), and every CA's refusal of the name forgotten (ssl_ca_refused), all by the
-// function, also for a row with no history to clear. It refuses, with a
-// *RefusedError saying why, a domain that is unknown, not verified, not acme, active,
-// or being issued, and, with an *AmbiguousError, a name two rows hold in different
-// cases. The requeue is certworker_queue_for_issuance's,
-// the proxy's own, which wakes a running worker within milliseconds.
+// case, through certworker_queue_for_issuance: attempts, error and every CA's refusal
+// cleared. It refuses with a *RefusedError a domain unknown, not verified, not acme,
+// active or being issued, and with an *AmbiguousError a name case twins hold.
 func (q *Queue) Retry(ctx context.Context, domain string) error {
 	return pgx.BeginFunc(ctx, q.db, func(tx pgx.Tx) error {
 		d, err := lookUp(ctx, tx, domain)
@@ -152,10 +138,9 @@ func (q *Queue) Retry(ctx context.Context, domain string) error {
 
 var queueForIssuanceSQL = `SELECT count(*) FROM certworker_queue_for_issuance($1, $2)`
 
-// QueueForIssuance is the proxy API's "retry": certworker_queue_for_issuance (migration
-// 00006), the one implementation the proxy calls too. It reports whether the domain
-// was queued; false, with nothing changed, for another tenant's domain, one that is
-// not verified, not acme, or already provisioning or active.
+// QueueForIssuance is the proxy API's "retry", certworker_queue_for_issuance. It
+// reports whether the domain was queued (false, changing nothing, when the function
+// refuses).
 func (q *Queue) QueueForIssuance(ctx context.Context, id, tenantID string) (bool, error) {
 	var queued int
 	if err := q.db.QueryRow(ctx, queueForIssuanceSQL,
@@ -198,10 +183,9 @@ func scanDomain(row pgx.Row) (*Domain, error) {
 var updateDomainSQL = `
 SELECT ` + domainColumns + ` FROM certworker_update_domain($1, $2, $3, $4)`
 
-// UpdateDomain is the proxy API's domain update: certworker_update_domain (migration
-// 00006). A nil field is left alone; changing the provider resets the SSL state to a
-// fresh 'pending', so a verified domain switched to acme is queued. Returns nil, nil
-// when the domain is not the tenant's.
+// UpdateDomain is the proxy API's domain update, certworker_update_domain: nil
+// fields are left alone, and a provider change resets the SSL state to 'pending'.
+// nil, nil when the domain is not the tenant's.
 func (q *Queue) UpdateDomain(ctx context.Context, id, tenantID string, method, provider *string) (*Domain, error) {
 	d, err := scanDomain(q.db.QueryRow(ctx, updateDomainSQL, id, tenantID, method, provider))
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -20,15 +20,13 @@ ON CONFLICT (directory) DO UPDATE SET (granted, tokens, refilled_at) = (
             FROM (SELECT clock_timestamp() AS at) t) a) g)
 RETURNING b.granted, b.tokens`
 
-// TakeRenewalInfoTokens takes up to want tokens from the fleet's bucket of
-// renewal-information requests to the CA at directory, refilled at perSecond. Every
-// request the fleet sends takes one first. It returns how many it took, and when it
-// took fewer than want, how long until want (or the bucket's fill, if smaller) will be
-// there, so that the caller comes back for a batch, not a token at a time.
+// TakeRenewalInfoTokens takes up to want tokens from the fleet's bucket for the CA at
+// directory, refilled at perSecond; every renewal-information request takes one. It
+// returns how many it took and, when fewer than want, how long until want (or a full
+// bucket) will be there, so the caller comes back for a batch.
 //
-// One statement, and so one short lock of the bucket's row: never held across a
-// request to the CA. The clock is the database's, read once the row is locked, so that
-// instances whose clocks differ share one bucket.
+// One statement, so the bucket's row is never locked across a request; the clock is
+// the database's, so instances whose clocks differ share one bucket.
 func (q *Queue) TakeRenewalInfoTokens(ctx context.Context, directory string, want int, perSecond float64) (got int, wait time.Duration, err error) {
 	if !(perSecond > 0) || math.IsInf(perSecond, 0) {
 		return 0, 0, issuing.ErrBadRate
@@ -52,8 +50,7 @@ func (q *Queue) TakeRenewalInfoTokens(ctx context.Context, directory string, wan
 var returnRenewalInfoTokensSQL = `
 UPDATE certworker_ari_buckets SET tokens = LEAST($3, tokens + $2) WHERE directory = $1`
 
-// ReturnRenewalInfoTokens puts back n tokens taken and not spent (fewer
-// certificates were due than tokens taken).
+// ReturnRenewalInfoTokens puts back n tokens taken and not spent.
 func (q *Queue) ReturnRenewalInfoTokens(ctx context.Context, directory string, n int, perSecond float64) error {
 	if n <= 0 {
 		return nil
@@ -68,7 +65,6 @@ func (q *Queue) ReturnRenewalInfoTokens(ctx context.Context, directory string, n
 	return nil
 }
 
-// renewalInfoBurst is what the bucket holds at most: a second's worth, and at least
-// one token. A fleet that was idle may then spend one second's requests at once and no
-// more, so in any span of t seconds the CA sees at most rate * (t + 1) requests.
+// renewalInfoBurst is the bucket's size: a second's worth, at least one token, so in
+// any t seconds the CA sees at most rate * (t + 1) requests.
 func renewalInfoBurst(perSecond float64) float64 { return max(perSecond, 1) }

@@ -10,65 +10,16 @@ import (
 	"github.com/certworker/certworker/queue/issuing"
 )
 
-// claimSQL claims up to $6 due domains of the tiers $8 to $9 in one statement.
+// claimSQL claims up to $6 due domains of the tiers $8 to $9 in one statement, the
+// one judge of what is due (docs/internals.md, Claim and Order of service). FOR
+// UPDATE SKIP LOCKED lets instances claim side by side without blocking.
 //
-// FOR UPDATE SKIP LOCKED inside the statement that flips the status is what makes
-// several instances safe: two cannot claim the same row, and neither blocks on the
-// other. The statement is the one judge of what is due; a wake-up only says "look now".
-//
-// Due: verified, acme, pending, attempts below the limit, backoff elapsed, and not
-// held back by a pause. The backoff is computed here, from the row's own ssl_attempts,
-// with the same parameters as Config.Backoff: it has to be one statement. The
-// reference's first version claimed the row (stamping ssl_last_attempt_at) and checked
-// the backoff in a second query, against the timestamp it had just overwritten, so
-// every row with a failure behind it looked just tried and backoff meant "never retry".
-//
-// The claim reads only what it can take, so that a claim costs what it takes, not
-// the queue's length nor the rows held back. It reads the rows in line, in
-// order of service, from proxy_domains_line_idx, and locks them as it reads (FOR
-// UPDATE SKIP LOCKED: a row another instance is claiming is passed over, not counted):
-// the worker's failure write takes a row out of line (ssl_held), and ReturnHeld brings
-// it back once its backoff has run out. It reads at most $10 of them (head, as many as
-// it may claim when the queue is in order): a row in line that the pause of a
-// registered domain or of its name holds back, or whose backoff has not run out (a
-// longer --retry-base, a hand edit), is taken out of line by the same statement (out),
-// so that no later claim reads it again, and Claim reads on with a wider window. A
-// pause of the CA ($7) is one test for the whole statement, and takes nothing out. Of
-// two rows whose names differ only in case, only the one that keeps the name
-// (keepsNameSQL, twins.go) is claimed: the other is failed by the same statement
-// (lost), so that it never holds the keeper back and is not read again. Pauses are conditions of the claim, not checks after
-// it, so a held-back domain is never claimed and handed back again.
-//
-// Order of service:
-//  1. ssl_queue_tier 1, renewals close to expiry (a fifth of the lifetime left, or
-//     past the CA's renewal window): a certificate about to expire hurts a tenant
-//     who is already served, and waiting behind a backlog could let it lapse.
-//     Tenants take turns here too: ssl_queue_seq is a turn of the row's tenant, and
-//     the claim serves each turn with that tenant's due urgent renewal of earliest
-//     ssl_renew_by (picks), handing the turn's place to the row it did not take
-//     (moved), so that a tenant with 500 urgent renewals gets one a round, earliest
-//     expiry first;
-//  2. tier 2, first issuances and retries, shared between tenants: ssl_queue_seq is
-//     the row's place in its tenant's line, one past the tenant's last place in the
-//     tier and never before the tier's clock, the first place in line in that tier
-//     (the wake trigger, migration 00015), so a tenant with 2,000 rows queued gets
-//     one turn a round, and a tenant that verifies one domain later is served in
-//     the next round, not after the 2,000; on a tied place, the row queued last goes
-//     first, the tenant who has just arrived;
-//  3. tier 3, renewals with time to spare: they can wait behind a tenant's first
-//     certificate, and become tier 1 when their time runs short.
-//
-// Within a tenant, its rows are served in the order they entered the queue (tier 1:
-// earliest expiry), so the oldest attempt first and a retry behind the rows queued
-// before its failure. Each tier's clock follows only that tier, and nothing writes it:
-// it is read from the index (the claim of old moved one clock row for every tier, so
-// one urgent renewal of a tenant with a backlog put a newcomer behind it).
-//
-// The claim stamps ssl_last_attempt_at and updated_at with the transaction's time, as
-// the reference does, and keeps the previous attempt time in ssl_claim_prev_attempt_at
-// for a hand-back. It returns the claims in order of service, and one row at least:
-// the rows it took out of line and the rows it read, for Claim to know whether to
-// read on.
+// It reads at most $10 rows in line, in order of service, locking as it reads. A row
+// held back by a pause or its backoff it takes out of line (out), a twin that loses
+// its name it fails (lost), so no later claim reads either again. Tier 1 serves each
+// tenant's turn with its earliest due renewal (picks), handing the turn's place to
+// the row it did not take (moved). The previous attempt time is kept for a hand-back,
+// and the counts Claim reads on by come back in one row at least.
 var claimSQL = `
 WITH head AS MATERIALIZED (
     SELECT h.*, row_number() OVER () AS rn FROM (
@@ -125,12 +76,9 @@ WITH head AS MATERIALIZED (
     RETURNING d.id
 ` + claimTailSQL("take", false)
 
-// claimWindow is how many rows in line one claim statement reads for n slots: n at
-// first, since the rows it reads are locked as they are read and a row another
-// instance holds is passed over. Each round after one that came back short reads four
-// times as many, up to maxClaimWindow: rows held back meet the claim in runs (a pause
-// of a registered domain holds back all its names at once), and taking them out n at
-// a time would leave the queue idle behind them.
+// claimWindow is how many rows in line one claim statement reads for n slots: n,
+// then four times as many after each short round, up to maxClaimWindow: held-back
+// rows come in runs.
 func claimWindow(n, round int) int {
 	w := n
 	for range round {
@@ -139,32 +87,22 @@ func claimWindow(n, round int) int {
 	return w
 }
 
-// maxClaimWindow bounds the rows one claim statement reads, and so what it may take
-// out of line at once (a few hundred milliseconds of writes).
+// maxClaimWindow bounds the rows one claim statement reads and may take out of line.
 const maxClaimWindow = 10000
 
-// claimRounds bounds the statements one Claim runs for one part: a claim that came
-// back short reads on while it took rows out of line, or read a full window. Eight
-// take out some 38,000 rows at most, a few seconds of writes, well within a step's
-// timeout; a claim left short by more is followed by the worker's next pass, since
-// the queue still says something is due.
+// claimRounds bounds the statements one Claim runs for one part, within a step's
+// timeout; the worker's next pass takes what is left.
 const claimRounds = 8
 
-// Claim takes up to limit due domains for owner (an instance name, for operators and
-// for ReleaseUntracked), from the CA at directory (whose pause it respects). It
-// returns none when nothing is due.
+// Claim takes up to limit due domains for owner (an instance name), from the CA at
+// directory, whose pause it respects. It returns none when nothing is due.
 func (q *Queue) Claim(ctx context.Context, owner, directory string, limit int) ([]issuing.Claim, error) {
 	return q.ClaimShared(ctx, owner, directory, limit, 0)
 }
 
-// ClaimShared is Claim with up to newcomers of the limit claimed first among first
-// issuances and their retries (tier 2), whatever the urgent renewals ahead of them:
-// the worker keeps a quarter of its slots for them while any are due,
-// so that a tenant who verifies during a mass revocation is served among the next
-// --concurrency claims. What the newcomers leave is claimed in order of service (every
-// tier: 1 to 3, and any other value ssl_queue_tier holds, which a hand edit may have
-// put there, so that no row is left out of every claim). Rows held out of line whose
-// time has come are brought back first (ReturnHeld).
+// ClaimShared is Claim with up to newcomers of the limit taken first from tier 2,
+// whatever is ahead; the rest in order of service, over every tier value. Held rows
+// whose time has come are brought back first (ReturnHeld).
 func (q *Queue) ClaimShared(ctx context.Context, owner, directory string, limit, newcomers int) ([]issuing.Claim, error) {
 	if limit <= 0 {
 		return nil, nil
@@ -175,12 +113,8 @@ func (q *Queue) ClaimShared(ctx context.Context, owner, directory string, limit,
 	return q.ClaimInLine(ctx, owner, directory, limit, newcomers)
 }
 
-// ClaimInLine is ClaimShared without bringing held rows back first: it claims from
-// the rows in line as they stand. It is the claim of a pass woken for a row that has
-// just entered the queue, which the wake trigger has put in line: bringing held rows
-// back costs a statement (most of it planning) before the claim, on the path from a
-// tenant's "verify" to its order, and a held row's time is known in advance
-// (NextDue), so the worker's timer brings it back when it comes.
+// ClaimInLine is ClaimShared without ReturnHeld first: the claim of a pass woken for
+// a row just put in line. The timer brings held rows back (NextDue).
 func (q *Queue) ClaimInLine(ctx context.Context, owner, directory string, limit, newcomers int) ([]issuing.Claim, error) {
 	if limit <= 0 {
 		return nil, nil
@@ -273,30 +207,14 @@ func deref(s *string) string {
 	return *s
 }
 
-// ReturnHeld brings back in line the rows held out whose time has come (for the CA at
-// directory, whose ledger's pauses some rows pass), and returns how many: a row held for its backoff once the backoff by the current formula
-// (--retry-base, --retry-max, from its own ssl_attempts) has run out,
-// and a row held under a pause once that pause has ended; a row still held back for
-// the other reason is held for that one instead. So a changed --retry-base, a hand
-// edit of ssl_attempts or ssl_last_attempt_at, or a pause lifted early takes effect at
-// the next claim.
-//
-// Like NextDue it reads per attempt count (below --max-attempts) the rows never tried
-// and those tried before that count's backoff, two index ranges of
-// proxy_domains_held_backoff_idx, and the pauses rows are held under once each (a
-// skip scan of proxy_domains_held_pause_idx): its cost follows the rows it brings
-// back, not the rows held. Rows locked by someone else (the proxy's open transaction) are
-// skipped and left for the next call; no more than fillBatch rows a call. The rows
-// are looked up by id (= ANY of an array: the primary key, whatever the statistics
-// say): as a semi-join, after a mass hold and before the next analyze, the planner
-// counted one held row and read all 100,000 to match them with the candidates (1.9 s
-// instead of 0.2 ms, bench/plans.txt). A row back
-// in line takes its place as a row entering the queue does (the wake trigger): one
-// past its tenant's last in its tier, and never before the tier's clock; its tenant's
-// rows coming back together take consecutive places.
+// ReturnHeld brings back in line the rows held out whose time has come, for the CA at
+// directory, and returns how many: a row whose backoff by the current formula has run
+// out or whose pause has ended (a row still held for the other reason is held for
+// that). Its cost follows the rows it brings back; locked rows wait for the next call.
+// Rows are looked up by id = ANY(array), so the primary key is used whatever the
+// statistics say, and take their place as the wake trigger would give it.
 func (q *Queue) ReturnHeld(ctx context.Context, directory string) (int64, error) {
-	// Query, not Exec: pgx sends a statement without arguments through Exec in the
-	// simple protocol, unprepared and planned at every call.
+	// Query, not Exec: Exec without arguments is planned at every call.
 	rows, err := q.db.Query(ctx, q.returnHeldStatement(directory))
 	if err != nil {
 		return 0, fmt.Errorf("bring held rows back in line: %w", err)
@@ -308,27 +226,17 @@ func (q *Queue) ReturnHeld(ctx context.Context, directory string) (int64, error)
 	return rows.CommandTag().RowsAffected(), nil
 }
 
-// returnHeldStatement is ReturnHeld's statement for the CA at directory. It has no
-// parameters: --max-attempts, --retry-base, --retry-max, the batch and the directory
-// are written into it as literals. With them as parameters the server planned it
-// anew at every call (a custom plan each time: it never preferred the generic one),
-// 3-4 ms of planning on a warm session and 10-28 ms on the wake benchmark's, for
-// 0.03 ms of execution (pg_stat_statements: 13 plans in 12 calls). A statement
-// without parameters is planned once per session, and WarmUp plans it before the
-// session's first claim. Each is a setting of the process, and the same for every
-// call, so the statement is too, and one entry of the statement cache.
+// returnHeldStatement is ReturnHeld's statement for the CA at directory, with its
+// settings as literals so the server plans it once per session (docs/internals.md).
 func (q *Queue) returnHeldStatement(directory string) string {
 	maxAttempts, batch := strconv.Itoa(q.cfg.MaxAttempts), strconv.Itoa(fillBatch)
 	float := func(d time.Duration) string { return strconv.FormatFloat(seconds(d), 'g', -1, 64) + "::float8" }
 	base, cap := float(q.cfg.RetryBase), float(q.cfg.RetryMax)
 	dir, _ := sqlLiterals([]any{directory}) // a string always has one
-	// With a second CA a row held back at the first is not held out of line: it
-	// may go to the second once it has waited (claimRoutedSQL).
+	// With a second CA, a row held back at the first stays in line (claimRoutedSQL).
 	pause := heldByPauseSQL("d", dir+"::text")
-	// A row held under a pause comes back once the pause has ended; with a second CA,
-	// at once, whatever holds it (the routed claim holds rows out as HeldRouted, and a
-	// row held under a pause's key was held out by a claim of one CA: a fleet that
-	// now has a second).
+	// A row held under a pause comes back once the pause ends; with a second CA, at
+	// once, whatever holds it.
 	pauseEnded := `AND NOT EXISTS (
         SELECT 1 FROM certworker_pauses p
         WHERE p.scope || ':' || p.key = keys.k AND p.paused_until > now())`
@@ -417,11 +325,8 @@ WHERE ssl_status = 'provisioning' AND ssl_claimed_by = $1
 RETURNING id::text, tenant_id::text, domain`
 
 // ReleaseUntracked hands back, uncharged, every row owner holds whose token is not in
-// keep: claims whose statement committed but whose answer never reached the instance
-// (a timeout, a lost connection). Without it such rows would sit in 'provisioning'
-// under a live instance's name until their lease ran out, and then be reclaimed with
-// an attempt charged for an order that was never placed. owner must name one instance
-// only (the worker adds a random suffix to the name it is given).
+// keep: claims whose answer never arrived, which the reclaim would otherwise charge.
+// owner must name one instance.
 func (q *Queue) ReleaseUntracked(ctx context.Context, owner string, keep []string) ([]Untracked, error) {
 	rows, err := q.db.Query(ctx, releaseUntrackedSQL, owner, keep)
 	if err != nil {

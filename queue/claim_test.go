@@ -29,9 +29,8 @@ func TestClaim_DomainThatFailedRecentlyWaits(t *testing.T) {
 	require.False(t, b.claimsInclude(t, id), "a domain inside its backoff window should not be claimed")
 }
 
-// The case the reference's original two-query version could never reach: it stamped
-// ssl_last_attempt_at = NOW() and then compared against that, so every row with
-// attempts > 0 looked as though it had just been tried.
+// A row whose backoff has run out is claimed again: the backoff is judged against the
+// previous attempt, not against the claim's own stamp of ssl_last_attempt_at.
 func TestClaim_DomainWhoseBackoffHasElapsedIsClaimedAgain(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

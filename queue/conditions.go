@@ -6,15 +6,13 @@ import (
 	"github.com/certworker/certworker/queue/issuing"
 )
 
-// The conditions and expressions the statements share, each defined once here and
-// rendered into the statements that use it when the package is initialised.
+// The conditions and expressions the statements share, each defined once here.
 // testdata/sql holds every statement as rendered.
 
 // claimOrderSQL is the claim's order of service (see claimSQL).
 const claimOrderSQL = `ORDER BY COALESCE(d.ssl_queue_tier, 2), COALESCE(d.ssl_queue_seq, 0), d.ssl_queued_at DESC NULLS LAST`
 
-// column is column c of row x, or c alone for the row of a statement without alias
-// (x "").
+// column is column c of row x, or c alone when x is "".
 func column(x, c string) string {
 	if x == "" {
 		return c
@@ -22,14 +20,13 @@ func column(x, c string) string {
 	return x + "." + c
 }
 
-// managedSQL: row x is a domain certworker orders for, verified and acme. Only such
-// rows count among case twins (twinCountsSQL) and in the fleet's figures.
+// managedSQL: row x is a domain certworker orders for, verified and acme.
 func managedSQL(x string) string {
 	return column(x, "verification_status") + ` = 'verified' AND ` + column(x, "ssl_provider") + ` = 'acme'`
 }
 
-// claimableAsSQL: row x is in the claimable set, managed and pending: what the wake
-// trigger, the claim and the partial indexes of the queue agree on.
+// claimableAsSQL: row x is managed and pending (the wake trigger, the claim and the
+// partial indexes agree on it).
 func claimableAsSQL(x string) string {
 	return managedSQL(x) + ` AND ` + column(x, "ssl_status") + ` = 'pending'`
 }
@@ -37,9 +34,8 @@ func claimableAsSQL(x string) string {
 // claimableSQL is claimableAsSQL of a statement's only row.
 var claimableSQL = claimableAsSQL("")
 
-// inLineAsSQL: row x is in line, the set the claim reads (proxy_domains_line_idx):
-// claimable, and not taken out of line by a failure, a pause or a backoff (ssl_held).
-// The wake trigger's place in line (certworker_queue_place) reads the same set.
+// inLineAsSQL: row x is in line: claimable and not held out (ssl_held), the set of
+// proxy_domains_line_idx and certworker_queue_place.
 func inLineAsSQL(x string) string {
 	return claimableAsSQL(x) + `
       AND ` + column(x, "ssl_held") + ` IS NULL`
@@ -48,8 +44,7 @@ func inLineAsSQL(x string) string {
 // inLineSQL is inLineAsSQL of row d.
 var inLineSQL = inLineAsSQL("d")
 
-// readySQL: the retry backoff (docs/internals.md) has run out for row x, computed from its
-// own ssl_attempts with the same parameters as Config.Backoff ($2, $3).
+// readySQL: the retry backoff of row x has run out, with Config.Backoff's parameters.
 func readySQL(x string) string { return readyAtSQL(x, "$2", "$3") }
 
 // readyAtSQL is readySQL with --retry-base and --retry-max given as SQL expressions.
@@ -58,11 +53,8 @@ func readyAtSQL(x, base, cap string) string {
 		backoffSQL(x+".ssl_attempts", base, cap) + `))`
 }
 
-// heldByPauseSQL is a pause of a registered domain or of one name that holds row x
-// back, as ssl_held names it ('registered_domain:KEY', 'domain:KEY'), or NULL. It is
-// looked up among the row's own suffixes (certworker_suffixes), and only while such a
-// pause exists at all. Which one, when several hold the row, does not matter:
-// ReturnHeld looks again once it has ended.
+// heldByPauseSQL is the pause holding row x back, as ssl_held names it, or NULL,
+// looked up only while such a pause exists; which of several does not matter.
 func heldByPauseSQL(x, dir string) string {
 	return `CASE WHEN EXISTS (SELECT 1 FROM certworker_pauses
                    WHERE (scope <> 'ca' OR (key = ` + dir + ` AND source = 'ledger')) AND paused_until > now()) THEN
@@ -80,16 +72,13 @@ func heldByPauseSQL(x, dir string) string {
 // maxPlaceSQL is the top of bigint, the last place in line there is.
 const maxPlaceSQL = `9223372036854775807`
 
-// placeSQL is the place in line of a row of tenant entering tier: the wake
-// trigger's rule, certworker_queue_place, which is the one definition of it (one past
-// the tenant's last place in line in the tier, never before the tier's front, clamped
-// below maxPlaceSQL).
+// placeSQL is the place in line of a row of tenant entering tier, by the wake
+// trigger's rule (certworker_queue_place).
 func placeSQL(tenant, tier string) string {
 	return `certworker_queue_place(` + tenant + `, ` + tier + `)`
 }
 
-// pauseOfFirstSQL matches a pause p in force of the first CA ($7) that holds row d
-// back: the CA's own, or its pause of d's registered domain or name.
+// pauseOfFirstSQL matches a pause p in force of the first CA ($7) holding row d back.
 var pauseOfFirstSQL = `p.paused_until > now()
   AND ((p.scope = 'ca' AND p.key = $7)
     OR (p.scope IN ('registered_domain', 'domain') AND p.directory IN ($7, '')
@@ -98,32 +87,21 @@ var pauseOfFirstSQL = `p.paused_until > now()
     OR ` + tenantReservePauseSQL("p", "d", "$7", "$8") + `)
   AND NOT ` + ledgerExemptSQL("p", "d", "$7", "$8")
 
-// The values of ssl_held: why a claimable row is out of line, so that no claim reads
-// it until ReturnHeld (or the write named) brings it back. NULL is in line
-// (inLineSQL). Every statement that writes or compares a value uses these.
+// The values of ssl_held: why a claimable row is out of line until ReturnHeld (or
+// the write named) brings it back. NULL is in line.
 const (
-	// HeldBackoff: its backoff has not run out. Set by the failure write (Fail) and
-	// by a claim that read the row before its backoff ran out; cleared by ReturnHeld
-	// once the backoff has run out.
+	// HeldBackoff: its backoff has not run out.
 	HeldBackoff = "backoff"
-	// HeldRouted: the routed claim held it back at the CA it would go to for now,
-	// until ssl_held_until; cleared by ReturnHeld then, for the next claim to route
-	// it again.
+	// HeldRouted: the routed claim held it back until ssl_held_until.
 	HeldRouted = "routed"
-	// HeldDNS: it waits for its DNS (StartWait), checked by DNS alone, never by the
-	// CA. ReturnHeld leaves it out of line; EndWait clears it, and so does anyone
-	// who clears its 'waiting for DNS:' error (a retry, by the proxy or `certworker
-	// retry`), which brings its check forward.
+	// HeldDNS: it waits for its DNS (StartWait); EndWait, or a retry clearing its
+	// 'waiting for DNS:' error, clears it.
 	HeldDNS = "dns"
-	// A pause that holds the row back is named SCOPE:KEY, as heldByPauseSQL
-	// renders it (registered_domain:shop.example, domain:a.shop.example,
-	// ca:DIRECTORY for the ledger's pause of the account, tenant:ID for the tenant
-	// reserve). Set by the claim that read the row; cleared by ReturnHeld once no
-	// pause holds the row.
+	// A pause that holds the row back is named SCOPE:KEY (heldByPauseSQL), e.g.
+	// registered_domain:shop.example, ca:DIRECTORY, tenant:ID.
 )
 
-// heldAtSecondUntilSQL is until, the earliest end of the pauses in force of the second
-// CA ($8) that hold row d back, NULL when none does.
+// heldAtSecondUntilSQL is the earliest end of the second CA's pauses holding row d.
 var heldAtSecondUntilSQL = `SELECT min(p.paused_until) AS until FROM certworker_pauses p
         WHERE p.paused_until > now() AND p.directory = $8 AND NOT ` + ledgerExemptSQL("p", "d", "$8", "$8") + `
           AND ((p.scope = 'ca' AND p.key = $8)
@@ -132,47 +110,37 @@ var heldAtSecondUntilSQL = `SELECT min(p.paused_until) AS until FROM certworker_
                 AND (p.scope = 'registered_domain' OR p.key = lower(d.domain)))
             OR ` + tenantReservePauseSQL("p", "d", "$8", "$8") + `)`
 
-// backoffSQL is Config.Backoff in SQL, in seconds, for the attempt count in the column
-// attempts: base * 2^attempts, capped, negative counts as 0. base and cap are the
-// parameter placeholders the caller binds. Every statement that compares a row's
-// backoff with the clock (the claim, the next due time, status) uses it, so they
-// cannot disagree with each other or, through the same parameters, with Go.
+// backoffSQL is Config.Backoff in SQL, in seconds: base * 2^attempts, capped. Every
+// statement comparing a backoff with the clock uses it, so none disagrees with Go.
 func backoffSQL(attempts, base, cap string) string {
 	return fmt.Sprintf("LEAST(%s * power(2, LEAST(GREATEST(%s, 0), %d)), %s)", base, attempts, issuing.MaxShift, cap)
 }
 
-// nextAttemptSQL is the attempt count after one more attempt: negative counts as 0,
-// and a hand-edited count at the top of int4 stays in range instead of making the
-// whole statement fail (and with it every other row it would have moved).
+// nextAttemptSQL is the attempt count after one more attempt, kept within int4 so a
+// hand-edited count cannot fail the whole statement.
 const nextAttemptSQL = "(LEAST(GREATEST(ssl_attempts, 0), 2147483646) + 1)"
 
-// twinCountsSQL is true when row o (an alias of proxy_domains) is a case twin that
-// counts: verified and acme.
+// twinCountsSQL is true when row o is a case twin that counts: verified and acme.
 func twinCountsSQL(o string) string { return managedSQL(o) }
 
-// twinRankSQL is the rank of row x among its twins, smaller first: holding a
-// certificate, then the time it became verified and acme, then its id.
+// twinRankSQL is the rank of row x among its twins: holding a certificate, then the
+// time it became verified and acme, then its id.
 func twinRankSQL(x string) string {
 	return `(CASE WHEN EXISTS (SELECT 1 FROM proxy_certificates c WHERE c.domain = ` + x + `.domain) THEN 0 ELSE 1 END,
          COALESCE(` + x + `.ssl_eligible_at, 'infinity'::timestamptz), ` + x + `.id)`
 }
 
-// keepsNameSQL is true when no verified acme case twin of row x (an alias of
-// proxy_domains) comes before it (the rules above): x keeps its name. It says nothing
-// of x's own state; a row that is not verified and acme is to be judged by the caller
-// (it keeps nothing from a CA's point of view). It is one probe of the index on
-// lower(domain) (migration 00006) per row: a scalar count, which the planner keeps a
-// probe per row read, rather than NOT EXISTS, which it may turn into an anti-join of
-// the whole table.
+// keepsNameSQL is true when no verified acme case twin of row x ranks before it,
+// whatever x's own state. A scalar count keeps one index probe per row, where NOT
+// EXISTS may become an anti-join of the table.
 func keepsNameSQL(x string) string {
 	return `((SELECT count(*) FROM proxy_domains o
           WHERE lower(o.domain) = lower(` + x + `.domain) AND o.id <> ` + x + `.id AND ` + twinCountsSQL("o") + `
             AND ` + twinRankSQL("o") + ` < ` + twinRankSQL(x) + `) = 0)`
 }
 
-// failTwinsSQL is an UPDATE that fails the rows of from (a FROM item) whose id is id
-// and for which cond holds, as twins that lost their name (duplicateReason), dropping
-// any claim; it returns returning (d is the row).
+// failTwinsSQL is an UPDATE failing the rows of from with this id for which cond
+// holds, as twins that lost their name; it returns returning.
 func failTwinsSQL(from, id, cond, returning string) string {
 	return `UPDATE proxy_domains d SET
         ssl_status = 'failed', ssl_error = '` + duplicateReason + `', updated_at = now(), ` + releaseClaimSQL + `
@@ -180,36 +148,26 @@ func failTwinsSQL(from, id, cond, returning string) string {
     RETURNING ` + returning
 }
 
-// ariWindowSQL is true when the certificate stored for domain (an SQL expression of
-// proxy_domains.domain) is inside the renewal window last read for it, on the
-// database's clock.
+// ariWindowSQL is true when domain's stored certificate is inside its last-read
+// renewal window.
 func ariWindowSQL(domain string) string {
 	return `EXISTS (SELECT 1 FROM proxy_certificates x WHERE x.domain = ` + domain + `
                AND x.ari_window_start <= now() AND now() < x.ari_window_end)`
 }
 
-// renewalSQL is the one rule of "is an order for domain a renewal to the CA at
-// directory" (SQL expressions; second is the second CA's directory, "" without one):
-// domain holds a stored certificate that this CA issued (certOfSQL), and the ledger
-// saw this CA issue for the name before (certworker_issued_names). ariExemptSQL adds
-// that the certificate is inside its window. The claim lets such rows past the
-// ledger's pauses they are exempt from (ledgerExemptSQL), and Admit reads the same
-// expression for the claims it is asked about (knownRenewals): the two cannot
-// disagree. When they could, a renewal whose certificate came from the second CA,
-// routed to the first during the first's account-wide pause, was passed by the claim
-// (the first had issued for the name once) and refused by Admit (not the first's
-// certificate), and the fill claimed it again at once, 170 times a second.
+// renewalSQL is the one rule of "an order for domain is a renewal to the CA at
+// directory": it holds a certificate this CA issued (certOfSQL) and the ledger saw
+// this CA issue for the name. The claim and Admit both read it, so they never
+// disagree (a claim Admit refuses would be claimed again and again).
 func renewalSQL(domain, directory, second string) string {
 	return `EXISTS (SELECT 1 FROM proxy_certificates x JOIN certworker_issued_names n
                        ON n.directory = ` + directory + ` AND n.name = lower(x.domain)
                WHERE x.domain = ` + domain + ` AND x.certificate_pem <> ''` + certOfSQL("x", directory, second) + `)`
 }
 
-// certOfSQL is the condition (with a leading AND, or nothing without a second CA)
-// that certificate row x was issued by the CA at directory: the second CA's
-// certificates are recorded as such (issuer_directory); any other, one with no
-// recorded CA included, is the first's. The worker's replacesPEM applies the same
-// rule to decide whether the order names the certificate.
+// certOfSQL is the condition (a leading AND, or nothing without a second CA) that
+// certificate row x is the CA at directory's: the second's are recorded as such, any
+// other is the first's.
 func certOfSQL(x, directory, second string) string {
 	if second == "" {
 		return ""
@@ -218,100 +176,75 @@ func certOfSQL(x, directory, second string) string {
                  AND (` + x + `.issuer_directory IS NOT DISTINCT FROM ` + second + `) = (` + directory + ` = ` + second + `)`
 }
 
-// ariExemptSQL is true for an ARI renewal: a renewal (renewalSQL) whose certificate
-// is inside the window last read for it (ariWindowSQL).
+// ariExemptSQL is true for a renewal whose certificate is inside its window.
 func ariExemptSQL(domain, directory, second string) string {
 	return `(` + renewalSQL(domain, directory, second) + ` AND ` + ariWindowSQL(domain) + `)`
 }
 
-// ledgerExemptSQL is true when pause p is a ledger's pause of the CA at directory that
-// does not hold row d back (the rules above): a renewal the CA knows as one passes a pause of
-// the account's orders (scope 'ca') or of its registered domain, and an ARI renewal
-// passes every ledger pause. second is renewalSQL's.
+// ledgerExemptSQL is true when ledger pause p of the CA at directory lets row d
+// pass: a renewal passes a 'ca' or registered-domain pause, an ARI renewal any.
 func ledgerExemptSQL(p, d, directory, second string) string {
 	return `(` + p + `.source = 'ledger' AND CASE WHEN ` + p + `.scope IN ('ca', 'registered_domain')
                                          THEN ` + renewalSQL(d+".domain", directory, second) + `
                                          ELSE ` + ariExemptSQL(d+".domain", directory, second) + ` END)`
 }
 
-// tenantReservePauseSQL is true when pause p is the tenant reserve's pause at the CA
-// at directory of row x's tenant, and x is not a renewal the CA exempts from orders
-// per account (renewalSQL, with second the second CA's directory or ""): such a pause
-// holds x back.
+// tenantReservePauseSQL is true when pause p is the tenant reserve's pause for row
+// x's tenant and x is not a renewal the CA exempts.
 func tenantReservePauseSQL(p, x, directory, second string) string {
 	return `(` + p + `.scope = '` + issuing.ScopeTenant + `' AND ` + p + `.directory = ` + directory + `
          AND ` + p + `.key = ` + x + `.tenant_id::text AND NOT ` + renewalSQL(x+".domain", directory, second) + `)`
 }
 
-// dueByBackoffSQL: the rows that fall due when their backoff runs out, those in line
-// and those held for their backoff. With claimableSQL it is the predicate of
-// proxy_domains_due_line_idx (migration 00023). A row held under a pause falls due
-// when the pause ends, a routed row at its ssl_held_until, and a row waiting for its
-// DNS when a DNS check says so (the waiter): read here by backoff, 100,000 waiting
-// rows would be read through on every pass, and a held row whose backoff had run out
-// would make the next due time "now" for as long as it was held.
+// dueByBackoffSQL: the rows that fall due when their backoff runs out (with
+// claimableSQL, proxy_domains_due_line_idx's predicate); rows held otherwise fall due
+// by their own clock.
 const dueByBackoffSQL = `(ssl_held IS NULL OR ssl_held = '` + HeldBackoff + `')`
 
-// routedUntilSQL is the earliest ssl_held_until of the rows the routed claim held out
-// (HeldRouted): when ReturnHeld next brings one back (proxy_domains_routed_idx).
+// routedUntilSQL is the earliest ssl_held_until of the routed rows.
 var routedUntilSQL = `(SELECT min(ssl_held_until) FROM proxy_domains
      WHERE ` + claimableSQL + ` AND ssl_held = '` + HeldRouted + `')`
 
 // releaseClaimSQL is the part of every finishing write that drops the claim.
 const releaseClaimSQL = `ssl_claim_token = NULL, ssl_claimed_by = NULL, ssl_lease_expires_at = NULL`
 
-// heldSQL is the condition of every finishing write: the row is still held by this
-// claim ($1 id, $2 token) and is still an ACME domain. Fencing: an instance that lost
-// its claim (another took the row after its lease ran out) writes nothing; and a
-// tenant who switched the domain to another provider mid-order keeps what they
-// uploaded.
+// heldSQL is the fence of every finishing write: the row is still held by this claim
+// ($1 id, $2 token) and still ACME, so a lost claim writes nothing and a tenant who
+// switched provider mid-order keeps their upload.
 const heldSQL = `id = $1 AND ssl_claim_token = $2 AND ssl_status = 'provisioning' AND ssl_provider = 'acme'`
 
-// secondsUntilSQL is the time from now to the timestamp expression ts, in seconds, on
-// the database's clock: every delay the worker waits for is computed where the time
-// it compares with lives.
-//
-// The two times are turned into seconds before they are subtracted: a certworker
-// column may hold 'infinity' (a hand edit), and subtracting infinite timestamps is an
-// error on PostgreSQL before 17, which would stop every pass that reads the row.
-// Infinity comes back as +Inf seconds, which durationFromSeconds caps.
+// secondsUntilSQL is the time from now to ts, in seconds, on the database's clock,
+// converting both to seconds first: PostgreSQL before 17 cannot subtract 'infinity'
+// (+Inf here, capped by durationFromSeconds).
 func secondsUntilSQL(ts string) string {
 	return "(EXTRACT(epoch FROM (" + ts + ")) - EXTRACT(epoch FROM clock_timestamp()))::float8"
 }
 
-// finiteSQL is the timestamp expression ts, or NULL when it is infinite: what a row
-// hands to Go, which has no infinite time.Time (pgx refuses to scan one), so that a
-// hand-edited 'infinity' reads as unknown instead of failing the statement.
+// finiteSQL is ts, or NULL when infinite: Go (and pgx) has no infinite time.
 func finiteSQL(ts string) string {
 	return `(CASE WHEN isfinite(` + ts + `) THEN ` + ts + ` END)`
 }
 
-// leaseEndSQL is when the lease of row x (an alias of proxy_domains) runs out, for the
-// reclaim: its ssl_lease_expires_at, but '-infinity', run out already, when that is
-// later than now plus a whole lease (lease, an SQL expression of seconds). certworker
-// never writes a lease longer than one from now, so such a value is a hand edit or a
-// bug; 'infinity' would otherwise never be reclaimed.
+// leaseEndSQL is when row x's lease runs out, for the reclaim; a lease later than a
+// whole lease from now (a hand edit) counts as run out.
 func leaseEndSQL(x, lease string) string {
 	return `(CASE WHEN ` + x + `.ssl_lease_expires_at > now() + make_interval(secs => ` + lease + `)
              THEN '-infinity'::timestamptz ELSE ` + x + `.ssl_lease_expires_at END)`
 }
 
-// profileMovedOnSQL is true, in MarkActive's UPDATE of proxy_domains, when the domain
-// names a profile of its own ($14 the one the CA refused, $13 the certificate's) that
-// is not the certificate's: the same rule as certworker_set_profile's and the profile
-// trigger's. A certificate with no recorded profile, one the proxy does not renew, and
-// a profile the CA refused (renewed under the certificate's) are kept.
+// profileMovedOnSQL is true, in MarkActive, when the domain names a profile of its
+// own other than the certificate's ($13, when recorded) and the refused one ($14),
+// and the certificate renews automatically: certworker_set_profile's rule.
 const profileMovedOnSQL = `(ssl_profile IS NOT NULL AND $13::text IS NOT NULL AND ssl_profile <> $13::text
           AND ssl_profile IS DISTINCT FROM $14::text
           AND COALESCE((SELECT x.auto_renew FROM proxy_certificates x WHERE x.domain = proxy_domains.domain), true))`
 
-// heldSinceSQL is certworker_pauses.held_since on an upsert of p: kept while a pause
-// of it is in force, now when the last one had ended (a new hold begins).
+// heldSinceSQL is held_since on an upsert of pause p: kept while a pause is in
+// force, now when a new hold begins.
 const heldSinceSQL = `CASE WHEN p.paused_until > now() THEN COALESCE(p.held_since, p.created_at) ELSE now() END`
 
-// nextAttemptAtSQL is when a pending row is next tried, by the curve $1-$3: its backoff,
-// or the end of the pause that holds it, whichever is later; NULL for a row no pass
-// takes (failed, at the limit, not verified, not acme).
+// nextAttemptAtSQL is when a pending row is next tried: its backoff or the end of
+// its pause, whichever is later; NULL for a row no pass takes.
 func nextAttemptAtSQL(attempts, base, cap string) string {
 	return `CASE WHEN d.ssl_status = 'pending' AND d.ssl_attempts < ` + attempts + `
               AND ` + managedSQL("d") + `
@@ -322,12 +255,9 @@ func nextAttemptAtSQL(attempts, base, cap string) string {
     END`
 }
 
-// claimTailSQL is the end both claims share, from the twins they fail (lost): the
-// rows of the CTE take (id, rn) become claims under a new lease, returned in order of
-// service with how many rows the statement read and took out of line, by which Claim
-// decides whether to read on. The routed claim (routed) also records and returns the
-// CA each row goes to, from take's cause (NULL for the first CA, $7; else the second,
-// $8), and the CAs' recorded refusals; the plain claim returns the one CA, $7.
+// claimTailSQL is the end both claims share: take's rows become claims under a new
+// lease, returned in order of service with the counts Claim reads on by (and, routed,
+// each row's CA and refusals).
 func claimTailSQL(take string, routed bool) string {
 	setCA, returnCA, selectCA := "", "", `CASE WHEN c.id IS NOT NULL THEN $7::text END, ''::text, ''::text, ''::text`
 	if routed {

@@ -29,27 +29,10 @@ UNION ALL
 SELECT id::text, tenant_id::text, domain, ssl_error, back FROM back`
 
 // MarkCaseDuplicates applies the case twins' rule (twins.go) to the rows the claim
-// does not read: it marks 'failed' every verified acme domain that a twin keeps the
-// name from (an active one, one in 'provisioning', whose claim is dropped and whose
-// result is not stored, one held out of line), and puts back in the queue every
-// domain failed as a duplicate that keeps its name now (its twin was deleted,
-// unverified or switched from acme, or it was failed by the rule of old, which
-// counted every row of the name whatever its state). It returns the rows it marked
-// (a row already marked so is not returned again) and those it put back.
-//
-// Certificates are ordered for the name in lower case, so two rows would order the
-// same certificate, twice the CA's rate limit for one name, and each would overwrite
-// the other's.
-//
-// Finding them reads the names of the verified acme rows once, in order, from an
-// index (proxy_domains_twins_idx, migration 00025: about 0.2 s at a million domains),
-// and then only the rows of the names held twice and the rows failed as duplicates
-// (proxy_domains_unsettled_idx), so it belongs on a maintenance timer, not on every
-// wake-up. Only twins that count (verified, acme) make a name held twice: a row whose
-// only twins do not count keeps its name whatever the judgement, so leaving it out
-// changes nothing. Marking them is a second statement, on their ids only: one
-// statement doing both is planned for a third of the table and spends longer
-// compiling it (JIT) than running it.
+// does not read: it fails every verified acme domain a twin keeps the name from, and
+// requeues every duplicate that keeps its name now, returning both. It reads the
+// twins' index once, so it belongs on a maintenance timer; marking is a second
+// statement by id, since one doing both is planned for a third of the table.
 func (q *Queue) MarkCaseDuplicates(ctx context.Context) (marked, restored []issuing.BadRow, err error) {
 	rows, err := q.db.Query(ctx, twinCandidatesSQL)
 	if err != nil {
@@ -85,12 +68,8 @@ func (q *Queue) MarkCaseDuplicates(ctx context.Context) (marked, restored []issu
 	return marked, restored, nil
 }
 
-// twinCandidatesSQL returns the ids MarkCaseDuplicates judges: every verified acme row
-// of a name (in lower case) that two or more verified acme rows hold, and every
-// verified acme row failed as a duplicate (it may keep its name now). The names held
-// twice are a group per name of an index-only scan of proxy_domains_twins_idx, whose
-// key is lower(domain) and whose predicate is twinCountsSQL's; the rows are probes of
-// the same index by name.
+// twinCandidatesSQL returns the ids MarkCaseDuplicates judges: the verified acme rows
+// of names held twice, and the rows failed as duplicates (proxy_domains_twins_idx).
 var twinCandidatesSQL = `
 WITH twice AS MATERIALIZED (
     SELECT lower(t.domain) AS name FROM proxy_domains t

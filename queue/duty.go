@@ -32,18 +32,15 @@ UNION ALL
 SELECT holder, extract(epoch FROM expires_at - now())::float8 FROM certworker_fleet_duties
 WHERE duty = $1 AND NOT EXISTS (SELECT 1 FROM taken)`
 
-// TakeDuty takes or renews the fleet's duty for holder (an instance's own name) for
-// ttl, and reports whether holder has it: it does when no instance holds it, when
-// holder held it, or when the holder's lease ran out. Otherwise left is how long the
-// other holder's lease has to run: when to look again. One statement on
-// certworker_fleet_duties (migration 00022), which nothing of the proxy's touches.
+// TakeDuty takes or renews the fleet's duty for holder for ttl, and reports whether
+// holder has it: when nobody holds it, holder held it, or the holder's lease ran out.
+// Otherwise left is how long the other holder's lease has to run.
 func (q *Queue) TakeDuty(ctx context.Context, duty, holder string, ttl time.Duration) (held bool, left time.Duration, err error) {
 	var by string
 	var secs float64
 	err = q.db.QueryRow(ctx, takeDutySQL, duty, holder, seconds(ttl)).Scan(&by, &secs)
 	if errors.Is(err, pgx.ErrNoRows) {
-		// Another instance took the duty for the first time while this statement
-		// ran: its row committed after this statement's snapshot.
+		// Another instance took the duty first, after this statement's snapshot.
 		return false, ttl, nil
 	}
 	if err != nil {
@@ -57,9 +54,8 @@ func (q *Queue) TakeDuty(ctx context.Context, duty, holder string, ttl time.Dura
 
 var releaseDutySQL = `DELETE FROM certworker_fleet_duties WHERE duty = $1 AND holder = $2`
 
-// ReleaseDuty gives up holder's duty, if it holds it, so that another instance takes
-// it over at its next look rather than when the lease runs out: an instance that stops
-// cleanly (a rolling restart) hands its duties on.
+// ReleaseDuty gives up holder's duty, if it holds it, so another instance takes it
+// at its next look (a rolling restart hands duties on).
 func (q *Queue) ReleaseDuty(ctx context.Context, duty, holder string) error {
 	if _, err := q.db.Exec(ctx, releaseDutySQL, duty, holder); err != nil {
 		return fmt.Errorf("release fleet duty %s: %w", duty, err)

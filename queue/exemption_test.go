@@ -8,12 +8,12 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The ledger follows the CA's exemptions (issue #18), in the claim and in Admit. A
-// renewal inside the window last read for its certificate (an ARI renewal) passes
-// every pause of the ledger and is admitted over every limit, recorded as exempt; a
-// renewal outside it passes only the ledger's pauses of the account and of its
-// registered domain, and a new name none. A pause of the CA's own (it answered
-// rateLimited) holds back all of them: the CA said no.
+// The ledger follows the CA's exemptions, in the claim and in Admit. A renewal inside
+// the window last read for its certificate (an ARI renewal) passes every pause of the
+// ledger and is admitted over every limit, recorded as exempt; a renewal outside it
+// passes only the ledger's pauses of the account and of its registered domain, and a
+// new name none. A pause of the CA's own (it answered rateLimited) holds back all of
+// them: the CA said no.
 func TestClaim_LedgerPausesHoldBackOnlyWhatTheirLimitCovers(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

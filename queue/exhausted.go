@@ -8,26 +8,13 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// givenUpFormat ends the ssl_error of a domain FailExhausted gave up on, after what
-// the last attempt said (format(): the attempts, the limit).
+// givenUpFormat ends the ssl_error of a domain FailExhausted gave up on.
 const givenUpFormat = "(given up: %s attempts, at or above --max-attempts %s; `certworker retry` puts it back)"
 
-// FailExhausted marks failed the claimable rows whose attempts are at or above the
-// limit (--max-attempts) and returns them. The claim never takes them (attempts below
-// the limit is one of its conditions) and no failure write reaches them, so without
-// this they would wait in 'pending' for ever, never tried and never failed, and
-// `status` would show them as retrying. They come from a --max-attempts lowered below
-// the attempts of rows that were retrying, and from hand edits. A failure at the limit
-// marks a domain failed; these get the same, and their ssl_error
-// keeps what the last attempt said and adds why they stopped.
-//
-// Rows locked by someone else (a transaction of the proxy's) are skipped, not waited
-// for, and left for the next run; fillBatch rows a statement. The rows leave the
-// claimable set, so the wake trigger says nothing.
-//
-// The new ssl_error is composed here, not in SQL, so that it goes through errorText
-// like every other (the last attempt's words stay, cut to leave room for why it
-// stopped): read, then written, in one short transaction that holds the rows it read.
+// FailExhausted fails the claimable rows at or above --max-attempts (a lowered limit,
+// a hand edit), which the claim never takes, and returns them. Their ssl_error keeps
+// the last attempt's words, composed in Go to pass errorText. Locked rows wait;
+// fillBatch rows a statement.
 func (q *Queue) FailExhausted(ctx context.Context) ([]issuing.BadRow, error) {
 	var out []issuing.BadRow
 	for {
@@ -54,7 +41,6 @@ UPDATE proxy_domains d SET ssl_status = 'failed', ssl_error = x.reason, updated_
 FROM unnest($1::uuid[], $2::text[]) AS x (id, reason)
 WHERE d.id = x.id`
 
-// failExhausted is one batch of FailExhausted.
 func (q *Queue) failExhausted(ctx context.Context) ([]issuing.BadRow, error) {
 	var out []issuing.BadRow
 	ascii := q.asciiOnly(ctx)

@@ -1,9 +1,9 @@
 package queue_test
 
-// BenchmarkFairness compares the claim's order of service (issue #13) with the
-// first-in-first-out order it replaced, in one run: how long a tenant who verifies one
-// domain waits behind another tenant's bulk import, and what the order costs the
-// drain rate. Written to bench/fairness.txt.
+// BenchmarkFairness compares the claim's order of service with a first-in-first-out
+// order, in one run: how long a tenant who verifies one domain waits behind another
+// tenant's bulk import, and what the order costs the drain rate. Written to
+// bench/fairness.txt.
 
 import (
 	"context"
@@ -21,8 +21,8 @@ import (
 	"github.com/certworker/certworker/queue/issuing"
 )
 
-// fifoOrder is the order the claim had before issue #13: oldest attempt first, never
-// tried first, whatever the tenant.
+// fifoOrder is the first-in-first-out order: oldest attempt first, never tried first,
+// whatever the tenant.
 const fifoOrder = "ORDER BY d.ssl_last_attempt_at ASC NULLS FIRST"
 
 const (
@@ -31,10 +31,9 @@ const (
 	fairBacklog   = 2000                  // tenant A's import
 )
 
-// fifoIndex is the index the FIFO claim read its order from (migration 00002's, which
-// 00005 replaced), over the rows in line as the claim reads them since 00015: without
-// it the FIFO claim would sort the queue, and the comparison would be with a claim
-// nobody ran.
+// fifoIndex is the index a FIFO claim reads its order from, over the rows in line as
+// the claim reads them: without it the FIFO claim would sort the queue, and the
+// comparison would be with a claim nobody would run.
 const fifoIndex = `CREATE INDEX IF NOT EXISTS proxy_domains_claimable_idx ON proxy_domains (ssl_last_attempt_at NULLS FIRST)
     WHERE verification_status = 'verified' AND ssl_provider = 'acme' AND ssl_status = 'pending' AND ssl_held IS NULL`
 

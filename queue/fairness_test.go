@@ -29,10 +29,10 @@ func (b *bundle) claimNames(t *testing.T, n int) []string {
 	return names(claims)
 }
 
-// A tenant's bulk import never makes another tenant wait (issue #13): tenant A
-// verifies 500 domains in one statement, the queue serves some of them, then tenant B
-// verifies one. B's domain is the next claimed, not the 501st; and after it, A and a
-// third tenant C take turns, one each a round, rather than C waiting for A's backlog.
+// A tenant's bulk import never makes another tenant wait: tenant A verifies 500
+// domains in one statement, the queue serves some of them, then tenant B verifies one.
+// B's domain is the next claimed, not the 501st; and after it, A and a third tenant C
+// take turns, one each a round, rather than C waiting for A's backlog.
 func TestClaim_ALateTenantIsServedBeforeABacklog(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -9,44 +9,19 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// A second CA (docs/cas.md, "A second CA"). With Config.Fallback set,
+// A second CA (docs/cas.md, "A second CA", has the rules). With Config.Fallback set,
 // the claim decides for each row which CA its order goes to, in the statement that
-// takes the row, and records the decision on it (ssl_ca_directory, ssl_ca_cause): every
-// instance reads one decision, and a domain is never ordered at both CAs at once.
-//
-// The first CA (the worker's directory) is asked, unless:
-//   - it refused the name for good before (ssl_ca_refused: caa, rejectedIdentifier,
-//     unsupportedIdentifier): the second, at once (FallbackRefused); when the second
-//     refused it, the first only, whatever holds it back;
-//   - a pause of the first holds the row back (its outage, a rate limit, the ledger),
-//     and has held it for longer than Fallback.After, measured from the later of when
-//     the row fell due and when the hold began (FallbackOutage, FallbackRateLimit,
-//     FallbackLedger);
-//   - the stored certificate is the second's and a pause of the first holds the row
-//     back at all: it is renewed where it was issued (FallbackRenewal). A certificate
-//     of the second's is renewed by the first whenever the first is free, which brings
-//     the fleet back to its primary.
-//
-// A row the second CA's own pauses hold back waits, as does one held back at the first
-// for less than After. A validation failure sends nothing anywhere else: it is charged
-// to the domain, and retried at whichever CA the next claim picks (the first, unless
-// it is held back). Pauses are kept per CA (certworker_pauses.directory; '' is the
-// first's, written before migration 00017): nothing one CA says holds a domain back at
-// the other.
+// takes the row, and records it (ssl_ca_directory, ssl_ca_cause): every instance
+// reads one decision, and a domain is never ordered at both CAs at once. A certificate
+// of the second's is renewed there only while the first holds the row back, which
+// brings the fleet back to its primary. Pauses are per CA ('' is the first's).
 
 // routeSQL is, for row d of the routed claim's head, a lateral subquery of two
-// columns: cause, why the claim sends it to the second CA ($8, asked after $9
-// seconds: Fallback.After), NULL for the first ($7), or 'held' for neither now (the
-// package comment above); and until, for a held row, the first moment that can
-// change: the end of the first's hold or of the second's pause, or the moment the
-// first's hold reaches After (never one already past, which would bring the row back
-// at once to be held again). hp is the first CA's hold on the row that began first,
-// with when it began for this row: the latest of when the row's wait began
-// (ssl_waiting_since, which a hand-back keeps: ssl_queued_at is stamped again by every
-// hand-back, so a row handed back at each end of a doubling outage pause was measured
-// from its last one), when its backoff ran out and the pause's held_since. sp is the
-// end of the second's pauses that hold the row back. Every lookup is one probe of
-// certworker_pauses or of proxy_certificates, made only for the rows the claim read.
+// columns: cause, why the row goes to the second CA ($8, after $9 seconds), NULL for
+// the first ($7), or 'held' for neither now; and until, for a held row, the first
+// future moment that can change. hp is the first CA's earliest hold on the row, from
+// the latest of ssl_waiting_since, its backoff's end and held_since; sp the end of
+// the second's pauses. Each lookup is one index probe.
 var routeSQL = `SELECT CASE
         WHEN d.ssl_ca_refused = $7 THEN CASE WHEN sp.until IS NOT NULL THEN 'held' ELSE '` + issuing.FallbackRefused + `' END
         WHEN hp.source IS NULL THEN NULL
@@ -74,19 +49,11 @@ var routeSQL = `SELECT CASE
     LEFT JOIN LATERAL (SELECT EXISTS (SELECT 1 FROM proxy_certificates c
                                       WHERE c.domain = d.domain AND c.issuer_directory = $8) AS second) sc ON true`
 
-// claimRoutedSQL is the claim of a fleet with a second CA (Config.Fallback): one
-// statement decides for each row which CA its order goes to, and which CA's pauses
-// hold it back (routeSQL). Like claimSQL it reads only what it can take: at most $12
-// rows in line of tiers $10 to $11, in order of service (claimOrderSQL), locked as it
-// reads them (FOR UPDATE SKIP LOCKED), and routes only those (head, then routed: as
-// a join over the whole queue, the planner routed every due row before sorting). It
-// claims up to $6 of them; a row whose backoff has not run out is taken out of line
-// (HeldBackoff), and one that no CA may be asked for now ('held') is taken out as
-// HeldRouted until the moment its decision can change, so that no later claim reads
-// it again before then: with a hold of the first CA, every row due ahead of the
-// others was read by every claim, and at some 500,000 of them the claim ran out of
-// its step's time and nothing was claimed at all. A twin that does not keep the name
-// is failed (lost). Its columns are claimSQL's.
+// claimRoutedSQL is the claim of a fleet with a second CA: like claimSQL, but it
+// routes the rows it reads (routeSQL) before claiming up to $6 of them (head, then
+// routed, so the planner cannot route the whole queue before sorting). A row no CA may
+// be asked for now goes out of line as HeldRouted until its decision can change. Its
+// columns are claimSQL's.
 var claimRoutedSQL = `
 WITH head AS MATERIALIZED (
     SELECT h.*, row_number() OVER () AS rn FROM (
@@ -132,9 +99,7 @@ WHERE ` + heldSQL + `
 RETURNING 1`
 
 // RecordRefused records, under claim c, that the CA at directory refused c's name for
-// good, and why (RefusedByCAA, RefusedByCA): from now on its orders go to the other CA
-// at once. The claim stays held (the worker hands it back, uncharged, for the next
-// claim to route).
+// good, and why: its orders then go to the other CA. The claim stays held.
 func (q *Queue) RecordRefused(ctx context.Context, c issuing.Claim, directory, cause string) error {
 	var one int
 	err := q.db.QueryRow(ctx, recordRefusedSQL, c.ID, c.Token, directory, cause).Scan(&one)
@@ -152,8 +117,8 @@ UPDATE proxy_domains SET ssl_ca_refused = NULL, ssl_ca_refused_cause = NULL
 WHERE ` + heldSQL + `
 RETURNING 1`
 
-// ForgetRefused forgets, under claim c, the refusal of c's name recorded for the CA
-// at c.RefusedBy: the name's CAA records caused it, and now allow that CA.
+// ForgetRefused forgets, under claim c, the refusal recorded for c.RefusedBy: the
+// name's CAA records now allow that CA.
 func (q *Queue) ForgetRefused(ctx context.Context, c issuing.Claim) error {
 	var one int
 	err := q.db.QueryRow(ctx, forgetRefusedSQL, c.ID, c.Token).Scan(&one)

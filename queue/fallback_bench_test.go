@@ -12,11 +12,11 @@ import (
 )
 
 // BenchmarkClaimRouted compares the claim of a fleet with one CA with the claim that
-// routes between two (issue #19), on 10,000 due domains of 100 tenants: ns/op is one
-// claim of 10 rows. "no_pause": nothing holds a domain back, the routing's own cost;
-// "tenth_held": a rate limit of the first CA holds back a tenth of the domains (their
-// registered domains), for less than --acme-fallback-after, so both claims pass over
-// them on every claim.
+// routes between two, on 10,000 due domains of 100 tenants: ns/op is one claim of 10
+// rows. "no_pause": nothing holds a domain back, the routing's own cost; "tenth_held":
+// a rate limit of the first CA holds back a tenth of the domains (their registered
+// domains), for less than --acme-fallback-after, so both claims pass over them on
+// every claim.
 //
 //	CERTWORKER_PG_IMAGE=certworker-postgres:15 go test -run '^$' -bench BenchmarkClaimRouted -benchtime 200x ./queue/
 func BenchmarkClaimRouted(b *testing.B) {

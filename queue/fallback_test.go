@@ -10,7 +10,7 @@ import (
 	"github.com/certworker/certworker/queue/issuing"
 )
 
-// secondDirectory is the second CA of the tests of the routed claim (issue #19).
+// secondDirectory is the second CA of the tests of the routed claim.
 const secondDirectory = "https://second.invalid/directory"
 
 // routed is a queue whose claim routes between testDirectory and secondDirectory,
@@ -266,8 +266,7 @@ func TestMarkActive_RecordsTheIssuingCA(t *testing.T) {
 	o, err := b.q.Overview(b.ctx)
 	require.NoError(t, err)
 	require.Equal(t, []queue.IssuerCount{{Directory: secondDirectory, Certificates: 1}}, o.Issuers, "status does not count it by CA")
-	// The window's start of migration 00016 is forgotten too (00017 re-created
-	// 00016's trigger function and once dropped that line).
+	// The certificate's window start is forgotten too.
 	b.exec(t, `UPDATE proxy_certificates SET ari_window_start = now() WHERE domain = $1`, name)
 	b.exec(t, `UPDATE proxy_certificates SET certificate_pem = 'uploaded' WHERE domain = $1`, name)
 	require.Empty(t, b.strings(t, `SELECT domain FROM proxy_certificates WHERE domain = $1 AND ari_window_start IS NOT NULL`, name),
@@ -289,8 +288,9 @@ func TestRetry_ForgetsACAsRefusal(t *testing.T) {
 }
 
 // With a second CA the claim still reads the rows in line through their index
-// (proxy_domains_line_idx, migration 00015), in order, and does not scan the table: the routing is looked up for the rows it reads
-// (the pauses' key, proxy_certificates' for a renewal held back), not for the queue.
+// (proxy_domains_line_idx), in order, and does not scan the table: the routing is
+// looked up for the rows it reads (the pauses' key, proxy_certificates' for a renewal
+// held back), not for the queue.
 func TestClaimRouted_UsesThePartialIndexAt100kDomains(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -11,9 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// durationFromSeconds turns a delay computed by secondsUntilSQL into a duration (a
-// time already past is 0, one too far to hold in a Duration, infinity included, the
-// longest Duration).
+// durationFromSeconds turns a delay from secondsUntilSQL into a duration: a past
+// time is 0, one too far (infinity included) the longest Duration.
 func durationFromSeconds(s float64) time.Duration {
 	switch {
 	case math.IsNaN(s) || s <= 0:
@@ -24,42 +23,21 @@ func durationFromSeconds(s float64) time.Duration {
 	return time.Duration(s * float64(time.Second))
 }
 
-// MarkActive stores the certificate and turns the domain active in one statement (so
-// in one transaction, and one round trip): the proxy never sees one without the
-// other. The certificate row is upserted by domain; auto_renew keeps whatever the
-// proxy set. It returns how long until the certificate is due for renewal.
+// MarkActive stores the certificate and turns the domain active in one statement, so
+// the proxy never sees one without the other, and returns how long until renewal. It
+// records the profile and issuing CA, and forgets the CAs' refusals and the DNS
+// wait's clock. ssl_error becomes NULL, or the note of a refused profile while the
+// domain still names it. A domain whose ssl_profile changed mid-order goes back to
+// pending (profileMovedOnSQL). Nothing is written when the claim is lost
+// (ErrClaimLost) or the domain no longer ACME (ErrNotACME).
 //
-// The upsert's update sets the parameters, not EXCLUDED's columns: reading
-// EXCLUDED.private_key_pem needs SELECT on private_key_pem, and the workers' role
-// has none (deploy/grants.sql): certworker writes private keys and never reads one
-// back, so a stolen worker password does not read them either.
-//
-// The certificate's profile is recorded with it (cert.Profile), and the directory of
-// the CA that issued it (cert.Directory, proxy_certificates.issuer_directory). A CA's
-// refusal of the name (ssl_ca_refused) held for this issuance: the next, a renewal,
-// asks the CAs afresh (their policy, the name's CAA records may have changed). ssl_error is NULL, or,
-// while the domain's own profile is the one the CA refused (c.ProfileRefused), the
-// note of that refusal: it was renewed under its certificate's, and the tenant should
-// know. The note already in ssl_error is kept (it has the CA's own words, when it
-// answered invalidProfile), else c.Notice. A tenant who set another profile meanwhile
-// gets neither the note nor the refusal.
-//
-// The clock of a DNS wait (certworker_dns_state.waiting_since, which Wait keeps across
-// waits that end and begin again) is forgotten: the domain is issued.
-//
-// A domain whose ssl_profile was set to another profile while its order ran (the
-// profile trigger acts on active rows only) stores the certificate and goes back to
-// pending, attempts 0, rather than active: the replacement under its own profile is
-// ordered at the next pass, naming this certificate, as for a profile set on an active
-// domain (profileMovedOnSQL).
-//
-// Nothing is written when the claim is no longer held (ErrClaimLost) or the domain is
-// no longer an ACME domain (ErrNotACME; Disown drops the claim).
+// The upsert sets the parameters, not EXCLUDED's columns: reading
+// EXCLUDED.private_key_pem needs SELECT on it, which the workers' role lacks
+// (deploy/grants.sql), so a stolen worker password reads no keys.
 func (q *Queue) MarkActive(ctx context.Context, c issuing.Claim, cert *issuing.Certificate) (time.Duration, error) {
 	renewAt := cert.RenewAt
 	if renewAt.IsZero() {
-		// An issuer that gave no renewal time must not make the certificate due at
-		// once (and on every pass after).
+		// No renewal time from the issuer must not make the certificate due at once.
 		renewAt = issuing.RenewAtFromValidity(cert.NotBefore, cert.NotAfter)
 	}
 	var renewIn float64
@@ -106,8 +84,8 @@ WITH d AS (
 )
 SELECT ` + secondsUntilSQL("renew_at") + ` FROM c`
 
-// markActiveStatement is MarkActive's statement and its arguments: notice is what
-// ssl_error says once the certificate is stored (NULL for nothing).
+// markActiveStatement is MarkActive's statement and arguments; notice is ssl_error's
+// note, or NULL.
 func markActiveStatement(c issuing.Claim, cert *issuing.Certificate, renewAt time.Time, notice *string) (string, []any) {
 	return markActiveSQL, []any{
 		c.ID, c.Token, cert.NotAfter, cert.ChainPEM, cert.PrivateKey, cert.NotBefore,
@@ -116,7 +94,6 @@ func markActiveStatement(c issuing.Claim, cert *issuing.Certificate, renewAt tim
 		nullString(c.ProfileRefused), notice, nullTime(cert.WindowStart), nullString(cert.Directory)}
 }
 
-// nullSeconds is d in seconds, or NULL for 0.
 func nullSeconds(d time.Duration) *float64 {
 	if d <= 0 {
 		return nil
@@ -125,7 +102,6 @@ func nullSeconds(d time.Duration) *float64 {
 	return &s
 }
 
-// nullString is s, or NULL for "".
 func nullString(s string) *string {
 	if s == "" {
 		return nil
@@ -143,12 +119,10 @@ func nullTime(t time.Time) *time.Time {
 var whyNotHeldSQL = `
 SELECT ssl_provider FROM proxy_domains WHERE id = $1 AND (ssl_claim_token = $2 OR ssl_claim_token IS NULL)`
 
-// whyNotHeld tells a lost claim (ErrClaimLost) from a row that is no longer an ACME
-// domain (ErrNotACME), still held by the claim or with its claim dropped by the
-// switch, after a finishing write matched nothing.
+// whyNotHeld tells ErrClaimLost from ErrNotACME after a finishing write matched
+// nothing.
 func (q *Queue) whyNotHeld(ctx context.Context, c issuing.Claim) error {
-	// The provider first: a switch away from acme drops the claim with it (the
-	// trigger certworker_provider_switched), and the reason to give is the switch.
+	// A switch away from acme drops the claim too, and is the reason to give.
 	var provider string
 	err := q.db.QueryRow(ctx, whyNotHeldSQL,
 		c.ID, c.Token).Scan(&provider)
@@ -166,8 +140,8 @@ func (q *Queue) whyNotHeld(ctx context.Context, c issuing.Claim) error {
 var disownSQL = `
 UPDATE proxy_domains SET ` + releaseClaimSQL + ` WHERE id = $1 AND ssl_claim_token = $2`
 
-// Disown drops this claim from a row that is no longer an ACME domain, leaving its
-// state to whoever changed the provider. It reports whether the claim was still held.
+// Disown drops this claim from a row no longer ACME, leaving its state to whoever
+// changed the provider; it reports whether the claim was still held.
 func (q *Queue) Disown(ctx context.Context, c issuing.Claim) (bool, error) {
 	tag, err := q.db.Exec(ctx, disownSQL, c.ID, c.Token)
 	if err != nil {
@@ -176,15 +150,9 @@ func (q *Queue) Disown(ctx context.Context, c issuing.Claim) (bool, error) {
 	return tag.RowsAffected() > 0, nil
 }
 
-// MarkFailed records a failure: ssl_error, one more attempt, and back to 'pending', or
-// to 'failed' at the limit, which the worker does not pick up. ssl_error carries the
-// reason either way: it is the only way an operator finds out why a domain is stuck.
-// A negative count in a hand-edited row counts as 0.
-//
-// It is the worker's own failure write: the row goes back inside its
-// backoff, which the worker's timer covers, so the wake trigger keeps quiet; and out
-// of line (ssl_held HeldBackoff), so that no claim reads it before ReturnHeld brings
-// it back.
+// MarkFailed records a failure: ssl_error (how an operator learns why), one more
+// attempt, and back to 'pending', or 'failed' at the limit. The row goes out of line
+// (HeldBackoff) quietly: the worker's timer covers its backoff.
 func (q *Queue) MarkFailed(ctx context.Context, c issuing.Claim, reason string) (issuing.Failure, error) {
 	var f issuing.Failure
 	var status string
@@ -214,10 +182,9 @@ RETURNING ssl_attempts, ssl_status,
 	return f, nil
 }
 
-// quietly runs one statement that returns one row in a transaction marked as the
-// worker's own (certworker.quiet), which keeps the wake trigger from notifying, and
-// scans that row into dest. One round trip: BEGIN, the mark, the statement and COMMIT
-// go out together.
+// quietly runs one statement returning one row in a transaction marked as the
+// worker's own (certworker.quiet), so the wake trigger does not notify, in one round
+// trip.
 func (q *Queue) quietly(ctx context.Context, sql string, args []any, dest ...any) error {
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN`)
@@ -248,8 +215,7 @@ UPDATE proxy_domains SET
     updated_at = now(), ` + releaseClaimSQL + `
 WHERE ` + heldSQL
 
-// MarkPermanent fails a domain at once, whatever its attempts: a name no CA can issue
-// for, a CA's refusal that no retry changes. reason is stored as
+// MarkPermanent fails a domain at once, whatever its attempts, with reason as
 // ssl_error; the attempt is counted.
 func (q *Queue) MarkPermanent(ctx context.Context, c issuing.Claim, reason string) error {
 	tag, err := q.db.Exec(ctx, markPermanentSQL, c.ID, c.Token, q.errorText(ctx, reason))
@@ -262,15 +228,9 @@ func (q *Queue) MarkPermanent(ctx context.Context, c issuing.Claim, reason strin
 	return nil
 }
 
-// Release hands a claim back uncharged: 'pending', the attempt count untouched, and
-// ssl_last_attempt_at restored to what it was before the claim, so the domain is
-// claimable at once by any instance. Used at shutdown, and when the CA rate-limits or
-// cannot be reached.
-//
-// A hand-back wakes every instance through the wake trigger (the row enters the
-// claimable set), unless quiet: a hand-back because of a pause is for nobody, since
-// the claim will not take the row before the pause ends, and a fleet handing back its
-// orders at once would wake every instance for nothing.
+// Release hands a claim back uncharged: 'pending', attempts untouched, and
+// ssl_last_attempt_at restored, so any instance may claim it at once. The wake
+// trigger wakes every instance unless quiet (after a pause, nobody could take it).
 func (q *Queue) Release(ctx context.Context, c issuing.Claim, quiet bool) error {
 	sql := `
 UPDATE proxy_domains SET

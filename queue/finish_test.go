@@ -278,8 +278,8 @@ func TestMarkFailed_GoesBackToPendingWithTheBackoff(t *testing.T) {
 }
 
 // At the limit the domain is 'failed', where nothing picks it up until someone
-// retries it, and the error says why. Left 'pending' at the limit (as the reference's
-// reaper did) it would be neither retried nor shown as failed.
+// retries it, and the error says why; left 'pending' it would be neither retried nor
+// shown as failed.
 func TestMarkFailed_GivesUpAtTheLimit(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

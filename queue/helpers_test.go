@@ -23,8 +23,7 @@ const testDirectory = "https://ca.invalid/directory"
 
 // bundle is one test's database and queue. Each test has a database of its own, so
 // the claim query is tested as it runs in production (global, any tenant) while the
-// tests run in parallel. The reference serialised its tests with an advisory lock
-// instead, because they shared one database.
+// tests run in parallel.
 type bundle struct {
 	ctx  context.Context
 	pool *pgxpool.Pool

@@ -11,32 +11,19 @@ import (
 // Leases is what Heartbeat found of the claims it was given, by token.
 type Leases struct {
 	// Renewed: held, and the lease now runs a full Lease from the statement's start.
-	// The caller moves the claim's Deadline to a lease from the statement's send.
 	Renewed []string
-	// Expired: the token is still on its row, but the lease had run out. Not renewed:
-	// once a lease has run out another instance may reclaim the row at any moment,
-	// and the order's own deadline has passed, so it has stopped; renewing would
-	// resurrect a claim that the rest of the fleet may already treat as abandoned. The
-	// caller hands it back (uncharged) rather than go on.
+	// Expired: the token is on its row but the lease had run out; not renewed (see
+	// Heartbeat).
 	Expired []string
-	// Busy: held and unexpired, but another transaction has the row locked (the
-	// proxy's open write, the order's own finishing write). Not renewed this time, and
-	// not waited for: one locked row must not hold up every other renewal. If the lock
-	// outlasts the lease, the order's deadline stops it.
+	// Busy: held, but the row is locked; not renewed, not waited for.
 	Busy []string
-	// Lost: no longer held: requeued by another instance after the lease ran out,
-	// taken back by hand, or finished. The caller stops the order and writes nothing.
+	// Lost: no longer held. The caller stops the order and writes nothing.
 	Lost []string
 }
 
 // Heartbeat renews the leases of the given claims, by token, and says what became of
-// each (Leases). With no tokens it still makes the round trip, which tells the caller
-// whether the database answers.
-//
-// A lease that has run out is not renewed, even when nobody took the row: after a
-// partition or a pause longer than the lease, an instance cannot know whether another
-// has reclaimed the row and started ordering, and its order has stopped at its
-// deadline. It hands the claim back instead.
+// each; with no tokens it still makes the round trip. A lease that has run out is
+// never renewed: its holder cannot know whether the row was reclaimed meanwhile.
 func (q *Queue) Heartbeat(ctx context.Context, tokens []string) (Leases, error) {
 	rows, err := q.renewLeases(ctx, tokens)
 	if err != nil {
@@ -64,16 +51,10 @@ func (q *Queue) Heartbeat(ctx context.Context, tokens []string) (Leases, error) 
 }
 
 // ConfirmClaim renews the lease of the claim with this token, as Heartbeat does, and
-// returns how much of the lease is left on the database's clock once the statement
-// has run. It is the check before a step that cannot be taken back (a finalize, which
-// makes the CA issue a certificate): the claim is proven held on the database the
-// instance reaches now, which after a failover to a standby that lagged may no
-// longer know of it.
-//
-// It returns ErrClaimLost when the token is not on its row (requeued, reclaimed, or
-// never replicated to the server now primary), an error wrapping ErrLeaseDeadline
-// when the lease had run out, and ErrClaimBusy when another transaction holds the
-// row; the lease is then not renewed.
+// returns how much is left on the database's clock: the check before the finalize
+// (issuing.Request's ConfirmClaim). It returns ErrClaimLost when the token is not on
+// its row, an error wrapping ErrLeaseDeadline when the lease had run out, and
+// ErrClaimBusy when the row is locked; the lease is then not renewed.
 func (q *Queue) ConfirmClaim(ctx context.Context, token string) (time.Duration, error) {
 	rows, err := q.renewLeases(ctx, []string{token})
 	if err != nil {
@@ -90,13 +71,11 @@ func (q *Queue) ConfirmClaim(ctx context.Context, token string) (time.Duration, 
 	return 0, fmt.Errorf("confirm the claim: the lease had run out: %w", issuing.ErrLeaseDeadline)
 }
 
-// leaseRow is what renewLeases found of one claim still on its row.
 type leaseRow struct {
 	token     string
 	unexpired bool
 	renewed   bool
-	// left is the renewed lease left on the database's clock at the statement's
-	// end (0 when not renewed).
+	// left is the lease left at the statement's end (0 when not renewed).
 	left time.Duration
 }
 
@@ -120,13 +99,11 @@ SELECT m.ssl_claim_token::text, m.unexpired,
        (SELECT ` + secondsUntilSQL("r.ssl_lease_expires_at") + ` FROM renewed r WHERE r.id = m.id)
 FROM mine m`
 
-// renewLeases is the one statement that renews leases, by token, for Heartbeat and
-// ConfirmClaim. A token not on any row in provisioning is not in its answer.
+// renewLeases is the one statement that renews leases, for Heartbeat and
+// ConfirmClaim; a token on no provisioning row is not in its answer.
 func (q *Queue) renewLeases(ctx context.Context, tokens []string) ([]leaseRow, error) {
-	// One scan of the provisioning rows: mine reads them from the statement's
-	// snapshot; live re-reads the unexpired ones by id and locks them, skipping a
-	// row another transaction has locked, and rechecking a row changed since the
-	// snapshot (a reclaim that committed meanwhile) against its latest version.
+	// mine reads from the snapshot; live re-reads and locks the unexpired rows (SKIP
+	// LOCKED), rechecking rows changed since.
 	rows, err := q.db.Query(ctx, renewLeasesSQL, tokens, seconds(q.cfg.Lease))
 	if err != nil {
 		return nil, err

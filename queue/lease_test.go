@@ -9,12 +9,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// A lease that ran out is not renewed, even though nobody took the row (issue #17).
-// The heartbeat used to renew it, so that an instance coming back from a partition
-// or a pause longer than the lease re-asserted a claim the rest of the fleet could
-// already treat as abandoned, and went on ordering while another instance might be
-// ordering the same domain. Its holder hands it back instead; until then the reclaim
-// may take it.
+// A lease that ran out is not renewed, even though nobody took the row: an instance
+// coming back from a partition or a pause longer than the lease must not re-assert a
+// claim the rest of the fleet may already treat as abandoned. Its holder hands it back
+// instead; until then the reclaim may take it.
 func TestHeartbeat_DoesNotRenewALeaseThatRanOut(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -46,8 +44,8 @@ func TestHeartbeat_DoesNotRenewALeaseThatRanOut(t *testing.T) {
 
 // One row held by another transaction (the proxy's open write to that domain) does
 // not hold up the renewal of the others: it is skipped and reported busy, and the
-// statement does not wait for the lock. The heartbeat used to wait, and every lease
-// of the instance ran out behind one proxy transaction.
+// statement does not wait for the lock, which would let every lease of the instance
+// run out behind one proxy transaction.
 func TestHeartbeat_SkipsARowAnotherTransactionHoldsAndRenewsTheRest(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -17,9 +17,10 @@ import (
 )
 
 // The worker's maintenance passes on the database they will really meet: the proxy's
-// as the reference left it (100,000 domains, certificates without renewal times, some
-// with a NULL expires_at, odd rows, the old worker's claims), once migrated. Every
-// pass goes through, deals with what it owns, and a second round finds nothing left.
+// as the Rust worker leaves it (100,000 domains, certificates without renewal times,
+// some with a NULL expires_at, odd rows, the old worker's claims), once migrated.
+// Every pass goes through, deals with what it owns, and a second round finds nothing
+// left.
 func TestPasses_OnTheProxysMigratedDatabase(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -44,9 +44,8 @@ func (b *bundle) proxyTx(t *testing.T) pgx.Tx {
 const verifySQL = `UPDATE proxy_domains SET verification_status = 'verified' WHERE id = $1`
 
 // Two transactions of the proxy's that verify domains of tenants A and B, one A then
-// B and the other B then A, cannot deadlock (issue #17): the wake trigger takes no
-// lock either can wait on. The wake trigger of old upserted each tenant's counter
-// row, which stayed locked until the proxy committed: 40P01 in every pair.
+// B and the other B then A, cannot deadlock: the wake trigger takes no lock either can
+// wait on (a per-tenant counter row it upserted would give 40P01 in every pair).
 func TestTrigger_OppositeOrderVerifiesNeverDeadlock(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -102,11 +101,9 @@ SELECT count(*) FROM proxy_domains WHERE verification_status = 'verified' AND ss
 
 // An open verify of tenant T (a transaction of the proxy's that has not committed)
 // delays neither the reclaim of T's abandoned claim, nor a failure write of T's
-// domain, nor the claim of T's other rows (issue #17). Before, each of the first two
-// moved a row of T back into the queue, which upserted T's counter row, locked by the
-// open verify until it committed; the reclaim covers every tenant, so one open
-// transaction held up the whole fleet's reclaim. The verify is held while the three
-// run, up to 20 s; each must be done in 2 s.
+// domain, nor the claim of T's other rows: none of them may wait on a lock the verify
+// holds, or one open transaction would hold up the whole fleet's reclaim. The verify
+// is held while the three run, up to 20 s; each must be done in 2 s.
 func TestOpenVerify_DelaysNoWriteOfOurs(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -161,12 +158,10 @@ func TestOpenVerify_DelaysNoWriteOfOurs(t *testing.T) {
 	require.NoError(t, verify.Commit(b.ctx))
 }
 
-// The queue's clock follows only the tier it orders (issue #17, the review's
-// scenario): tenant A has 500 first issuances queued and one urgent renewal; the
-// renewal is claimed; then a newcomer verifies one domain. It is among the next
-// claims, not behind A's backlog. The clock of old was the highest place claimed in
-// any tier: the renewal took A's next place (501), and the newcomer was placed after
-// all 500.
+// The queue's clock follows only the tier it orders: tenant A has 500 first
+// issuances queued and one urgent renewal; the renewal is claimed; then a newcomer
+// verifies one domain. It is among the next claims, not behind A's backlog, as it
+// would be if the renewal's place moved the first issuances' clock.
 func TestClaim_AnUrgentRenewalDoesNotPushNewcomersBehindABacklog(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -217,10 +212,10 @@ func TestClaim_TwoBacklogsArrivingAtDifferentTimesTakeTurns(t *testing.T) {
 	require.Equal(t, 10, fromC, "%v", next)
 }
 
-// Within the urgent tier tenants take turns, each tenant's earliest expiry first
-// (issue #18: a mass revocation). A has five urgent renewals, queued latest expiry
-// first; B has two, queued after. The claim serves B, A, B, A (B queued last goes
-// first on a tied turn), then A's other three, each tenant's in order of expiry.
+// Within the urgent tier tenants take turns, each tenant's earliest expiry first (a
+// mass revocation). A has five urgent renewals, queued latest expiry first; B has two,
+// queued after. The claim serves B, A, B, A (B queued last goes first on a tied turn),
+// then A's other three, each tenant's in order of expiry.
 func TestClaim_UrgentRenewalsTenantsTakeTurnsEarliestExpiryFirst(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -238,9 +233,9 @@ func TestClaim_UrgentRenewalsTenantsTakeTurnsEarliestExpiryFirst(t *testing.T) {
 }
 
 // While first issuances are due, the newcomers' share of a claim goes to them
-// whatever the urgent renewals ahead (issue #18): with 40 urgent renewals queued (a
-// mass revocation) a newcomer that verifies is in the next claim that keeps a slot
-// for newcomers, and the rest of the claim follows the order of service.
+// whatever the urgent renewals ahead: with 40 urgent renewals queued (a mass
+// revocation) a newcomer that verifies is in the next claim that keeps a slot for
+// newcomers, and the rest of the claim follows the order of service.
 func TestClaimShared_NewcomersGetTheirShareDuringAMassRenewal(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -12,9 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// putCert writes a certificate row by hand, as the reference, the proxy or an
-// operator did: renew_at NULL, expires_at as given (nil: NULL, as the reference wrote
-// when it did not know).
+// putCert writes a certificate row by hand, as the Rust worker, the proxy or an
+// operator does: renew_at NULL, expires_at as given (nil: NULL, as the Rust worker
+// writes when it does not know).
 func (b *bundle) putCert(t *testing.T, domain, chain string, expires *time.Time) {
 	t.Helper()
 	_, err := b.pool.Exec(b.ctx, `
@@ -53,11 +53,9 @@ SELECT ssl_status, ssl_attempts, ssl_error, ssl_renew_by, ssl_queue_tier FROM pr
 }
 
 // Odd rows never stop the worker: in one pass, with healthy rows beside them, each odd
-// row is dealt with and reported once, and every other row carries on. Before this, a
-// NULL expires_at failed every renewal pass (pgx cannot scan NULL into time.Time), so
-// nothing was renewed again; a PEM that could not be read was renewed 30 days before
-// an expiry nobody could check; a certificate for another name was kept and renewed
-// as if it were the domain's; two names differing only in case were both ordered.
+// row is dealt with and reported once, and every other row carries on: a NULL
+// expires_at (pgx cannot scan NULL into time.Time), a PEM that cannot be read, a
+// certificate for another name, two names differing only in case.
 func TestMarkRenewals_OddRowsInOnePassWithHealthyOnes(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

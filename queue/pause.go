@@ -10,12 +10,9 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Pause holds back what scope and key cover (ScopeCA: an ACME directory URL;
-// ScopeRegisteredDomain: a registered domain; ScopeDomain: a domain name) for every
-// instance, for wait from now on the database's clock. A later pause never shortens
-// an earlier one of the same source; the reason of the longer one is kept. It returns
-// how long the pause now lasts. A pause of a registered domain or a name is the first
-// CA's (PauseAt names the CA).
+// Pause holds back what scope and key cover for every instance, for wait on the
+// database's clock, and returns how long it now lasts; a later pause of the same
+// source never shortens it. Pause is the first CA's; PauseAt names the CA.
 func (q *Queue) Pause(ctx context.Context, scope, key, source string, wait time.Duration, reason string) (time.Duration, error) {
 	directory := ""
 	if scope == issuing.ScopeCA {
@@ -34,8 +31,7 @@ ON CONFLICT (directory, scope, key, source) DO UPDATE SET
     updated_at = now()
 RETURNING ` + secondsUntilSQL("paused_until")
 
-// PauseAt is Pause for the CA at directory: nothing it says holds a domain back at
-// another CA. A ScopeCA pause's key is the directory.
+// PauseAt is Pause for the CA at directory; a ScopeCA pause's key is the directory.
 func (q *Queue) PauseAt(ctx context.Context, directory, scope, key, source string, wait time.Duration, reason string) (time.Duration, error) {
 	if scope == issuing.ScopeCA {
 		key = directory
@@ -48,10 +44,8 @@ func (q *Queue) PauseAt(ctx context.Context, directory, scope, key, source strin
 	return durationFromSeconds(left), nil
 }
 
-// outageForgotten is how long after the end of an unreachable pause a failure starts
-// a new outage rather than continuing it (PauseUnreachable). Long against the CA's
-// backoff (30 s at most): a fleet that sends every domain to a second CA tries the
-// first only when its pause ends, and an outage must not look new at each try.
+// outageForgotten is how long after an unreachable pause ends a failure starts a new
+// outage, so tries of the first CA during a fallback do not each start one.
 const outageForgotten = time.Hour
 
 var pauseUnreachableSQL = `
@@ -71,17 +65,10 @@ ON CONFLICT (directory, scope, key, source) DO UPDATE SET
     updated_at = now()
 RETURNING failures, ` + secondsUntilSQL("paused_until")
 
-// PauseUnreachable records that the CA at directory could not be reached and pauses
-// ordering from it for every instance, for base doubled per consecutive failure up to
-// limit: the CA's own backoff, kept apart from any domain's (nothing is charged). The
-// orders that fail together, while the pause they caused is in force (a fleet's
-// --concurrency of them, when the pause ends and the CA is still down), are one
-// failure: the backoff grows once per try of the CA, not once per order.
-//
-// The outage began (held_since) at its first failure, and goes on until an order gets
-// an answer (ClearUnreachable), through the gaps between the pause's end and the next
-// try. A row whose pause ended longer than outageForgotten ago is a new outage: no
-// instance told of the CA's answer (the one that saw it down was restarted).
+// PauseUnreachable pauses the CA at directory for every instance, for base doubled
+// per consecutive failure up to limit; orders failing together under one pause are
+// one failure. The outage runs from its first failure until an answer
+// (ClearUnreachable), or outageForgotten after its pause ended.
 func (q *Queue) PauseUnreachable(ctx context.Context, directory, reason string, base, limit time.Duration) (issuing.Unreachable, error) {
 	var u issuing.Unreachable
 	var left float64
@@ -97,8 +84,7 @@ func (q *Queue) PauseUnreachable(ctx context.Context, directory, reason string, 
 var clearUnreachableSQL = `
 DELETE FROM certworker_pauses WHERE scope = 'ca' AND key = $1 AND source = 'unreachable'`
 
-// ClearUnreachable ends the unreachable state of the CA at directory, after an order
-// got an answer from it. It reports whether there was one to end.
+// ClearUnreachable ends the CA's unreachable state, reporting whether there was one.
 func (q *Queue) ClearUnreachable(ctx context.Context, directory string) (bool, error) {
 	tag, err := q.db.Exec(ctx, clearUnreachableSQL, directory)
 	if err != nil {

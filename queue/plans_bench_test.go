@@ -120,10 +120,9 @@ func fillMillion(tb testing.TB, pool *pgxpool.Pool) {
                 now() + ((hashtext(domain) & 2147483647) % 6000 - 60) * interval '864 seconds',
                 now() + ((hashtext(domain) & 2147483647) % 600 - 6) * interval '36 seconds'
          FROM proxy_domains WHERE ssl_status = 'active' OR ssl_expires_at IS NOT NULL`,
-		// Profiles (issue #18): one domain in ten names a profile of its own (k a
-		// multiple of 10), and its certificate was issued under it but for one in a
-		// hundred of them, whose tenant just changed it; every other certificate is
-		// under the fleet's profile.
+		// Profiles: one domain in ten names a profile of its own (k a multiple of 10), and
+		// its certificate was issued under it but for one in a hundred of them, whose tenant
+		// just changed it; every other certificate is under the fleet's profile.
 		`UPDATE proxy_domains SET ssl_profile = 'shortlived' WHERE domain LIKE 'd_0.%' OR domain LIKE 'd0.%'`,
 		`UPDATE proxy_certificates c SET profile = CASE
              WHEN d.ssl_profile IS NULL THEN 'classic'
@@ -239,12 +238,11 @@ func BenchmarkPlansAtAMillion(b *testing.B) {
 			fmt.Fprintf(&out, "## %s%s: %.3f ms\n%s\n\n", s.name, statementSuffix(i), ms, plan)
 		}
 	}
-	// Issue #17: the claim reads only what it can take. 50,000 rows whose backoff has
-	// not run out and 50,000 under one registered domain's pause, all at the head of
-	// the queue (placed before every due row), in line as a hand edit, a longer
-	// --retry-base or a pause that just started leaves them. The first claim after
-	// takes them out of line (its wall time is reported); the claim of 16 is then
-	// explained as above.
+	// The claim reads only what it can take. 50,000 rows whose backoff has not run out
+	// and 50,000 under one registered domain's pause, all at the head of the queue
+	// (placed before every due row), in line as a hand edit, a longer --retry-base or a
+	// pause that just started leaves them. The first claim after takes them out of line
+	// (its wall time is reported); the claim of 16 is then explained as above.
 	heldBack(b, pool)
 	took := time.Now()
 	claims := 0
@@ -280,10 +278,9 @@ WHERE ssl_status = 'pending' AND ssl_held IS NULL AND (domain LIKE '%.backoff.ex
 			fmt.Fprintf(&out, "## %s%s: %.3f ms\n%s\n\n", heldName, statementSuffix(i), ms, plan)
 		}
 	}
-	// The claim with a second CA behind the same rows, put back in line, and then
-	// behind 500,000 (400,000 more under the pause), where it used to reach its
-	// step's timeout and claim nothing: the first claims take them out of line (their
-	// wall time, and the longest statement, are reported), and the claim of 16 is
+	// The claim with a second CA behind the same rows, put back in line, and then behind
+	// 500,000 (400,000 more under the pause): the first claims take them out of line
+	// (their wall time, and the longest statement, are reported), and the claim of 16 is
 	// explained as above.
 	cfg := issuing.DefaultConfig()
 	cfg.Fallback = &issuing.Fallback{Directory: "https://second.invalid/directory", After: time.Hour}

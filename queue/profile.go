@@ -9,12 +9,9 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// A profile per domain. proxy_domains.ssl_profile is the
-// tenant's choice (NULL: the worker's --acme-profile); proxy_certificates.profile is
-// the profile a certificate was issued under (NULL: not known, which matches any);
-// proxy_domains.ssl_profile_refused is the domain's profile the CA does not offer,
-// which keeps the worker from trying it, and being refused, on every pass
-// (migration 00014).
+// A profile per domain: ssl_profile is the tenant's choice (NULL: --acme-profile),
+// proxy_certificates.profile the certificate's (NULL matches any), and
+// ssl_profile_refused a profile the CA does not offer, not tried again.
 
 var refuseProfileSQL = `
 WITH cert AS (
@@ -40,20 +37,11 @@ FROM cert
 WHERE ` + heldSQL + `
 RETURNING ssl_status = 'provisioning'`
 
-// RefuseProfile records that the CA does not offer the domain's own profile, which
-// the claim was to be ordered under, and decides what becomes of the domain, in one statement:
-//   - without a certificate, it fails at once ('failed', the attempt counted,
-//     reasonNone in ssl_error), and waits for the tenant to change the profile;
-//   - with a certificate that is not due for renewal (the claim was a replacement
-//     for the profile), it goes back to 'active' with its certificate, reasonKept in
-//     ssl_error, the claim dropped and the attempt not counted;
-//   - with a certificate due for renewal, it stays claimed, with reasonKept in
-//     ssl_error: renew reports true, and the caller orders under the certificate's
-//     profile.
-//
-// Either way ssl_profile_refused records the profile, so that the replacement is not
-// tried again until the tenant sets a profile. Nothing is written when the claim is
-// no longer held (ErrClaimLost, ErrNotACME).
+// RefuseProfile records that the CA does not offer the claim's profile and decides,
+// in one statement: without a certificate the domain fails (reasonNone); with one not
+// due, it goes back to 'active' (reasonKept, uncharged); with one due, it stays
+// claimed (reasonKept) and renew is true: order under the certificate's profile.
+// Nothing is written when the claim is lost (ErrClaimLost, ErrNotACME).
 func (q *Queue) RefuseProfile(ctx context.Context, c issuing.Claim, profile, reasonNone, reasonKept string) (renew bool, err error) {
 	err = q.db.QueryRow(ctx, refuseProfileSQL, c.ID, c.Token, profile, q.errorText(ctx, reasonNone), q.errorText(ctx, reasonKept)).Scan(&renew)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -82,29 +70,12 @@ UPDATE proxy_domains d SET ssl_status = 'pending', ssl_attempts = 0, ssl_last_at
 FROM changed
 WHERE d.id = changed.id`
 
-// RequeueProfileChanges moves back to 'pending' the active domains whose certificate
-// was issued under another profile than the one they now name, so that the next claim
-// replaces the certificate (naming it in "replaces"), and reports how many.
-// certworker_set_profile queues such a domain itself, at once (migration 00014, whose
-// rule this is too: the two have to agree); this finds the rest, a profile the proxy
-// wrote without the function, or set while an order was running (the certificate it
-// stored has the old profile), and runs with the housekeeping. The row
-// keeps its ssl_renew_by from its certificate, so it is served as a renewal: with time
-// to spare, unless its time is short anyway. Its last attempt is cleared, as the
-// tenant's retry clears it: the change is a request of the tenant's, not a retry, and
-// must not wait out a backoff from the issuance it replaces (a tenant who picks a
-// profile minutes after the first certificate).
-//
-// Not replaced: a domain whose ssl_profile is NULL (a changed --acme-profile applies at
-// each renewal, not at once), a certificate with no recorded profile (issued before
-// migration 00014, or uploaded: it matches any), a profile the CA refused for the
-// domain (ssl_profile_refused: the replacement would be refused again on every
-// pass), and a certificate the proxy does not want renewed (auto_renew off).
-//
-// It reads the domains with a profile of their own through 00014's partial index, in
-// batches, so that its cost follows those domains, not the table: 250 ms for 80,000 of
-// them among a million domains (BenchmarkPlansAtAMillion, on a 2-core machine at a load
-// average of 8), which is why it is not run on every maintenance pass.
+// RequeueProfileChanges requeues the active domains whose certificate has another
+// profile than the one they name, which certworker_set_profile did not queue itself
+// (a profile written without it, or set mid-order), and reports how many. The row is
+// served as a renewal, without a backoff. Not replaced: NULL ssl_profile, a
+// certificate with no recorded profile, a refused profile, auto_renew off. Its cost
+// (docs/cas.md) puts it with the housekeeping.
 func (q *Queue) RequeueProfileChanges(ctx context.Context) (int64, error) {
 	var total int64
 	for {
@@ -122,10 +93,8 @@ func (q *Queue) RequeueProfileChanges(ctx context.Context) (int64, error) {
 var setProfileSQL = `
 SELECT ` + domainColumns + ` FROM certworker_set_profile($1, $2, $3)`
 
-// SetProfile is the proxy API's profile setting: certworker_set_profile (migration
-// 00014), the one implementation the proxy calls too. A nil profile puts the domain
-// back on --acme-profile. Returns nil, nil when it is refused: the domain is not the
-// tenant's, or the value is not a profile name.
+// SetProfile is the proxy API's profile setting, certworker_set_profile. A nil
+// profile means --acme-profile; nil, nil when refused.
 func (q *Queue) SetProfile(ctx context.Context, id, tenantID string, profile *string) (*Domain, error) {
 	d, err := scanDomain(q.db.QueryRow(ctx, setProfileSQL, id, tenantID, profile))
 	if errors.Is(err, pgx.ErrNoRows) {

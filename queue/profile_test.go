@@ -27,8 +27,8 @@ func (b *bundle) issued(t *testing.T, tenant string, certProfile string, profile
 }
 
 // setProfileQuietly writes a domain's ssl_profile with the triggers off, as a row
-// written before migration 00020 (or set while its order was running) holds it: the
-// profile's trigger would queue the replacement at once, which is what the
+// written without certworker_set_profile (or set while its order was running) holds
+// it: the profile's trigger would queue the replacement at once, which is what the
 // housekeeping's own tests must find left to do.
 func (b *bundle) setProfileQuietly(t *testing.T, id string, profile *string) {
 	t.Helper()

@@ -10,10 +10,8 @@ import (
 )
 
 // replaceProgressSQL counts the certificates due for replacement through the partial
-// index on ari_window_start (migration 00016), which reads only the windows that
-// have started: a handful while the fleet is healthy, every drilled certificate
-// during a drill. The pace reads the ledger's recent rows of the directories $1
-// (all the accounts' when NULL) through certworker_ledger_at_idx.
+// index on ari_window_start (only started windows), and the pace from the ledger's
+// recent rows of the directories $1 (all when NULL).
 var replaceProgressSQL = `
 SELECT now(), due.n, due.earliest, done.n
 FROM (SELECT count(*)::int AS n, min(c.expires_at) AS earliest
@@ -47,9 +45,8 @@ func readReplaceProgress(ctx context.Context, db queryRower, directories []strin
 	return p, nil
 }
 
-// ReplaceProgress reads how the replacement of the certificates whose window has
-// started is going, at the pace of the CA at directory ("" for every CA the fleet
-// has an account with).
+// ReplaceProgress reads how the replacement of certificates whose window has started
+// is going, at the pace of the CA at directory ("" for every CA).
 func (q *Queue) ReplaceProgress(ctx context.Context, directory string) (issuing.ReplaceProgress, error) {
 	var dirs []string
 	if directory != "" {

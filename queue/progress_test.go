@@ -8,11 +8,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The progress of a mass replacement (issue #18): the certificates whose renewal
-// window has started and are still stored count, those whose window has not started
-// (or whose replacement was stored) do not; the pace is the renewals the ledger saw
-// issued in the last quarter hour; done-by is now plus the backlog at that pace, and
-// is "never" (nil, +Inf for the alert) without a recent replacement.
+// The progress of a mass replacement: the certificates whose renewal window has
+// started and are still stored count, those whose window has not started (or whose
+// replacement was stored) do not; the pace is the renewals the ledger saw issued in
+// the last quarter hour; done-by is now plus the backlog at that pace, and is "never"
+// (nil, +Inf for the alert) without a recent replacement.
 func TestReplaceProgress_CountsStartedWindowsAndTheirPace(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -7,8 +7,7 @@ import (
 	"time"
 )
 
-// LedgerWindow is how long the ledger rows of the CA at Directory are kept (Prune):
-// the longest window of its limits.
+// LedgerWindow is how long the ledger rows of the CA at Directory are kept.
 type LedgerWindow struct {
 	Directory string
 	Window    time.Duration
@@ -16,8 +15,7 @@ type LedgerWindow struct {
 
 // PruneResult is how many rows Prune deleted, by kind.
 type PruneResult struct {
-	// Tokens: HTTP-01 challenge tokens past their expiry (left by an instance that
-	// died mid-order; a live order deletes its own).
+	// Tokens: HTTP-01 challenge tokens past their expiry.
 	Tokens int64
 	// Pauses: pauses that ended more than pauseKeep ago.
 	Pauses int64
@@ -27,47 +25,29 @@ type PruneResult struct {
 	Tenants int64
 	// Certificates: certificate rows, with their private keys, of deleted domains.
 	Certificates int64
-	// IssuedNames: the ledger's record that a CA issued for a name, for names no
-	// domain has any more.
+	// IssuedNames: the ledger's issued-name records of names no domain has.
 	IssuedNames int64
 	// Orders: recorded ACME orders of deleted domains.
 	Orders int64
 }
 
 const (
-	// pauseKeep is how long an ended pause is kept: `status` and operators can still
-	// see why ordering stopped yesterday, and a CA that was unreachable and fails again
-	// within the day resumes its backoff where it left off.
+	// pauseKeep is how long an ended pause is kept, for `status` and for a CA failing
+	// again within the day to resume its backoff.
 	pauseKeep = 24 * time.Hour
-	// defaultLedgerWindow is the ledger's history when certworker_settings.limits says
-	// nothing (no worker has started, or every limit is off): the longest of the
-	// default limits, 50 certificates per registered domain in 168 hours.
+	// defaultLedgerWindow is the ledger's history when no limits are recorded.
 	defaultLedgerWindow = 168 * time.Hour
-	// orphanGrace is how long a certificate row whose domain does not exist is kept
-	// after it was last written, so that a proxy that stores a certificate before the
-	// domain row (or deletes and adds a domain again) is not raced.
+	// orphanGrace keeps a certificate row without a domain this long after its last
+	// write, so a proxy storing it before the domain row is not raced.
 	orphanGrace = time.Hour
-	// pruneBatch is how many rows one statement deletes: short transactions, short
-	// row locks, however much there is to delete after years without pruning.
+	// pruneBatch is how many rows one statement deletes.
 	pruneBatch = 1000
 )
 
-// Prune deletes what the worker keeps and no longer needs, so that nothing grows
-// without bound. Safe on any instance at any time, and concurrently: every statement
-// deletes only rows nothing will read again. For a maintenance timer (every few
-// minutes); the first run on the proxy's database after years may have much to do,
-// and does it in batches of pruneBatch rows.
-//
-// A deleted domain's certificate row and private key are deleted here, an hour after
-// the row was last written: the proxy deletes the domain (proxy_certificates has no
-// foreign key to it), and the key should not outlive it. The name is compared in any
-// case, as the proxy looks certificates up.
-//
-// A ledger row is kept for the longest window of its own CA's limits: keep gives
-// them, by directory (the worker passes each CA's, whose --acme-fallback-limit-* may
-// be longer than the first CA's). A row is never pruned before the longest window
-// certworker_settings records either, which is the first CA's as the fleet last
-// recorded it; a CA keep does not name has only that.
+// Prune deletes what the worker keeps and no longer needs, in batches; safe on any
+// instance at any time. A deleted domain's certificate row and key go an hour after
+// their last write, matched by name in any case. A ledger row is kept for the longest
+// window of its CA's limits (keep), and of those certworker_settings records.
 func (q *Queue) Prune(ctx context.Context, keep ...LedgerWindow) (PruneResult, error) {
 	dirs, windows := make([]string, len(keep)), make([]float64, len(keep))
 	for i, k := range keep {
@@ -81,8 +61,7 @@ func (q *Queue) Prune(ctx context.Context, keep ...LedgerWindow) (PruneResult, e
 		table string
 		sql   string
 		args  []any
-		// unlocked: no transaction of anyone's locks these rows, and the workers hold
-		// no UPDATE right on the table, which SELECT ... FOR UPDATE needs.
+		// unlocked: nobody locks these rows, and the workers may not lock them.
 		unlocked bool
 	}{
 		{"expired HTTP-01 tokens", &r.Tokens, "certworker_http01_tokens", `
@@ -124,13 +103,8 @@ WHERE n.issued_at < now() - make_interval(secs => $1)
 	return r, errors.Join(errs...)
 }
 
-// deleteInBatches deletes the rows of table that match (a query of their ctids),
-// pruneBatch at a time, and returns how many. A row that changed between the
-// query and the delete has another ctid and is left for the next run: it was
-// written, so it may be needed (a tenant's counter taken by a new domain). A row
-// another transaction holds locked (the proxy's open write to a certificate row) is
-// passed over and left for the next run, not waited for (skipLocked; a table nobody
-// locks, and on which the workers may not lock, is read without it).
+// deleteInBatches deletes the rows of table that match (by ctid), pruneBatch at a
+// time; a row changed meanwhile or locked is left for the next run.
 func (q *Queue) deleteInBatches(ctx context.Context, table, match string, args []any, skipLocked bool) (int64, error) {
 	lock := ""
 	if skipLocked {

@@ -10,8 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// DB is what the queue needs from PostgreSQL: a *pgxpool.Pool, or a single
-// connection in a test.
+// DB is what the queue needs from PostgreSQL: a *pgxpool.Pool, or a connection.
 type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
@@ -22,8 +21,7 @@ type DB interface {
 
 var _ DB = (*pgxpool.Pool)(nil)
 
-// Queue is the set of statements that move domains between states. Safe for
-// concurrent use.
+// Queue is the statements that move domains between states; safe for concurrent use.
 type Queue struct {
 	db  DB
 	cfg issuing.Config
@@ -39,5 +37,4 @@ func New(db DB, cfg issuing.Config) *Queue {
 // Config is the queue's effective configuration.
 func (q *Queue) Config() issuing.Config { return q.cfg }
 
-// seconds turns a duration into the float the SQL's make_interval takes.
 func seconds(d time.Duration) float64 { return d.Seconds() }

@@ -20,13 +20,9 @@ type Reclaimed struct {
 // interruptedError is the ssl_error of a reclaimed domain.
 const interruptedError = "issuance was interrupted before it finished"
 
-// unleasedGrace is how long a 'provisioning' row without a lease is left alone after
-// its last attempt before it is reclaimed: the reference worker's own STUCK_AFTER.
-// Such a row is the reference's claim (or a hand edit), and while the two workers run
-// side by side during a cutover the reference may still be ordering it: its orders
-// are bounded by its own 15 minutes, not by anything certworker can see. Taking it
-// back sooner (this was 2 minutes) orders the same domain twice. A claim of
-// certworker's own has a lease, and is reclaimed as soon as the lease runs out.
+// unleasedGrace is how long a 'provisioning' row without a lease (claimed by the
+// Rust worker or by hand) is left after its last attempt: the Rust worker's own
+// bound on its orders, which may still run during a cutover.
 const unleasedGrace = 15 * time.Minute
 
 var reclaimAbandonedSQL = `
@@ -48,32 +44,11 @@ FROM abandoned
 WHERE d.id = abandoned.id
 RETURNING d.id::text, d.tenant_id::text, d.domain, d.ssl_attempts, d.ssl_status = 'failed'`
 
-// ReclaimAbandoned puts back domains whose claim was abandoned: 'provisioning' with a
-// lease that ran out (the instance holding it died), or, for a row claimed without a
-// lease (by the reference worker or by hand), last tried more than unleasedGrace
-// (15 minutes) ago. Without it, nothing ever moves such a row out of 'provisioning' and the domain
-// silently never gets a certificate.
-//
-// The attempt is counted: the interrupted order was still an order, and an instance
-// that crash-loops during issuance would otherwise retry without limit and spend the
-// CA's rate limit on a problem that is not the CA's. At the limit the domain fails,
-// as any other failure does (the reference left it 'pending' at the limit, where
-// nothing would ever claim it and status would not show it as failed).
-//
-// The backoff is not applied (ssl_last_attempt_at is cleared): the failure was this
-// service's, not the domain's, and a domain whose certworker claim was abandoned
-// is claimable again within 2 minutes of it, while the backoff after
-// one attempt is twice --retry-base.
-//
-// A live order is never taken: its instance renews the lease every third of it. A
-// lease later than a whole lease from now counts as run out (leaseEndSQL).
-//
-// Rows another transaction holds locked (the proxy's open write to one of them, as a
-// slow request makes) are passed over, not waited for (SKIP LOCKED): one such lock
-// made the one statement give up (55P03) and take every other abandoned row back
-// with it, and a killed instance's claims stayed 'provisioning' past those 2
-// minutes. A row passed over is reclaimed by a later run. fillBatch
-// rows a statement, so that no statement holds many rows' locks.
+// ReclaimAbandoned puts back domains whose claim was abandoned: a lease that ran out
+// (leaseEndSQL), or, without a lease, a last attempt older than unleasedGrace. The
+// attempt is counted, so a crash-looping instance cannot spend the CA's limit without
+// end; the backoff is not (the failure was ours). Locked rows are passed over (SKIP
+// LOCKED), so one lock cannot fail the statement; fillBatch rows a statement.
 func (q *Queue) ReclaimAbandoned(ctx context.Context) ([]Reclaimed, error) {
 	reason := q.errorText(ctx, interruptedError)
 	var out []Reclaimed

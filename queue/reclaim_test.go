@@ -24,9 +24,9 @@ func TestReclaim_ADomainAbandonedMidIssuanceIsRequeued(t *testing.T) {
 	require.Equal(t, 1, attempts, "the interrupted attempt was not counted")
 }
 
-// Claimed a minute ago, without a lease (the reference worker's claim): inside the
-// grace, so another instance may still be working on it. Reclaiming here would have
-// two workers ordering the same certificate.
+// Claimed a minute ago, without a lease (the Rust worker's claim): inside the grace,
+// so another worker may still be ordering it. Reclaiming here would have two workers
+// ordering the same certificate.
 func TestReclaim_ALiveOrderIsNotStolenFromTheWorkerRunningIt(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -137,10 +137,10 @@ func TestReclaim_AHugeAttemptCountDoesNotBlockTheOthers(t *testing.T) {
 	require.Equal(t, "pending", b.status(t, normal))
 }
 
-// A row the reference worker claimed ('provisioning', no lease) while the two run side
-// by side during a cutover: the reference may still be ordering it, for up to its own
-// 15 minutes. Taken back after 2 minutes (as before), the same domain was ordered
-// twice; after 15 it is the reference's abandoned claim, and is requeued.
+// A row the Rust worker claimed ('provisioning', no lease) while the two run side by
+// side during a cutover: it may still be ordering it, for up to its own 15 minutes, so
+// taking it back sooner orders the domain twice. After 15 minutes it is an abandoned
+// claim, and is requeued.
 func TestReclaim_TheReferencesClaimIsTakenBackOnlyAfterItsOwn15Minutes(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -11,27 +11,12 @@ import (
 	"github.com/certworker/certworker/queue/issuing"
 )
 
-// MarkRenewals moves active domains whose certificate is due for renewal back to
-// 'pending' (which wakes every instance through the trigger), and reports how many.
-// Driven off proxy_certificates.renew_at, so a certificate replaced out of band is
-// renewed on its own schedule. Rows with no renewal time (uploaded by hand, written
-// by the reference, or replaced by someone else: migration 00006 clears it then) are
-// first given one from their own certificate_pem (fillRenewalTimes).
-//
-// A row it cannot use never stops the pass. A certificate_pem that cannot be read,
-// or whose certificate does not name its domain, is a certificate the proxy cannot
-// serve for the domain: the domain is due for issuance now, as if it had none, and
-// the row is returned in Bad. A NULL expires_at is not a problem (the reference wrote
-// it): the renewal time comes from the PEM.
-//
-// A domain keeps its current certificate until the new one is stored, and the
-// renewal time only moves when a new certificate is stored, so a certificate is never
-// renewed again before its new renewal time.
-//
-// Its two parts are independent: a failure giving renewal times to the rows without
-// one (a statement cut off, a row it cannot store) never keeps the certificates already
-// due from being requeued; the error of each is returned, joined. Rows another
-// transaction holds locked are passed over and left for the next pass.
+// MarkRenewals moves active domains whose certificate is due for renewal
+// (proxy_certificates.renew_at) back to 'pending', and reports how many; rows
+// without a renewal time first get one from their PEM (fillRenewalTimes). A
+// certificate the proxy cannot serve for its domain makes the domain due for issuance
+// now, and the row is returned in Bad. The two parts run whatever became of the
+// other; their errors are joined. Locked rows wait for the next pass.
 func (q *Queue) MarkRenewals(ctx context.Context) (issuing.RenewalPass, error) {
 	var pass issuing.RenewalPass
 	fillErr := q.fillRenewalTimes(ctx, &pass)
@@ -40,8 +25,6 @@ func (q *Queue) MarkRenewals(ctx context.Context) (issuing.RenewalPass, error) {
 	return pass, errors.Join(fillErr, err)
 }
 
-// fillRenewalTimes gives the certificate rows without a renewal time one, in batches
-// (schedule), adding what it did to pass.
 func (q *Queue) fillRenewalTimes(ctx context.Context, pass *issuing.RenewalPass) error {
 	for after := ""; ; {
 		batch, err := q.readUnscheduled(ctx, after)
@@ -78,20 +61,14 @@ UPDATE proxy_domains d SET
 FROM due
 WHERE d.id = due.id`
 
-// requeueDue moves the active domains whose certificate's renewal time has passed back
-// to 'pending', with a clean slate (a count left on an active row must not start the
-// renewal part-way up the backoff curve), and with ssl_renew_by, which the wake
-// trigger reads to give the row its tier in the order of service: when the renewal
-// becomes urgent, a fifth of the lifetime before expiry, or the end
-// of the CA's renewal window if that is earlier.
+// requeueDue moves the active domains whose renewal time has passed back to
+// 'pending' with a clean attempt count and ssl_renew_by (RenewBy), from which the
+// wake trigger gives the tier.
 //
-// The lifetime comes from not_before and expires_at. A row whose expires_at is NULL
-// (the reference's) had its renew_at worked out from its PEM by RenewAtFromValidity,
-// so the lifetime L follows from D = renew_at - not_before: D = 2L/3 for a lifetime
-// of 10 days or more (D of 6.67 days or more), D = L/2 below (D under 5 days), and no
-// D falls between. The fifth before expiry, 4L/5, is then renew_at + D/5 or
-// renew_at + 3D/5. Without a lifetime at all, renew_at itself (urgent: the expiry is
-// unknown).
+// Where expires_at is NULL, renew_at came from RenewAtFromValidity, so the lifetime L
+// follows from D = renew_at - not_before: D = 2L/3 from 10 days (D >= 6.67 days),
+// D = L/2 below (D < 5 days), and the fifth before expiry is renew_at + D/5 or
+// renew_at + 3D/5. With no lifetime, renew_at itself.
 func (q *Queue) requeueDue(ctx context.Context) (int64, error) {
 	var total int64
 	for {
@@ -106,17 +83,14 @@ func (q *Queue) requeueDue(ctx context.Context) (int64, error) {
 	}
 }
 
-// unscheduled is a certificate row without a renewal time.
 type unscheduled struct {
 	id, domain, chain string
 	// domainID and tenantID are "" when the row's domain does not exist.
 	domainID, tenantID string
 }
 
-// fillBatch is how many rows one statement of the renewal pass reads or requeues: the
-// proxy's database holds tens of thousands of certificates without a renewal time
-// after migrate, and reading them in one go would hold their PEMs (a few kB each) in
-// memory at once, and requeueing them in one statement their rows' locks.
+// fillBatch is how many rows one statement of the renewal pass reads or requeues,
+// bounding the PEMs in memory and the locks held.
 const fillBatch = 1000
 
 var readUnscheduledSQL = `
@@ -125,8 +99,6 @@ FROM proxy_certificates c LEFT JOIN proxy_domains d ON d.domain = c.domain
 WHERE c.renew_at IS NULL AND c.auto_renew AND c.id > $1::uuid
 ORDER BY c.id LIMIT $2`
 
-// readUnscheduled reads the next batch of certificate rows without a renewal time,
-// in id order after the given id.
 func (q *Queue) readUnscheduled(ctx context.Context, after string) ([]unscheduled, error) {
 	if after == "" {
 		after = "00000000-0000-0000-0000-000000000000"
@@ -166,11 +138,8 @@ UPDATE proxy_certificates c SET
 FROM f JOIN free USING (id)
 WHERE c.id = f.id`
 
-// schedule gives each row of the batch its renewal time from its leaf, by the same
-// third-of-lifetime rule as a certificate the worker stores, with what it recorded
-// about the certificate (not before, issuer, serial); and marks the domains of the
-// rows it cannot use due for issuance. It returns how many domains it marked, and the
-// rows it could not use.
+// schedule gives each row of the batch its renewal time from its leaf and marks the
+// domains of the rows it cannot use due for issuance.
 func (q *Queue) schedule(ctx context.Context, batch []unscheduled) (int64, []issuing.BadRow, error) {
 	var ids, issuers, serials []string
 	var renewAts, notBefores []time.Time
@@ -228,15 +197,9 @@ UPDATE proxy_domains x SET
 FROM d
 WHERE x.id = d.id`
 
-// requeueForIssuance marks the certificates of the given rows due now (renew_at, so
-// that no later pass reads them again) and moves their domains back to 'pending' as a
-// first issuance would be (no ssl_renew_by: its tier is the first issuances'), with
-// the reason in ssl_error so that `status` says why the domain is being ordered.
-//
-// Rows another transaction holds locked are passed over: a certificate row is left
-// for the next pass to read again; a domain row whose certificate was marked is
-// requeued by requeueDue (the certificate is due now) once the lock is gone, as a
-// renewal, without the reason.
+// requeueForIssuance marks the given certificates due now and requeues their
+// domains as first issuances, with the reason in ssl_error. Locked rows are passed
+// over: the next pass (requeueDue) picks them up.
 func (q *Queue) requeueForIssuance(ctx context.Context, ids, reasons []string) (int64, error) {
 	tag, err := q.db.Exec(ctx, requeueForIssuanceSQL, ids, reasons)
 	if err != nil {
@@ -245,8 +208,7 @@ func (q *Queue) requeueForIssuance(ctx context.Context, ids, reasons []string) (
 	return tag.RowsAffected(), nil
 }
 
-// judge parses a stored chain's leaf and checks that it names its domain. It returns
-// the leaf, or why the certificate cannot be used for the domain.
+// judge returns a stored chain's leaf, or why it cannot serve its domain.
 func judge(chain, domain string) (*x509.Certificate, string) {
 	leaf, err := issuing.LeafFromPEM(chain)
 	if err != nil {

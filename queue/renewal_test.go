@@ -46,8 +46,8 @@ func TestMarkRenewals_RequeuesACertificatePastItsRenewalTime(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	id, name := b.domain(t, b.tenant(t), "active", 0, ago(61*24*3600))
-	// A count left on an active row (the reference did not always clear it) must not
-	// make the renewal start part-way up the backoff curve, or near the limit.
+	// A count left on an active row must not make the renewal start part-way up the
+	// backoff curve, or near the limit.
 	_, err := b.pool.Exec(b.ctx, `UPDATE proxy_domains SET ssl_attempts = 4 WHERE id = $1`, id)
 	require.NoError(t, err)
 	now := nowSecond()
@@ -127,9 +127,8 @@ func TestMarkRenewals_LeavesAloneWhatIsNotDue(t *testing.T) {
 
 // A certificate uploaded by hand has no renew_at. It is judged by the same rule from
 // its own validity as one the worker stores: a third of the lifetime left from 10
-// days up, half below (a 6-day certificate renews after 3 days).
-// Leaving renew_at NULL would never renew it (and the proxy serves an expired
-// certificate); the reference's 30-days-before-expiry rule would renew it at once.
+// days up, half below (a 6-day certificate renews after 3 days). Left NULL it would
+// never be renewed (and the proxy would serve an expired certificate).
 func TestMarkRenewals_AHandUploadedCertificateIsJudgedByItsOwnValidity(t *testing.T) {
 	t.Parallel()
 	now := nowSecond()
@@ -174,12 +173,11 @@ func TestMarkRenewals_AHandUploadedCertificateIsJudgedByItsOwnValidity(t *testin
 	}
 }
 
-// A short-lived certificate with a NULL expires_at (the reference's) renews at half
-// its lifetime, and its renewal becomes urgent a fifth of the lifetime before expiry,
-// as any other's: the renewal pass works the lifetime out from renew_at and
-// not_before by the rule that set them. Worked out as for a 90-day certificate, a
-// 6-day one was urgent only 3.6 days in, so its renewal waited behind every first
-// issuance for a day longer than it should.
+// A short-lived certificate with a NULL expires_at renews at half its lifetime, and
+// its renewal becomes urgent a fifth of the lifetime before expiry, as any other's:
+// the renewal pass works the lifetime out from renew_at and not_before by the rule
+// that set them. Worked out as for a 90-day certificate, a 6-day one would be urgent
+// only 3.6 days in, and wait behind every first issuance a day too long.
 func TestMarkRenewals_AShortLivedCertificateWithoutExpiryIsUrgentAtItsLastFifth(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -219,11 +217,9 @@ func TestMarkRenewals_AnUploadedChainIsJudgedByItsLeaf(t *testing.T) {
 	require.WithinDuration(t, now.Add(2*day), *b.storedRenewAt(t, name), 0, "half of the leaf's 6 days")
 }
 
-// The reference renewed when expires_at - 30 days had passed, which for a 6-day
-// certificate is the moment it is issued: it renewed on every poll, forever, and spent
-// the CA's rate limit on one domain. A certificate just stored is not due until its
-// own renewal time, and after a renewal the new certificate's time is the one that
-// counts.
+// A certificate just stored is not due until its own renewal time, and after a
+// renewal the new certificate's time is the one that counts: a rule of "30 days before
+// expiry" would renew a 6-day certificate on every poll, for ever.
 func TestMarkRenewals_AJustIssuedShortLivedCertificateIsNotRenewedAgain(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -262,11 +258,11 @@ func TestMarkRenewals_AJustIssuedShortLivedCertificateIsNotRenewedAgain(t *testi
 }
 
 // A certificate replaced by someone else (the proxy, an operator uploading one) is
-// renewed on the new certificate's schedule, worked out again from its PEM. Before,
-// renew_at kept the old certificate's value: a shorter-lived upload expired before
-// its renewal, and an old renewal time already past made the worker overwrite the
-// upload at once. The worker's own write (MarkActive) sets the renewal time with the
-// certificate and keeps it; so does an operator who sets renew_at with the upload.
+// renewed on the new certificate's schedule, worked out again from its PEM: keeping
+// the old renew_at would let a shorter-lived upload expire before its renewal, or make
+// the worker overwrite the upload at once. The worker's own write (MarkActive) sets
+// the renewal time with the certificate and keeps it; so does an operator who sets
+// renew_at with the upload.
 func TestMarkRenewals_ACertificateReplacedBySomeoneElseIsRescheduledFromTheNewOne(t *testing.T) {
 	t.Parallel()
 	now := nowSecond()

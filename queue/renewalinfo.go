@@ -10,35 +10,22 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The renewal-information reads (RFC 9773) of stored certificates. Each instance asks
-// the CA about the certificates whose ari_next_at has passed; instances share the work
-// by claiming each read (ClaimRenewalInfo moves ari_next_at forward before anyone asks)
-// and share the CA's budget through TakeRenewalInfoTokens. Every time written is on the
-// database's clock: the worker hands over delays, and the statements add them to now().
+// The renewal-information reads (RFC 9773) of stored certificates. Instances share
+// the work by claiming each read and the CA's budget through TakeRenewalInfoTokens.
 
 const (
-	// RenewalInfoHold is how far a claimed read moves ari_next_at: the time one
-	// instance has to ask the CA and record the answer before another may ask again.
-	// Far longer than a read takes (a token, then one request bounded by seconds);
-	// an instance that dies mid-read costs its certificates this much delay, which
-	// is nothing next to the CA's six hours between reads.
+	// RenewalInfoHold is how far a claimed read moves ari_next_at: far longer than a
+	// read takes.
 	RenewalInfoHold = 10 * time.Minute
-	// renewalInfoIneligibleIn is when a certificate due for a read, but not to be
-	// asked about now (its domain's renewal is under way, it failed, it is not
-	// verified), is looked at again. Its next read is then due when the domain is
-	// active again, at worst this late.
+	// renewalInfoIneligibleIn is when a due certificate not to be asked about now (its
+	// domain renewing, failed, unverified) is looked at again.
 	renewalInfoIneligibleIn = issuing.RenewalInfoDefault
-	// renewalInfoSweep is how many due rows that are not to be asked about one claim
-	// moves out of the way besides the reads it claims. Without it they would stay due
-	// and keep the earliest ari_next_at in the past, and an instance would wake for
-	// them at once, again and again. The claim locks that many rows more than it
-	// takes (each lock a write of the row's header), so it is small: a backlog of
-	// them (a mass failure) is cleared by claims that follow each other at once.
+	// renewalInfoSweep is how many due rows not to be asked about one claim moves out
+	// of the way, so they do not keep a read due now.
 	renewalInfoSweep = 32
 )
 
-// RenewalInfoCandidate is a stored certificate whose renewal information an instance
-// has claimed the read of.
+// RenewalInfoCandidate is a certificate whose renewal-information read was claimed.
 type RenewalInfoCandidate struct {
 	// ID is the certificate row's id, DomainID and TenantID its domain's.
 	ID, DomainID, TenantID, Domain string
@@ -46,15 +33,13 @@ type RenewalInfoCandidate struct {
 	NotBefore                      time.Time
 	NotAfter                       time.Time
 	RenewAt                        time.Time
-	// Now is the database's time at the claim: the worker judges the CA's window by
-	// it, not by its own clock.
+	// Now is the database's time at the claim, by which the CA's window is judged.
 	Now time.Time
-	// Directory is the directory of the CA that issued the certificate
-	// (issuer_directory), or "" when not recorded: the one to ask.
+	// Directory is the issuing CA's directory (issuer_directory), or "".
 	Directory string
 
-	// serial and version are the certificate's when the read was claimed:
-	// RecordRenewalInfo writes only while both still match.
+	// serial and version are the certificate's at the claim; RecordRenewalInfo writes
+	// only while both match.
 	serial  *string
 	version *int64
 }
@@ -85,19 +70,11 @@ RETURNING r.eligible, c.id::text, r.domain_id::text, r.tenant_id::text, c.domain
           COALESCE(c.not_before, c.expires_at), c.expires_at, c.renew_at, now(), c.serial, c.version,
           COALESCE(c.issuer_directory, '')`
 
-// ClaimRenewalInfo claims the reads of up to n certificates whose renewal information
-// is due (ari_next_at passed), still valid, of verified active ACME domains that
-// renew automatically, the longest waiting first: it moves their ari_next_at
-// RenewalInfoHold ahead, in one statement with FOR UPDATE SKIP LOCKED, so that
-// instances claiming together take different rows, and none asks the CA about a
-// certificate another is asking about.
-//
-// In the same statement it moves due rows that are not to be asked about out of the
-// way (up to renewalInfoSweep): an expired certificate, one that no longer renews
-// automatically or whose domain is gone is never asked about again (ari_next_at
-// NULL, as RFC 9773 §4.3 advises); one whose domain is not active now (a renewal
-// under way, a failure) is looked at again in renewalInfoIneligibleIn. It returns the
-// claimed reads and how many rows it moved out of the way.
+// ClaimRenewalInfo claims the reads of up to n due certificates of verified active
+// ACME domains that renew automatically, longest waiting first, by moving ari_next_at
+// RenewalInfoHold ahead (SKIP LOCKED). It also moves up to renewalInfoSweep due rows
+// not to be asked about out of the way: for good (RFC 9773 §4.3) when expired, not
+// auto-renewed or without a domain, else for renewalInfoIneligibleIn.
 func (q *Queue) ClaimRenewalInfo(ctx context.Context, n int) ([]RenewalInfoCandidate, int, error) {
 	if n <= 0 {
 		return nil, 0, nil
@@ -125,8 +102,7 @@ func (q *Queue) ClaimRenewalInfo(ctx context.Context, n int) ([]RenewalInfoCandi
 			swept++
 			continue
 		}
-		// An eligible row has all of them: a domain, an expiry in the future, a
-		// renewal time, and the chain.
+		// An eligible row has all of them.
 		c.DomainID, c.TenantID, c.ChainPEM, c.NotBefore, c.NotAfter, c.RenewAt = *domainID, *tenantID, *chain, *notBefore, *notAfter, *renew
 		out = append(out, c)
 	}
@@ -139,9 +115,8 @@ func (q *Queue) ClaimRenewalInfo(ctx context.Context, n int) ([]RenewalInfoCandi
 var nextRenewalInfoSQL = `
 SELECT ` + secondsUntilSQL(`(SELECT min(ari_next_at) FROM proxy_certificates WHERE ari_next_at IS NOT NULL)`)
 
-// NextRenewalInfo is how long until the next renewal-information read falls due, on
-// the database's clock (0: one is due now); ok is false when none is scheduled. One
-// read of the index on ari_next_at.
+// NextRenewalInfo is how long until the next renewal-information read falls due (0:
+// now); ok is false when none is scheduled.
 func (q *Queue) NextRenewalInfo(ctx context.Context) (d time.Duration, ok bool, err error) {
 	var secs *float64
 	if err := q.db.QueryRow(ctx, nextRenewalInfoSQL).
@@ -171,17 +146,9 @@ WITH c AS (
 )
 SELECT ` + secondsUntilSQL("renew_at") + ` FROM c`
 
-// RecordRenewalInfo records what the CA said of the claimed certificate c's renewal
-// window, and returns how long until the row's renewal time, on the database's clock.
-// A renewal time that moved earlier also moves the domain's urgency (ssl_renew_by),
-// so that a certificate the CA is about to revoke is renewed before first issuances;
-// the domain's row is written only then.
-//
-// Written only while the row holds the certificate that was asked about: the same
-// serial and the same version (the trigger of migration 00007 draws a new version
-// whenever the certificate, its key or its domain changes, including an upload that
-// keeps a stale serial). A certificate replaced meanwhile keeps its own schedule, and
-// the call returns ErrCertificateReplaced.
+// RecordRenewalInfo records the CA's window for c and returns how long until its
+// renewal time; an earlier renewal time also moves ssl_renew_by. Written only while
+// the row holds the same serial and version, else ErrCertificateReplaced.
 func (q *Queue) RecordRenewalInfo(ctx context.Context, c RenewalInfoCandidate, info issuing.RenewalInfo) (time.Duration, error) {
 	var renewIn float64
 	err := q.db.QueryRow(ctx, recordRenewalInfoSQL,

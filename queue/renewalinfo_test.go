@@ -55,9 +55,8 @@ func claimedDomains(cs []queue.RenewalInfoCandidate) []string {
 }
 
 // Instances share the renewal-information reads: a claim moves each read it takes
-// RenewalInfoHold ahead, so the next claim (another instance's, or two at once)
-// takes other rows, and no certificate is asked about twice. Before, every
-// instance's maintenance read the same due rows and asked the CA about each of them.
+// RenewalInfoHold ahead, so the next claim (another instance's, or two at once) takes
+// other rows, and no certificate is asked about twice.
 func TestClaimRenewalInfo_InstancesTakeDifferentReads(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -152,12 +151,11 @@ func TestClaimRenewalInfo_MovesReadsNotToBeMadeOutOfTheWay(t *testing.T) {
 }
 
 // What the CA said is written for the certificate it was asked about, never for the
-// one that replaced it meanwhile (RFC 9773: a window belongs to one certificate):
-// the worker's own renewal stored a new certificate with a new serial, or the proxy
-// uploaded one and set renew_at itself, which leaves the old serial in place (only
-// the version the trigger draws tells them apart). Before, the answer was written by
-// the row's id, and a new certificate took the old one's window: renewed at once
-// after a revocation drill, or its own window lost.
+// one that replaced it meanwhile (RFC 9773: a window belongs to one certificate): the
+// worker's own renewal stored a new certificate with a new serial, or the proxy
+// uploaded one and set renew_at itself, which leaves the old serial in place (only the
+// version the trigger draws tells them apart). Written by the row's id alone, a new
+// certificate would take the old one's window.
 func TestRecordRenewalInfo_ACertificateReplacedMeanwhileKeepsItsOwnSchedule(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -208,8 +206,7 @@ func TestRecordRenewalInfo_ACertificateReplacedMeanwhileKeepsItsOwnSchedule(t *t
 // to now(), and a window that is over renews at now(), the clock the renewal pass and
 // the claim compare with. Checked inside a transaction, whose now() stands still
 // behind the host's clock: the row holds exactly the transaction's time plus the
-// delay. The worker computed these times from its own clock before, and an instance
-// whose clock ran ahead asked late and renewed early.
+// delay.
 func TestRecordRenewalInfo_WritesTheDatabasesTime(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

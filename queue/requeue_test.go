@@ -13,9 +13,8 @@ import (
 	"github.com/certworker/certworker/queue/issuing"
 )
 
-// The tenant operations are SQL functions (migration 00006) that the proxy calls; these
-// tests call them as the proxy does, in plain SQL. They are the reference's tests of
-// saas::db::queue_for_issuance and update_domain, and the cases it lacked.
+// The tenant operations are SQL functions that the proxy calls; these tests call
+// them as the proxy does, in plain SQL.
 
 // returned is what a tenant operation returned: the domain's row as it now is.
 type returned struct {
@@ -91,10 +90,9 @@ func TestQueueForIssuanceSQL_RequeuesABackingOffDomainAndWakesTheWorkers(t *test
 
 // Each refusal returns no row and changes nothing. Queueing an unverified domain would
 // order a certificate for a name nobody has proved control of; a manual one is not
-// ACME's; another tenant's is not the caller's; and the cases the reference lacked:
-// an active domain is renewed on its own schedule (requeueing it orders a certificate
-// it does not need), and one being issued has an order running (requeueing it orders
-// the same domain twice).
+// ACME's; another tenant's is not the caller's; an active domain is renewed on its own
+// schedule (requeueing it orders a certificate it does not need), and one being
+// issued has an order running (requeueing it orders the same domain twice).
 func TestQueueForIssuanceSQL_RefusesWhatItMustNotQueue(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -8,38 +8,23 @@ import (
 	"unicode/utf8"
 )
 
-// MaxErrorBytes bounds the text of ssl_error. A CA's problem document, a DNS answer or
-// a Go error chain can be any length, and the proxy shows the value to its tenant in
-// a form: a kilobyte holds every message certworker writes itself (the longest, a
-// waiting-for-DNS note naming a few addresses, is a few hundred bytes) and a CA's
-// detail of several sentences, and keeps a hostile answer from filling the row.
+// MaxErrorBytes bounds ssl_error, which the tenant sees: room for any message of
+// ours and a CA's detail, not for a hostile answer.
 const MaxErrorBytes = 1024
 
-// truncatedMark ends a text SanitizeError had to cut. ASCII, so that it fits any
-// server encoding.
+// truncatedMark ends a text SanitizeError had to cut; ASCII, for any encoding.
 const truncatedMark = "..."
 
-// SanitizeError is the text stored as ssl_error for s, whatever its source (a CA's
-// problem, a DNS answer, a Go error): every write of ssl_error goes through it
-// (Queue.errorText), and so does a pause's reason, which `status` shows beside it, so that no value can make the write fail (a NUL is SQLSTATE
-// 22021, invalid UTF-8 22021 too, and the write would be retried for ever) or put
-// what a terminal or a browser acts on in front of the tenant (no
-// control characters). Its rules:
-//   - tab, newline and carriage return become a space (a multi-line error keeps its
-//     words apart); every other control character is dropped: C0 (NUL included),
-//     DEL, C1, and the Unicode controls that change how text around them reads
-//     (bidirectional overrides and isolates, line and paragraph separators);
-//   - a byte that is not valid UTF-8 is written as \xNN, so what it was stays visible;
-//   - the result is at most MaxErrorBytes bytes, cut on a character boundary and
-//     ended with "...".
-//
-// It is idempotent: its own output passes through unchanged.
+// SanitizeError is the text stored as ssl_error (and a pause's reason) for s, so no
+// value can make the write fail (a NUL or invalid UTF-8 is 22021, retried for ever)
+// or put control characters before the tenant. Tab, newline and carriage return
+// become a space; other control and bidirectional characters are dropped; invalid
+// UTF-8 bytes become \xNN; the result is cut to MaxErrorBytes on a character boundary,
+// ending "...". It is idempotent.
 func SanitizeError(s string) string { return sanitize(s, false) }
 
-// sanitize is SanitizeError; asciiOnly also writes every character outside ASCII as
-// \u{XXXX}, for a database whose server encoding cannot hold them all (LATIN1, for
-// one, has no "€"): PostgreSQL refuses such a character with 22P05, and every server
-// encoding holds ASCII.
+// sanitize is SanitizeError; asciiOnly also escapes every non-ASCII character as
+// \u{XXXX}, for a server encoding that cannot hold it (22P05).
 func sanitize(s string, asciiOnly bool) string {
 	if clean(s, asciiOnly) {
 		return s
@@ -68,8 +53,7 @@ func sanitize(s string, asciiOnly bool) string {
 	return cut(out, MaxErrorBytes)
 }
 
-// cut shortens s, valid UTF-8, to at most n bytes (n at least the mark's length) on
-// a character boundary, ending it with truncatedMark.
+// cut shortens valid UTF-8 s to at most n bytes, ending it with truncatedMark.
 func cut(s string, n int) string {
 	if len(s) <= n {
 		return s
@@ -81,8 +65,7 @@ func cut(s string, n int) string {
 	return s[:i] + truncatedMark
 }
 
-// clean reports whether s needs no change: short enough, valid UTF-8, and nothing
-// sanitize replaces or drops.
+// clean reports whether s needs no change.
 func clean(s string, asciiOnly bool) bool {
 	if len(s) > MaxErrorBytes {
 		return false
@@ -97,9 +80,8 @@ func clean(s string, asciiOnly bool) bool {
 	return true
 }
 
-// dropped is the characters sanitize leaves out (tab, newline and carriage return are
-// replaced first): C0 controls, DEL, C1 controls, and the format characters that
-// reorder or break the text around them.
+// dropped is the characters sanitize leaves out: C0, DEL, C1, and format characters
+// that reorder or break the text around them.
 func dropped(r rune) bool {
 	switch {
 	case r < 0x20, r >= 0x7f && r <= 0x9f:
@@ -112,27 +94,22 @@ func dropped(r rune) bool {
 	return false
 }
 
-// serverEncoding is what a Queue learned of its database's server encoding, read
-// once (SHOW server_encoding): a pool's sessions all reach the same database.
+// serverEncoding is the database's server encoding, read once per Queue.
 type serverEncoding struct {
 	mu sync.Mutex
-	// known: asciiOnly has been read. Not set when the read failed: the write that
-	// follows probably fails too, and the next one reads again.
+	// known: asciiOnly has been read; a failed read is tried again next time.
 	known     bool
 	asciiOnly bool
 }
 
-// errorText is SanitizeError for this queue's database: with a server encoding other
-// than UTF8 (or SQL_ASCII, which stores any byte but NUL), characters outside ASCII
-// are escaped too. The encoding is read once; a failed read counts, for this one
-// text, as an encoding that holds only ASCII.
+// errorText is SanitizeError for this queue's database: ASCII-only unless the
+// encoding is UTF8 or SQL_ASCII (or when it could not be read).
 func (q *Queue) errorText(ctx context.Context, s string) string {
 	return sanitize(s, q.asciiOnly(ctx))
 }
 
-// sanitizeWithTail is sanitize for head, a space and tail, where tail (certworker's
-// own words) must survive the bound: head is cut to leave it room. An empty head
-// gives tail alone.
+// sanitizeWithTail is sanitize for head, a space and tail, cutting head so tail
+// survives.
 func sanitizeWithTail(head, tail string, ascii bool) string {
 	tail = sanitize(tail, ascii)
 	head = sanitize(head, ascii)

@@ -9,26 +9,11 @@ import (
 	"github.com/certworker/certworker/queue/issuing"
 )
 
-// NextDue is how long until something becomes claimable without a wake-up from
-// outside: a backoff running out, or a pause ending. ok is false when nothing is
-// scheduled; a domain due already gives 0. The delay is computed on the database's
-// clock, the one the claim compares with.
-//
-// The worker sets its timer for exactly this delay (capped by --poll-interval), so a
-// retry scheduled for 60 s happens at 60 s rather than at the next poll. While the CA
-// at directory is paused, nothing is claimable before the pause ends. A pause the
-// ledger wrote for the CA's account is not such a pause: the claim judges it row by
-// row, as it judges a registered domain's (a renewal passes it, ledgerExemptSQL), so
-// it ends a wait like theirs and postpones nothing.
-//
-// It reads one index entry per attempt count below the cap of the curve (the oldest
-// attempt with that count is the first whose backoff runs out) and one range for the
-// counts at the cap, so its cost follows the attempt limit, not the queue's length.
-// The number of those counts is written into the statement, not passed as a
-// parameter: it is fixed by the configuration, and as a parameter the server's
-// generic plan guessed a thousand of them, looked costlier than a custom one, and
-// every call was planned afresh (planning was 5.5 of its 5.65 ms in
-// bench/fleet-at-rest.txt).
+// NextDue is how long until something becomes claimable without a wake-up (a
+// backoff running out, a pause ending), on the database's clock; 0 when due now, ok
+// false when nothing is scheduled. A ledger's account pause postpones nothing: the
+// claim judges it per row. Its cost follows the attempt limit, not the queue; the
+// count of attempt values is a literal so one plan serves (docs/internals.md).
 func (q *Queue) NextDue(ctx context.Context, directory string) (d time.Duration, ok bool, err error) {
 	var secs *float64
 	sql, args := q.nextDueStatement(directory)
@@ -46,10 +31,7 @@ func (q *Queue) NextDue(ctx context.Context, directory string) (d time.Duration,
 func (q *Queue) nextDueStatement(directory string) (string, []any) {
 	capped := min(firstCapped(q.cfg), q.cfg.MaxAttempts)
 	args := []any{q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax), directory, capped}
-	// A pause of the CA holds back every row until it ends, but with a second CA a
-	// row held back at the first may go to the second before then: the routed claim
-	// holds it out until its decision can change (ssl_held_until), which
-	// routedUntilSQL reads. So with a second CA the CA's pause does not postpone ($6).
+	// With a second CA, the first CA's pause does not postpone ($6): routedUntilSQL.
 	args = append(args, q.cfg.Fallback == nil)
 	return `
 WITH per_count AS (
@@ -78,8 +60,7 @@ SELECT ` + secondsUntilSQL(`LEAST(GREATEST(
     `+routedUntilSQL+`)`), args
 }
 
-// firstCapped is the first attempt count whose backoff is the cap: every count from
-// it on waits the same.
+// firstCapped is the first attempt count whose backoff is the cap.
 func firstCapped(c issuing.Config) int {
 	for n := 0; n < issuing.MaxShift; n++ {
 		if c.Backoff(n) >= c.RetryMax {
@@ -89,15 +70,11 @@ func firstCapped(c issuing.Config) int {
 	return issuing.MaxShift
 }
 
-// Maintenance is when the maintenance steps next have work, as delays from now on
-// the database's clock; a nil field means nothing is scheduled for that step.
+// Maintenance is when the maintenance steps next have work (nil: nothing).
 type Maintenance struct {
-	// Renewals: a certificate due for renewal, or a renewal with time to spare
-	// becoming urgent. (The renewal-information reads keep their own time:
-	// NextRenewalInfo.)
+	// Renewals: a certificate due for renewal, or a renewal becoming urgent.
 	Renewals *time.Duration
-	// Reclaim: a lease (or, for a row claimed without one, the unleased grace)
-	// running out.
+	// Reclaim: a lease (or the unleased grace) running out.
 	Reclaim *time.Duration
 }
 
@@ -114,9 +91,8 @@ SELECT ` + secondsUntilSQL(`LEAST(
                          COALESCE(ssl_last_attempt_at, updated_at) + make_interval(secs => $1)))
        FROM proxy_domains WHERE ssl_status = 'provisioning' AND ssl_provider = 'acme')`)
 
-// NextMaintenance is when the maintenance steps next have work. The two are apart
-// because the worker may hold the reclaim back for a while (after an outage) while
-// renewals must not wait.
+// NextMaintenance is when the maintenance steps next have work, apart since the
+// reclaim may be held back while renewals must not wait.
 func (q *Queue) NextMaintenance(ctx context.Context) (Maintenance, error) {
 	var renewals, reclaim *float64
 	err := q.db.QueryRow(ctx, nextMaintenanceSQL,
@@ -149,12 +125,8 @@ WITH due AS (
 UPDATE proxy_domains d SET ssl_queue_tier = 1, ssl_queue_seq = p.seq
 FROM placed p WHERE d.id = p.id`
 
-// PromoteUrgentRenewals moves renewals that waited behind first issuances until
-// their renewal became urgent (ssl_renew_by passed) to the front tier, and returns
-// how many. The tier is set when a row enters the queue; time alone changes this one.
-// A promoted row takes its tenant's next turn in tier 1 (placeSQL), earliest expiry
-// first among the tenant's rows promoted together; rows locked by someone else (the
-// proxy's open transaction) are skipped and promoted by the next run.
+// PromoteUrgentRenewals moves renewals whose ssl_renew_by has passed to tier 1,
+// into their tenant's next turn, and returns how many; locked rows wait.
 func (q *Queue) PromoteUrgentRenewals(ctx context.Context) (int64, error) {
 	var total int64
 	for {

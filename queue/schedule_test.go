@@ -127,10 +127,8 @@ func TestNextDue_PausesEndIt(t *testing.T) {
 // A pause the ledger wrote for the CA's account (--limit-orders-per-account) does not
 // postpone the next pass to its end: a renewal passes it (ledgerExemptSQL), so a
 // renewal held for its backoff is due when the backoff ends, as the claim judges it
-// row by row. Before, NextDue took the ledger's pause for the CA's own and set the
-// timer for its end, a week away, and the renewal stayed held for that long: the
-// passes of notifications and of the poll claim from the rows in line only, and a row
-// held for its backoff comes back with the timer's.
+// row by row. Taking it for the CA's own pause would hold the renewal until the
+// pause's end, a week away: only the timer's passes bring held rows back.
 func TestNextDue_ALedgersPauseOfTheAccountDoesNotPostponeABackoff(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -20,19 +20,10 @@ INSERT INTO certworker_settings (id, wake, updated_at) VALUES (true, $1, now())
 ON CONFLICT (id) DO UPDATE SET wake = EXCLUDED.wake, updated_at = EXCLUDED.updated_at
 RETURNING (SELECT wake FROM old)`
 
-// SetWakeMode records mode (WakeNotify or WakeLogical) in certworker_settings, which
-// decides whether the wake trigger notifies, and returns the mode that was in force
-// before (WakeNotify where none was recorded). `certworker run` calls it once its wake
-// source has started.
-//
-// It writes only when the mode changes, so that a worker in notify mode, the default,
-// needs nothing on certworker_settings beyond reading it; switching needs INSERT and
-// UPDATE on it.
-//
-// The setting is shared by every instance on the database: an instance still running
-// in notify mode after another set logical hears no more notifications and wakes only
-// on its timer and poll until it is restarted with --wake logical. A caller that sees
-// the mode change should say so.
+// SetWakeMode records mode in certworker_settings, which decides whether the wake
+// trigger notifies, and returns the previous mode (WakeNotify when none); it writes
+// only on a change. The setting is the fleet's: an instance left on notify wakes only
+// on its timer and poll, so a caller seeing a change should say so.
 func (q *Queue) SetWakeMode(ctx context.Context, mode string) (previous string, err error) {
 	if mode != issuing.WakeNotify && mode != issuing.WakeLogical {
 		return "", fmt.Errorf("set wake mode: %q is neither %s nor %s", mode, issuing.WakeNotify, issuing.WakeLogical)
@@ -45,8 +36,7 @@ func (q *Queue) SetWakeMode(ctx context.Context, mode string) (previous string, 
 	if current == mode {
 		return current, nil
 	}
-	// The CTE reads the row as it was before the statement, so that an instance
-	// switching at the same moment is reported too.
+	// The CTE reads the row as it was, reporting a concurrent switch too.
 	var prev *string
 	err = q.db.QueryRow(ctx, setWakeModeSQL, mode).Scan(&prev)
 	if err != nil {
@@ -58,8 +48,8 @@ func (q *Queue) SetWakeMode(ctx context.Context, mode string) (previous string, 
 	return *prev, nil
 }
 
-// FleetSettings are the settings every instance must share: the backoff curve that
-// `status` reports next attempts by, and the ledger's limits.
+// FleetSettings are the settings every instance must share: the backoff curve and
+// the ledger's limits.
 type FleetSettings struct {
 	RetryBase   time.Duration
 	RetryMax    time.Duration
@@ -77,10 +67,8 @@ ON CONFLICT (id) DO UPDATE SET
 RETURNING (SELECT retry_base_seconds FROM old), (SELECT retry_max_seconds FROM old),
     (SELECT max_attempts FROM old), (SELECT limits FROM old)`
 
-// RecordSettings writes s as the fleet's settings and returns what was recorded
-// before (ok false when nothing was). `certworker run` calls it at start, so the last
-// instance started decides, as for --wake; an instance that sees them change should
-// say so in its log, since the others keep their own flags until they restart.
+// RecordSettings writes s as the fleet's settings and returns the previous ones (ok
+// false when none); the last instance started decides, as for --wake.
 func (q *Queue) RecordSettings(ctx context.Context, s FleetSettings) (prev FleetSettings, ok bool, err error) {
 	limits, err := json.Marshal(s.Limits)
 	if err != nil {
@@ -95,8 +83,7 @@ func (q *Queue) RecordSettings(ctx context.Context, s FleetSettings) (prev Fleet
 	return old.settings()
 }
 
-// storedSettings is a certworker_settings row's settings columns, all NULL until a
-// worker has recorded them.
+// storedSettings are certworker_settings' settings columns, NULL until recorded.
 type storedSettings struct {
 	base, capSecs *float64
 	attempts      *int
@@ -142,10 +129,8 @@ INSERT INTO certworker_settings (id, dns01_zone, updated_at) VALUES (true, $1, n
 ON CONFLICT (id) DO UPDATE SET dns01_zone = EXCLUDED.dns01_zone, updated_at = EXCLUDED.updated_at
 WHERE certworker_settings.dns01_zone IS DISTINCT FROM EXCLUDED.dns01_zone`
 
-// RecordDNS01Zone records --dns01-zone in certworker_settings ("" records that DNS-01
-// is off), where certworker_dns01_target reads it: the database does not know the
-// flag. It writes only when the value changes. As for the other settings, the last
-// instance started decides.
+// RecordDNS01Zone records --dns01-zone ("": off) for certworker_dns01_target, when it
+// changes.
 func (q *Queue) RecordDNS01Zone(ctx context.Context, zone string) error {
 	zone = strings.ToLower(strings.TrimSuffix(strings.TrimSpace(zone), "."))
 	var stored *string

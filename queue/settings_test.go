@@ -19,10 +19,10 @@ import (
 )
 
 // Guards against the proxy paying for a mode it does not use: in logical mode the
-// wake trigger must not call pg_notify (whose commit lock is the cost), and in
-// notify mode, the default with no setting recorded, it must, as migration 00002's
-// did. In both it stamps ssl_queued_at. And SetMode reports what it replaced, so
-// that `run` can warn when it switches a fleet's mode.
+// wake trigger must not call pg_notify (whose commit lock is the cost), and in notify
+// mode, the default with no setting recorded, it must. In both it stamps
+// ssl_queued_at. And SetMode reports what it replaced, so that `run` can warn when it
+// switches a fleet's mode.
 func TestSetWakeMode_TriggerNotifiesOnlyInNotifyMode(t *testing.T) {
 	t.Parallel()
 	pool, dsn := pgtest.NewPool(t)

@@ -11,90 +11,71 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// ExpiryWindows are the windows FleetStats counts certificates that expire without a
-// renewal under way in. 7 days is the first a 90-day certificate should never reach
-// (it renews with 30 left, and a week of retries at --retry-max 4h is 42 attempts);
-// 3 days leaves a working day or two to fix what blocks it; 1 day is the last call.
+// ExpiryWindows are the windows FleetStats counts unrenewed expiries in: 7 days is
+// what a 90-day certificate renewing at 30 days left should never reach, 3 days
+// leaves a working day or two, 1 day is the last call.
 var ExpiryWindows = []time.Duration{7 * 24 * time.Hour, 3 * 24 * time.Hour, 24 * time.Hour}
 
-// PendingTooLong is the age past which a queued domain counts in
-// FleetStats.PendingOverHour: an order takes seconds to minutes, and the backoff
-// reaches an hour only after six failures in a row.
+// PendingTooLong is the age past which a queued domain counts in PendingOverHour: an
+// order takes minutes, and the backoff reaches an hour only after six failures.
 const PendingTooLong = time.Hour
 
-// statsTimeout bounds each statement of FleetStats. At a million domains they take
-// milliseconds to a few hundred (bench/fleet-stats.txt); a statistics pass that takes
-// longer is abandoned rather than left holding a snapshot open.
+// statsTimeout bounds each statement of FleetStats, so a slow pass is abandoned
+// rather than left holding a snapshot open.
 const statsTimeout = "10s"
 
-// FleetStats is the state of the whole fleet, for alerts: every figure is a count or
-// a time, never a per-domain series, so their number does not grow with the domains.
-// Read from one snapshot of the database.
+// FleetStats is the fleet's state for alerts, from one snapshot: counts and times
+// only, so the metrics do not grow with the domains.
 type FleetStats struct {
 	// At is the database's clock at the snapshot.
 	At time.Time
 	// Domains counts acme domains by ssl_status; every status has a key.
 	Domains map[string]int
-	// Verified counts the verified acme domains, and Valid those of them whose
-	// certificate (ssl_expires_at) has not expired: Valid/Verified is the SLO.
+	// Verified counts the verified acme domains, Valid those with an unexpired
+	// certificate: Valid/Verified is the SLO.
 	Verified, Valid int
 	// NextExpiry is the earliest expiry among those valid certificates (nil: none).
 	NextExpiry *time.Time
-	// ExpiringUnrenewed[i] counts verified acme domains whose certificate expires
-	// within ExpiryWindows[i] and is not being renewed: the domain failed, its
-	// renewal has failed at least once, or it is still active an hour past its
-	// renewal time (no worker marked it).
+	// ExpiringUnrenewed[i] counts verified acme domains expiring within
+	// ExpiryWindows[i] with no renewal under way.
 	ExpiringUnrenewed []int
-	// PendingOverHour counts queued domains (verified, acme, pending) that entered
-	// the queue more than PendingTooLong ago.
+	// PendingOverHour counts domains queued more than PendingTooLong ago.
 	PendingOverHour int
-	// Paused counts queued domains held back by a pause in force, by scope
-	// (ScopeCA for the directory asked about); every scope has a key.
+	// Paused counts queued domains held back by a pause in force, by scope.
 	Paused map[string]int
 	// CAPausedUntil is when the directory's CA-wide pause ends (nil: not paused).
 	CAPausedUntil *time.Time
-	// LedgerOrders counts the orders the ledger recorded for the directory within the
-	// orders_per_account window, against LedgerLimit. Both are nil while that limit
-	// is off or no worker has recorded the fleet's limits.
+	// LedgerOrders counts the directory's orders in the orders_per_account window,
+	// against LedgerLimit; nil while that limit is off.
 	LedgerOrders, LedgerLimit *int
-	// Replace is how the replacement of the certificates whose renewal window has
-	// started is going (a mass revocation, or a drill, shows here).
+	// Replace is the progress of replacing certificates whose renewal window has started.
 	Replace issuing.ReplaceProgress
-	// Totals are the counts behind Domains["active"] and Verified, and when they were
-	// counted: at At, or earlier when reused (FleetStatsReusing).
+	// Totals are the counts behind Domains["active"] and Verified, and when counted.
 	Totals FleetTotals
 
 	invalid      int           // verified acme domains holding no valid certificate at At
 	totalsMaxAge time.Duration // how old reused Totals may be
 }
 
-// FleetTotals are the figures of FleetStats that only a read of every acme domain
-// gives (an index-only scan of a million entries: most of a read's cost at rest), so
-// a caller on a timer may count them less often than the rest (FleetStatsReusing).
+// FleetTotals are the figures only a read of every acme domain gives, so a caller
+// may count them less often (FleetStatsReusing).
 type FleetTotals struct {
 	// At is the database's clock when they were counted.
 	At time.Time
-	// Active counts the acme domains in ssl_status 'active'; Verified the verified
-	// acme domains.
+	// Active counts the active acme domains; Verified the verified ones.
 	Active, Verified int
 }
 
-// FleetStats reads the fleet's state for the alert metrics. It is meant for a timer,
-// not for every scrape: at a million domains counting the active and the verified
-// domains (FleetTotals) reads an index of all the acme domains. The other statements
-// read only the unsettled and troubled rows, the queue, the pauses and the ledger, so
-// they stay small while the fleet is healthy.
+// FleetStats reads the fleet's state for the alert metrics, on a timer: FleetTotals
+// reads an index of all acme domains; the rest reads only unsettled rows, the queue,
+// the pauses and the ledger.
 func (q *Queue) FleetStats(ctx context.Context, directory string) (FleetStats, error) {
 	return q.FleetStatsReusing(ctx, directory, nil, 0)
 }
 
-// FleetStatsReusing is FleetStats reusing last (the Totals of an earlier read, nil:
-// none) while they are younger than maxAge by the database's clock, instead of
-// counting every acme domain again; every other figure is read afresh. Between two
-// counts, Domains["active"] and Verified are those of last.At, and Valid is that
-// Verified less the verified domains holding no valid certificate now: an expiry
-// shows at once, and a domain verified since the count lowers Valid (it holds no
-// certificate yet) without raising Verified, which errs towards the alert.
+// FleetStatsReusing is FleetStats reusing last's Totals while younger than maxAge;
+// Valid then subtracts the verified domains without a valid certificate now, so an
+// expiry shows at once.
 func (q *Queue) FleetStatsReusing(ctx context.Context, directory string, last *FleetTotals, maxAge time.Duration) (FleetStats, error) {
 	s := FleetStats{
 		Domains:      map[string]int{"pending": 0, "provisioning": 0, "active": 0, "failed": 0},
@@ -109,7 +90,7 @@ func (q *Queue) FleetStatsReusing(ctx context.Context, directory string, last *F
 		return s, fmt.Errorf("fleet statistics: begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
-	// One snapshot for every figure, so that they add up.
+	// One snapshot, so the figures add up.
 	if _, err := tx.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"); err != nil {
 		return s, fmt.Errorf("fleet statistics: %w", err)
 	}
@@ -126,12 +107,8 @@ func (q *Queue) FleetStatsReusing(ctx context.Context, directory string, last *F
 	return s, nil
 }
 
-// statusCountsSQL reads what changes from one minute to the next in one pass over
-// the unsettled rows: the acme domains that are not active, by status (an index-only
-// scan of proxy_domains_unsettled_idx, migration 00025), the verified ones holding no
-// certificate that has not expired (ssl_expires_at missing, or past: two range scans
-// of proxy_domains_fleet_idx, migration 00008), and the next expiry among the others
-// (the first entry of that index past now). None reads the settled majority.
+// statusCountsSQL reads only the unsettled rows: the non-active acme domains by
+// status, the verified ones with no unexpired certificate, and the next expiry.
 var statusCountsSQL = `
 SELECT now(), u.pending, u.provisioning, u.failed,
        (SELECT count(*) FROM proxy_domains
@@ -145,10 +122,8 @@ FROM (SELECT count(*) FILTER (WHERE ssl_status = 'pending') AS pending,
              count(*) FILTER (WHERE ssl_status = 'failed') AS failed
       FROM proxy_domains WHERE ssl_provider = 'acme' AND ssl_status <> 'active') u`
 
-// totalsSQL counts the two figures that read every acme domain (FleetTotals): an
-// index-only scan of proxy_domains_fleet_idx aggregated into one row. One row with a
-// FILTER per figure, rather than GROUP BY: the index leads with the expiry, so
-// grouping would hash every row.
+// totalsSQL counts FleetTotals with an index-only scan of proxy_domains_fleet_idx.
+// FILTER rather than GROUP BY: the index leads with the expiry, so grouping would hash.
 const totalsSQL = `
 SELECT now(), count(*) FILTER (WHERE ssl_status = 'active'), count(*) FILTER (WHERE verification_status = 'verified')
 FROM proxy_domains
@@ -165,10 +140,8 @@ func readStatusCounts(ctx context.Context, tx pgx.Tx, s *FleetStats, _ string) e
 	return nil
 }
 
-// readTotals counts FleetTotals afresh, unless those of the last read (s.Totals, set
-// by the caller) are younger than s.totalsMaxAge by the database's clock, and then
-// sets the figures they give: the active domains, the verified ones, and the valid
-// ones (the verified less those that hold no valid certificate now).
+// readTotals counts FleetTotals afresh unless s.Totals is younger than
+// s.totalsMaxAge.
 func readTotals(ctx context.Context, tx pgx.Tx, s *FleetStats, _ string) error {
 	if s.Totals.At.IsZero() || s.At.Sub(s.Totals.At) >= s.totalsMaxAge {
 		if err := tx.QueryRow(ctx, totalsSQL).Scan(&s.Totals.At, &s.Totals.Active, &s.Totals.Verified); err != nil {
@@ -180,12 +153,9 @@ func readTotals(ctx context.Context, tx pgx.Tx, s *FleetStats, _ string) error {
 	return nil
 }
 
-// expiringUnrenewedSQL counts, per window ($1, in seconds; $2 the longest), the verified
-// acme certificates that expire inside it with no renewal under way. The failed and
-// retrying rows are a range scan of proxy_domains_fleet_idx; the active ones come from
-// certificates more than an hour past their renewal time (proxy_certificates_renew_idx),
-// which MarkRenewals leaves behind only when no worker runs. Neither reads the healthy
-// majority, whatever the certificates' lifetime.
+// expiringUnrenewedSQL counts per window ($1, seconds; $2 the longest) the verified
+// acme certificates expiring inside it with no renewal under way, without reading the
+// healthy majority.
 var expiringUnrenewedSQL = `
 WITH late AS MATERIALIZED (
     SELECT d.ssl_expires_at AS expires
@@ -220,9 +190,7 @@ func readExpiringUnrenewed(ctx context.Context, tx pgx.Tx, s *FleetStats, _ stri
 	return nil
 }
 
-// pendingOverHourSQL counts the queue's rows that entered it more than $1 seconds ago
-// (ssl_queued_at, stamped by the wake trigger; updated_at for a row queued before
-// migration 00002). It reads the queue, through its partial indexes.
+// pendingOverHourSQL counts the rows queued more than $1 seconds ago.
 var pendingOverHourSQL = `
 SELECT count(*) FROM proxy_domains
 WHERE ` + claimableAsSQL("") + `
@@ -235,14 +203,9 @@ func readPendingOverHour(ctx context.Context, tx pgx.Tx, s *FleetStats, _ string
 	return nil
 }
 
-// pausesSQL counts the queued domains each scope of pause of the CA at $1 holds back
-// (a second CA's pauses are its own), matching keys as the claim does: 'ca' by the
-// directory, 'registered_domain' among the
-// name's suffixes of two labels or more (key = ANY (certworker_suffixes(name)),
-// written here as the string comparison it amounts to, which costs a tenth of
-// building the array for every queued name), 'domain' by the name in lower case. The
-// queue is read only when a pause is in force (the uncorrelated EXISTS is a one-time
-// filter), so with none this reads nothing but certworker_pauses.
+// pausesSQL counts the queued domains each scope of pause of the CA at $1 holds back,
+// matching keys as the claim does (the suffix match as a string comparison, cheaper
+// than certworker_suffixes' array), reading the queue only while a pause is in force.
 var pausesSQL = `
 WITH p AS MATERIALIZED (
     SELECT scope, key, paused_until FROM certworker_pauses
@@ -270,10 +233,8 @@ func readPauses(ctx context.Context, tx pgx.Tx, s *FleetStats, directory string)
 	return nil
 }
 
-// ledgerSQL reads the account-wide limit the workers recorded
-// (certworker_settings.limits -> orders_per_account) and counts the directory's ($1)
-// orders inside its window that reached the CA (not 'not_sent'), through
-// certworker_ledger_at_idx.
+// ledgerSQL reads the recorded orders_per_account limit and counts the directory's
+// orders in its window that reached the CA.
 const ledgerSQL = `
 SELECT lim.count,
        (SELECT count(*)::int FROM certworker_ledger l

@@ -155,7 +155,7 @@ INSERT INTO certworker_pauses (scope, key, source, paused_until) VALUES
     ('domain', 'x.example.net', 'rate_limit', now() + interval '1 hour'),
     ('ca', 'https://other-ca.example/dir', 'unreachable', now() + interval '1 hour')`)
 	require.NoError(t, err)
-	// A second CA's pause of a name holds nothing back at this one (issue #19).
+	// A second CA's pause of a name holds nothing back at this one.
 	_, err = b.pool.Exec(b.ctx, `
 INSERT INTO certworker_pauses (directory, scope, key, source, paused_until)
 VALUES ('https://other-ca.example/dir', 'registered_domain', 'notexample.org', 'rate_limit', now() + interval '1 hour')`)

@@ -25,22 +25,18 @@ type Trouble struct {
 	SSLAttempts int        `json:"ssl_attempts"`
 	SSLError    *string    `json:"ssl_error"`
 	LastAttempt *time.Time `json:"last_attempt_at"`
-	// NextAttempt is nil for a domain that waits for a retry (failed, or at the
-	// attempt limit).
+	// NextAttempt is nil for a domain no pass will retry (failed, at the limit).
 	NextAttempt *time.Time `json:"next_attempt_at"`
-	// PausedUntil and PauseReason say what holds the domain back, if a pause does
-	// (a CA's rate limit, the ledger, a CA that cannot be reached).
+	// PausedUntil and PauseReason say what pause holds the domain back, if any.
 	PausedUntil *time.Time `json:"paused_until"`
 	PauseReason *string    `json:"pause_reason"`
-	// Profile is the domain's own ACME profile, nil for --acme-profile;
-	// CertificateProfile the one its stored certificate was issued under, nil when
-	// none is recorded.
+	// Profile is the domain's own ACME profile (nil: --acme-profile);
+	// CertificateProfile its certificate's (nil: not recorded).
 	Profile            *string `json:"ssl_profile"`
 	CertificateProfile *string `json:"certificate_profile"`
 }
 
-// ProfileCount is how many acme domains name a profile of their own, and how many of
-// them the CA refused (ssl_profile_refused).
+// ProfileCount is how many acme domains name a profile, and how many were refused.
 type ProfileCount struct {
 	Profile string `json:"profile"`
 	Domains int    `json:"domains"`
@@ -53,29 +49,23 @@ type Overview struct {
 	Domains []Trouble `json:"domains"`
 	// Pauses are the pauses in force, the CA's included.
 	Pauses []issuing.PauseState `json:"pauses"`
-	// Profiles are the profiles domains name of their own (ssl_profile), most used
-	// first; every other acme domain orders under --acme-profile.
+	// Profiles are the profiles domains name of their own, most used first.
 	Profiles []ProfileCount `json:"profiles"`
-	// Replace is how the replacement of the certificates whose renewal window has
-	// started is going, at the pace of every CA the fleet has an account with.
+	// Replace is the progress of replacing certificates whose window has started.
 	Replace issuing.ReplaceProgress `json:"replace"`
-	// Issuers count the stored certificates of acme domains by the CA that issued them
-	// (proxy_certificates.issuer_directory: with a second CA, two), most first.
+	// Issuers count the stored certificates of acme domains by issuing CA, most first.
 	Issuers []IssuerCount `json:"issuers"`
 }
 
 // IssuerCount is how many stored certificates of acme domains a CA issued.
 type IssuerCount struct {
-	// Directory is the CA's ACME directory, "" for certificates with none recorded
-	// (stored before migration 00017, or uploaded).
+	// Directory is the CA's ACME directory, "" when none is recorded.
 	Directory    string `json:"directory"`
 	Certificates int    `json:"certificates"`
 }
 
-// pauseSQL is a LATERAL join giving the row d (of proxy_domains, aliased d) the pause
-// in force that covers it and ends last, as pz: of the CA (any directory: status
-// does not know the worker's), of its registered domain, or of its name. The same
-// matching as the claim's.
+// pauseSQL is a LATERAL join giving row d, as pz, the pause covering it that ends
+// last, matched as the claim matches.
 const pauseSQL = `
 LEFT JOIN LATERAL (
     SELECT p.scope, p.paused_until, p.reason FROM certworker_pauses p
@@ -86,8 +76,7 @@ LEFT JOIN LATERAL (
                AND (p.scope = 'registered_domain' OR p.key = lower(d.domain))))
     ORDER BY p.paused_until DESC LIMIT 1) pz ON true`
 
-// curve is the backoff curve `status` reports by: the one the running workers
-// recorded (certworker_settings), or this Queue's where none has.
+// curve is the backoff curve the workers recorded, or this Queue's.
 func (q *Queue) curve(ctx context.Context) (issuing.Config, error) {
 	s, ok, err := q.Settings(ctx)
 	if err != nil || !ok {
@@ -98,16 +87,13 @@ func (q *Queue) curve(ctx context.Context) (issuing.Config, error) {
 	return c, nil
 }
 
-// troubleColumnsSQL are the columns of proxy_domains that Overview reads of a row it
-// lists, named rather than *: the workers' role may read only the columns certworker
-// uses (deploy/grants.sql), and `status` works under it. id makes UNION keep two rows
-// apart, as whole rows did.
+// troubleColumnsSQL are the columns Overview reads, named rather than *: `status`
+// runs under the workers' role (deploy/grants.sql). id keeps UNION's rows apart.
 const troubleColumnsSQL = `id, tenant_id, domain, verification_status, ssl_provider, ssl_status, ssl_attempts, ssl_error,
         ssl_last_attempt_at, ssl_profile`
 
 var countsSQL = `SELECT ssl_status, count(*) FROM proxy_domains WHERE ssl_provider = 'acme' GROUP BY 1`
 
-// counts is the number of acme domains in each ssl_status.
 func (q *Queue) counts(ctx context.Context) (Counts, error) {
 	var c Counts
 	rows, err := q.db.Query(ctx, countsSQL)
@@ -163,11 +149,9 @@ FROM (
 ) d ` + pauseSQL + `
 ORDER BY d.ssl_last_attempt_at DESC NULLS LAST, d.domain`
 
-// Overview counts acme domains by state and lists every domain that is retrying
-// (pending with a failure behind it), failed, held back by a pause of its name or
-// registered domain, or active under its certificate's profile because the CA does not
-// offer its own, most recent attempt first, with when each is next tried under the
-// fleet's settings; the pauses in force; and the profiles domains name.
+// Overview counts acme domains by state and lists every domain retrying, failed,
+// held back by a pause of its name or registered domain, or renewed under its
+// certificate's profile, with its next attempt; the pauses; and the profiles.
 func (q *Queue) Overview(ctx context.Context) (*Overview, error) {
 	counts, err := q.counts(ctx)
 	if err != nil {
@@ -178,10 +162,8 @@ func (q *Queue) Overview(ctx context.Context) (*Overview, error) {
 		return nil, err
 	}
 	o := &Overview{Counts: counts, Domains: []Trouble{}}
-	// The rows to list are found first, each way by its own index (failed and
-	// retrying rows; due rows under a pause of their name or registered domain, looked
-	// for only while such a pause exists), and only they are matched with the pauses:
-	// matching every row of a million would take seconds.
+	// The rows to list are found first by their own indexes; only they are matched
+	// with the pauses.
 	rows, err := q.db.Query(ctx, overviewSQL,
 		cfg.MaxAttempts, seconds(cfg.RetryBase), seconds(cfg.RetryMax))
 	if err != nil {
@@ -220,7 +202,6 @@ SELECT COALESCE(c.issuer_directory, ''), count(*)
 FROM proxy_certificates c JOIN proxy_domains d ON d.domain = c.domain AND d.ssl_provider = 'acme'
 GROUP BY 1 ORDER BY 2 DESC, 1`
 
-// issuerCounts counts the certificates of acme domains by the CA that issued them.
 func (q *Queue) issuerCounts(ctx context.Context) ([]IssuerCount, error) {
 	rows, err := q.db.Query(ctx, issuerCountsSQL)
 	if err != nil {
@@ -242,8 +223,7 @@ SELECT ssl_profile, count(*), count(*) FILTER (WHERE ssl_profile = ssl_profile_r
 FROM proxy_domains WHERE ssl_profile IS NOT NULL AND ssl_provider = 'acme'
 GROUP BY 1 ORDER BY 2 DESC, 1`
 
-// profileCounts counts the acme domains naming each profile of their own, through
-// migration 00014's partial index (domains on --acme-profile are not read).
+// profileCounts counts the acme domains naming each profile, by its partial index.
 func (q *Queue) profileCounts(ctx context.Context) ([]ProfileCount, error) {
 	rows, err := q.db.Query(ctx, profileCountsSQL)
 	if err != nil {
@@ -286,16 +266,13 @@ type StoredCertificate struct {
 	Issuer    *string    `json:"issuer"`
 	Serial    *string    `json:"serial"`
 	NotBefore *time.Time `json:"not_before"`
-	// NotAfter is expires_at, or the leaf's own when expires_at is NULL (the
-	// reference's rows); zero when neither is known.
+	// NotAfter is expires_at, or the leaf's own when NULL; zero when neither is known.
 	NotAfter  time.Time  `json:"not_after,omitzero"`
 	RenewAt   *time.Time `json:"renew_at"`
 	AutoRenew bool       `json:"auto_renew"`
-	// Profile is the ACME profile it was issued under, nil when none is recorded
-	// (issued before migration 00014, or uploaded): it matches any.
+	// Profile is its ACME profile, nil when none is recorded (matches any).
 	Profile *string `json:"profile"`
-	// Directory is the ACME directory of the CA that issued it, nil when none is
-	// recorded (stored before migration 00017, or uploaded).
+	// Directory is the ACME directory of the issuing CA, nil when none is recorded.
 	Directory *string `json:"issuer_directory"`
 }
 
@@ -316,20 +293,17 @@ type DomainState struct {
 	PauseReason        *string    `json:"pause_reason"`
 	ClaimedBy          *string    `json:"claimed_by"`
 	LeaseExpiresAt     *time.Time `json:"lease_expires_at"`
-	// Profile is the domain's own ACME profile, nil for --acme-profile;
-	// ProfileRefused the one the CA does not offer, which the worker stopped trying.
+	// Profile is the domain's own ACME profile (nil: --acme-profile); ProfileRefused
+	// the one the CA does not offer.
 	Profile        *string            `json:"ssl_profile"`
 	ProfileRefused *string            `json:"ssl_profile_refused"`
 	Certificate    *StoredCertificate `json:"certificate"`
-	// CADirectory is the CA its last claim went to (a second CA's claim records it),
-	// CACause why that was the second, CARefused a CA that refused the name or that
-	// its CAA records forbid (a second CA's rules, queue/fallback.go); nil for none.
+	// CADirectory is the CA its last claim went to, CACause why the second, CARefused a
+	// CA that refused the name; nil for none.
 	CADirectory *string `json:"ca_directory"`
 	CACause     *string `json:"ca_cause"`
 	CARefused   *string `json:"ca_refused"`
-	// Challenge is the ACME challenge its last order used or was to use (http-01 or
-	// dns-01), ChallengeReason why (what the DNS said of its _acme-challenge CNAME);
-	// nil before any order with a preflight.
+	// Challenge is its last order's ACME challenge, ChallengeReason why; nil before any.
 	Challenge       *string `json:"challenge"`
 	ChallengeReason *string `json:"challenge_reason"`
 
@@ -352,10 +326,8 @@ LEFT JOIN certworker_dns_state ds ON ds.domain_id = d.id ` + pauseSQL + `
 WHERE lower(d.domain) = lower($1)
 ORDER BY d.domain`
 
-// State is one domain's whole state and its certificate, by name in any case. It
-// returns ErrNotFound for an unknown name, and an *AmbiguousError naming them all when
-// rows that differ only in case match it and pickTwin cannot tell which is meant:
-// showing one of them would answer for the wrong one.
+// State is one domain's whole state and its certificate, by name in any case:
+// ErrNotFound for an unknown name, an *AmbiguousError for twins pickTwin cannot tell.
 func (q *Queue) State(ctx context.Context, domain string) (*DomainState, error) {
 	cfg, err := q.curve(ctx)
 	if err != nil {

@@ -75,8 +75,8 @@ func TestOverview_ListsRetryingAndFailedDomains(t *testing.T) {
 	require.Nil(t, f.NextAttempt, "a failed domain is not retried until someone asks")
 }
 
-// A pending row at the attempt limit (left by the reference worker, or edited by
-// hand) is stuck like a failed one: it is listed, with no next attempt.
+// A pending row at the attempt limit (left by the Rust worker, or edited by hand) is
+// stuck like a failed one: it is listed, with no next attempt.
 func TestOverview_APendingDomainAtTheLimitHasNoNextAttempt(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -267,8 +267,8 @@ func TestStatus_NextAttemptUnderTheFleetsSettings(t *testing.T) {
 	require.Nil(t, s.NextAttempt, "at the fleet's --max-attempts (3) a domain is not tried again")
 }
 
-// A certificate the reference stored with a NULL expires_at is shown (before, status
-// said "none stored"), with its expiry read from its PEM.
+// A certificate stored with a NULL expires_at is shown, with its expiry read from its
+// PEM.
 func TestState_ACertificateWithANullExpiryIsShownWithItsPEMsExpiry(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -79,7 +79,7 @@ func TestTrigger_NotifiesExactlyOnEnteringTheClaimableSet(t *testing.T) {
 		},
 			`UPDATE proxy_domains SET ssl_status = 'pending', ssl_attempts = 2 WHERE id = $1`, false, true},
 		// Anyone else moving a row out of provisioning (an operator's edit, the proxy,
-		// the reference worker during a cutover) wakes the workers.
+		// the Rust worker during a cutover) wakes the workers.
 		{"provisioning back to pending by an operator", func(b *bundle, t *testing.T, tn string) string {
 			id, _ := b.domain(t, tn, "provisioning", 1, ago(5))
 			return id

@@ -30,9 +30,8 @@ func requireAnonymous(t *testing.T, sslError *string, keeperID, keeperName, keep
 }
 
 // Tenant B adds A's verified name in another case, unverified and with ssl_provider
-// 'none'. It guards against the rule of old, under which such a row held A's back
-// from every claim, and housekeeping failed A naming B's row: only verified acme rows
-// count, so A is claimed, and neither housekeeping nor the claim touches either row.
+// 'none'. Only verified acme rows count, so A is claimed, and neither housekeeping nor
+// the claim touches either row: anyone may add a row, and none may hold A's back.
 func TestTwins_AnUnverifiedOrNonACMETwinNeverHoldsBackAVerifiedRow(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ name, verification, provider string }{
@@ -88,8 +87,7 @@ func TestTwins_TheTwinVerifiedFirstKeepsTheNameAndTheClaimFailsTheOther(t *testi
 // A verified twin added beside an active domain that holds the name's certificate
 // loses, even though it was verified while the keeper's certificate was being
 // renewed; housekeeping, which reads the rows the claim does not, never fails the
-// keeper. Guards against the rule of old, which failed an active domain 20 s after a
-// twin appeared.
+// keeper.
 func TestTwins_TheRowHoldingTheCertificateKeepsTheName(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -114,9 +112,8 @@ ALTER TABLE proxy_domains ENABLE TRIGGER certworker_eligible_since`)
 	require.Equal(t, "failed", status)
 }
 
-// A row failed as a duplicate by the rule of old (its twin unverified), or whose twin
-// has gone since, keeps its name now: housekeeping puts it back in the queue, and it
-// is claimed.
+// A row failed as a duplicate whose twin no longer counts, or has gone, keeps its name
+// now: housekeeping puts it back in the queue, and it is claimed.
 func TestTwins_ARowFailedAsADuplicateGetsItsNameBack(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -135,8 +132,8 @@ func TestTwins_ARowFailedAsADuplicateGetsItsNameBack(t *testing.T) {
 }
 
 // status DOMAIN and retry pass over twins that do not count: the name, typed in any
-// case, is the verified acme row's. Guards against the AmbiguousError of old, which
-// let another tenant's unverified row block an operator's retry.
+// case, is the verified acme row's, so another tenant's unverified row cannot block an
+// operator's retry.
 func TestTwins_RetryAndStatePassOverATwinThatDoesNotCount(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -167,12 +164,10 @@ WHERE lower(d.domain) = 'one.example' AND `+queue.KeepsNameSQL("d")).Scan(&keepe
 
 // The housekeeping's search for case twins reads the names of the verified acme rows
 // from proxy_domains_twins_idx alone (an index-only scan in name order), and the rows
-// only of the names held twice: never a scan of the table or a probe per row. Guards
-// against the search of old, a probe of proxy_domains_lower_domain_idx for every
-// verified acme row (2 s at a million domains), and against an index the planner
-// cannot read lower(domain) from (without the name included it visits every row).
-// Sequential and bitmap scans are off so that a table this small still shows which
-// index plans are possible.
+// only of the names held twice: never a scan of the table or a probe per row, nor an
+// index the planner cannot read lower(domain) from (without the name included it
+// visits every row). Sequential and bitmap scans are off so that a table this small
+// still shows which index plans are possible.
 func TestTwins_TheSearchReadsTheNamesFromTheIndexAlone(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -14,50 +14,27 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// A new session plans the wake path's statements cold. Measured at the wake
-// benchmark's size (1,000 rows, pg_stat_statements with track_planning, and EXPLAIN
-// in a fresh session): the claim's first planning takes 15 ms, while the session's
-// caches of the catalog fill, and 2.6-4 ms each time after; the server plans a
-// prepared statement anew at each of its first five executions (custom plans) and
-// settles on one plan at the sixth. So every new connection of the pool cost the
-// wake-ups that used it some 30 ms of planning of the claim alone, 2 to 15 ms at a
-// time, and the next due time's and the store's on top: at 10 ms between verifies,
-// that alone was the p99 of the wake benchmark (bench/wake-statements.txt has each
-// statement's plans and times with and without the warm-up).
-//
-// WarmUp pays that when the connection is made (ConfigureSession's AfterConnect,
-// Session.Warm), before the pool hands it to anyone: it prepares each statement of
-// the wake path under the name pgx's statement cache gives it, and has the server
-// plan it as many times as it takes to settle (EXPLAIN EXECUTE: planned, never run,
-// so no row is read, locked or written; planning takes only the relation locks any
-// statement of the worker's takes, which the proxy's writes do not wait on). The statement cache then finds the
-// statement prepared (pgx's Conn.Prepare returns a statement already prepared
-// under that name and text without asking the server), and the first claim on the
-// connection runs on the plan the server settled on.
+// A new session plans the wake path's statements cold, five times each before the
+// server settles (docs/internals.md, The wake path and held rows). WarmUp pays that
+// when the connection is made: it prepares each statement under the name pgx's
+// statement cache gives it and plans it until settled with EXPLAIN EXECUTE (planned,
+// never run).
 
-// customPlans is how many times the server plans a prepared statement with its
-// parameters before it weighs the generic plan (plancache.c); one more EXPLAIN
-// EXECUTE builds the generic plan, when the server prefers it.
+// customPlans is how many custom plans the server makes before weighing the generic
+// one (plancache.c).
 const customPlans = 5
 
-// warmStatement is one statement of the wake path and arguments like its callers'.
 type warmStatement struct {
 	sql  string
 	args []any
 }
 
-// warmStatements are the statements of the wake path: the claim, as a wake-up's pass
-// runs it (the newcomers' slot, then the rest), the next due time
-// that ends the pass, the store of the certificate that ends the order, and the
-// return of held rows (ReturnHeld) that runs before the claim on the timer's passes
-// and, once a second, on a refill's, while a wake-up waits for the loop.
 func (q *Queue) warmStatements(directory string) []warmStatement {
 	const owner = "warm-up"
 	newcomer, newcomerArgs := q.claimStatement(owner, directory, 1, 2, 2, 1)
 	rest, restArgs := q.claimStatement(owner, directory, 3, math.MinInt16, math.MaxInt16, 3)
 	next, nextArgs := q.nextDueStatement(directory)
-	// The store of an order's certificate (MarkActive), for a claim of nothing: it is
-	// planned, not run.
+	// MarkActive for a claim of nothing: planned, not run.
 	const none = "00000000-0000-0000-0000-000000000000"
 	now := time.Now().UTC().Truncate(time.Second)
 	cert := &issuing.Certificate{ChainPEM: "-", PrivateKey: "-", NotBefore: now, NotAfter: now.Add(90 * 24 * time.Hour),
@@ -68,12 +45,10 @@ func (q *Queue) warmStatements(directory string) []warmStatement {
 		{q.returnHeldStatement(directory), nil}}
 }
 
-// WarmUp prepares and plans the wake path's statements on conn (see above), for the
-// CA at directory. It is an optimisation: an error leaves conn as usable as it was,
-// and a statement it did not prepare is prepared by its first use as before.
+// WarmUp prepares and plans the wake path's statements on conn, for the CA at
+// directory. An optimisation: on error conn is as usable as it was.
 func (q *Queue) WarmUp(ctx context.Context, conn *pgx.Conn, directory string) error {
-	// The claim appears twice, with the newcomers' arguments and the rest's: one
-	// statement, planned with each in turn.
+	// The claim appears twice, with the newcomers' arguments and the rest's.
 	var names []string
 	calls := map[string][]string{}
 	plans := map[string]int{}
@@ -86,8 +61,7 @@ func (q *Queue) WarmUp(ctx context.Context, conn *pgx.Conn, directory string) er
 			names = append(names, name)
 		}
 		call := "EXPLAIN EXECUTE " + name
-		// A statement without parameters has one plan, made at its first
-		// execution.
+		// A statement without parameters has one plan.
 		plans[name] = 1
 		if len(st.args) > 0 {
 			args, err := sqlLiterals(st.args)
@@ -109,17 +83,14 @@ func (q *Queue) WarmUp(ctx context.Context, conn *pgx.Conn, directory string) er
 	return nil
 }
 
-// statementCacheName is the name pgx's statement cache (QueryExecModeCacheStatement,
-// the default) prepares sql under: internal/stmtcache.StatementName in pgx v5.
-// Should pgx name its statements otherwise, the warm-up prepares statements nobody
-// uses, and TestWarmUp fails.
+// statementCacheName is the name pgx's statement cache prepares sql under
+// (internal/stmtcache.StatementName in pgx v5); TestWarmUp fails if pgx changes it.
 func statementCacheName(sql string) string {
 	digest := sha256.Sum256([]byte(sql))
 	return "stmtcache_" + hex.EncodeToString(digest[0:24])
 }
 
-// sqlLiterals writes args as a list of SQL literals, for EXECUTE in the simple
-// protocol.
+// sqlLiterals writes args as SQL literals, for EXECUTE in the simple protocol.
 func sqlLiterals(args []any) (string, error) {
 	lits := make([]string, len(args))
 	for i, a := range args {

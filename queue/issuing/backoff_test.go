@@ -63,11 +63,11 @@ func TestBackoff_TenAttemptsSpanAboutADay(t *testing.T) {
 	require.LessOrEqual(t, total, 48*time.Hour, "ten attempts span %s", total)
 }
 
-// The reference's fixed 30 days renewed any certificate shorter than that on every
-// poll, and left a 90-day one a month to notice a problem. A third of the lifetime
-// keeps the month for 90 days and scales down; below 10 days half the lifetime is
-// left (docs/cas.md, renewal times), as Let's Encrypt advises for its 6-day certificates (renew
-// every 2 to 3 days): a third would leave 2 days to notice a failing renewal.
+// A fixed 30 days before expiry would renew any certificate shorter than that on
+// every poll, and leave a 90-day one a month to notice a problem. A third of the
+// lifetime keeps the month for 90 days and scales down; below 10 days half the
+// lifetime is left (docs/cas.md, renewal times), as Let's Encrypt advises for its
+// 6-day certificates: a third would leave 2 days to notice a failing renewal.
 func TestRenewAtFromValidity_LeavesRoomToNotice(t *testing.T) {
 	t.Parallel()
 	day := 24 * time.Hour

@@ -2,37 +2,34 @@ package issuing
 
 import "time"
 
-// Defaults, the reference worker's values.
+// Defaults, the Rust worker's values.
 const (
 	// DefaultRetryBase is the first gap between attempts, doubled on each failure.
 	DefaultRetryBase = time.Minute
-	// DefaultRetryMax is the longest gap. The cap matters more than the growth: past
-	// a point the failure is a human problem, and hammering the CA for a domain that
-	// will never validate spends a rate limit the domains that would validate share.
+	// DefaultRetryMax is the longest gap: past a point the failure is a human problem,
+	// and retrying spends a rate limit the other domains share.
 	DefaultRetryMax = 4 * time.Hour
-	// DefaultMaxAttempts: the usual cause of failure is DNS never pointed at the
-	// proxy, which no amount of retrying fixes. Ten attempts span about a day.
+	// DefaultMaxAttempts: the usual failure, DNS not pointed at the proxy, is not fixed
+	// by retrying. Ten attempts span about a day.
 	DefaultMaxAttempts = 10
-	// DefaultLease is how long a claim stays valid without being renewed. The
-	// running instance renews it every third of this, so a live order survives two
-	// missed renewals; a killed instance's claim is reclaimed within it, well inside
-	// the 2 minutes a failover may take (docs/high-availability.md).
+	// DefaultLease is how long a claim stays valid without renewal. Renewed every third
+	// of it, a live order survives two missed renewals; a killed instance's claim is
+	// reclaimed within it (docs/high-availability.md).
 	DefaultLease = 60 * time.Second
 )
 
 // Config is the backoff curve, the give-up point and the lease. The claim query takes
-// these as parameters, so the Go and SQL curves cannot drift.
+// them as parameters, so the Go and SQL curves cannot drift.
 type Config struct {
 	RetryBase   time.Duration
 	RetryMax    time.Duration
 	MaxAttempts int
 	Lease       time.Duration
-	// Fallback is the second CA, nil for none: the claim then decides, for each row,
-	// which CA its order goes to (fallback.go).
+	// Fallback is the second CA, nil for none (fallback.go).
 	Fallback *Fallback
 }
 
-// DefaultConfig is the reference worker's curve.
+// DefaultConfig is the default curve.
 func DefaultConfig() Config {
 	return Config{
 		RetryBase:   DefaultRetryBase,
@@ -60,15 +57,12 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// MaxShift bounds the exponent in both curves. It only keeps the arithmetic in
-// range; it is far above the point where the cap binds for any sensible base (the
-// reference clamped at 12, and an earlier version of it at 8, which held the value
-// below the cap and made the cap dead code).
+// MaxShift bounds the exponent in both curves, only to keep the arithmetic in range:
+// far above where the cap binds.
 const MaxShift = 62
 
-// Backoff is how long a domain waits after its nth consecutive failure:
-// base * 2^n, capped at max. Negative counts (a hand-edited row) count as 0.
-// The claim query computes the same curve in SQL from the same parameters.
+// Backoff is how long a domain waits after its nth consecutive failure: base * 2^n,
+// capped at max; negative counts as 0. backoffSQL computes the same in SQL.
 func (c Config) Backoff(attempts int) time.Duration {
 	c = c.WithDefaults()
 	n := min(max(attempts, 0), MaxShift)

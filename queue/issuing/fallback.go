@@ -5,40 +5,33 @@ import (
 	"time"
 )
 
-// Why a claim went to the second CA (ssl_ca_cause; the label of
-// certworker_fallback_decisions_total).
+// Why a claim went to the second CA (ssl_ca_cause, and a metric label).
 const (
-	// FallbackOutage: the first CA's outage pause (unreachable, 5xx) held the domain
-	// back for longer than --acme-fallback-after.
+	// FallbackOutage: the first CA's outage pause held the domain back past After.
 	FallbackOutage = "outage"
 	// FallbackRateLimit: a rate-limit pause of the first CA did.
 	FallbackRateLimit = "rate_limit"
 	// FallbackLedger: the ledger's pause of the first CA did.
 	FallbackLedger = "ledger"
-	// FallbackRefused: the first CA refused the name for good (caa,
-	// rejectedIdentifier, unsupportedIdentifier).
+	// FallbackRefused: the first CA refused the name for good.
 	FallbackRefused = "refused"
 	// FallbackRenewal: the certificate is the second CA's, and the first is held back.
 	FallbackRenewal = "renewal"
 )
 
-// DefaultFallbackAfter is --acme-fallback-after: long enough that a CA's hiccup (a
-// deploy, a few 5xx) or a rate limit that lifts within minutes does not spread a
-// fleet's domains over two CAs, short enough that a tenant who just clicked "verify"
-// is not kept waiting through a real outage.
+// DefaultFallbackAfter is --acme-fallback-after: long enough that a hiccup does not
+// spread a fleet over two CAs, short enough to spare tenants a real outage.
 const DefaultFallbackAfter = 10 * time.Minute
 
 // Fallback is the second CA as the claim sees it.
 type Fallback struct {
 	// Directory is the second CA's ACME directory URL.
 	Directory string
-	// After is how long a domain may be held back at the first CA before the second
-	// is asked (DefaultFallbackAfter when 0).
+	// After is how long the first CA may hold a domain back (0: DefaultFallbackAfter).
 	After time.Duration
 }
 
-// Verdict says which CAs may be asked for a name, by directory (CAA, RFC 8659; the
-// worker's). A nil Verdict allows every CA.
+// Verdict says which CAs may be asked for a name, by directory; nil allows all.
 type Verdict func(directory string) bool
 
 // Allows reports whether v allows the CA at directory.
@@ -50,19 +43,16 @@ type Decision struct {
 	Directory string
 	// Cause is why it is the second CA (Fallback*), or "" for the first.
 	Cause string
-	// Wait: no CA may be asked now, but the first may be later (CAA forbids the
-	// second, and the first is held back): the claim goes back uncharged. With
-	// Directory "" and Wait false, no CA may ever be asked: the domain fails.
+	// Wait: no CA may be asked now, but the first may be later; the claim goes back
+	// uncharged. With Directory "" and Wait false, the domain fails.
 	Wait bool
 }
 
-// Decide is where the worker sends claim c's order, whose CA the claim chose
-// (c.Directory, c.FallbackCause), given what CAA allows (allowed) and whether the
-// first CA has just refused the name for good (refused). primary is the first CA's
-// directory; fb the second, nil for none. A CA that CAA forbids, or that refused the
-// name, is never asked: the other is, if it may be, at once; when both may not, the
-// domain fails. A claim sent to the second for a hold of the first waits for the
-// first when CAA forbids the second.
+// Decide is where the worker sends claim c's order, given the claim's choice, what
+// CAA allows, and whether the first CA just refused the name. A CA that CAA forbids
+// or that refused the name is never asked: the other is, at once, or the domain fails
+// when neither may be. A claim sent to the second for a hold of the first waits when
+// CAA forbids the second.
 func Decide(c Claim, primary string, fb *Fallback, refused bool, allowed Verdict) Decision {
 	firstOK := !refused && allowed.Allows(primary)
 	if fb == nil {
@@ -93,8 +83,7 @@ func Decide(c Claim, primary string, fb *Fallback, refused bool, allowed Verdict
 
 // Why a CA refused a name (proxy_domains.ssl_ca_refused_cause).
 const (
-	// RefusedByCAA: the name's CAA records forbade the CA (the worker's own check, or
-	// the CA's caa problem). CAA that allows the CA again overrides it.
+	// RefusedByCAA: the name's CAA records forbade the CA; CAA allowing it overrides it.
 	RefusedByCAA = "caa"
 	// RefusedByCA: the CA's own refusal (rejectedIdentifier, unsupportedIdentifier).
 	RefusedByCA = "refused"

@@ -2,9 +2,8 @@ package issuing
 
 import "time"
 
-// RenewBy is when a renewal of a certificate becomes urgent (its tier of service, docs/internals.md): when a
-// fifth of its lifetime is left, or at the end of the CA's renewal window if that comes
-// first. A renewal past it is served before first issuances.
+// RenewBy is when a renewal becomes urgent (docs/internals.md, Order of service): a
+// fifth of its lifetime left, or the end of the CA's renewal window if earlier.
 func RenewBy(notBefore, notAfter, windowEnd time.Time) time.Time {
 	by := notAfter.Add(-notAfter.Sub(notBefore) / 5)
 	if !windowEnd.IsZero() && windowEnd.Before(by) {
@@ -19,7 +18,6 @@ type Failure struct {
 	Attempts int
 	// GaveUp: the domain reached the limit and is now 'failed'.
 	GaveUp bool
-	// RetryIn is the time until the backoff runs out, on the database's clock (0 when
-	// it gave up).
+	// RetryIn is the time until the backoff runs out (0 when it gave up).
 	RetryIn time.Duration
 }

@@ -12,19 +12,17 @@ const (
 	LedgerFailed = "failed"
 	// LedgerFailedAuthz: the order's authorization failed at the CA.
 	LedgerFailedAuthz = "failed_authz"
-	// LedgerNotSent: nothing reached the CA that it counts (a preflight that
-	// failed, a new order it refused).
+	// LedgerNotSent: nothing reached the CA that it counts.
 	LedgerNotSent = "not_sent"
-	// LedgerUnknown: the order outlived any order without its end being recorded
-	// (its instance died, or could not write it). It counts as the CA may have
-	// counted it: as an order and a certificate (SettleStaleLedger).
+	// LedgerUnknown: the order outlived any order without its end recorded. It counts
+	// as an order and a certificate, as the CA may have (SettleStaleLedger).
 	LedgerUnknown = "unknown"
 )
 
 var (
 	// ErrLedgerBusy: the ledger's lock could not be taken before the context ended.
 	ErrLedgerBusy = errors.New("the ledger's lock is held by another session")
-	// ErrCommitUnknown: the COMMIT of a ledger transaction failed, which may mean its
-	// answer was lost after it went through: what it recorded may or may not be there.
+	// ErrCommitUnknown: a ledger transaction's COMMIT failed; what it recorded may or
+	// may not be there.
 	ErrCommitUnknown = errors.New("commit of the ledger's transaction may or may not have gone through")
 )

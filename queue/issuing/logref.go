@@ -7,15 +7,13 @@ import (
 	"go.uber.org/zap/zapcore"
 )
 
-// DomainRef names the domain row an issuer's work is for, so that every log line
-// about a domain carries its row's id and its tenant beside the name, also from
-// steps that are given only the name (the preflight, the challenge's choice).
+// DomainRef names the domain row an issuer's work is for, so log lines from steps
+// given only the name still carry its id and tenant.
 type DomainRef struct{ ID, TenantID string }
 
 type domainRefKey struct{}
 
-// WithDomainRef is ctx carrying ref; the worker sets it around each call of an
-// Issuer or a DNSChecker for one domain.
+// WithDomainRef is ctx carrying ref, set by the worker around each call for a domain.
 func WithDomainRef(ctx context.Context, ref DomainRef) context.Context {
 	return context.WithValue(ctx, domainRefKey{}, ref)
 }
@@ -26,15 +24,13 @@ func DomainRefOf(ctx context.Context) DomainRef {
 	return ref
 }
 
-// LogDomain is the fields every log line about a domain carries: the name as given,
-// its row's id and its tenant, so that an operator can follow one tenant's lines and
-// trace a line to its row whatever the name's spelling.
+// LogDomain is the fields every log line about a domain carries: the name, its row's
+// id and its tenant.
 func LogDomain(domain, id, tenantID string) zap.Field {
 	return zap.Inline(domainFields{domain, id, tenantID})
 }
 
-// LogDomainCtx is LogDomain for a step given only the name: the row's id and tenant
-// are those ctx carries (WithDomainRef).
+// LogDomainCtx is LogDomain for a step given only the name, with ctx's DomainRef.
 func LogDomainCtx(ctx context.Context, domain string) zap.Field {
 	ref := DomainRefOf(ctx)
 	return LogDomain(domain, ref.ID, ref.TenantID)

@@ -14,8 +14,7 @@ const (
 
 // Unreachable is what PauseUnreachable recorded.
 type Unreachable struct {
-	// Failures is the number of consecutive orders that found the CA unreachable,
-	// this one included, across the fleet.
+	// Failures is the fleet's count of consecutive orders that found the CA unreachable.
 	Failures int
 	// For is how long ordering from the CA is paused.
 	For time.Duration
@@ -28,7 +27,6 @@ type PauseState struct {
 	Source      string    `json:"source"`
 	PausedUntil time.Time `json:"paused_until"`
 	Reason      string    `json:"reason"`
-	// Directory is the CA the pause belongs to ("" for a pause written before
-	// migration 00017: the first CA's).
+	// Directory is the CA the pause belongs to ("": the first CA's).
 	Directory string `json:"directory"`
 }

@@ -10,18 +10,14 @@ import (
 // offer.
 const ProfilePrefix = "profile: "
 
-// MaxProfileNameLen bounds a profile name. Let's Encrypt's are a dozen characters at
-// most; the bound keeps a tenant's value fit for logs and ssl_error.
+// MaxProfileNameLen bounds a profile name, to fit logs and ssl_error.
 const MaxProfileNameLen = 64
 
-// profileName is what certworker_set_profile accepts (migration 00014), and the two
-// have to agree: ASCII letters, digits, '.', '_' and '-', starting with a letter or
-// digit.
+// profileName is what certworker_set_profile accepts; the two have to agree.
 var profileName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 
 // CheckProfileName reports whether s is a profile name certworker orders under. A
-// tenant's ssl_profile is hostile until checked: it goes into orders, logs and
-// ssl_error.
+// tenant's ssl_profile is hostile until checked.
 func CheckProfileName(s string) error {
 	if profileName.MatchString(s) {
 		return nil
@@ -30,8 +26,7 @@ func CheckProfileName(s string) error {
 		quoteProfile(s), MaxProfileNameLen)
 }
 
-// quoteProfile quotes a profile name for a message, cut to a length fit for one: the
-// value may be a tenant's, and not a name at all.
+// quoteProfile quotes a possibly hostile profile name for a message, cut short.
 func quoteProfile(s string) string {
 	if len(s) > MaxProfileNameLen {
 		return fmt.Sprintf("%q...", s[:MaxProfileNameLen])
@@ -39,16 +34,14 @@ func quoteProfile(s string) string {
 	return fmt.Sprintf("%q", s)
 }
 
-// ProfileError: the CA does not offer the ACME profile an order was to name. Either
-// its directory's meta.profiles does not list it, and nothing was sent, or it
-// answered the new order with invalidProfile. Nothing was issued.
+// ProfileError: the CA does not offer the order's ACME profile: its directory does
+// not list it (nothing sent), or it answered invalidProfile. Nothing was issued.
 type ProfileError struct {
 	// Profile is the profile the order was to name.
 	Profile string
 	// Offered are the profiles the CA's directory lists, sorted; nil when not known.
 	Offered []string
-	// Detail is the CA's problem detail when it refused the order, "" when the order
-	// was not sent.
+	// Detail is the CA's problem detail, "" when nothing was sent.
 	Detail string
 }
 

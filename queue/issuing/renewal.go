@@ -8,19 +8,13 @@ import (
 )
 
 // ShortLived is the lifetime below which a certificate renews at half its lifetime
-// instead of at two thirds (docs/cas.md, renewal times). Let's Encrypt advises renewing its 6-day
-// (160 h) certificates every 2 to 3 days: at two thirds a 6-day certificate would
-// have 2 days left for a failed renewal to be noticed and fixed, at half it has 3.
-// Its 45-day and 90-day profiles stay at two thirds (15 and 30 days left). Ten days
-// sits between the two kinds, far from either.
+// instead of two thirds, leaving a 6-day certificate 3 days for a failed renewal
+// (docs/cas.md).
 const ShortLived = 10 * 24 * time.Hour
 
-// RenewAtFromValidity is the renewal time of a certificate whose CA gives no ACME
-// Renewal Information: when a third of its lifetime remains for a lifetime of 10 days
-// or more (a 90-day certificate renews after 60 days), when half remains for a
-// shorter one (a 6-day certificate after 3). The reference's fixed "30 days before
-// expiry" renewed any certificate shorter than 30 days on every poll. requeueDue
-// inverts this rule in SQL, and the two have to agree.
+// RenewAtFromValidity is the renewal time of a certificate without ACME Renewal
+// Information: when a third of its lifetime remains, or half below ShortLived.
+// requeueDue inverts this rule in SQL, and the two have to agree.
 func RenewAtFromValidity(notBefore, notAfter time.Time) time.Time {
 	lifetime := notAfter.Sub(notBefore)
 	if lifetime < ShortLived {
@@ -30,11 +24,9 @@ func RenewAtFromValidity(notBefore, notAfter time.Time) time.Time {
 }
 
 // BadRow is a row the worker cannot use as it is. The pass that first meets it deals
-// with it (each method says how) and returns it, once: the caller logs it and counts
-// it, and later passes do not return it again. Other rows carry on.
+// with it and returns it once, for the caller to log and count.
 type BadRow struct {
-	// ID is the domain's id (proxy_domains.id), or "" for a certificate row whose
-	// domain does not exist.
+	// ID is the domain's id, or "" for a certificate row without a domain.
 	ID string
 	// TenantID is the domain's tenant, or "" with no domain.
 	TenantID string

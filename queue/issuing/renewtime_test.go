@@ -11,8 +11,7 @@ import (
 // The time to ask the CA again is its Retry-After clamped to between a minute and a
 // day (RFC 9773 §4.3), then spread over a tenth of itself so that certificates issued
 // together are not asked about together for ever: upward (Retry-After is the earliest
-// the CA wants to be asked), never past a day. Before, every certificate of a burst
-// was asked about again in the same second.
+// the CA wants to be asked), never past a day.
 func TestRenewalInfoIn_ClampedAndJittered(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {

@@ -11,14 +11,11 @@ import (
 const ScopeTenant = "tenant"
 
 // DefaultTenantReserve is --limit-tenant-reserve: a quarter of the account's orders
-// is kept for the other tenants. At Let's Encrypt's 300 orders in 3 hours, one
-// tenant may take 225, and 75 are left for everyone else, each of whom may take
-// up to 74 of them.
+// is kept for the other tenants.
 const DefaultTenantReserve = 0.25
 
-// MaxTenantReserve bounds --limit-tenant-reserve: above a half, R would be more than
-// L − R, and a tenant alone could take R orders while "the last R" is more than what
-// is left after L − R.
+// MaxTenantReserve bounds --limit-tenant-reserve: above a half, a tenant alone could
+// take more than the reserve leaves.
 const MaxTenantReserve = 0.5
 
 // ParseTenantReserve reads --limit-tenant-reserve: a percentage ("25%") or a fraction

@@ -62,8 +62,7 @@ type Limits struct {
 	CertsPerRegisteredDomain Limit
 	CertsPerExactSet         Limit
 	FailedAuthzPerName       Limit
-	// TenantReserve is --limit-tenant-reserve, the share of OrdersPerAccount kept for
-	// the other tenants (reserve.go); 0 is off.
+	// TenantReserve is --limit-tenant-reserve (reserve.go); 0 is off.
 	TenantReserve float64
 }
 
@@ -73,8 +72,7 @@ func (l Limits) Any() bool {
 		!l.CertsPerExactSet.Off() || !l.FailedAuthzPerName.Off()
 }
 
-// Longest is the longest window of the limits that are on (0 when all are off): how
-// long ledger rows are worth keeping.
+// Longest is the longest window of the limits that are on (0 when all are off).
 func (l Limits) Longest() time.Duration {
 	return max(l.OrdersPerAccount.ActiveWindow(), l.CertsPerRegisteredDomain.ActiveWindow(),
 		l.CertsPerExactSet.ActiveWindow(), l.FailedAuthzPerName.ActiveWindow())
@@ -116,8 +114,7 @@ type jsonLimits struct {
 	TenantReserve            float64    `json:"tenant_reserve,omitempty"`
 }
 
-// MarshalJSON is the form certworker_settings.limits stores (a limit that is off is
-// null).
+// MarshalJSON is the form certworker_settings.limits stores (off is null).
 func (l Limits) MarshalJSON() ([]byte, error) {
 	return json.Marshal(jsonLimits{
 		l.OrdersPerAccount.toJSON(), l.CertsPerRegisteredDomain.toJSON(),

@@ -1,11 +1,11 @@
 package worker_test
 
-// Benchmarks for the two numbers this service is judged by: how soon after a tenant's
-// "verify" the domain is claimed (the reference polled every 30 s), and how many
-// domains one instance drains a second. `make bench` runs them with -benchtime 1x:
-// each is one long measurement that ignores b.N and reports its own metrics, so ns/op
-// is only the run's wall time. Each writes its table to the repository's bench/,
-// replacing the previous run's: one file per machine and load, not a growing log.
+// Benchmarks for the two numbers this service is judged by: how soon after a
+// tenant's "verify" the domain is claimed, and how many domains one instance drains a
+// second. `make bench` runs them with -benchtime 1x: each is one long measurement that
+// ignores b.N and reports its own metrics, so ns/op is only the run's wall time. Each
+// writes its table to the repository's bench/, replacing the previous run's: one file
+// per machine and load, not a growing log.
 
 import (
 	"context"

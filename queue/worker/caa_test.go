@@ -13,10 +13,10 @@ import (
 	"github.com/certworker/certworker/queue/worker"
 )
 
-// What acme's CAA check returns is treated as issue 19 says: a failed look-up
+// What acme's CAA check returns is treated as the rules say: a failed look-up
 // (SERVFAIL) is the tenant's DNS, charged like a failed preflight and retried, with
-// ssl_error starting "caa:"; records that allow no CA fail the domain at once,
-// naming what they allow. Guards the contract between acme.CAAError and the worker
+// ssl_error starting "caa:"; records that allow no CA fail the domain at once, naming
+// what they allow. Guards the contract between acme.CAAError and the worker
 // (CAAError.As), which a change to either side could break silently.
 func TestWorker_CAAErrorsAreChargedLikeAPreflightOrFailAtOnce(t *testing.T) {
 	t.Parallel()

@@ -16,20 +16,14 @@ type loopState struct {
 	timer       *time.Timer
 	timerAt     time.Time
 	timerSource string
-	// saturated: every slot was busy at the last claim, so more may be due; a
-	// finished order claims again at once.
+	// saturated: every slot was busy at the last claim, so a finished order claims again.
 	saturated bool
-	// idleRetry is the gap before looking again at a queue that says something is
-	// due which the claim did not take (another instance holds it, or a pause holds
-	// it back). It doubles while that goes on, up to the poll interval, so that two
-	// disagreeing views can never make a hot loop.
+	// idleRetry is the gap before looking again at a queue whose due row the claim did
+	// not take; it doubles up to the poll interval, so it cannot become a hot loop.
 	idleRetry time.Duration
-	// untracked: a claim's statement failed after it may have committed. Until the
-	// instance has handed back what it holds but does not track, every pass tries.
+	// untracked: a claim may have committed unseen; every pass tries to hand it back.
 	untracked bool
-	// returnHeld: a pass found something due that it did not claim (a held row whose
-	// time has come, perhaps), so the next claim brings held rows back first, whatever
-	// woke it: wake-ups coming faster than the timer's retry must not hold them off.
+	// returnHeld: a pass left something due, so the next claim brings held rows back.
 	returnHeld bool
 	// heldReturnedAt is when a claim last brought held rows back first.
 	heldReturnedAt time.Time
@@ -38,28 +32,21 @@ type loopState struct {
 const (
 	// minIdleRetry is the first idle retry.
 	minIdleRetry = 50 * time.Millisecond
-	// wakeRetry is how soon a wake-up's pass that found something due now but
-	// claimed nothing looks once more, before the idle retries: the change it was
-	// woken for may not be visible yet. Logical decoding sends a transaction once
-	// its commit record is flushed, a moment before the committing backend leaves
-	// the proc array and a new snapshot sees its rows; and another instance's claim
-	// of the row may be committing.
+	// wakeRetry is how soon a wake-up's pass that claimed nothing due looks once more:
+	// a logically decoded commit may not be visible to a new snapshot yet.
 	wakeRetry = 5 * time.Millisecond
-	// timerSlack makes the timer fire a little late rather than early: the claim
-	// compares with the database's clock, and strictly.
+	// timerSlack makes the timer fire late rather than early against the database's
+	// strict comparison.
 	timerSlack = 5 * time.Millisecond
-	// untrackedRetry is how soon a pass tries again to hand back claims whose answer
-	// was lost.
+	// untrackedRetry is how soon a pass tries again to hand back lost claims.
 	untrackedRetry = time.Second
-	// returnHeldEvery bounds how often refills bring held rows back first: while the
-	// queue stays full every finished order claims again, and a statement before each
-	// of those claims would slow the drain itself. A held row whose time has come
-	// waits at most this long behind a full queue.
+	// returnHeldEvery bounds how often refills bring held rows back first, so a full
+	// queue drains at full speed.
 	returnHeldEvery = time.Second
 )
 
-// pass looks at the queue: claims into the free slots and, when the queue ran dry
-// before they were full, sets the timer for the next thing that falls due.
+// pass claims into the free slots and, when the queue ran dry first, sets the timer
+// for the next thing that falls due.
 func (w *Worker) pass(ctx context.Context, source string, at time.Time) {
 	w.m.wake(source)
 	w.log.Debug("wake-up", zap.String("source", source), zap.Time("at", at))
@@ -77,8 +64,8 @@ func (w *Worker) pass(ctx context.Context, source string, at time.Time) {
 	w.schedule(ctx, source, claimed)
 }
 
-// finished takes a finished order's result, and every other one already waiting, off
-// the loop, then refills the slots they freed in one claim.
+// finished takes every waiting result off the loop, then refills the freed slots in
+// one claim.
 func (w *Worker) finished(ctx context.Context, r result) {
 	w.settle(r)
 	for more := true; more; {
@@ -89,10 +76,7 @@ func (w *Worker) finished(ctx context.Context, r result) {
 			more = false
 		}
 	}
-	// While the queue stays full, finishing orders keep claiming: the claim that
-	// follows a finished order is a "refill". A queue that was not
-	// full at the last claim has nothing due that a wake-up or the timer will not
-	// bring.
+	// Only a full queue refills: otherwise a wake-up or the timer brings what is due.
 	if !w.saturated || ctx.Err() != nil || w.halted() {
 		return
 	}
@@ -102,8 +86,8 @@ func (w *Worker) finished(ctx context.Context, r result) {
 	}
 }
 
-// settle forgets a finished order and moves the timer to when its domain falls due
-// again, if that is sooner: the retry after its backoff, known without a query.
+// settle forgets a finished order and moves the timer to its domain's retry, if
+// sooner.
 func (w *Worker) settle(r result) {
 	w.orders.remove(r.token)
 	w.m.setInflight(w.orders.len())
@@ -112,8 +96,7 @@ func (w *Worker) settle(r result) {
 	}
 }
 
-// fill claims into the free slots until they are full or nothing more is due. It
-// returns how many it claimed, and whether every slot is busy.
+// fill claims into the free slots until they are full or nothing more is due.
 func (w *Worker) fill(ctx context.Context, source string) (claimed int, full bool) {
 	for {
 		free := w.cfg.Concurrency - w.orders.len()
@@ -136,22 +119,10 @@ func (w *Worker) fill(ctx context.Context, source string) (claimed int, full boo
 	}
 }
 
-// claim runs the claim statement for n slots, and the ledger on what it took. A pass
-// woken by a notification or by the poll claims from the rows in line as they stand
-// (queue.ClaimInLine): the row a notification announces is in line already, and the
-// poll is the safety net for a notification lost. The rows held out of line come back
-// first (queue.ClaimShared) on the passes of the timer, set for when the next of them
-// falls due (NextDue), and of a reconnection; on a refill's once every
-// returnHeldEvery; and on the pass after one that found something due it did not
-// claim (returnHeld): a held row whose time has come is due to NextDue, whatever
-// brought it back early or late (a pause lifted, a changed --retry-base). It is
-// not cancelled by the worker's context: a claim whose statement committed is never
-// dropped, so the shutdown that SIGTERM starts waits for it, and then runs or hands
-// back what it took. When it fails all the same (its timeout, a lost connection), the
-// rows it may have claimed are handed back by the next pass. full reports that the
-// claim took all n (more may be due), that the ledger answered (a ledger that did not
-// ends the fill) and let at least one go; sent is when the statement was
-// sent, where the claims' lease deadlines start.
+// claim runs the claim statement for n slots, and the ledger on what it took. It is
+// not cancelled by the worker's context: a committed claim is never dropped. full
+// reports that it took all n and the ledger let one go; sent starts the lease
+// deadlines.
 func (w *Worker) claim(ctx context.Context, n int, source string) (claims []issuing.Claim, sent time.Time, full bool) {
 	cctx, cancel := w.step(ctx, true)
 	defer cancel()
@@ -172,15 +143,12 @@ func (w *Worker) claim(ctx context.Context, n int, source string) (claims []issu
 		w.returnHeld, w.heldReturnedAt = false, time.Now()
 	}
 	admitted, ok := w.admit(ctx, claims)
-	// A claim the ledger refused entirely ends the fill too: claiming again at once
-	// would take the same rows and be refused again (the claim and the ledger agree
-	// by construction, renewalSQL, but a fill must not spin on a disagreement it
-	// cannot see). The pause the refusal wrote ends the wait, or the next wake-up.
+	// A claim the ledger refused entirely ends the fill, which must not spin.
 	return admitted, sent, ok && len(claims) == n && len(admitted) > 0
 }
 
-// bringsHeldBack says whether the claim of a pass woken by source brings held rows
-// back first (see claim).
+// bringsHeldBack says whether a pass woken by source brings held rows back first
+// (docs/internals.md, The wake path and held rows).
 func (w *Worker) bringsHeldBack(source string) bool {
 	switch {
 	case w.returnHeld:
@@ -193,18 +161,14 @@ func (w *Worker) bringsHeldBack(source string) bool {
 	return true
 }
 
-// newcomerSlots is how many of n free slots the claim offers first issuances first: a quarter of --concurrency, rounded up, less the first
-// issuances already in flight. While first issuances are due they get these slots
-// whatever the urgent renewals ahead of them, so a tenant who verifies during a mass
-// revocation is among the next --concurrency claims; when none are due, the claim
-// gives the slots to the order of service.
+// newcomerSlots is how many of n free slots go to first issuances first: a quarter
+// of --concurrency, rounded up, less those in flight.
 func (w *Worker) newcomerSlots(n int) int {
 	quarter := (w.cfg.Concurrency + 3) / 4
 	return min(n, max(quarter-w.orders.firstIssuances(), 0))
 }
 
-// releaseUntracked hands back, uncharged, the rows this instance holds but does not
-// track: claims whose statement committed while its answer was lost.
+// releaseUntracked hands back, uncharged, claims whose answer was lost.
 func (w *Worker) releaseUntracked(ctx context.Context) {
 	rctx, cancel := w.step(ctx, true)
 	defer cancel()
@@ -235,8 +199,7 @@ func (w *Worker) schedule(ctx context.Context, source string, claimed int) {
 	}
 	switch {
 	case err != nil:
-		// Not known: look again soon rather than at the next poll, so that a due
-		// retry is not held up by a failed query.
+		// Not known: look again soon, so a failed query does not hold up a due retry.
 		w.health.failed(err)
 		w.logDBError("compute next due time", err)
 		d, ok = w.nextIdleRetry(), true
@@ -244,16 +207,13 @@ func (w *Worker) schedule(ctx context.Context, source string, claimed int) {
 		w.health.ok()
 		w.idleRetry = minIdleRetry
 	case ok && len(w.waker.Wakes()) > 0:
-		// Due now, and a wake-up is already waiting (the notification of the row
-		// that made it due): its pass claims it.
+		// A wake-up is already waiting: its pass claims it.
 		ok = false
 	case ok && source == listener.SourceNotify:
-		// Due now and not claimed by the pass a wake-up started: the change may not
-		// be visible yet. Look once more soon; the idle retries follow.
+		// The change a wake-up announced may not be visible yet: look once more soon.
 		d = wakeRetry
 	case ok:
-		// Due now and not claimed: another instance holds it locked, or a pause
-		// holds it back. Look again, less often each time it goes on.
+		// Another instance holds it, or a pause holds it back: look again, less often.
 		d = w.nextIdleRetry()
 	}
 	delay, next := w.cfg.PollInterval, listener.SourcePoll
@@ -274,13 +234,11 @@ func (w *Worker) nextIdleRetry() time.Duration {
 	return d
 }
 
-// setTimer makes the timer fire after d for source.
 func (w *Worker) setTimer(d time.Duration, source string) {
 	w.timer.Reset(d)
 	w.timerAt, w.timerSource = time.Now().Add(d), source
 }
 
-// setTimerIfSooner moves the timer to d from now if that is before it fires.
 func (w *Worker) setTimerIfSooner(d time.Duration, source string) {
 	if w.timerAt.IsZero() || time.Now().Add(d).Before(w.timerAt) {
 		w.setTimer(d, source)

@@ -34,8 +34,7 @@ var passStatements = []string{
 // statement is lost after it committed (a connection that drops, a timeout that fires
 // then): the rows are 'provisioning' under this instance's name, and the instance
 // does not know their tokens. They are handed back, uncharged, and claimed again at
-// once; the reference-era code left them until their lease ran out and the reclaim
-// charged them an attempt, a minute later.
+// once, rather than wait for their lease and be charged by the reclaim.
 func TestWorker_AClaimWhoseAnswerWasLostIsHandedBackUncharged(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -18,56 +18,47 @@ import (
 
 // Defaults of Config, the `certworker run` flags'.
 const (
-	// DefaultConcurrency is the number of orders in flight on one instance. The
-	// reference issued one at a time: a thirty-second order held up every other domain.
+	// DefaultConcurrency is the number of orders in flight on one instance.
 	DefaultConcurrency = 4
-	// DefaultPollInterval is the safety-net pass, and the longest either timer is set
-	// for. The reference polled this often and did nothing else.
+	// DefaultPollInterval is the safety-net pass, and the longest either timer is set for.
 	DefaultPollInterval = 30 * time.Second
 	// DefaultShutdownGrace is what orders in flight get to finish after SIGTERM; what
 	// is still running then is handed back.
 	DefaultShutdownGrace = 30 * time.Second
-	// DefaultOrderTimeout bounds one order. Let's Encrypt issues in seconds; an order
-	// ten minutes old is hung (a CA that answers every request, only slowly), and
-	// without a deadline it would hold its slot, and renew its lease, for ever.
+	// DefaultOrderTimeout bounds one order: Let's Encrypt issues in seconds, and a hung
+	// order would otherwise hold its slot and lease for ever.
 	DefaultOrderTimeout = 10 * time.Minute
 )
 
 // Config is everything a running worker needs. New fills in the defaults.
 type Config struct {
-	// Pool is the database. The wake source makes a connection of its own with the
-	// pool's configuration.
+	// Pool is the database; the wake source connects with its configuration.
 	Pool *pgxpool.Pool
-	// DB, if set, runs the worker's statements instead of Pool (the wake source still
-	// connects with Pool's configuration). For tests that make the database fail in
-	// chosen ways, such as an answer lost after its statement committed.
+	// DB, if set, runs the worker's statements instead of Pool, for tests that make
+	// the database fail in chosen ways.
 	DB queue.DB
 	// Issuer places the orders (acme.Issuer; a fake in tests about the queue).
 	Issuer issuing.Issuer
 	// Log receives the worker's logs (named "worker") and the wake source's.
 	Log *zap.Logger
-	// Registerer, if not nil, receives the worker's and the wake source's metrics. One
-	// worker per registry.
+	// Registerer, if not nil, receives the worker's and the wake source's metrics.
 	Registerer prometheus.Registerer
 
 	// Wake is the wake source: issuing.WakeNotify (the default) or issuing.WakeLogical.
 	Wake string
 	// WakeOptions tune the wake source (reconnection backoff, pings).
 	WakeOptions listener.Options
-	// Topics are other notification channels' consumers (acme.Responder on
-	// acme.TokenChannel), carried by the wake source's listening connection so that
-	// the process holds one; with --wake logical, by one listening connection of
-	// their own. Each is told of every (re)connection, to re-read what it missed.
+	// Topics are other channels' consumers (acme.Responder on acme.TokenChannel),
+	// carried by the wake source's listening connection, or their own with --wake
+	// logical. Each is told of every (re)connection.
 	Topics map[string]listener.Topic
 
-	// Owner names this instance in ssl_claimed_by and in logs (default host:pid). A
-	// random suffix is added, so that two instances never share a name.
+	// Owner names this instance in ssl_claimed_by and logs (default host:pid); a random
+	// suffix is added.
 	Owner string
-	// Directory is the ACME directory URL: what a pause of the CA and the ledger's
-	// account-wide limit are kept under.
+	// Directory is the ACME directory URL, the key of the CA's pauses and ledger.
 	Directory string
-	// Wildcards makes a first label "*" a valid name (issuing.CheckNameFor): the
-	// issuer runs with --dns01-zone, the only way a wildcard is validated.
+	// Wildcards makes "*" a valid first label (issuing.CheckNameFor), with --dns01-zone.
 	Wildcards bool
 	// Queue is the backoff curve, the attempt limit and the lease.
 	Queue issuing.Config
@@ -75,8 +66,7 @@ type Config struct {
 	Limits issuing.Limits
 	// Fallback is the second CA, nil for none (fallback.go).
 	Fallback *FallbackCA
-	// CAA, if set, says before each order which CAs a name's CAA records allow
-	// (RFC 8659): see CAAFunc.
+	// CAA, if set, says before each order which CAs a name's CAA records allow.
 	CAA CAAFunc
 
 	// Concurrency is the number of orders in flight on this instance.
@@ -87,21 +77,17 @@ type Config struct {
 	ShutdownGrace time.Duration
 	// OrderTimeout bounds one order; one that runs past it is cancelled and charged.
 	OrderTimeout time.Duration
-	// RenewalInfoPerSecond is the renewal-information requests the whole fleet sends
-	// the CA at Directory in a second (--ari-requests-per-second; default
-	// issuing.DefaultRenewalInfoPerSecond). Every instance should run with the same.
+	// RenewalInfoPerSecond is the fleet's renewal-information requests a second to the
+	// CA at Directory (--ari-requests-per-second).
 	RenewalInfoPerSecond float64
-	// DNSWaitMax is how long a domain may wait for its DNS before it is marked
-	// failed (--dns-wait-max; default DefaultDNSWaitMax).
+	// DNSWaitMax is how long a domain may wait for its DNS before it fails.
 	DNSWaitMax time.Duration
 }
 
-// DefaultDNSWaitMax is --dns-wait-max's default: a week is long enough for a tenant
-// who verifies before a planned move, and short enough that a name whose DNS never
-// came here stops being checked.
+// DefaultDNSWaitMax is --dns-wait-max's default: a week covers a tenant verifying
+// before a planned move, and then a name whose DNS never came stops being checked.
 const DefaultDNSWaitMax = 7 * 24 * time.Hour
 
-// withDefaults checks c and fills in what is unset.
 func (c Config) withDefaults() (Config, error) {
 	switch {
 	case c.Pool == nil:

@@ -24,7 +24,7 @@ const drillSize = 1000
 // (bench/issuance.txt's orders, less its 1 to 2 s of validation sleep).
 const drillOrderTime = 100 * time.Millisecond
 
-// BenchmarkDrill is a mass revocation at --concurrency 16 (issue #18): 1,000 stored
+// BenchmarkDrill is a mass revocation at --concurrency 16: 1,000 stored
 // certificates whose renewal window (ARI) the CA moved to now, already read (the
 // state RecordRenewalInfo leaves: window open, renewal time passed), under an
 // exact-set limit of 1 a week that their own issuance spent, and 1,000 newcomers

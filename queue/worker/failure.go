@@ -9,16 +9,15 @@ import (
 	"go.uber.org/zap"
 )
 
-// The CA's own backoff while it cannot be reached: the first pause is
-// short, since most outages are a restart or a blip, and the longest is short enough
-// that every domain due is issued within a minute of the CA's return.
+// The CA's own backoff while unreachable: short at first, and short enough at most
+// that domains due are issued within a minute of its return.
 const (
 	unreachableBase = 2 * time.Second
 	unreachableMax  = 30 * time.Second
 )
 
-// failed records what an issuer's error means for the domain (issuing.Issuer lists the
-// kinds), and returns the outcome and when the domain falls due again.
+// failed records what an issuer's error means for the domain (issuing.Issuer), and
+// returns the outcome and when the domain falls due again.
 func (w *Worker) failed(o *order, log *zap.Logger, name string, err error) (string, time.Duration) {
 	attempt := zap.Int("attempt", max(o.claim.Attempts, 0)+1)
 	var unavailable *issuing.CAUnavailableError
@@ -30,14 +29,14 @@ func (w *Worker) failed(o *order, log *zap.Logger, name string, err error) (stri
 	}
 	var held *issuing.LedgerRefusedError
 	if errors.As(err, &held) {
-		// Nothing more was sent; the ledger's pause holds the domain, uncharged.
+		// The ledger's pause holds the domain, uncharged.
 		log.Info("order held back by the ledger: without \"replaces\" it is a new order, which the CA would refuse; the domain waits, not charged",
 			zap.String("reason", held.Reason), zap.String("ca", w.caOf(o.claim.Directory).label))
 		return w.handBack(o, log, true, "ledger_held"), 0
 	}
 	var waiting *issuing.WaitingError
 	if errors.As(err, &waiting) {
-		// Nothing reached the CA, and nothing is charged: the name waits for its DNS.
+		// Nothing reached the CA: the name waits for its DNS, uncharged.
 		return w.waitForDNS(o, log, waiting), 0
 	}
 	at := w.caOf(o.claim.Directory)
@@ -63,7 +62,7 @@ func (w *Worker) failed(o *order, log *zap.Logger, name string, err error) (stri
 		}
 		return w.failForGood(o, log, err.Error(), "permanent"), 0
 	case errors.As(err, &preflight):
-		// Nothing reached the CA: this says nothing of whether it can be reached.
+		// Nothing reached the CA, so this says nothing of its reach.
 		return w.fail(o, log, err.Error(), "preflight_failed")
 	}
 	w.caAnswered(at)
@@ -71,11 +70,8 @@ func (w *Worker) failed(o *order, log *zap.Logger, name string, err error) (stri
 	return w.fail(o, log, err.Error(), "failed")
 }
 
-// rateLimited pauses what the CA's limit covers, for every instance, until its
-// Retry-After (--retry-base when it gave none), and hands the claim back: a rate limit
-// is never charged to the domain. The hand-back wakes every instance once, and their
-// passes, which claim nothing the pause covers, set their timers for its end. It
-// returns the outcome and how long the pause lasts.
+// rateLimited pauses what the CA's limit covers until its Retry-After (--retry-base
+// when none) and hands the claim back uncharged; it returns the pause's length.
 func (w *Worker) rateLimited(o *order, log *zap.Logger, name string, rl *issuing.RateLimitError) (string, time.Duration) {
 	at := w.caOf(o.claim.Directory)
 	scope, key := rl.Scope, at.directory
@@ -127,11 +123,8 @@ func (w *Worker) replacesRefused(o *order, log *zap.Logger, name string, e *issu
 	return w.handBack(o, log, false, "already_replaced"), until
 }
 
-// caUnreachable pauses ordering from the claim's CA for every instance, on the CA's
-// own backoff, and hands the claim back uncharged: a CA that is down is the CA's
-// problem, not the domain's. As for a rate limit, the hand-back tells every instance
-// when the pause ends. With a second CA, the pause held a domain back for longer
-// than --acme-fallback-after sends it there (queue/fallback.go).
+// caUnreachable pauses the claim's CA for every instance, on its own backoff, and
+// hands the claim back uncharged.
 func (w *Worker) caUnreachable(o *order, log *zap.Logger, cause error) (string, time.Duration) {
 	at := w.caOf(o.claim.Directory)
 	var u issuing.Unreachable
@@ -153,11 +146,8 @@ func (w *Worker) caUnreachable(o *order, log *zap.Logger, cause error) (string, 
 	return w.handBack(o, log, false, "ca_unavailable"), u.For
 }
 
-// keyMissing hands the claim back uncharged, at once for any instance (the hand-back
-// wakes them), and stops this one claiming: a stored key it cannot open (another
-// instance sealed the account key under a key this one lacks, a rotation half rolled
-// out) fails every order alike, and is the operator's to fix, never the domain's. Orders already running go on with the account they hold. The
-// first such error is logged at error level with the key id, never a key.
+// keyMissing hands the claim back and stops this instance claiming (issuing.KeyError).
+// The first such error is logged with the key id.
 func (w *Worker) keyMissing(o *order, log *zap.Logger, ke *issuing.KeyError) string {
 	if w.keyErr.CompareAndSwap(nil, ke) {
 		w.log.Error("a stored key does not open with this instance's --key-encryption-key: it claims nothing more and reports not ready until restarted with the key; nothing is charged",
@@ -170,15 +160,9 @@ func (w *Worker) keyMissing(o *order, log *zap.Logger, ke *issuing.KeyError) str
 	return outcome
 }
 
-// caAnswered records that the CA at answered an order, which ends its unreachable
-// state for the fleet if this instance saw it. With a second CA, every answer of the
-// first ends it, whoever saw it down: while its outage pause stays, the claim sends
-// domains to the second, and an instance that saw the outage may have been restarted.
-//
-// "CA reachable again" is logged by the one caller whose delete ended the state
-// (ClearUnreachable reports it to one statement only, fleet-wide): two orders
-// finishing together both logged it, one because it won the local flag and the other
-// because its delete found the pause.
+// caAnswered ends the CA's unreachable state if this instance saw it; with a second
+// CA, any answer of the first ends it, since whoever saw it down may have restarted.
+// Only the caller whose delete ended it logs it.
 func (w *Worker) caAnswered(at *ca) {
 	if !at.down.Load() && (w.second == nil || at != w.first) {
 		return

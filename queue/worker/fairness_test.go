@@ -13,9 +13,9 @@ import (
 )
 
 // Tenant A verifies 2,000 domains in one statement; a second later tenant B verifies
-// one. B's domain is among the next --concurrency claims, on one instance and on three,
-// not behind A's backlog (issue #13). Counted on the database: A's domains claimed
-// after B's verify was committed and before B's claim.
+// one. B's domain is among the next --concurrency claims, on one instance and on
+// three, not behind A's backlog. Counted on the database: A's domains claimed after
+// B's verify was committed and before B's claim.
 func TestWorker_ALateTenantIsAmongTheNextClaims(t *testing.T) {
 	t.Parallel()
 	const concurrency = 4
@@ -62,9 +62,9 @@ FROM proxy_domains a, proxy_domains bd WHERE a.tenant_id = $1 AND bd.id = $2`, a
 
 // During a mass revocation, 1,000 urgent renewals of tenant A are queued (their
 // renewal windows moved to "now"); a second later tenant B verifies one domain. B's
-// first issuance is among the next --concurrency claims (issue #18): while first
-// issuances are due, a quarter of each instance's slots, rounded up, goes to them
-// whatever the urgent renewals ahead. Without that share B waited for all of them.
+// first issuance is among the next --concurrency claims: while first issuances are
+// due, a quarter of each instance's slots, rounded up, goes to them whatever the
+// urgent renewals ahead.
 func TestWorker_ANewcomerDuringAMassRenewalIsAmongTheNextClaims(t *testing.T) {
 	t.Parallel()
 	const concurrency = 4

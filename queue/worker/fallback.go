@@ -12,28 +12,21 @@ import (
 	"go.uber.org/zap"
 )
 
-// A second CA (queue/fallback.go has the rules of the claim's
-// decision). The worker keeps what is per CA apart: the issuer (its own account), the
-// ledger's limits, whether this instance saw it unreachable, and its pauses, which it
-// writes under the CA the claim went to. It acts on the claim's decision, and overrides
-// it only when the first CA refuses the name for good: that is recorded on the row, and
-// the claim handed back for the next claim to send to the second at once.
+// A second CA (queue/fallback.go). The worker keeps what is per CA apart, and
+// overrides the claim's decision only when the first CA refuses the name for good.
 
 // FallbackCA is the second CA.
 type FallbackCA struct {
-	// Issuer places its orders, under its own account (acme.Issuer for
-	// --acme-fallback-directory, whose profile is --acme-fallback-profile).
+	// Issuer places its orders, under its own account.
 	Issuer issuing.Issuer
 	// Directory is its ACME directory URL: the key of its pauses and its ledger.
 	Directory string
-	// After is how long a domain is held back at the first CA before it goes to this
-	// one (--acme-fallback-after; issuing.DefaultFallbackAfter when 0).
+	// After is how long the first CA may hold a domain back before this one is asked.
 	After time.Duration
 	// Limits are the ledger's limits for this CA (--acme-fallback-limit-*).
 	Limits issuing.Limits
 }
 
-// ca is one CA as the worker uses it.
 type ca struct {
 	// label is "primary" or "fallback", for logs and metrics.
 	label     string
@@ -52,7 +45,6 @@ func (w *Worker) caOf(directory string) *ca {
 	return w.first
 }
 
-// cas are the CAs the worker orders from, the first first.
 func (w *Worker) cas() []*ca {
 	if w.second == nil {
 		return []*ca{w.first}
@@ -60,10 +52,8 @@ func (w *Worker) cas() []*ca {
 	return []*ca{w.first, w.second}
 }
 
-// replacesPEM is the certificate an order at the CA it goes to names in "replaces"
-// (RFC 9773): the stored one, when that CA issued it. A certificate of the other CA's
-// is not one this CA can replace: the order goes without, as a new order, and counts
-// against the CA's limits as one. A certificate with no recorded CA is the first's.
+// replacesPEM is the certificate an order names in "replaces" (RFC 9773): the stored
+// one when the order's CA issued it (certOfSQL's rule), else none.
 func (w *Worker) replacesPEM(c issuing.Claim) string {
 	issuedBy := c.CertDirectory
 	if issuedBy == "" {
@@ -92,11 +82,9 @@ func (w *Worker) logFallback(c issuing.Claim, log *zap.Logger) {
 		zap.String("directory", c.Directory))
 }
 
-// refusedByFirst deals with the first CA's refusal of the name for good (perm), with
-// a second CA: it is recorded on the row, and the claim handed back uncharged, for the
-// next claim to send to the second at once. When the second has refused the name
-// before, both have: the domain fails. handled is false when the refusal is not one
-// the second CA is asked after.
+// refusedByFirst handles the first CA's refusal for good, with a second CA: recorded,
+// and the claim handed back for the second; when the second refused too, the domain
+// fails. handled is false for other refusals.
 func (w *Worker) refusedByFirst(o *order, log *zap.Logger, perm *issuing.PermanentError) (outcome string, handled bool) {
 	c := o.claim
 	if w.second == nil || !perm.Refused || w.caOf(c.Directory) != w.first {
@@ -117,9 +105,8 @@ func (w *Worker) refusedByFirst(o *order, log *zap.Logger, perm *issuing.Permane
 	return w.handBack(o, log, false, "refused_first"), true
 }
 
-// refusedBySecond deals with the second CA's refusal of the name for good: when the
-// first refused it too (the claim went to the second for that), the domain fails;
-// otherwise the refusal is recorded and the domain waits for the first, uncharged.
+// refusedBySecond fails the domain when the first refused it too; else it waits for
+// the first, uncharged.
 func (w *Worker) refusedBySecond(o *order, log *zap.Logger, perm *issuing.PermanentError) (outcome string, handled bool) {
 	c := o.claim
 	if w.second == nil || !perm.Refused || w.caOf(c.Directory) != w.second {
@@ -148,36 +135,26 @@ func refusalCause(perm *issuing.PermanentError) string {
 	return issuing.RefusedByCA
 }
 
-// fallbackProfileError is the second CA's refusal of --acme-fallback-profile: the
-// operator's to fix. The order is charged like any failure (the first CA may issue
-// next time), and the error says which flag.
+// fallbackProfileError is the second CA's refusal of --acme-fallback-profile,
+// charged, naming the flag.
 func fallbackProfileError(pe *issuing.ProfileError) error {
 	return errors.New("the second CA does not offer --acme-fallback-profile: " + pe.Error())
 }
 
-// CAAFunc reads a name's CAA records and says which of the worker's CAs they allow,
-// by directory (allowed; nil allows every CA), and what they allow in words for
-// ssl_error (allows, e.g. "letsencrypt.org"). An error is the tenant's DNS failing
-// (SERVFAIL, a timeout): the attempt is charged like a failed preflight, and err's
-// message, which should start "caa: ", becomes ssl_error. It MUST be safe for
-// concurrent use.
+// CAAFunc reads a name's CAA records: the CAs they allow by directory (nil: all) and
+// in words. An error (the tenant's DNS failing, "caa: ...") is charged and becomes
+// ssl_error. It MUST be safe for concurrent use.
 type CAAFunc func(ctx context.Context, name string) (allowed issuing.Verdict, allows string, err error)
 
-// checkCAA applies the name's CAA records (cfg.CAA) to the claim before its order: a
-// CA they forbid is never asked (issuing.Decide). done reports that the claim was
-// settled here, with its outcome and retry time: handed back for the other CA at once
-// (caa_other_ca), or to wait for the first (caa_waits), or failed because the records
-// allow neither (caa_refused), or charged because they could not be read
-// (caa_failed). The CA they forbid is recorded as refusing the name
-// (ssl_ca_refused), which the next claim reads.
+// checkCAA applies the name's CAA records before the order (issuing.Decide), and
+// records a forbidden CA in ssl_ca_refused. done reports the claim settled here.
 func (w *Worker) checkCAA(ctx context.Context, o *order, log *zap.Logger, name string) (outcome string, retryIn time.Duration, done bool) {
 	if w.cfg.CAA == nil {
 		return "", 0, false
 	}
 	allowed, allows, err := w.cfg.CAA(ctx, name)
 	if err != nil && ctx.Err() != nil {
-		// Cut short by this instance (shutdown, the lease's deadline, the claim
-		// lost): nothing was learnt of the tenant's DNS, and nothing is charged.
+		// Cut short by this instance: nothing was learnt, nothing is charged.
 		log.Info("CAA look-up cut short; the claim is handed back uncharged", zap.Error(context.Cause(ctx)))
 		return w.handBack(o, log, false, "released"), 0, true
 	}
@@ -187,8 +164,7 @@ func (w *Worker) checkCAA(ctx context.Context, o *order, log *zap.Logger, name s
 	}
 	c := o.claim
 	if c.RefusedBy != "" && c.RefusedCause == issuing.RefusedByCAA && allowed.Allows(c.RefusedBy) {
-		// CAA caused the refusal, and now allows the CA: the refusal is forgotten, and
-		// the claim handed back for the next claim to route afresh.
+		// CAA caused the refusal and now allows the CA: forget it and route afresh.
 		err := w.record(o, log, "forget a refusal CAA no longer makes", func(ctx context.Context) error {
 			return w.q.ForgetRefused(ctx, c)
 		})

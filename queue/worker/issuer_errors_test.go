@@ -88,10 +88,9 @@ func TestWorker_ARateLimitIsHandedBackUnchargedAndPausesWhatItCovers(t *testing.
 }
 
 // A CA that cannot be reached is the CA's problem, not the domain's: the claim is
-// handed back uncharged, ordering from the CA is paused for every instance on the CA's
-// own backoff (2 s first), and when the pause ends the domain is ordered again, the CA
-// answers, and its unreachable state is cleared. Until now only the end-to-end tests
-// said so.
+// handed back uncharged, ordering from the CA is paused for every instance on the
+// CA's own backoff (2 s first), and when the pause ends the domain is ordered again,
+// the CA answers, and its unreachable state is cleared.
 func TestWorker_AnUnreachableCAIsPausedAndTheOrderHandedBackUncharged(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -21,7 +21,7 @@ import (
 // uncharged (pending, attempts and error untouched, claimable at once), the instance
 // logs the key id it lacks and claims nothing more, however often it is woken, and
 // Halted says why (/readyz 503). Another instance that holds the key issues both
-// domains. Guards against the review's finding: every due domain charged "not in
+// domains. Guards against every due domain being charged "not in
 // --key-encryption-key" until all had failed, by a worker that still reported ready.
 func TestWorker_AKeyErrorIsNotChargedAndStopsTheInstanceClaiming(t *testing.T) {
 	t.Parallel()

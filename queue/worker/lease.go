@@ -18,25 +18,16 @@ import (
 )
 
 // dbHealth is what the worker has seen of the database lately: whether it answered
-// its last statement, and since when it has answered them all.
-//
-// An answer is a round trip, not a step that succeeded: a statement the server
-// refused (a lock timeout on a row the proxy holds, a constraint, a statement cut off
-// by statement_timeout) was answered, and says nothing of an outage. Only a statement
-// that got no answer (the connection failed, the client gave up waiting) or an
-// answer that the server cannot serve now (shutting down, too many connections, a
-// standby) counts as the database being away. Counting every failed step made the
-// reclaim's gate one that any recurring failure, anywhere, kept shut: one step failing
-// more often than once a lease on every instance, and nobody reclaimed.
+// its last statement, and since when it has answered them all. A refusal (lock
+// timeout, constraint, statement_timeout) is an answer; only no answer, or "cannot
+// serve now", counts as away, so no recurring failure keeps the reclaim's gate shut.
 type dbHealth struct {
 	mu      sync.Mutex
 	down    bool
 	upSince time.Time
 	lastOK  time.Time
-	// silence is the longest gap between two successes that still counts as
-	// reaching the database all along: half a lease, where the heartbeat succeeds
-	// every third of one. A longer gap is an outage nobody saw fail: the process was
-	// paused (SIGSTOP, a VM frozen, a long GC pause) and made no statement to fail.
+	// silence is the longest gap between successes that still counts as reachable all
+	// along: half a lease. A longer one means the process was paused.
 	silence time.Duration
 }
 
@@ -55,8 +46,7 @@ func (h *dbHealth) ok() {
 	h.lastOK = now
 }
 
-// failed records a statement that failed with err: the database is away unless it
-// answered (answered).
+// failed records a failed statement: the database is away unless it answered.
 func (h *dbHealth) failed(err error) {
 	if answered(err) {
 		h.ok()
@@ -67,11 +57,8 @@ func (h *dbHealth) failed(err error) {
 	h.down = true
 }
 
-// answered reports whether err is the database's answer to a statement (a
-// *pgconn.PgError), other than one saying it cannot serve statements now: connection
-// exceptions (class 08), insufficient resources (53: too many connections, out of
-// memory or disk), operator intervention short of a cancel (57P: shutting down,
-// cannot connect now), and a standby's refusal to write (25006).
+// answered reports whether err is the database's answer (a *pgconn.PgError) other
+// than "cannot serve now": class 08, 53, 57P (short of a cancel), and 25006.
 func answered(err error) bool {
 	var pg *pgconn.PgError
 	if !errors.As(err, &pg) {
@@ -85,8 +72,7 @@ func answered(err error) bool {
 	return true
 }
 
-// upFor is how long statements have succeeded without a failure or a silence
-// between them (0 while the last one failed, or when none has succeeded lately).
+// upFor is how long statements have succeeded without a failure or a silence.
 func (h *dbHealth) upFor() time.Duration {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -96,12 +82,9 @@ func (h *dbHealth) upFor() time.Duration {
 	return time.Since(h.upSince)
 }
 
-// heartbeatLoop renews this instance's leases every third of a lease, on a timer of
-// its own and a database session of its own (heartbeatConn): a pass, however long
-// its statements take, and a pool however busy, never delay a renewal. An order
-// survives two missed renewals: its deadline is a lease, less the margin, from the
-// last renewal that succeeded. It runs until ctx ends, which is after the shutdown
-// has handed back what was left.
+// heartbeatLoop renews this instance's leases every third of a lease, on its own
+// timer and session (heartbeatConn), so no pass or busy pool delays a renewal. It
+// runs until ctx ends, after the shutdown.
 func (w *Worker) heartbeatLoop(ctx context.Context) {
 	t := time.NewTicker(w.cfg.Queue.Lease / 3)
 	defer t.Stop()
@@ -117,22 +100,17 @@ func (w *Worker) heartbeatLoop(ctx context.Context) {
 }
 
 // renewLeases renews the leases of the orders in flight, moves their deadlines, and
-// stops those whose claim is gone (fencing: another instance took the row, or an
-// operator did) or whose lease ran out before it could be renewed. With no order in
-// flight it still makes the round trip, which keeps dbHealth current for the
-// reclaim's rule.
+// stops those whose claim is gone or whose lease ran out. With no order it still
+// makes the round trip, for dbHealth.
 func (w *Worker) renewLeases(ctx context.Context) {
 	tokens := w.orders.tokens()
-	// Taken before the connection and the statement: the database stamps the lease
-	// with its clock at the statement's start, which is later.
+	// Taken before the statement: the database stamps the lease later.
 	sent := time.Now()
 	leases, err := w.hb.renew(ctx, w.cfg.Queue, tokens)
 	if err != nil {
 		w.health.failed(err)
 		w.m.heartbeatFailed()
-		// Orders keep running until their deadline, which this renewal did not
-		// move: a database that answers again in time costs them nothing, and one
-		// that does not stops them before any other instance can reclaim their rows.
+		// Orders stop at their deadline, before another instance can reclaim their rows.
 		w.logDBError("renew leases", err)
 		return
 	}
@@ -168,25 +146,15 @@ func (w *Worker) renewLeases(ctx context.Context) {
 	}
 }
 
-// confirmRetry is the pause between two tries of confirmClaim after a database error
-// or a row locked by another transaction: short, since the order waits on it, and a
-// failover's promotion is over within seconds.
+// confirmRetry is the pause between tries of confirmClaim: the order waits, and a
+// promotion is over within seconds.
 const confirmRetry = 250 * time.Millisecond
 
-// confirmClaim is the order's check just before its finalize (issuing.Request's
-// ConfirmClaim): the claim's lease renewed under its token on the database reached
-// now, with at least a third of the lease left on the database's clock once renewed,
-// and on the local deadline. The heartbeat alone would notice a claim that a failover
-// lost (a standby promoted before it received the claim, where the row is pending
-// again and another instance may be ordering it) only at its next renewal, up to a
-// third of a lease later, after the finalize had made the CA issue a second
-// certificate. One round trip per order.
-//
-// A database error or a locked row is tried again while the local deadline still
-// leaves a third of the lease (a failover in progress may end in time); after that
-// the error wraps issuing.ErrLeaseDeadline and the order hands the claim back,
-// uncharged, once the database answers. A claim the database no longer holds stops
-// the order as the heartbeat's fencing does: lost, nothing written.
+// confirmClaim implements issuing.Request's ConfirmClaim: the lease renewed under
+// the claim's token with a third of a lease left, on the database's clock and the
+// local deadline. An error or a locked row is tried again while the local deadline
+// allows; then the error wraps issuing.ErrLeaseDeadline. A lost claim stops the
+// order as lost.
 func (w *Worker) confirmClaim(ctx context.Context, o *order) error {
 	third := w.cfg.Queue.Lease / 3
 	log := w.log.With(issuing.LogDomain(o.claim.Domain, o.claim.ID, o.claim.TenantID))
@@ -195,8 +163,7 @@ func (w *Worker) confirmClaim(ctx context.Context, o *order) error {
 		if budget <= 0 {
 			return fmt.Errorf("the claim could not be confirmed before the finalize with a third of the lease left: %w", issuing.ErrLeaseDeadline)
 		}
-		// Taken before the statement, as the heartbeat's: the database stamps the
-		// lease later.
+		// Taken before the statement, as the heartbeat's.
 		sent := time.Now()
 		sctx, cancel := context.WithTimeout(ctx, min(budget, w.stepTimeout()))
 		left, err := w.q.ConfirmClaim(sctx, o.claim.Token)
@@ -224,8 +191,7 @@ func (w *Worker) confirmClaim(ctx context.Context, o *order) error {
 		if !errors.Is(err, issuing.ErrClaimBusy) {
 			w.health.failed(err)
 		}
-		// The first failure says so; the tries after it, every confirmRetry through
-		// an outage, are for debugging.
+		// The first failure is logged; retries are for debugging.
 		logTry := log.Debug
 		if try == 1 {
 			logTry = log.Info
@@ -241,22 +207,16 @@ func (w *Worker) confirmClaim(ctx context.Context, o *order) error {
 	}
 }
 
-// heartbeatConn is the heartbeat's own database session, outside the pool: passes,
-// orders' writes and the responder's look-ups share the pool, and when they fill it
-// (or a leak drains it) a renewal waiting for a connection would come too late, and
-// every order on the instance would stop at its deadline. Connected when first
-// needed and again once pgx has closed it. Every wait is bounded (renew), and the
-// server ends a statement the client gave up on after the same time
-// (statement_timeout). Only the heartbeat goroutine uses it.
+// heartbeatConn is the heartbeat's own session, outside the pool, so a renewal never
+// waits for a pooled connection. Reconnected once pgx has closed it; every wait is
+// bounded. Only the heartbeat uses it.
 type heartbeatConn struct {
 	cfg  *pgxpool.Config
 	conn *pgx.Conn
 }
 
-// renew runs queue.Heartbeat for tokens on the session: the statement within a third
-// of the lease, a connection first if need be within a lease. Connecting takes the
-// server an authentication, slow on a loaded server; started over at every renewal,
-// it might never finish, and renewals cannot happen without it anyway.
+// renew runs queue.Heartbeat for tokens within a third of a lease, connecting first
+// within a lease if need be (an authentication may be slow).
 func (h *heartbeatConn) renew(ctx context.Context, qcfg issuing.Config, tokens []string) (queue.Leases, error) {
 	if h.conn == nil || h.conn.IsClosed() {
 		cctx, cancel := context.WithTimeout(ctx, qcfg.Lease)
@@ -271,15 +231,12 @@ func (h *heartbeatConn) renew(ctx context.Context, qcfg issuing.Config, tokens [
 	defer cancel()
 	leases, err := queue.New(h.conn, qcfg).Heartbeat(sctx, tokens)
 	if h.conn.IsClosed() {
-		// pgx closes a session whose state it cannot be sure of (a statement cut
-		// off by its context, a broken socket); one that answered with an error is
-		// kept: connecting again costs the server an authentication.
+		// pgx closes a session it cannot be sure of; one that answered an error is kept.
 		h.conn = nil
 	}
 	return leases, err
 }
 
-// connect opens the session with the pool's configuration and session set-up.
 func (h *heartbeatConn) connect(ctx context.Context, timeout time.Duration) (*pgx.Conn, error) {
 	conn, err := queue.ConnectSession(ctx, h.cfg)
 	if err != nil {

@@ -12,21 +12,14 @@ import (
 )
 
 // admit asks the ledger about claims before their orders (when a limit is on) and
-// returns the ones that may go. A claim whose name no CA can issue for goes on without
-// the ledger: it is failed without an order. Refused claims are handed back and what
-// they hit is paused (queue.Admit).
-//
-// When the ledger cannot be asked, no claim goes, and ok is false: the fill stops
-// there rather than claim again into a ledger that does not answer (its lock held by
-// an instance cut off mid-transaction: every claim would be taken and handed back for
-// nothing). The claims are handed back by the next pass, as claims whose answer was
-// lost; and when the ledger's COMMIT may have gone through, their rows are settled as
-// not sent after that (settleNotSent), so that they do not count as orders in flight.
+// returns those that may go; refused ones are handed back (queue.Admit). When the
+// ledger cannot be asked, none goes and ok is false, so the fill stops; the next pass
+// hands them back and settleNotSent settles what the COMMIT may have written.
 func (w *Worker) admit(ctx context.Context, claims []issuing.Claim) (admitted []issuing.Claim, ok bool) {
 	if len(claims) == 0 {
 		return claims, true
 	}
-	// Each CA's ledger, with its own limits, for the claims the claim sent to it.
+	// Each CA's ledger, with its own limits.
 	ok = true
 	for _, at := range w.cas() {
 		var mine []issuing.Claim
@@ -45,7 +38,6 @@ func (w *Worker) admit(ctx context.Context, claims []issuing.Claim) (admitted []
 	return admitted, ok
 }
 
-// admitAt is admit for the claims that go to the CA at.
 func (w *Worker) admitAt(ctx context.Context, at *ca, claims []issuing.Claim) (admitted []issuing.Claim, ok bool) {
 	if !at.limits.Any() {
 		return claims, true
@@ -58,7 +50,7 @@ func (w *Worker) admitAt(ctx context.Context, at *ca, claims []issuing.Claim) (a
 			invalid = append(invalid, c)
 			continue
 		}
-		// A certificate of the other CA's is no renewal to this one (replacesPEM).
+		// Another CA's certificate is no renewal to this one (replacesPEM).
 		asks = append(asks, queue.Admission{Claim: c, Name: name,
 			RegisteredDomain: issuing.RegisteredDomain(name), Renewal: w.replacesPEM(c) != ""})
 	}
@@ -90,8 +82,8 @@ func (w *Worker) admitAt(ctx context.Context, at *ca, claims []issuing.Claim) (a
 	return append(invalid, admitted...), true
 }
 
-// readmit asks the CA's ledger again about claim c, admitted as a renewal, whose order
-// is about to go without "replaces" (queue.Queue.Readmit): as a new order.
+// readmit asks the CA's ledger again about renewal claim c, now to go without
+// "replaces": as a new order.
 func (w *Worker) readmit(ctx context.Context, at *ca, c issuing.Claim, name string) error {
 	rctx, cancel := w.step(ctx, true)
 	defer cancel()
@@ -99,25 +91,21 @@ func (w *Worker) readmit(ctx context.Context, at *ca, c issuing.Claim, name stri
 		RegisteredDomain: issuing.RegisteredDomain(name)})
 	var refused *issuing.LedgerRefusedError
 	if err != nil && !errors.As(err, &refused) {
-		// A ledger that cannot be asked lets nothing go; the claim is handed back,
-		// uncharged, as a refusal is.
+		// The claim goes back uncharged, as for a refusal.
 		w.logDBError("ask the ledger again about a renewal sent without replaces", err)
 		return &issuing.LedgerRefusedError{Reason: "ledger: could not be asked again about the order without replaces"}
 	}
 	return err
 }
 
-// notSent is a claim whose ledger row at a CA an Admit may have committed without its
-// answer arriving.
+// notSent is a claim whose Admit may have committed unseen.
 type notSent struct {
 	token string
 	at    *ca
 }
 
-// settleNotSent records as not sent the ledger rows of claims whose Admit may have
-// committed without its answer arriving (admit), once the pass has handed those
-// claims back: none of their orders was placed. What it cannot settle now it tries
-// at the next pass; SettleStaleLedger catches what an instance that stops leaves.
+// settleNotSent records as not sent the ledger rows of handed-back claims whose Admit
+// may have committed unseen; SettleStaleLedger catches what it misses.
 func (w *Worker) settleNotSent() {
 	for len(w.notSent) > 0 {
 		ctx, cancel := w.step(context.Background(), true)
@@ -141,19 +129,14 @@ func (w *Worker) settleLedger(o *order, r result) {
 	var outcome string
 	switch {
 	case r.issued:
-		// The CA issued, whatever became of the claim (lost, no longer acme, the
-		// write that stores it given up): the CA counts the certificate.
+		// The CA issued, whatever became of the claim: the CA counts it.
 		outcome = issuing.LedgerIssued
 	case r.outcome == "invalid", r.outcome == "unrecorded":
 		return // no ledger row, or nothing known
 	case r.outcome == "preflight_failed", r.outcome == "waiting_dns", r.outcome == "rate_limited", r.outcome == "key_error", r.outcome == "ledger_held", r.outcome == "already_replaced",
 		r.outcome == "profile_refused", r.outcome == "profile_halted",
 		strings.HasPrefix(r.outcome, "caa_"):
-		// Nothing the CA counts: the preflight sent nothing (nor did a name that
-		// waits for its DNS), nor did an order that
-		// the name's CAA records stopped (caa_*), nor one
-		// without its account key or under a profile the directory does not list,
-		// and Let's Encrypt refunds a new order it refused.
+		// Nothing the CA counts was sent, or Let's Encrypt refunds a refused new order.
 		outcome = issuing.LedgerNotSent
 	default:
 		outcome = issuing.LedgerFailed

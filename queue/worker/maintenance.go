@@ -11,19 +11,10 @@ import (
 	"github.com/certworker/certworker/queue/issuing"
 )
 
-// maintenanceLoop runs the steps that find work the wake-ups do not announce
-// (abandoned claims, renewals falling due) on a timer of its own, set for the next
-// time one of them has work and capped by the poll interval. It runs beside the loop,
-// so that a notification never waits behind them. Nothing in it waits on the CA: the
-// renewal-information reads have a goroutine of their own (renewalInfoLoop).
-//
-// The steps are the fleet's, not the instance's: one instance does them, the holder
-// of the maintenance duty (queue.TakeDuty), which it renews at each run; the others
-// look again when its lease would run out (a holder that died or lost the database),
-// at the poll interval at the latest. So a fleet at rest costs the database one
-// instance's maintenance, whatever its size. A run this instance asked for itself
-// (wantMaintenanceIn: the renewal time of a certificate it stored) marks renewals
-// even without the duty, as the holder may not know of that certificate yet.
+// maintenanceLoop runs the steps that find work no wake-up announces (abandoned
+// claims, renewals due) on its own timer, beside the loop. Only the holder of the
+// maintenance duty (queue.TakeDuty) runs them; a run this instance asked for itself
+// (wantMaintenanceIn) marks renewals even without it.
 func (w *Worker) maintenanceLoop(ctx context.Context) {
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -58,16 +49,12 @@ func (w *Worker) maintenanceLoop(ctx context.Context) {
 	}
 }
 
-// dutyTTL is the lease of the maintenance duty: a lease (60 s by default), so that
-// the claims of a holder that died are reclaimed as soon as theirs run out, the
-// duty's having run out by then too. The holder renews it at every run, at least
-// every half of it.
+// dutyTTL is the maintenance duty's lease, a claim's lease: a dead holder's duty
+// runs out with its claims.
 func (w *Worker) dutyTTL() time.Duration { return w.cfg.Queue.Lease }
 
-// maintenanceDuty takes or renews the maintenance duty, and says whether this
-// instance holds it, or else how long until the holder's lease runs out. A duty that
-// cannot be read counts as held: the steps then meet the same database, and an
-// instance doing them needlessly costs less than a fleet where none does.
+// maintenanceDuty takes or renews the maintenance duty: held, or how long until the
+// holder's lease runs out. An unreadable duty counts as held.
 func (w *Worker) maintenanceDuty(ctx context.Context) (held bool, left time.Duration) {
 	sctx, cancel := w.step(ctx, false)
 	defer cancel()
@@ -81,9 +68,6 @@ func (w *Worker) maintenanceDuty(ctx context.Context) (held bool, left time.Dura
 	return held, left
 }
 
-// releaseMaintenanceDuty hands the maintenance duty on when the loop stops (ctx
-// ended: a shutdown), so that another instance takes it at its next look instead of
-// when the lease runs out.
 func (w *Worker) releaseMaintenanceDuty(ctx context.Context) {
 	rctx, cancel := w.step(ctx, true)
 	defer cancel()
@@ -92,7 +76,6 @@ func (w *Worker) releaseMaintenanceDuty(ctx context.Context) {
 	}
 }
 
-// kickPass starts a pass, unless one is asked for already.
 func (w *Worker) kickPass() {
 	select {
 	case w.kick <- listener.SourceTimer:
@@ -100,8 +83,7 @@ func (w *Worker) kickPass() {
 	}
 }
 
-// wantMaintenanceIn asks for a maintenance run d from now (the renewal time of a
-// certificate just stored), unless one is due sooner.
+// wantMaintenanceIn asks for a maintenance run d from now, unless one is due sooner.
 func (w *Worker) wantMaintenanceIn(d time.Duration) {
 	want := time.Now().Add(d + timerSlack)
 	for {
@@ -120,9 +102,7 @@ func (w *Worker) wantMaintenanceIn(d time.Duration) {
 	}
 }
 
-// nextMaintenance is how long until the next maintenance run: the next renewal-side
-// work, or the next lease to run out, but not before the reclaim is allowed (see
-// reclaim), capped by the poll interval.
+// nextMaintenance is how long until the next maintenance run, capped by the poll.
 func (w *Worker) nextMaintenance(ctx context.Context) time.Duration {
 	sctx, cancel := w.step(ctx, false)
 	defer cancel()
@@ -143,9 +123,8 @@ func (w *Worker) nextMaintenance(ctx context.Context) time.Duration {
 	return max(d, 0) + timerSlack
 }
 
-// maintain runs the maintenance steps once, and starts a pass when one of them put a
-// domain back in the queue (the wake trigger announces it too, in notify mode; this
-// covers a wake source that is down).
+// maintain runs the maintenance steps once, and starts a pass when one of them
+// queued a domain.
 func (w *Worker) maintain(ctx context.Context) {
 	w.housekeeping(ctx)
 	w.settleStaleLedger(ctx)
@@ -160,19 +139,9 @@ func (w *Worker) maintain(ctx context.Context) {
 }
 
 // reclaim requeues domains whose claim was abandoned by an instance that died, with
-// the attempt counted.
-//
-// Not before the database has answered this instance for a full lease (dbHealth: an
-// answer, not a step that succeeded, so that no failing step elsewhere keeps the
-// gate shut as long as the database answers). Safety no longer rests on this wait: an instance that cannot renew a lease
-// stops its order at its own deadline, before the lease runs out, so a reclaim never
-// races a live order. The wait keeps an outage that every instance shares from being
-// charged: after one longer than the lease, every lease has run out, yet the
-// instances are alive and hand their stopped orders back, uncharged, as soon as they
-// reach the database; a reclaim cannot tell such an order from a crash and would
-// count an attempt. Waiting a lease gives them that time (their hand-backs retry
-// every 2 s at most). An instance cut off alone gets no such grace: the others have
-// been up all along and reclaim once its leases run out.
+// the attempt counted, once the database has answered this instance for a full lease
+// (dbHealth). Safety does not rest on this wait; it keeps a shared outage from being
+// charged: live instances hand their stopped orders back uncharged first.
 func (w *Worker) reclaim(ctx context.Context) int {
 	if up := w.health.upFor(); up < w.cfg.Queue.Lease {
 		w.log.Debug("reclaim waits for the database to have been up a full lease", zap.Duration("up_for", up))
@@ -197,11 +166,8 @@ func (w *Worker) reclaim(ctx context.Context) int {
 	return len(reclaimed)
 }
 
-// markRenewals puts certificates due for renewal back in the queue, and promotes
-// renewals that waited until they became urgent. A certificate row it cannot use (an
-// odd row the proxy's years left behind) is logged and counted once, and its domain
-// ordered afresh; the pass goes on with the others. Each part runs whatever became
-// of the other.
+// markRenewals queues certificates due for renewal and promotes urgent renewals; a
+// certificate row it cannot use is logged once and its domain ordered afresh.
 func (w *Worker) markRenewals(ctx context.Context) int {
 	rctx, cancel := w.step(ctx, false)
 	defer cancel()
@@ -227,8 +193,7 @@ func (w *Worker) markRenewals(ctx context.Context) int {
 	return int(pass.Marked + promoted)
 }
 
-// badRows logs and counts rows a step could not use. Each comes back from the queue
-// once (the step marks it), so each is logged once, not on every pass.
+// badRows logs and counts rows a step could not use, each once.
 func (w *Worker) badRows(msg string, bad []issuing.BadRow) {
 	for _, b := range bad {
 		w.m.badRow()
@@ -237,13 +202,11 @@ func (w *Worker) badRows(msg string, bad []issuing.BadRow) {
 }
 
 // staleLedgerMargin is what an order may take beyond --order-timeout before the
-// ledger stops waiting for its end: the order is cancelled at its timeout, and its
-// result and its settle are a few steps, each a quarter lease, retried.
+// ledger stops waiting for its end.
 func (w *Worker) staleLedgerMargin() time.Duration { return w.cfg.Queue.Lease }
 
-// settleStaleLedger records as unknown the ledger's orders still pending after the
-// longest an order can live (--order-timeout and a margin), which their instance will
-// never settle (queue.SettleStaleLedger).
+// settleStaleLedger records as unknown the ledger's orders pending past the longest
+// an order can live (queue.SettleStaleLedger).
 func (w *Worker) settleStaleLedger(ctx context.Context) {
 	for _, at := range w.cas() {
 		if !at.limits.Any() {
@@ -264,17 +227,12 @@ func (w *Worker) settleStaleLedger(ctx context.Context) {
 	}
 }
 
-// housekeepingEvery is how often the steps that read whole tables run (a second or
-// two at a million domains): finding domains that differ only in case or stuck at the
-// attempt limit, certificates of another profile than their domain's, and pruning
-// what the worker keeps. None is urgent: the claim fails a case twin that lost its name
-// itself (housekeeping finds those it does not read: active ones, held ones), never
-// takes a row at the limit, certworker_set_profile queues a changed profile's replacement itself,
-// and what is pruned only takes space.
+// housekeepingEvery is how often the steps that read whole tables run: none is
+// urgent.
 const housekeepingEvery = 10 * time.Minute
 
-// housekeeping applies the case twins' rule (queue/twins.go), fails domains stuck at or above the attempt
-// limit, and prunes what the worker keeps, once every housekeepingEvery.
+// housekeeping applies the case twins' rule, fails domains stuck at the attempt
+// limit, and prunes, once every housekeepingEvery.
 func (w *Worker) housekeeping(ctx context.Context) {
 	if time.Since(w.lastHousekeeping) < housekeepingEvery {
 		return
@@ -315,9 +273,7 @@ func (w *Worker) housekeeping(ctx context.Context) {
 	}
 }
 
-// requeueProfileChanges queues the replacement of certificates issued under another
-// profile than their domain's that certworker_set_profile did not queue: a profile
-// written without it, or set while an order was running.
+// requeueProfileChanges queues the replacements certworker_set_profile did not.
 func (w *Worker) requeueProfileChanges(ctx context.Context) {
 	changed, err := w.q.RequeueProfileChanges(ctx)
 	if err != nil {

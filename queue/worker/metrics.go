@@ -7,9 +7,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// metrics are the loop's Prometheus metrics. Without a Registerer they are still
-// created and updated, just never exported: one code path, nothing to nil-check.
-// Their label values are bounded sets (sources, outcomes), never domains.
+// metrics are the loop's Prometheus metrics, created even without a Registerer so
+// there is one code path. Label values are bounded sets, never domains.
 type metrics struct {
 	wakeups       *prometheus.CounterVec
 	claims        *prometheus.CounterVec
@@ -21,8 +20,7 @@ type metrics struct {
 	heartbeats    prometheus.Counter
 	badRows       prometheus.Counter
 	renewalReads  *prometheus.CounterVec
-	// The second CA's: orders by CA, why domains went to the second, and whether it
-	// is unreachable.
+	// The second CA's.
 	caOrders            *prometheus.CounterVec
 	fallbacks           *prometheus.CounterVec
 	secondCAUnreachable prometheus.Gauge
@@ -110,8 +108,6 @@ func (m *metrics) outcome(outcome string, d time.Duration) {
 
 func (m *metrics) setInflight(n int) { m.inflight.Set(float64(n)) }
 
-// setCAUnreachable sets the unreachable gauge of the CA labelled label ("primary",
-// "fallback").
 func (m *metrics) setCAUnreachable(label string, down bool) {
 	v := 0.0
 	if down {
@@ -124,10 +120,8 @@ func (m *metrics) setCAUnreachable(label string, down bool) {
 	m.caUnreachable.Set(v)
 }
 
-// caOrder counts a finished order at the CA labelled label.
 func (m *metrics) caOrder(label, outcome string) { m.caOrders.WithLabelValues(label, outcome).Inc() }
 
-// fallback counts an order sent to the second CA, by cause.
 func (m *metrics) fallback(cause string) { m.fallbacks.WithLabelValues(cause).Inc() }
 
 func (m *metrics) heartbeatFailed() { m.heartbeats.Inc() }

@@ -23,21 +23,17 @@ var (
 	errLeaseDeadline = fmt.Errorf("lease not renewed in time: %w", issuing.ErrLeaseDeadline)
 )
 
-// order is one claim being worked on.
 type order struct {
 	claim   issuing.Claim
 	source  string
 	started time.Time
 	cancel  context.CancelCauseFunc
-	// deadline is the claim's local lease deadline: the heartbeat moves it, the
-	// issuer sends the CA nothing after it, and the order's context ends then.
+	// deadline is the claim's local lease deadline, moved by the heartbeat.
 	deadline *issuing.Deadline
-	// lost is set by the heartbeat when the claim is no longer held; a write that
-	// finishes the order stops retrying then.
+	// lost is set by the heartbeat when the claim is gone; finishing writes stop then.
 	lost atomic.Bool
 }
 
-// result is what an order hands back to the loop.
 type result struct {
 	token   string
 	outcome string
@@ -45,13 +41,11 @@ type result struct {
 	retryIn time.Duration
 	// authzFailed: the order failed because its authorization did (for the ledger).
 	authzFailed bool
-	// issued: the CA issued a certificate, whether or not it could be stored (for
-	// the ledger, which counts what the CA counts).
+	// issued: the CA issued a certificate, stored or not (the ledger counts it).
 	issued bool
 }
 
-// orderSet is the orders in flight, by claim token. The loop adds and removes; the
-// heartbeat reads.
+// orderSet is the orders in flight, by token: the loop writes, the heartbeat reads.
 type orderSet struct {
 	mu sync.Mutex
 	m  map[string]*order
@@ -116,8 +110,8 @@ func (s *orderSet) all() []*order {
 	return out
 }
 
-// start runs the order for a claim in a goroutine of its own. sent is when the claim
-// statement was sent: the claim's lease deadline runs from it.
+// start runs the order for a claim in its own goroutine; its lease deadline runs
+// from sent.
 func (w *Worker) start(ctx context.Context, c issuing.Claim, source string, sent time.Time) {
 	o := &order{claim: c, source: source, started: time.Now(), deadline: issuing.NewDeadline(sent, w.cfg.Queue.Lease)}
 	// Orders are not cancelled by the shutdown signal itself: they get the grace.
@@ -141,9 +135,7 @@ func (w *Worker) start(ctx context.Context, c issuing.Claim, source string, sent
 	}
 	w.log.Info("order started", fields...)
 	go func() {
-		// The order also ends at its lease deadline. The issuer checks the deadline
-		// before every request as well (issuing.Issuer): this is what ends the waits
-		// between requests.
+		// This ends the waits between the issuer's requests.
 		dctx, stopDeadline := o.deadline.Bound(octx)
 		r := w.runOrder(dctx, o)
 		stopDeadline()
@@ -155,8 +147,8 @@ func (w *Worker) start(ctx context.Context, c issuing.Claim, source string, sent
 	}()
 }
 
-// runOrder checks the name, places the order under --order-timeout, and records what
-// came of it.
+// runOrder checks the name, places the order under --order-timeout, and records
+// the outcome.
 func (w *Worker) runOrder(ctx context.Context, o *order) result {
 	c := o.claim
 	log := w.log.With(issuing.LogDomain(c.Domain, c.ID, c.TenantID))
@@ -177,8 +169,7 @@ func (w *Worker) runOrder(ctx context.Context, o *order) result {
 	if at := w.caOf(c.Directory); at == w.first {
 		cert, err = w.issueUnderProfile(octx, o, log, name)
 	} else {
-		// The second CA orders under --acme-fallback-profile, its issuer's own: a
-		// domain's ssl_profile is the first CA's.
+		// The second CA orders under its own --acme-fallback-profile.
 		cert, err = w.issue(octx, o, name, "")
 		var pe *issuing.ProfileError
 		if errors.As(err, &pe) {
@@ -199,10 +190,8 @@ func (w *Worker) runOrder(ctx context.Context, o *order) result {
 			zap.Int("attempt", max(c.Attempts, 0)+1))
 		res.outcome = "lost"
 	case errors.Is(cause, issuing.ErrLeaseDeadline), errors.Is(err, issuing.ErrLeaseDeadline):
-		// Another instance may have reclaimed the row by now: this one cannot tell
-		// (its database is away, or it was paused), and sends the CA nothing more.
-		// The claim goes back uncharged if it is still ours once the database
-		// answers; if it was reclaimed meanwhile, the reclaim counted the attempt.
+		// Another instance may have reclaimed the row; the claim goes back uncharged if
+		// still ours.
 		log.Warn("order stopped at its lease deadline: the lease could not be renewed in time; nothing more is sent to the CA, and the claim is handed back uncharged once the database answers",
 			zap.Error(err), zap.Int("attempt", max(c.Attempts, 0)+1))
 		res.outcome = w.handBack(o, log, false, "lease_deadline")
@@ -219,8 +208,8 @@ func (w *Worker) runOrder(ctx context.Context, o *order) result {
 	return res
 }
 
-// issue calls the issuer, turning a panic into an error: nothing about the CA, however
-// it misbehaves, may crash the worker or leave a domain in provisioning.
+// issue calls the issuer, turning a panic into an error, so no CA can crash the
+// worker or leave a domain in provisioning.
 func (w *Worker) issue(ctx context.Context, o *order, name, profile string) (cert *issuing.Certificate, err error) {
 	c := o.claim
 	defer func() {
@@ -241,8 +230,7 @@ func (w *Worker) issue(ctx context.Context, o *order, name, profile string) (cer
 	if err == nil && cert != nil {
 		cert.Directory = at.directory
 		if at != w.first {
-			// A certificate of the second CA is never replaced for its profile: it
-			// records none (a certificate with no recorded profile matches any).
+			// A second CA's certificate records no profile, so it is never replaced for one.
 			cert.Profile = ""
 		}
 	}
@@ -252,7 +240,6 @@ func (w *Worker) issue(ctx context.Context, o *order, name, profile string) (cer
 	return cert, err
 }
 
-// store records a certificate.
 func (w *Worker) store(o *order, log *zap.Logger, cert *issuing.Certificate) string {
 	var renewIn time.Duration
 	err := w.record(o, log, "store certificate", func(ctx context.Context) (err error) {
@@ -270,12 +257,10 @@ func (w *Worker) store(o *order, log *zap.Logger, cert *issuing.Certificate) str
 }
 
 // unstorableReason is the ssl_error recorded when the database refused the failure's
-// own text (unstorableError): the domain is charged all the same, and the operator
-// finds the CA's words in the log.
+// own text; the log has the CA's words.
 const unstorableReason = "the order failed, and its error could not be recorded as it was (the database refused its text); the details are in certworker's log"
 
-// fail charges a failure to the domain. A reason the database refuses (a deterministic
-// error: record) is replaced, once, by unstorableReason.
+// fail charges a failure to the domain (recordOr).
 func (w *Worker) fail(o *order, log *zap.Logger, reason, outcome string) (string, time.Duration) {
 	var f issuing.Failure
 	err := w.recordOr(o, log, "record failure", reason, func(ctx context.Context, reason string) (err error) {
@@ -308,7 +293,6 @@ func (w *Worker) failForGood(o *order, log *zap.Logger, reason, outcome string) 
 	return outcome
 }
 
-// handBack returns the claim uncharged.
 func (w *Worker) handBack(o *order, log *zap.Logger, quiet bool, outcome string) string {
 	err := w.record(o, log, "hand back", func(ctx context.Context) error {
 		return w.q.Release(ctx, o.claim, quiet)
@@ -319,10 +303,7 @@ func (w *Worker) handBack(o *order, log *zap.Logger, quiet bool, outcome string)
 	return outcome
 }
 
-// notRecorded turns a write that did not happen into the order's outcome: the claim
-// lost to another instance, a domain switched away from acme mid-order (its claim is
-// dropped and whatever the tenant uploaded stays), or a write that gave up at
-// shutdown.
+// notRecorded turns a write that did not happen into the order's outcome.
 func (w *Worker) notRecorded(o *order, log *zap.Logger, err error) (string, bool) {
 	switch {
 	case err == nil:
@@ -343,10 +324,8 @@ func (w *Worker) notRecorded(o *order, log *zap.Logger, err error) (string, bool
 	return "unrecorded", true
 }
 
-// recordOr is record for a write of reason as the domain's ssl_error: when the
-// database refuses the write as it is (unstorableError), it is made once more with
-// unstorableReason. If that fails too, the error is returned, and the order ends
-// unrecorded (its slot freed; its lease runs out and the reclaim charges the attempt).
+// recordOr is record for a write of reason as ssl_error, made once more with
+// unstorableReason if the database refuses it; failing that, the reclaim charges it.
 func (w *Worker) recordOr(o *order, log *zap.Logger, what, reason string, write func(context.Context, string) error) error {
 	err := w.record(o, log, what, func(ctx context.Context) error { return write(ctx, reason) })
 	var unstorable *unstorableError
@@ -356,30 +335,22 @@ func (w *Worker) recordOr(o *order, log *zap.Logger, what, reason string, write 
 	return w.record(o, log, what+" (generic reason)", func(ctx context.Context) error { return write(ctx, unstorableReason) })
 }
 
-// unstorableError is a write that finishes an order which the database refused
-// deterministically (record).
+// unstorableError is a finishing write the database refused deterministically.
 type unstorableError struct{ err error }
 
 func (e *unstorableError) Error() string { return "result not recordable: " + e.err.Error() }
 func (e *unstorableError) Unwrap() error { return e.err }
 
-// deterministic reports whether err is the database refusing a statement for what it
-// holds, which the same statement meets every time: a data exception (class 22: a
-// NUL, invalid UTF-8, a character the encoding lacks, a value out of range) or an
-// integrity constraint violation (class 23). Anything else (a lock timeout, a lost
-// connection, a failover, a serialization failure) may pass on a retry.
+// deterministic reports whether the database refused err's statement for what it
+// holds, every time: class 22 (data) or 23 (integrity).
 func deterministic(err error) bool {
 	var pg *pgconn.PgError
 	return errors.As(err, &pg) && (strings.HasPrefix(pg.Code, "22") || strings.HasPrefix(pg.Code, "23"))
 }
 
-// record runs a write that finishes an order until it succeeds, the claim is found
-// lost (by the write itself or by the heartbeat), or the shutdown stops waiting. It
-// keeps retrying through an outage of any length: every write is made under the
-// claim's token, so once the database answers it lands if the claim is still this
-// instance's (nobody reclaimed the row meanwhile), and is refused if not. A write the
-// database refuses deterministically (deterministic) is not retried: the error is an
-// *unstorableError.
+// record runs a finishing write until it succeeds, the claim is lost, or the
+// shutdown stops waiting, through an outage of any length: the token fences it. A
+// deterministic refusal is not retried (*unstorableError).
 func (w *Worker) record(o *order, log *zap.Logger, what string, write func(context.Context) error) error {
 	delay := 200 * time.Millisecond
 	for {
@@ -396,8 +367,7 @@ func (w *Worker) record(o *order, log *zap.Logger, what string, write func(conte
 		case o.lost.Load():
 			return errLost
 		case deterministic(err):
-			// The same write fails the same way every time: retrying it would hold the
-			// slot, and the lease the heartbeat keeps renewing, for ever.
+			// Retrying would hold the slot, and the lease, for ever.
 			w.health.ok()
 			log.Error("could not record the result: the database refuses it as it is; not retried",
 				zap.String("step", what), zap.Error(err))

@@ -21,9 +21,7 @@ const orderStoppedAtDeadline = "order stopped at its lease deadline: the lease c
 // refused) while an order waits on the CA stops that order by its lease deadline,
 // within a lease of the cut: the wait on the CA ends and there is no finalize. Once
 // it reaches the database again, and nobody has reclaimed the row, it hands the
-// claim back uncharged, and the domain is ordered again and issued. The order used to
-// run on through the cut (a failed heartbeat was ignored) while its lease ran out
-// under it, and the heartbeat renewed the expired lease afterwards (issue #17).
+// claim back uncharged, and the domain is ordered again and issued.
 func TestWorker_AnOrderCutOffFromTheDatabaseStopsAtItsDeadlineAndIsHandedBackUncharged(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -62,8 +60,7 @@ func TestWorker_AnOrderCutOffFromTheDatabaseStopsAtItsDeadlineAndIsHandedBackUnc
 // The heartbeat has a session of its own, outside the pool: with every connection of
 // the instance's pool held by other work for longer than two leases, its lease is
 // still renewed, its order runs to the end, and a second instance, up long enough to
-// reclaim, does not take the domain. The heartbeat used to wait for a pool
-// connection, the lease ran out, and the second instance ordered the domain again.
+// reclaim, does not take the domain.
 func TestWorker_LeasesAreRenewedWhileThePoolIsExhausted(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -9,17 +9,11 @@ import (
 	"go.uber.org/zap"
 )
 
-// A domain's ACME profile: its ssl_profile, or the
-// issuer's --acme-profile when NULL. When the CA does not offer the domain's own
-// profile (its directory does not list it, or it answers invalidProfile), that is
-// the tenant's to fix: a domain without a certificate fails at once, and one with a
-// certificate keeps it and renews under the certificate's profile. When it does not
-// offer --acme-profile, that is the operator's: the instance stops claiming, as for a
-// key it cannot open. ssl_profile_refused remembers a refusal, so that nothing is
-// tried, and refused, on every pass.
+// A domain's ACME profile: its ssl_profile, or --acme-profile when NULL. A CA that
+// does not offer the domain's own is the tenant's to fix (queue.RefuseProfile); one
+// that does not offer --acme-profile is the operator's (profileHalt).
 
-// profileLister is implemented by an issuer that can say which profiles its CA offers
-// (acme.Issuer): the worker names them in ssl_error.
+// profileLister is implemented by an issuer that can list its CA's profiles.
 type profileLister interface {
 	Profiles(ctx context.Context) ([]string, error)
 }
@@ -30,11 +24,8 @@ type errProfileSettled struct{ outcome string }
 func (e *errProfileSettled) Error() string { return "order settled over its profile: " + e.outcome }
 
 // issueUnderProfile places the claim's order under the profile the domain should
-// have, and deals with a CA that does not offer it. It returns the certificate, the
-// issuer's error for the caller to classify, or an *errProfileSettled once a refusal
-// is recorded. At most three orders are asked of the issuer, and only the first can
-// reach the CA with a profile it does not list (the issuer checks its directory
-// before sending): the domain's own profile, its certificate's, --acme-profile.
+// have, handling a CA that does not offer it: the certificate, the issuer's error, or
+// an *errProfileSettled. At most three orders: own profile, certificate's, default.
 func (w *Worker) issueUnderProfile(ctx context.Context, o *order, log *zap.Logger, name string) (*issuing.Certificate, error) {
 	c := &o.claim
 	profile, own := "", false
@@ -72,8 +63,7 @@ func (w *Worker) issueUnderProfile(ctx context.Context, o *order, log *zap.Logge
 			}
 			profile, own = c.CertProfile, false
 		case profile != "":
-			// The certificate's profile is gone from the CA: --acme-profile is
-			// what the domain renews under then.
+			// The certificate's profile is gone from the CA: renew under --acme-profile.
 			log.Info("the CA no longer offers the certificate's profile; renewing under --acme-profile",
 				zap.String("profile", profile), zap.String("error", pe.Error()))
 			profile = ""
@@ -83,10 +73,8 @@ func (w *Worker) issueUnderProfile(ctx context.Context, o *order, log *zap.Logge
 	}
 }
 
-// refuseProfile records that the CA does not offer the domain's own profile (cause
-// says why) and reports whether the order goes on under the certificate's profile
-// (a renewal is due); otherwise the domain has failed, or gone back to 'active' with
-// its certificate, and outcome is the order's.
+// refuseProfile records the refusal of the domain's own profile and reports whether
+// the order goes on under the certificate's; otherwise outcome is the order's.
 func (w *Worker) refuseProfile(ctx context.Context, o *order, log *zap.Logger, cause error) (renew bool, outcome string) {
 	c := &o.claim
 	base := issuing.ProfilePrefix + cause.Error()
@@ -115,9 +103,8 @@ func (w *Worker) refuseProfile(ctx context.Context, o *order, log *zap.Logger, c
 	return false, "profile_refused"
 }
 
-// keptNotice is what ssl_error says of a domain that keeps its certificate because
-// the CA does not offer its own profile. A refusal that does not list what the CA
-// offers is completed from the issuer's directory, when it can say.
+// keptNotice is ssl_error's note for a domain renewed under its certificate's
+// profile, naming what the CA offers when known.
 func (w *Worker) keptNotice(ctx context.Context, c *issuing.Claim, cause error) string {
 	var pe *issuing.ProfileError
 	if errors.As(cause, &pe) && pe.Offered == nil {
@@ -137,11 +124,8 @@ func (w *Worker) keptNotice(ctx context.Context, c *issuing.Claim, cause error) 
 		issuing.ProfilePrefix, cause, under)
 }
 
-// profileHalt hands the claim back uncharged and stops this instance claiming: the
-// CA does not offer --acme-profile, which fails every domain without a profile of its
-// own alike, and is the operator's to fix (run checks it at start; this is a CA that
-// could not be asked then, or that dropped the profile since). Like a key the
-// instance cannot open, /readyz answers 503 until it is restarted.
+// profileHalt hands the claim back uncharged and stops this instance claiming until
+// a restart (Halted): --acme-profile is not offered, the operator's to fix.
 func (w *Worker) profileHalt(o *order, log *zap.Logger, pe *issuing.ProfileError) string {
 	if w.profileErr.CompareAndSwap(nil, pe) {
 		w.log.Error("the CA does not offer --acme-profile: this instance claims nothing more and reports not ready until restarted with a profile the CA offers; nothing is charged",

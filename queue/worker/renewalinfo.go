@@ -13,35 +13,21 @@ import (
 )
 
 const (
-	// renewalInfoConcurrency bounds the renewal-information reads one instance has
-	// in flight. One instance must be able to keep up with the default budget of 50
-	// a second (a million certificates at a six-hour Retry-After) alone: at the
-	// 100 to 300 ms an answer takes, 16 in flight make 50 to 160 a second.
+	// renewalInfoConcurrency bounds one instance's reads in flight: enough to keep up
+	// with the default budget alone.
 	renewalInfoConcurrency = 16
-	// renewalInfoTimeout bounds one read. An answer is a few hundred bytes that the
-	// CA serves from a cache; a CA that takes longer is in trouble, and the
-	// certificate is asked about again an hour later.
+	// renewalInfoTimeout bounds one read; a slower CA is asked again an hour later.
 	renewalInfoTimeout = 10 * time.Second
-	// renewalInfoBusy is how soon the reads look again when the certificates due
-	// were all claimed by other instances (or locked by the proxy's writes).
+	// renewalInfoBusy is how soon the reads look again when every due read was taken.
 	renewalInfoBusy = time.Second
-	// renewalInfoOutage is how long the reads rest after a whole batch failed (the
-	// CA down, or not answering in time): the failed certificates are asked about
-	// again in an hour, and the next batch would only fail the same way.
+	// renewalInfoOutage is how long the reads rest after a whole batch failed.
 	renewalInfoOutage = time.Minute
 )
 
-// renewalInfoLoop asks the CA again, at the Retry-After it gave, for the renewal
-// window of every stored certificate while it is valid (RFC 9773): a window the CA
-// moved earlier, as it does for a certificate it means to revoke, moves the renewal
-// earlier. It runs in a goroutine of its own, so that a CA that answers slowly or
-// not at all delays nothing else (the maintenance's reclaim waited behind a hundred
-// of these reads, 30 s each, before). The instances share the reads: each one's read
-// is claimed before the CA is asked (queue.ClaimRenewalInfo), and every read takes a
-// token of the fleet's budget first (--ari-requests-per-second).
-//
-// With a second CA, a certificate is asked about at the CA that issued it
-// (informerFor); the fleet's budget is the first CA's, shared.
+// renewalInfoLoop asks the CA again, at its Retry-After, for the renewal window of
+// every valid stored certificate (RFC 9773), so a window moved earlier moves the
+// renewal. Its own goroutine, so a slow CA delays nothing else. Each read is claimed
+// (queue.ClaimRenewalInfo) and takes a token of the fleet's budget first.
 func (w *Worker) renewalInfoLoop(ctx context.Context) {
 	ri, ok := w.cfg.Issuer.(issuing.RenewalInformer)
 	if !ok {
@@ -59,9 +45,7 @@ func (w *Worker) renewalInfoLoop(ctx context.Context) {
 	}
 }
 
-// readRenewalInfo reads what is due, a batch at a time, and returns how long until
-// it should look again: when the next read falls due, when the budget has a batch
-// for it, or at the poll interval.
+// readRenewalInfo reads what is due, batch by batch, and says when to look again.
 func (w *Worker) readRenewalInfo(ctx context.Context, ri issuing.RenewalInformer) time.Duration {
 	for ctx.Err() == nil {
 		sctx, cancel := w.step(ctx, false)
@@ -84,8 +68,8 @@ func (w *Worker) readRenewalInfo(ctx context.Context, ri issuing.RenewalInformer
 	return 0
 }
 
-// readRenewalInfoBatch takes tokens, claims as many reads, asks the CA, and records
-// the answers. done says to stop for wait; otherwise the next batch may follow.
+// readRenewalInfoBatch takes tokens, claims as many reads, asks, and records; done
+// says to stop for wait.
 func (w *Worker) readRenewalInfoBatch(ctx context.Context, ri issuing.RenewalInformer) (wait time.Duration, done bool) {
 	rate := w.cfg.RenewalInfoPerSecond
 	sctx, cancel := w.step(ctx, false)
@@ -129,10 +113,8 @@ func (w *Worker) readRenewalInfoBatch(ctx context.Context, ri issuing.RenewalInf
 	return 0, false
 }
 
-// askRenewalInfoBatch asks the CA about every certificate of batch at once (the
-// batch is no larger than renewalInfoConcurrency) and records each answer. It
-// returns how many questions the CA did not answer (unreachable, 5xx, no answer in
-// time).
+// askRenewalInfoBatch asks about every certificate of batch at once and records the
+// answers, returning how many went unanswered.
 func (w *Worker) askRenewalInfoBatch(ctx context.Context, ri issuing.RenewalInformer, batch []queue.RenewalInfoCandidate) int {
 	var (
 		wg          sync.WaitGroup
@@ -166,8 +148,7 @@ const (
 	readUnavailable = "unavailable" // no answer: unreachable, 5xx, or not in time
 )
 
-// askRenewalInfo asks the CA for c's window and works out what it changes, judged by
-// the database's time at the claim (c.Now), and says how the read went.
+// askRenewalInfo asks the CA for c's window and works out what it changes.
 func (w *Worker) askRenewalInfo(ctx context.Context, ri issuing.RenewalInformer, c queue.RenewalInfoCandidate) (issuing.RenewalInfo, string) {
 	qctx, cancel := context.WithTimeout(ctx, renewalInfoTimeout)
 	win, err := ri.RenewalInfo(qctx, c.ChainPEM)
@@ -187,9 +168,7 @@ func (w *Worker) askRenewalInfo(ctx context.Context, ri issuing.RenewalInformer,
 		return issuing.RenewalInfo{NextIn: retry}, readRefused
 	}
 	info := issuing.RenewalInfo{WindowStart: win.Start, WindowEnd: win.End, NextIn: issuing.RenewalInfoIn(win.RetryAfter)}
-	// Only a window that moved earlier than the renewal time changes it: a renewal
-	// time inside the window is the one drawn when the certificate was stored, and
-	// drawing again at every question would only ever pull it earlier.
+	// Only a window moved earlier than the renewal time changes it.
 	if c.RenewAt.Before(win.End) {
 		return info, readWindow
 	}
@@ -203,8 +182,8 @@ func (w *Worker) askRenewalInfo(ctx context.Context, ri issuing.RenewalInformer,
 	return info, readWindow
 }
 
-// recordRenewalInfo writes what the CA said of c, and when it moved the renewal
-// earlier, says so and has the maintenance look at the new renewal time.
+// recordRenewalInfo writes what the CA said of c, and on an earlier renewal has the
+// maintenance look at it.
 func (w *Worker) recordRenewalInfo(ctx context.Context, c queue.RenewalInfoCandidate, info issuing.RenewalInfo) {
 	sctx, cancel := w.step(ctx, false)
 	renewIn, err := w.q.RecordRenewalInfo(sctx, c, info)
@@ -227,9 +206,8 @@ func (w *Worker) recordRenewalInfo(ctx context.Context, c queue.RenewalInfoCandi
 	w.wantMaintenanceIn(renewIn)
 }
 
-// informerFor is the renewal-information source for a certificate the CA at directory
-// issued ("" for not recorded: the first): the second CA's issuer for its
-// certificates, when it offers renewal information; first otherwise.
+// informerFor is the renewal-information source for a certificate the CA at
+// directory issued.
 func (w *Worker) informerFor(directory string, first issuing.RenewalInformer) issuing.RenewalInformer {
 	if at := w.caOf(directory); at != w.first {
 		if ri, ok := at.issuer.(issuing.RenewalInformer); ok {

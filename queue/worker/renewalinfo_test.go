@@ -14,10 +14,9 @@ import (
 const nextMaintenanceMarker = "min(ssl_renew_by)"
 
 // A certificate whose renewal information is due but whose domain is not active (it
-// failed; its renewal is under way) does not keep the maintenance awake. The
-// maintenance's timer took the earliest ari_next_at of every row, and the reads
-// skipped such a row, so the timer was due at once, every 5 ms, for as long as the
-// domain stayed failed: thousands of statements a minute for nothing.
+// failed; its renewal is under way) does not keep the maintenance awake: were it left
+// due, the timer would fire at once, again and again, for as long as the domain
+// stayed failed.
 func TestWorker_ADueReadOfAFailedDomainDoesNotKeepTheMaintenanceAwake(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

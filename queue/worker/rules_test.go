@@ -24,9 +24,7 @@ func (validationFailure) Error() string {
 func (validationFailure) AuthorizationFailed() bool { return true }
 
 // A validation failure at the first CA is the domain's, not the CA's: it is charged,
-// and retried at the first CA, never at the second ("a validation
-// failure never moves a domain to the other CA"). Until now only the end-to-end tests
-// said so.
+// and retried at the first CA, never at the second.
 func TestWorker_AValidationFailureIsNeverRetriedAtTheSecondCA(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -45,8 +43,7 @@ func TestWorker_AValidationFailureIsNeverRetriedAtTheSecondCA(t *testing.T) {
 }
 
 // A domain without a certificate whose own profile the CA does not offer fails at
-// once, charged one attempt, with nothing retried. Until now only the
-// end-to-end tests said so.
+// once, charged one attempt, with nothing retried.
 func TestWorker_AnUnofferedProfileFailsAFirstIssuanceAtOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -10,14 +10,12 @@ import (
 )
 
 // cancelGrace is how long orders cancelled at the end of the shutdown grace get to
-// hand themselves back (the issuer must return promptly once cancelled) before the
-// shutdown hands their claims back itself and drops their late results.
+// hand themselves back before the shutdown does it and drops their late results.
 const cancelGrace = 10 * time.Second
 
-// shutdown runs after the loop has stopped claiming: it waits for the orders in flight
-// up to the grace, cancels the rest, which hand their claims back, and finally hands
-// back from here whatever this instance still holds, the claims it does not track
-// included. Nothing is left in 'provisioning'.
+// shutdown runs after the loop has stopped claiming: it waits for the orders in
+// flight up to the grace, cancels the rest, and hands back whatever this instance
+// still holds. Nothing is left in 'provisioning'.
 func (w *Worker) shutdown() {
 	if n := w.orders.len(); n > 0 {
 		w.log.Info("stopping: waiting for orders in flight", zap.Int("orders", n),
@@ -33,10 +31,8 @@ func (w *Worker) shutdown() {
 	}
 	close(w.hard)
 	for _, o := range w.orders.all() {
-		// The order may still be running (an issuer that does not return when
-		// cancelled): from now on it sends the CA nothing, so that no deactivation of
-		// its authorizations follows the hand-back, when another instance may already
-		// be ordering the name on the same account.
+		// The order may still be running: from now on it sends the CA nothing, so no
+		// deactivation follows the hand-back.
 		o.deadline.Expire()
 		ctx, cancel := w.step(context.Background(), true)
 		if err := w.q.Release(ctx, o.claim, false); err != nil && !errors.Is(err, issuing.ErrClaimLost) {
@@ -51,7 +47,6 @@ func (w *Worker) shutdown() {
 	w.m.setInflight(0)
 }
 
-// waitForOrders takes results until no order is in flight or d has passed.
 func (w *Worker) waitForOrders(d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()

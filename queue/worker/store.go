@@ -8,9 +8,8 @@ import (
 	"github.com/certworker/certworker/queue/issuing"
 )
 
-// Store is what the loop needs of the database, grouped by the loop's steps. The
-// store (package queue) implements it. Every method is safe for concurrent use,
-// honours ctx, and writes under the claim's token where it takes a claim.
+// Store is what the loop needs of the database (package queue implements it). Every
+// method is safe for concurrent use and writes under the claim's token.
 type Store interface {
 	Claims
 	Results
@@ -54,8 +53,7 @@ type Waits interface {
 	ReturnRetried(ctx context.Context, limit int) (int64, error)
 }
 
-// Ledger admits orders against the CA's limits, and keeps the CA's pauses and the
-// fleet's renewal-information budget.
+// Ledger admits orders against the CA's limits, and keeps its pauses and budget.
 type Ledger interface {
 	Admit(ctx context.Context, directory string, limits issuing.Limits, as []queue.Admission) (admitted []issuing.Claim, refused []queue.Refusal, err error)
 	Readmit(ctx context.Context, directory string, limits issuing.Limits, a queue.Admission) error

@@ -165,9 +165,8 @@ func TestWorker_AnInstanceCutOffHoldingTheLedgersLockDoesNotStopTheOthers(t *tes
 
 // A failed Admit ends the fill: the ledger's lock is held elsewhere for longer than
 // the step, and the instance, with two slots and four domains due, holds no more than
-// two claims at any time, handing them back before it claims again. It claimed again
-// at once after a failed Admit (the claim had been "full"), taking every due row and
-// handing it back unordered, over and over.
+// two claims at any time, handing them back before it claims again, rather than take
+// every due row and hand it back unordered, over and over.
 func TestWorker_AFailedAdmitEndsTheFill(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -76,8 +76,8 @@ func TestWorker_AHeldRowComesBackWhileNotificationsKeepComing(t *testing.T) {
 
 // When Start returns, the worker's pool holds all its connections, each with the
 // claim prepared and planned by the warm-up (queue.Queue.WarmUp), so the first
-// tenants' verifies are not claimed on sessions that plan the claim cold (15 ms the
-// first time, 3 ms each of the next four). The claims the worker ran on them were
+// tenants' verifies are not claimed on sessions that plan the claim cold
+// (docs/internals.md, The wake path and held rows). The claims the worker ran on them were
 // run on the plan the warm-up settled on: no connection planned the claim more than
 // the warm-up's five times. Without the warm-up, a connection that has not claimed
 // yet has no claim statement, and one that has planned it at each of its first five

@@ -25,20 +25,16 @@ import (
 // ErrStarted is returned by Start on a worker that has been started before.
 var ErrStarted = errors.New("worker: already started")
 
-// Worker claims due domains and runs their orders. It is driven by wake-ups (its wake
-// source's, its own timer's and the poll's); the claim query decides what is due.
+// Worker claims due domains and runs their orders, driven by wake-ups.
 type Worker struct {
 	cfg   Config
 	q     Store
 	log   *zap.Logger
 	m     *metrics
 	waker listener.Waker
-	// topics is the listening connection of the topics in --wake logical mode, where
-	// the wake-ups come from a replication stream; nil otherwise (the waker carries
-	// them) or without topics.
+	// topics is the topics' own listening connection under --wake logical, or nil.
 	topics *listener.Listener
-	// owner is what this instance writes into ssl_claimed_by: cfg.Owner and a random
-	// suffix, unique to this worker, which ReleaseUntracked relies on.
+	// owner is cfg.Owner and a random suffix, unique to this worker (ReleaseUntracked).
 	owner string
 
 	orders  *orderSet      // in flight; the loop adds, the heartbeat reads
@@ -49,21 +45,15 @@ type Worker struct {
 	health  dbHealth
 	// first is the CA at cfg.Directory; second is cfg.Fallback's, or nil.
 	first, second *ca
-	// keyErr is set by the first order that found a stored key this instance cannot
-	// open (issuing.KeyError); from then on it claims nothing and is not ready, until it
-	// is restarted with the key.
+	// keyErr is set by the first order that found a stored key it cannot open (Halted).
 	keyErr atomic.Pointer[issuing.KeyError]
-	// profileErr is set by the first order that found the CA does not offer
-	// --acme-profile; like keyErr, it stops the instance claiming until restarted.
+	// profileErr is set when the CA does not offer --acme-profile; like keyErr.
 	profileErr atomic.Pointer[issuing.ProfileError]
-	// lastHousekeeping is when the maintenance last ran its housekeeping; only the
-	// maintenance goroutine touches it.
+	// lastHousekeeping is only the maintenance goroutine's.
 	lastHousekeeping time.Time
-	// hard is closed when the shutdown stops waiting for results: a write that
-	// finishes an order gives up retrying then.
+	// hard is closed when the shutdown stops waiting: finishing writes stop retrying.
 	hard chan struct{}
-	// notSent are the claim tokens whose ledger rows an Admit may have committed
-	// without its answer arriving; only the loop touches it (settleNotSent).
+	// notSent are claims whose Admit may have committed unseen (settleNotSent).
 	notSent []notSent
 
 	loopState
@@ -110,8 +100,7 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.Wake == issuing.WakeLogical {
 		w.waker = listener.NewLogical(cfg.Pool, cfg.Log, opts)
 		if len(cfg.Topics) > 0 {
-			// The logical waker's metrics are the listener's: the topics' connection
-			// exports none of its own.
+			// The topics' connection exports no metrics of its own.
 			topicOpts := opts
 			topicOpts.Registerer, topicOpts.Replication = nil, nil
 			w.topics = listener.New(cfg.Pool, cfg.Log, topicOpts)
@@ -126,10 +115,8 @@ func New(cfg Config) (*Worker, error) {
 }
 
 // Start connects the wake source and returns its error (then nothing is left
-// running), records the fleet's settings, and runs the worker in the background until
-// ctx ends. Then it stops claiming, gives orders in flight the shutdown grace, hands
-// back what is still running, and stops the wake source; Wait returns once all that is
-// done.
+// running), records the fleet's settings, and runs the worker until ctx ends, then
+// shuts down (grace, hand-back, wake source); Wait returns once done.
 func (w *Worker) Start(ctx context.Context) error {
 	err := ErrStarted
 	w.startOnce.Do(func() { err = w.launch(ctx) })
@@ -149,10 +136,8 @@ func (w *Worker) launch(ctx context.Context) error {
 			return fmt.Errorf("listen for %s: %w", strings.Join(slices.Sorted(maps.Keys(w.cfg.Topics)), ", "), err)
 		}
 	}
-	// Recorded once the wake source is up, so that a --wake logical that cannot start
-	// does not silence the trigger for the instances still on notify; and before the
-	// first pass, which the wake source's start-up wake-up triggers, so that pass
-	// covers every change the old mode signalled and this one might not.
+	// After the wake source is up, so a --wake logical that cannot start does not
+	// silence the trigger for others; before the first pass, which covers the switch.
 	if err := w.recordSettings(ctx); err != nil {
 		w.stopListening()
 		close(w.done)
@@ -165,18 +150,9 @@ func (w *Worker) launch(ctx context.Context) error {
 	return nil
 }
 
-// warmPool has the pool open the connections the worker may use at once (its orders,
-// the loop and its helpers; at most the pool's MaxConns) before the wake source
-// starts, and lets them go idle. A pool set up with queue.WorkerSessionFor warms each
-// connection up as it makes it (queue.Queue.WarmUp), some 90 ms of planning each,
-// which would otherwise be paid by whichever step first needed one more connection,
-// the claim of the first tenants' verifies among them. The pool does not keep them
-// for ever: one it closes (after pgx's MaxConnLifetime, an hour by default, or a
-// failed ping) is made again, and warmed, by the step that needs it. The pool's
-// MinConns would have it make them again in the background, but during a failover
-// that background work holds the pool's slots while it waits on the dead primary,
-// and /readyz's own connection waits behind it. Best effort: a connection it cannot
-// make now is made later, when it is needed, as before.
+// warmPool has the pool open and warm the connections the worker may use at once
+// before the wake source starts, off the path of the first verifies. Not MinConns:
+// its background connects hold the pool's slots during a failover. Best effort.
 func (w *Worker) warmPool(ctx context.Context) {
 	// The loop, the maintenance, the renewal-information reads and the DNS waits.
 	const warmHelpers = 4
@@ -198,10 +174,8 @@ func (w *Worker) warmPool(ctx context.Context) {
 	}
 }
 
-// Wait blocks until the worker has stopped, and returns nil: database errors are
-// logged and never end it, since a worker that exits on a hiccup would silently stop
-// issuing certificates, the failure this service exists to remove. After a failed
-// Start it returns at once.
+// Wait blocks until the worker has stopped, and returns nil: database errors never
+// end it, since a worker that exits on a hiccup silently stops issuing.
 func (w *Worker) Wait() error {
 	<-w.done
 	return w.err
@@ -218,9 +192,8 @@ func (w *Worker) Run(ctx context.Context) error {
 // Ready reports whether the wake source holds a live connection (/readyz).
 func (w *Worker) Ready() bool { return w.waker.Connected() }
 
-// Halted is the error that stopped this instance claiming, or nil: /readyz answers
-// 503 with it. A *issuing.KeyError for a stored key it cannot open; a
-// *ProfileHalt when the CA does not offer --acme-profile.
+// Halted is the error that stopped this instance claiming (*issuing.KeyError or
+// *ProfileHalt), or nil; /readyz answers 503 with it.
 func (w *Worker) Halted() error {
 	if ke := w.keyErr.Load(); ke != nil {
 		return ke
@@ -239,18 +212,15 @@ func (e *ProfileHalt) Error() string {
 }
 func (e *ProfileHalt) Unwrap() error { return e.Err }
 
-// halted reports whether the instance has stopped claiming (Halted).
 func (w *Worker) halted() bool { return w.keyErr.Load() != nil || w.profileErr.Load() != nil }
 
 // Owner is the name this instance claims under (ssl_claimed_by).
 func (w *Worker) Owner() string { return w.owner }
 
-// run is the worker's life: its helpers, the loop, and the shutdown.
 func (w *Worker) run(ctx context.Context) {
 	defer close(w.done)
 	defer w.stopListening()
-	// The heartbeat outlives the loop: orders finishing inside the shutdown grace
-	// keep their leases. Maintenance and the renewal-information reads stop with the loop.
+	// The heartbeat outlives the loop, for orders finishing in the shutdown grace.
 	hbCtx, stopHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
 	var helpers sync.WaitGroup
 	helpers.Go(func() { w.heartbeatLoop(hbCtx) })
@@ -290,12 +260,11 @@ func (w *Worker) loop(ctx context.Context) {
 }
 
 // stepTimeout bounds one database statement of the loop, the heartbeat or the
-// maintenance. A statement that hangs (a database that stopped answering without
-// closing the connection) must give up well inside a lease.
+// maintenance, so a hung statement gives up well inside a lease.
 func (w *Worker) stepTimeout() time.Duration { return w.cfg.Queue.Lease / 4 }
 
-// step is a context for one statement: it ends after stepTimeout, and not before
-// ctx's end only if the step must finish whatever happens (noCancel).
+// step is a context for one statement, ending after stepTimeout; noCancel detaches
+// it from ctx's end.
 func (w *Worker) step(ctx context.Context, noCancel bool) (context.Context, context.CancelFunc) {
 	if noCancel {
 		ctx = context.WithoutCancel(ctx)
@@ -311,8 +280,8 @@ func (w *Worker) logDBError(step string, err error) {
 	w.log.Warn("database step failed; will try again", zap.String("step", step), zap.Error(err))
 }
 
-// recordSettings writes this instance's wake mode and fleet settings and says so when
-// that changes them for every instance.
+// recordSettings writes this instance's wake mode and fleet settings, logging a
+// change.
 func (w *Worker) recordSettings(ctx context.Context) error {
 	ctx, cancel := w.step(ctx, false)
 	defer cancel()
@@ -349,14 +318,12 @@ func settingsFields(s queue.FleetSettings) map[string]string {
 	}
 }
 
-// listenAll adds topics to l.
 func listenAll(l *listener.Listener, topics map[string]listener.Topic) {
 	for channel, t := range topics {
 		l.Listen(channel, t)
 	}
 }
 
-// stopListening stops the wake source and the topics' connection.
 func (w *Worker) stopListening() {
 	w.waker.Stop()
 	if w.topics != nil {

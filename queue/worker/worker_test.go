@@ -188,10 +188,8 @@ func TestWorker_AClaimAfterAFinishedOrderIsARefill(t *testing.T) {
 // A wake-up's pass that finds a domain due now but cannot claim it looks once more
 // 5 ms later, before the idle retries (50 ms, doubling). The row may not be visible
 // to its snapshot yet: the logical stream announces a commit a moment before a new
-// snapshot sees it, and a claim once waited 55 ms for that. Here the row is locked
-// by another transaction instead, which the claim skips the same way. Once the lock
-// is gone the domain is claimed, once. Guards against a stream wake-up whose change
-// is not visible costing the idle retry's 50 ms or more.
+// snapshot sees it. Here the row is locked by another transaction instead, which the
+// claim skips the same way. Once the lock is gone the domain is claimed, once.
 func TestWorker_AWakeUpThatFindsNothingClaimableLooksAgainSoon(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
