@@ -165,3 +165,26 @@ func TestCLI_MigrateOfAnOlderReleaseChangesNothing(t *testing.T) {
 	require.Equal(t, exitOK, code, stderr)
 	require.Contains(t, stdout, "nothing changed; run `certworker migrate` of release "+next.Version+" or newer")
 }
+
+// `run` starts on the schema the next release's migrate left (a new column, a new
+// trigger on proxy_domains, a new body of a function its claim calls), says so, and
+// issues from Pebble under the workers' least-privilege role: the old instances of a
+// rolling deploy keep working and restarting after the new release's migrate, and a
+// rollback needs nothing in the database. Guards against a schema check that refuses
+// the next release's schema, as one did that required the binary's exact migrations.
+func TestRun_IssuesOnTheNextReleasesSchema(t *testing.T) {
+	t.Parallel()
+	bin := buildCertworker(t)
+	adminDSN := pgtest.NewDB(t)
+	next := releasetest.Next(t)
+	db, err := sql.Open("pgx", adminDSN)
+	require.NoError(t, err)
+	defer db.Close()
+	_, err = migrations.Up(context.Background(), db, migrations.Options{Release: &next})
+	require.NoError(t, err)
+	logs := issueThroughBinary(t, bin, adminDSN, leastPrivilegeRole(t, adminDSN), "notify")
+	require.Contains(t, logs, `"msg":"the database schema was migrated by another release, which serves this one","release":"`+certworker.Version()+`","schema_release":"`+next.Version+`"`)
+	var seen string
+	require.NoError(t, db.QueryRow(`SELECT `+releasetest.Column+` FROM proxy_domains WHERE ssl_status = 'active'`).Scan(&seen))
+	require.Equal(t, "provisioning,active", seen, "the next release's trigger did not see run's writes")
+}
