@@ -146,12 +146,7 @@ WHERE pid <> pg_backend_pid() AND query ILIKE '%CREATE INDEX CONCURRENTLY%' AND 
 func TestCLI_MigrateOfAnOlderReleaseChangesNothing(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.NewDB(t)
-	next := releasetest.Next(t)
-	db, err := sql.Open("pgx", dsn)
-	require.NoError(t, err)
-	defer db.Close()
-	_, err = migrations.Up(context.Background(), db, migrations.Options{Release: &next})
-	require.NoError(t, err)
+	db, next := migrateToNext(t, dsn)
 
 	code, stdout, stderr := invoke(t, "migrate", "--database-url", dsn)
 	require.Equal(t, exitOK, code, stderr)
@@ -176,15 +171,23 @@ func TestRun_IssuesOnTheNextReleasesSchema(t *testing.T) {
 	t.Parallel()
 	bin := buildCertworker(t)
 	adminDSN := pgtest.NewDB(t)
-	next := releasetest.Next(t)
-	db, err := sql.Open("pgx", adminDSN)
-	require.NoError(t, err)
-	defer db.Close()
-	_, err = migrations.Up(context.Background(), db, migrations.Options{Release: &next})
-	require.NoError(t, err)
+	db, next := migrateToNext(t, adminDSN)
 	logs := issueThroughBinary(t, bin, adminDSN, leastPrivilegeRole(t, adminDSN), "notify")
 	require.Contains(t, logs, `"msg":"the database schema was migrated by another release, which serves this one","release":"`+certworker.Version()+`","schema_release":"`+next.Version+`"`)
 	var seen string
 	require.NoError(t, db.QueryRow(`SELECT `+releasetest.Column+` FROM proxy_domains WHERE ssl_status = 'active'`).Scan(&seen))
 	require.Equal(t, "provisioning,active", seen, "the next release's trigger did not see run's writes")
+}
+
+// migrateToNext migrates dsn to a synthetic next release (internal/releasetest) and
+// returns a handle on it, closed when the test ends, and the release.
+func migrateToNext(t *testing.T, dsn string) (*sql.DB, migrations.Release) {
+	t.Helper()
+	next := releasetest.Next(t)
+	db, err := sql.Open("pgx", dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
+	_, err = migrations.Up(context.Background(), db, migrations.Options{Release: &next})
+	require.NoError(t, err)
+	return db, next
 }
