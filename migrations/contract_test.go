@@ -13,9 +13,8 @@ import (
 	"github.com/certworker/certworker/migrations"
 )
 
-// firstWindowed is the first numbered migration of a release with the compatibility
-// window (docs/upgrading.md): the ones before it were written when every binary
-// required the exact schema of its own release, and are left as they are.
+// firstWindowed is the first numbered migration the compatibility window
+// (docs/upgrading.md) applies to; the ones before it are not checked.
 const firstWindowed = 26
 
 // Markers of the contract step: what a release removes of what the release before
