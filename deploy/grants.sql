@@ -114,10 +114,11 @@ GRANT SELECT, INSERT, UPDATE ON certworker_ari_buckets TO :"role";
 -- The fleet's duties (migration 00022): one lease row per duty, taken, renewed and
 -- handed on by the instance that does the fleet's maintenance or reads its statistics.
 GRANT SELECT, INSERT, UPDATE, DELETE ON certworker_fleet_duties TO :"role";
--- `run` refuses to start on a schema that is behind or ahead of it, and on functions
--- that are not the ones it was built with.
+-- `run` refuses to start on a schema that is behind it or past its window, and on
+-- functions that are not the ones it was built with or the next release's.
 GRANT SELECT ON goose_db_version TO :"role";
 GRANT SELECT ON certworker_functions TO :"role";
+GRANT SELECT ON certworker_release TO :"role";
 
 -- The proxy's role (optional: psql -v proxy_role=NAME, as the owner, after migrate).
 -- The proxy owns its tables and may do with its own columns what it always did, but

@@ -468,3 +468,39 @@ func TestCompose_WritesTheKeyFileForItsReaderOnly(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, keys, 1)
 }
+
+// The migrate Job is named after the release, from kustomization.yaml's version label
+// (VERSION): applying the next release's manifests creates a Job of its own, where a
+// Job of one name would be refused (its template cannot change) until deleted by
+// hand. Rendered by kubectl where installed. Guards against an upgrade that needs a
+// hand step before `kubectl apply -k`.
+func TestKubernetes_TheMigrateJobIsNamedAfterTheRelease(t *testing.T) {
+	t.Parallel()
+	k := docs(t, "kubernetes/kustomization.yaml")[0]
+	var version string
+	for _, l := range k.get("labels").list() {
+		if v := l.get("pairs", "app.kubernetes.io/version").str(); v != "" {
+			version = v
+		}
+	}
+	require.Equal(t, certworker.Version(), version, "kustomization.yaml labels the release with VERSION")
+	r := k.get("replacements", 0)
+	require.Equal(t, "metadata.labels.[app.kubernetes.io/version]", r.get("source", "fieldPath").str())
+	require.Equal(t, "Job", r.get("targets", 0, "select", "kind").str())
+	require.Equal(t, "metadata.name", r.get("targets", 0, "fieldPaths", 0).str())
+
+	kubectl, err := exec.LookPath("kubectl")
+	if err != nil {
+		t.Skip("kubectl is not installed: the manifests are not rendered")
+	}
+	out, err := exec.Command(kubectl, "kustomize", "kubernetes").Output()
+	require.NoError(t, err)
+	var jobs []string
+	for _, d := range decodeAll(t, out) {
+		if d.get("kind").str() == "Job" {
+			jobs = append(jobs, d.get("metadata", "name").str())
+			require.Equal(t, "certworker:"+certworker.Version(), d.get("spec", "template", "spec", "containers", 0, "image").str())
+		}
+	}
+	require.Equal(t, []string{"certworker-migrate-" + certworker.Version()}, jobs)
+}

@@ -13,7 +13,7 @@ import (
 )
 
 // BehindError: the database lacks migrations this binary has. `certworker migrate`
-// applies them.
+// of this binary's release applies them.
 type BehindError struct {
 	// Version is the newest migration the database has (0 for none).
 	Version int64
@@ -21,16 +21,18 @@ type BehindError struct {
 	Want int64
 	// Missing are the migrations the database lacks.
 	Missing []int64
+	// Release is this binary's release.
+	Release string
 }
 
 func (e *BehindError) Error() string {
-	return fmt.Sprintf("the database schema is behind this binary (it lacks migration %s; this binary's newest is %d): run `certworker migrate` first",
-		joinVersions(e.Missing), e.Want)
+	return fmt.Sprintf("the database schema is behind this binary (it lacks migration %s; this binary's newest is %d): run `certworker migrate` of release %s first",
+		joinVersions(e.Missing), e.Want, e.Release)
 }
 
-// AheadError: the database has migrations this binary does not know, applied by a
-// newer certworker (during a rolling deploy, say). This binary would work with rules
-// it does not know, so it does not start.
+// AheadError: the database has migrations this binary does not know, and no record
+// of the release that applied them that says it serves this binary's. This binary
+// would work with rules it does not know, so it does not start.
 type AheadError struct {
 	// Version is the newest migration the database has.
 	Version int64
@@ -53,14 +55,17 @@ func joinVersions(vs []int64) string {
 	return strings.Join(s, ", ")
 }
 
-// Check compares the database's schema version with this binary's migrations, and
-// the functions its migrate recorded with this binary's (functions.go): nil when they
-// match, a *BehindError, an *AheadError or a *FunctionsError when they do not, and any
-// other error when the version cannot be read. It only reads: unlike goose's HasPending, it
-// does not create goose's version table on a database that has never been migrated
-// (that is a BehindError).
-func Check(ctx context.Context, db *sql.DB) error {
-	embedded, err := embeddedVersions()
+// CheckRelease compares the database's schema with release rel: its migrations, the
+// functions its migrate recorded (functions.go), and the release certworker_release
+// records (release.go). Nil when rel may run on it: the schema is rel's, or that of a
+// newer release that still serves rel. Otherwise a *BehindError or a *FunctionsError
+// (older than rel: run rel's migrate), a *WindowError (a newer release that no longer
+// serves rel), an *AheadError or an ahead *FunctionsError (newer, with no record of a
+// release serving rel), and any other error when the schema cannot be read. It only
+// reads: unlike goose's HasPending, it does not create goose's version table on a
+// database that has never been migrated (that is a BehindError).
+func CheckRelease(ctx context.Context, db *sql.DB, rel Release) error {
+	embedded, err := embeddedVersions(rel.fsys())
 	if err != nil {
 		return err
 	}
@@ -85,18 +90,26 @@ func Check(ctx context.Context, db *sql.DB) error {
 		}
 		return slices.Max(vs)
 	}
-	if len(unknown) > 0 {
+	if len(missing) > 0 {
+		return &BehindError{Version: newest(applied), Want: newest(embedded), Missing: missing, Release: rel.Version}
+	}
+	rec, err := ReadRelease(ctx, db)
+	if err != nil {
+		return err
+	}
+	if rec != nil && newerThan(rec.ServesFrom, rel.Version) {
+		return &WindowError{Database: rec.Release, ServesFrom: rec.ServesFrom, Binary: rel.Version}
+	}
+	newer := rec != nil && newerThan(rec.Release, rel.Version)
+	if len(unknown) > 0 && !newer {
 		return &AheadError{Version: newest(applied), Known: newest(embedded), Unknown: unknown}
 	}
-	if len(missing) > 0 {
-		return &BehindError{Version: newest(applied), Want: newest(embedded), Missing: missing}
-	}
-	return checkFunctions(ctx, db)
+	return checkFunctions(ctx, db, rel.fsys(), newer)
 }
 
-// embeddedVersions are the versions of the embedded migrations, ascending.
-func embeddedVersions() ([]int64, error) {
-	files, err := fs.Glob(FS, "*.sql")
+// embeddedVersions are the versions of the numbered migrations of fsys, ascending.
+func embeddedVersions(fsys fs.FS) ([]int64, error) {
+	files, err := fs.Glob(fsys, "*.sql")
 	if err != nil {
 		return nil, fmt.Errorf("list migrations: %w", err)
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/certworker/certworker"
 	"github.com/certworker/certworker/internal/pgtest"
 	"github.com/certworker/certworker/migrations"
 )
@@ -25,7 +26,7 @@ func TestCheck_ANeverMigratedDatabaseIsBehind(t *testing.T) {
 	require.ErrorAs(t, err, &behind)
 	require.Zero(t, behind.Version)
 	require.Equal(t, []int64{1, 2, 3, 4, 5, 6}, behind.Missing[:6])
-	require.Contains(t, err.Error(), "run `certworker migrate` first")
+	require.Contains(t, err.Error(), "run `certworker migrate` of release "+certworker.Version()+" first")
 	require.Equal(t, []string{""}, lines(t, url, `SELECT COALESCE(to_regclass('goose_db_version')::text, '')`))
 }
 

@@ -5,7 +5,8 @@
 // one-time data moves, and a change is a new file. The current definition of every
 // certworker function is in functions/NAME.sql instead, applied after them on every
 // migrate when it differs from the catalogue's (functions.go, docs/database-functions.md). Every change is additive, because the proxy reads and writes the same tables and is deployed on its own
-// schedule. Every file is online-safe and idempotent, because Up runs a migration
+// schedule, and because the previous release's binary runs on the schema too (the
+// compatibility window, release.go): a removal waits a release, in a contract step. Every file is online-safe and idempotent, because Up runs a migration
 // again from its first statement when one gave up waiting for a lock, and because a
 // migrate that was interrupted is finished by the next: `-- +goose NO TRANSACTION`
 // where a statement must run outside a transaction (CREATE INDEX CONCURRENTLY),

@@ -67,24 +67,25 @@ type functionSet struct {
 // createFunctionRE finds the function a file defines.
 var createFunctionRE = regexp.MustCompile(`(?im)^\s*CREATE\s+OR\s+REPLACE\s+FUNCTION\s+(?:public\.)?([a-z_][a-z0-9_]*)\s*\(`)
 
-// embeddedFunctions reads the embedded function files and functions.sum, and checks
+// embeddedFunctions reads the function files and functions.sum of fsys (a release's
+// migrations, FS for this binary's), and checks
 // that they agree: one CREATE OR REPLACE FUNCTION per file, of the function the file
 // is named after, and each file's hash as functions.sum has it. A file changed without
 // its line in functions.sum is refused (TestFunctions_SumIsCurrent says what to
 // write), since the generation would not tell binaries apart.
-func embeddedFunctions() (functionSet, error) {
+func embeddedFunctions(fsys fs.FS) (functionSet, error) {
 	var set functionSet
-	names, err := fs.Glob(FS, "functions/*.sql")
+	names, err := fs.Glob(fsys, "functions/*.sql")
 	if err != nil {
 		return set, fmt.Errorf("list functions: %w", err)
 	}
-	sums, gen, err := readFunctionsSum()
+	sums, gen, err := readFunctionsSum(fsys)
 	if err != nil {
 		return set, err
 	}
 	set.Generation = gen
 	for _, p := range names {
-		b, err := fs.ReadFile(FS, p)
+		b, err := fs.ReadFile(fsys, p)
 		if err != nil {
 			return set, fmt.Errorf("read %s: %w", p, err)
 		}
@@ -114,8 +115,8 @@ func fileSum(b []byte) string {
 
 // readFunctionsSum parses functions.sum: "generation N", then "NAME SHA256" lines;
 // blank lines and lines starting with # are comments.
-func readFunctionsSum() (map[string]string, int, error) {
-	b, err := fs.ReadFile(FS, functionsSum)
+func readFunctionsSum(fsys fs.FS) (map[string]string, int, error) {
+	b, err := fs.ReadFile(fsys, functionsSum)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read %s: %w", functionsSum, err)
 	}
@@ -206,7 +207,12 @@ func newestGeneration(recorded map[string]recordedFunction) int {
 // each function it replaced, and calls notice when it leaves the functions of a
 // database that a newer binary migrated alone.
 func applyFunctions(ctx context.Context, guard *sql.Conn, notice func(string)) ([]Result, error) {
-	set, err := embeddedFunctions()
+	return applyFunctionsOf(ctx, guard, FS, notice)
+}
+
+// applyFunctionsOf is applyFunctions with the function files of fsys.
+func applyFunctionsOf(ctx context.Context, guard *sql.Conn, fsys fs.FS, notice func(string)) ([]Result, error) {
+	set, err := embeddedFunctions(fsys)
 	if err != nil {
 		return nil, err
 	}
@@ -308,10 +314,13 @@ func (e *FunctionsError) Error() string {
 		e.Function, e.Generation, e.Want)
 }
 
-// checkFunctions compares what certworker_functions records with the embedded files:
-// nil when every function is this binary's, a *FunctionsError when one is not.
-func checkFunctions(ctx context.Context, db *sql.DB) error {
-	set, err := embeddedFunctions()
+// checkFunctions compares what certworker_functions records with the files of fsys:
+// nil when every function is this binary's, a *FunctionsError when one is not. With
+// newer (a database the next release migrated, within this binary's window), a
+// newer generation's bodies are accepted: that release keeps what this one relies on.
+// A function of this binary's that the database lacks never is.
+func checkFunctions(ctx context.Context, db *sql.DB, fsys fs.FS, newer bool) error {
+	set, err := embeddedFunctions(fsys)
 	if err != nil {
 		return err
 	}
@@ -320,10 +329,15 @@ func checkFunctions(ctx context.Context, db *sql.DB) error {
 		return err
 	}
 	newest := newestGeneration(recorded)
+	newer = newer && newest > set.Generation
 	for _, f := range set.Files {
-		if r, ok := recorded[f.Name]; !ok || r.Sum != f.Sum {
+		r, ok := recorded[f.Name]
+		if !ok || (r.Sum != f.Sum && !newer) {
 			return &FunctionsError{Function: f.Name, Generation: newest, Want: set.Generation}
 		}
+	}
+	if newer {
+		return nil
 	}
 	if newest > set.Generation {
 		return &FunctionsError{Generation: newest, Want: set.Generation}

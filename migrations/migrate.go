@@ -59,6 +59,9 @@ type Options struct {
 	// should know (the database's functions left alone because a newer binary
 	// applied them).
 	OnNotice func(string)
+	// Release is the release to migrate to; nil is this binary's (Current). Tests
+	// migrate to a synthetic next release with it.
+	Release *Release
 }
 
 // Retry is a statement that gave up waiting for a lock and is about to be retried.
@@ -77,6 +80,10 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Attempts <= 0 {
 		o.Attempts = defaultAttempts
+	}
+	if o.Release == nil {
+		rel := Current()
+		o.Release = &rel
 	}
 	return o
 }
@@ -115,6 +122,11 @@ func ApplyDB(ctx context.Context, db *sql.DB) ([]Result, error) {
 //     behind the same one again. Before each run, any INVALID index left by a
 //     concurrent build that gave up is dropped, since IF NOT EXISTS would otherwise
 //     skip it for ever.
+//   - On a database a newer release migrated (certworker_release), it changes nothing
+//     and returns a *NewerError: that release's schema already holds what this one
+//     needs, and this binary's functions would put old bodies back.
+//   - Once every migration and function is applied, it records the release in
+//     certworker_release.
 func Up(ctx context.Context, db *sql.DB, opts Options) ([]Result, error) {
 	opts = opts.withDefaults()
 	guard, err := db.Conn(ctx)
@@ -127,6 +139,14 @@ func Up(ctx context.Context, db *sql.DB, opts Options) ([]Result, error) {
 		return nil, err
 	}
 	defer unlock()
+	rel := *opts.Release
+	rec, err := ReadRelease(ctx, guard)
+	if err != nil {
+		return nil, err
+	}
+	if rec != nil && newerThan(rec.Release, rel.Version) {
+		return nil, &NewerError{Database: rec.Release, ServesFrom: rec.ServesFrom, Binary: rel.Version}
+	}
 	if err := setLockTimeout(ctx, guard, opts.LockTimeout); err != nil {
 		return nil, err
 	}
@@ -141,7 +161,7 @@ func Up(ctx context.Context, db *sql.DB, opts Options) ([]Result, error) {
 		applied, err := runOnce(ctx, db, guard, opts)
 		out = append(out, applied...)
 		if err == nil {
-			return out, nil
+			return out, recordRelease(ctx, guard, rel)
 		}
 		if isCheckViolation(err) {
 			// A row written between the preflight and the constraint (which checks
@@ -211,7 +231,7 @@ func runOnce(ctx context.Context, db *sql.DB, guard *sql.Conn, opts Options) ([]
 	if err := dropInvalidIndexes(ctx, guard); err != nil {
 		return nil, err
 	}
-	provider, err := goose.NewProvider(goose.DialectPostgres, db, FS,
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, opts.Release.fsys(),
 		goose.WithSessionLocker(sessionSettings{lockTimeout: opts.LockTimeout}))
 	if err != nil {
 		return nil, fmt.Errorf("load migrations: %w", err)
@@ -230,7 +250,7 @@ func runOnce(ctx context.Context, db *sql.DB, guard *sql.Conn, opts Options) ([]
 	}
 	// Then the current definition of every function (functions.go), whatever the
 	// numbered migrations left.
-	replaced, err := applyFunctions(ctx, guard, opts.OnNotice)
+	replaced, err := applyFunctionsOf(ctx, guard, opts.Release.fsys(), opts.OnNotice)
 	return append(out, replaced...), err
 }
 

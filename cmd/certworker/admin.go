@@ -52,6 +52,13 @@ func (c *migrateCmd) Run(g *globals) error {
 	for _, r := range results {
 		fmt.Fprintf(g.stdout, "applied %s (%s)\n", r.Source, r.Duration)
 	}
+	// A newer release migrated the database (a rollback, or an old pod's Job run
+	// again): nothing to do, and not a failure.
+	var newer *migrations.NewerError
+	if errors.As(err, &newer) {
+		fmt.Fprintln(g.stdout, newer.Error())
+		return nil
+	}
 	if err != nil {
 		return &failedError{redact(err.Error(), c.DatabaseURL)}
 	}
@@ -62,13 +69,15 @@ func (c *migrateCmd) Run(g *globals) error {
 }
 
 // schemaError is run's refusal to start on a database whose schema does not match
-// this binary (exit 2): behind it (run migrate) or ahead of it (a newer certworker
-// migrated it), or unreadable (the flag to look at).
+// this binary (exit 2): behind it (run migrate), past its window (a release that no
+// longer serves it migrated it) or ahead of it with no record of serving it, or
+// unreadable (the flag to look at).
 func schemaError(err error, databaseURL string) error {
 	var behind *migrations.BehindError
 	var ahead *migrations.AheadError
+	var window *migrations.WindowError
 	var functions *migrations.FunctionsError
-	if errors.As(err, &behind) || errors.As(err, &ahead) || errors.As(err, &functions) {
+	if errors.As(err, &behind) || errors.As(err, &ahead) || errors.As(err, &window) || errors.As(err, &functions) {
 		return usagef("%s", err)
 	}
 	return usagef("--database-url: %s", redact(err.Error(), databaseURL))

@@ -481,8 +481,9 @@ func missingGrant(logs string) string {
 
 // issueThroughBinary runs `certworker run` on runDSN against a fresh Pebble, waits
 // for /readyz through `certworker healthcheck`, has the proxy (adminDSN) verify a
-// domain, and waits for its certificate; then stops the worker with SIGTERM.
-func issueThroughBinary(t *testing.T, bin, adminDSN, runDSN, wake string, extra ...string) {
+// domain, and waits for its certificate; then stops the worker with SIGTERM, and
+// returns its log.
+func issueThroughBinary(t *testing.T, bin, adminDSN, runDSN, wake string, extra ...string) string {
 	t.Helper()
 	ctx := context.Background()
 	http01, admin := workertest.FreeAddr(t), workertest.FreeAddr(t)
@@ -532,6 +533,7 @@ SELECT id, $1, 'verified', 'tok' FROM t`, name)
 	require.NotContains(t, logs.String(), "permission denied", "%s", missingGrant(logs.String()))
 
 	stop()
+	return logs.String()
 }
 
 // waitFor waits until done reports true, checking every 100 ms, and fails with what

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"strings"
 	"testing"
 	"time"
@@ -9,8 +10,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/certworker/certworker"
 	"github.com/certworker/certworker/internal/legacydb"
 	"github.com/certworker/certworker/internal/pgtest"
+	"github.com/certworker/certworker/internal/releasetest"
+	"github.com/certworker/certworker/migrations"
 )
 
 func execSQL(t *testing.T, dsn, sql string, args ...any) {
@@ -23,12 +27,13 @@ func execSQL(t *testing.T, dsn, sql string, args ...any) {
 	require.NoError(t, err)
 }
 
-// `run` refuses a database whose schema is not this binary's, with exit 2 and what to
-// do: behind it, run migrate; ahead of it (a newer binary migrated it during a rolling
-// deploy), do not run this binary, rather than work with rules it does not know. The
-// same for the functions in the database (migrations/functions): applied by an older
-// binary's migrate, or by a newer one's.
-func TestCLI_RunRefusesASchemaBehindOrAheadOfTheBinary(t *testing.T) {
+// `run` refuses a database whose schema it cannot run on, with exit 2 and what to
+// do: behind it, run its release's migrate; past its window (a release two ahead
+// migrated it), run that release; ahead of it with no record of a release that
+// serves it, do not run this binary, rather than work with rules it does not know.
+// The same for the functions in the database (migrations/functions): applied by an
+// older binary's migrate, or by a newer one's that does not say it serves this one.
+func TestCLI_RunRefusesASchemaBehindOrPastTheWindow(t *testing.T) {
 	t.Parallel()
 	behind := pgtest.NewDB(t)
 	execSQL(t, behind, `DELETE FROM goose_db_version WHERE version_id = 6`)
@@ -38,10 +43,16 @@ func TestCLI_RunRefusesASchemaBehindOrAheadOfTheBinary(t *testing.T) {
 	execSQL(t, olderFunctions, `UPDATE certworker_functions SET sha256 = 'older', generation = 0 WHERE name = 'certworker_queued'`)
 	newerFunctions := pgtest.NewDB(t)
 	execSQL(t, newerFunctions, `UPDATE certworker_functions SET generation = generation + 1`)
+	// Two releases ahead: its schema serves the next release and later, not this one.
+	next := releasetest.NextVersion(certworker.Version())
+	later := releasetest.NextVersion(next)
+	pastWindow := pgtest.NewDB(t)
+	execSQL(t, pastWindow, `UPDATE certworker_release SET release = $1, serves_from = $2`, later, next)
 	for _, tc := range []struct {
 		dsn, want string
 	}{
-		{behind, "run `certworker migrate` first"},
+		{behind, "run `certworker migrate` of release " + certworker.Version() + " first"},
+		{pastWindow, "which serves releases " + next + " and newer (this binary is release " + certworker.Version() + "): run certworker " + later + ", or " + next},
 		{ahead, "ahead of this binary (a newer certworker applied migration 00900"},
 		{olderFunctions, "function certworker_queued in the database is not the one this binary was built with"},
 		{newerFunctions, "the database's functions are ahead of this binary"},
@@ -127,4 +138,56 @@ WHERE pid <> pg_backend_pid() AND query ILIKE '%CREATE INDEX CONCURRENTLY%' AND 
 	code, stdout, _ = invoke(t, "migrate", "--database-url", dsn)
 	require.Equal(t, exitOK, code)
 	require.Contains(t, stdout, "up to date")
+}
+
+// migrate of this release on a database the next release migrated changes nothing,
+// says so, and exits 0: a rollback, or this release's Job applied again, is not a
+// failure. Past this release's window it says which release's migrate to run.
+func TestCLI_MigrateOfAnOlderReleaseChangesNothing(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.NewDB(t)
+	db, next := migrateToNext(t, dsn)
+
+	code, stdout, stderr := invoke(t, "migrate", "--database-url", dsn)
+	require.Equal(t, exitOK, code, stderr)
+	require.Equal(t, "the database schema is of release "+next.Version+", newer than this binary's "+certworker.Version()+", which it still serves: nothing changed\n", stdout)
+	var place string
+	require.NoError(t, db.QueryRow(`SELECT prosrc FROM pg_proc WHERE proname = 'certworker_queue_place'`).Scan(&place))
+	require.Contains(t, place, releasetest.Column, "the next release's body was put back")
+
+	execSQL(t, dsn, `UPDATE certworker_release SET serves_from = release`)
+	code, stdout, stderr = invoke(t, "migrate", "--database-url", dsn)
+	require.Equal(t, exitOK, code, stderr)
+	require.Contains(t, stdout, "nothing changed; run `certworker migrate` of release "+next.Version+" or newer")
+}
+
+// `run` starts on the schema the next release's migrate left (a new column, a new
+// trigger on proxy_domains, a new body of a function its claim calls), says so, and
+// issues from Pebble under the workers' least-privilege role: the old instances of a
+// rolling deploy keep working and restarting after the new release's migrate, and a
+// rollback needs nothing in the database. Guards against a schema check that refuses
+// the next release's schema, as one did that required the binary's exact migrations.
+func TestRun_IssuesOnTheNextReleasesSchema(t *testing.T) {
+	t.Parallel()
+	bin := buildCertworker(t)
+	adminDSN := pgtest.NewDB(t)
+	db, next := migrateToNext(t, adminDSN)
+	logs := issueThroughBinary(t, bin, adminDSN, leastPrivilegeRole(t, adminDSN), "notify")
+	require.Contains(t, logs, `"msg":"the database schema was migrated by another release, which serves this one","release":"`+certworker.Version()+`","schema_release":"`+next.Version+`"`)
+	var seen string
+	require.NoError(t, db.QueryRow(`SELECT `+releasetest.Column+` FROM proxy_domains WHERE ssl_status = 'active'`).Scan(&seen))
+	require.Equal(t, "provisioning,active", seen, "the next release's trigger did not see run's writes")
+}
+
+// migrateToNext migrates dsn to a synthetic next release (internal/releasetest) and
+// returns a handle on it, closed when the test ends, and the release.
+func migrateToNext(t *testing.T, dsn string) (*sql.DB, migrations.Release) {
+	t.Helper()
+	next := releasetest.Next(t)
+	db, err := sql.Open("pgx", dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
+	_, err = migrations.Up(context.Background(), db, migrations.Options{Release: &next})
+	require.NoError(t, err)
+	return db, next
 }

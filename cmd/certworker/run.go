@@ -22,6 +22,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/certworker/certworker"
 	"github.com/certworker/certworker/acme"
 	"github.com/certworker/certworker/certstore/seal"
 	"github.com/certworker/certworker/listener"
@@ -318,9 +319,16 @@ func (c *runCmd) open(ctx context.Context, log *zap.Logger) (*pgxpool.Pool, erro
 		pool.Close()
 		return nil, err
 	}
-	if err := migrations.Check(ctx, stdlib.OpenDBFromPool(pool)); err != nil {
+	db := stdlib.OpenDBFromPool(pool)
+	if err := migrations.Check(ctx, db); err != nil {
 		pool.Close()
 		return nil, schemaError(err, c.DatabaseURL)
+	}
+	// Within the window the schema may be the next release's: worth a line, since
+	// the operator is between the two steps of an upgrade or has rolled back.
+	if rec, err := migrations.ReadRelease(ctx, db); err == nil && rec != nil && rec.Release != certworker.Version() {
+		log.Info("the database schema was migrated by another release, which serves this one",
+			zap.String("release", certworker.Version()), zap.String("schema_release", rec.Release))
 	}
 	return pool, nil
 }

@@ -7,11 +7,13 @@
 //
 // Logs are zap JSON lines on stderr at debug level, unsampled, so that a test can
 // count them. It exits 0 after SIGTERM or SIGINT once the worker has stopped, 1 if it
-// cannot start, 2 on bad flags.
+// cannot start, 2 on bad flags or on a schema `certworker run` would refuse
+// (migrations.Check), so that the upgrade tests restart it as they would run.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -20,11 +22,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/certworker/certworker/internal/fakeissuer"
 	"github.com/certworker/certworker/listener"
+	"github.com/certworker/certworker/migrations"
 	"github.com/certworker/certworker/queue"
 	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
@@ -55,8 +59,28 @@ func main() {
 	if err := run(*dsn, *owner, *concurrency, *delay, *poll, *grace, *reconnectMax,
 		issuing.Config{RetryBase: *retryBase, Lease: *lease}); err != nil {
 		fmt.Fprintln(os.Stderr, "fakeworker:", err)
+		var refused *schemaRefused
+		if errors.As(err, &refused) {
+			os.Exit(2)
+		}
 		os.Exit(1)
 	}
+}
+
+// schemaRefused is a schema migrations.Check refuses.
+type schemaRefused struct{ err error }
+
+func (e *schemaRefused) Error() string { return e.err.Error() }
+func (e *schemaRefused) Unwrap() error { return e.err }
+
+// checkSchema is run's check of the schema at start.
+func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	if err := migrations.Check(ctx, db); err != nil {
+		return &schemaRefused{err}
+	}
+	return nil
 }
 
 func run(dsn, owner string, concurrency int, delay, poll, grace, reconnectMax time.Duration, qcfg issuing.Config) error {
@@ -89,6 +113,9 @@ func run(dsn, owner string, concurrency int, delay, poll, grace, reconnectMax ti
 		return err
 	}
 	defer pool.Close()
+	if err := checkSchema(ctx, pool); err != nil {
+		return err
+	}
 
 	issuer := fakeissuer.New(0)
 	issuer.Delay = delay

@@ -201,14 +201,15 @@ func TestChart_Lints(t *testing.T) {
 }
 
 // With the default values: the migrate Job is a pre-install and pre-upgrade hook that
-// Helm deletes itself, the workers run the release's image with no key (sealing off)
+// Helm deletes itself, named after the release (a Job per release where the chart is
+// applied without Helm's hooks), the workers run the release's image with no key (sealing off)
 // and no DNS-01, a PodDisruptionBudget covers them, the responder has its Service
 // and the NetworkPolicy lets it in, and the Prometheus Operator's objects are off.
 func TestChart_DefaultValues(t *testing.T) {
 	objs, err := render(t, nil)
 	require.NoError(t, err)
 
-	job := objs.get(t, "Job", "certworker-migrate").(*batchv1.Job)
+	job := objs.get(t, "Job", "certworker-migrate-"+version(t)).(*batchv1.Job)
 	require.Equal(t, map[string]string{
 		"helm.sh/hook":               "pre-install,pre-upgrade",
 		"helm.sh/hook-weight":        "0",
