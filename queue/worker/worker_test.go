@@ -127,6 +127,19 @@ func TestWorker_AnInvalidNameFailsWithoutAnOrder(t *testing.T) {
 	require.Empty(t, fake.Counts(), "an invalid name reached the issuer")
 }
 
+// A name under a special-use domain (printer.local) is invalid like any other name
+// no public CA issues for: failed at once, nothing ordered.
+func TestWorker_ASpecialUseNameFailsAsInvalid(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fake := fakeissuer.New(10)
+	b.start(t, "w", worker.Config{Issuer: fake, Concurrency: 1, PollInterval: time.Hour})
+	id := b.named(t, b.tenant(t), "printer.local")
+	b.waitStatus(t, id, "failed", 10*time.Second)
+	require.Regexp(t, `^invalid domain: under \.local, a special-use domain`, *b.row(t, id).Error)
+	require.Empty(t, fake.Counts(), "a special-use name reached the issuer")
+}
+
 // Three instances, 500 domains verified in one transaction: every domain is issued
 // exactly once. The claim query, not the wake-ups, is what keeps them apart.
 func TestWorker_ThreeInstancesIssueEachDomainExactlyOnce(t *testing.T) {
