@@ -45,7 +45,8 @@ func durationFromSeconds(s float64) time.Duration {
 // gets neither the note nor the refusal.
 //
 // The clock of a DNS wait (certworker_dns_state.waiting_since, which Wait keeps across
-// waits that end and begin again) is forgotten: the domain is issued.
+// waits that end and begin again) and the start of its pace are forgotten: the domain
+// is issued.
 //
 // A domain whose ssl_profile was set to another profile while its order ran (the
 // profile trigger acts on active rows only) stores the certificate and goes back to
@@ -99,8 +100,8 @@ WITH d AS (
         updated_at = now()
     RETURNING renew_at
 ), w AS (
-    UPDATE certworker_dns_state SET waiting_since = NULL, updated_at = now()
-    WHERE domain_id = $1 AND waiting_since IS NOT NULL AND EXISTS (SELECT 1 FROM d)
+    UPDATE certworker_dns_state SET waiting_since = NULL, paced_since = NULL, updated_at = now()
+    WHERE domain_id = $1 AND (waiting_since IS NOT NULL OR paced_since IS NOT NULL) AND EXISTS (SELECT 1 FROM d)
 )
 SELECT ` + secondsUntilSQL("renew_at") + ` FROM c`
 
