@@ -136,3 +136,51 @@ func TestDNSWait_AnotherTenantsHungChecksDoNotDelayAName(t *testing.T) {
 	defer dns.mu.Unlock()
 	require.LessOrEqual(t, dns.most[hog], pace.Share, "the hostile tenant ran more than its share of checks at once")
 }
+
+// A name waiting for days, checked next in an hour, is checked at once when the proxy
+// reports a handshake for it (certworker_name_seen), then every check interval while
+// the resolver still answers as before; ordered within one check interval (1 s at the
+// test's pace, a tenth of the real one) and a second for the tick, the check and the
+// claim, as the promise of 15 s is 10 s and 5 s. Guards
+// against a handshake that does not reach the waiter, and against a name checked
+// once after it and then left to the slow pace.
+func TestDNSWait_AHandshakeBringsAnOldWaitForward(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	dns := newTenantsDNS()
+	const name = "old.wait.example"
+	dns.tenant[name] = b.tenant(t)
+	id := b.named(t, dns.tenant[name], name)
+	pace := worker.DNSWaitPace{Tick: 100 * time.Millisecond, First: time.Second, CheckTimeout: time.Second}
+	b.start(t, "w", worker.Config{Issuer: dns, Concurrency: 1, PollInterval: time.Hour, DNSWait: pace})
+	workertest.Eventually(t, 10*time.Second, "the name to wait for its DNS", func() bool {
+		var held *string
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT ssl_held FROM proxy_domains WHERE id = $1`, id).Scan(&held))
+		return held != nil && *held == "dns"
+	})
+	_, err := b.pool.Exec(b.ctx, `UPDATE certworker_dns_state SET waiting_since = now() - interval '3 days',
+    paced_since = now() - interval '3 days', next_check_at = now() + interval '1 hour' WHERE domain_id = $1`, id)
+	require.NoError(t, err)
+	for len(dns.checked) > 0 {
+		<-dns.checked
+	}
+
+	var seen bool
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT certworker_name_seen($1)`, "OLD.wait.example.").Scan(&seen))
+	require.True(t, seen)
+	for range 2 { // the check the handshake brought forward, and the next one, 1 s on
+		select {
+		case <-dns.checked:
+		case <-time.After(3 * time.Second):
+			t.Fatal("the name was not checked after the handshake")
+		}
+	}
+	dns.mu.Lock()
+	dns.ready[name] = true
+	dns.mu.Unlock()
+	moved := time.Now()
+	b.waitStatus(t, id, "active", 10*time.Second)
+	took := time.Since(moved)
+	t.Logf("ordered %s after the move", took.Round(10*time.Millisecond))
+	require.Less(t, took, 2*time.Second, "ordered too late after the resolver's new answer")
+}
