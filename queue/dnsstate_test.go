@@ -263,9 +263,9 @@ func (b *bundle) waitingNow(t *testing.T, id string) {
 
 // The due checks are taken round the tenants, each tenant's most overdue first, and
 // no more of one tenant than its share, counting the checks it has running on the
-// instance; a check taken is kept from the other instances for the lease asked. A
-// tenant with many overdue names took the whole batch ahead of another tenant's name
-// due later, and its checks, held to their bound, kept the other's out for as long.
+// instance; a check taken is kept from the other instances for the lease asked.
+// Guards against a tenant with many overdue names taking the whole batch ahead of
+// another tenant's name due later, its checks held to their bound.
 func TestDueWaits_GoesRoundTheTenantsWithinEachOnesShare(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -297,8 +297,8 @@ func TestDueWaits_GoesRoundTheTenantsWithinEachOnesShare(t *testing.T) {
 // A retry brings a waiting name's check forward (the next claim) and starts the clock
 // of --dns-wait-max over, but keeps the first hour's pace where it was: a name
 // retried over and over is checked at the slow pace once its hour is over. Its
-// issuance starts the pace over. A retry restarted the first hour, so a tenant
-// retrying every few minutes had its names checked every 10 s for ever.
+// issuance starts the pace over. Guards against a tenant retrying every few minutes
+// to have its names checked every 10 s for ever.
 func TestWait_ARetryKeepsTheFirstHoursPace(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -81,10 +81,9 @@ func (d *tenantsDNS) CheckDNS(ctx context.Context, domain, _ string) error {
 // ordered within one check interval, a tick, a check and a claim: under 3 s with the
 // test's pace, a tenth of the real one (a 1 s gap between checks instead of 10 s),
 // where the promise is 30 s. The hostile tenant never runs more than its share of
-// checks at once. The waiter took 64 checks oldest first, ran 8 at a time and began
-// the next batch only when the slowest had ended, and a check that passed was claimed
-// only then: behind 24 such names the other tenant's name was ordered 46 s to 56 s
-// after the move at the real pace.
+// checks at once. Guards against a waiter that takes the checks oldest first with no
+// share per tenant, begins the next batch only when the slowest has ended, or claims
+// a name whose check passed only when its batch ends.
 func TestDNSWait_AnotherTenantsHungChecksDoNotDelayAName(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
