@@ -153,12 +153,17 @@ GRANT SELECT,
    ON proxy_certificates TO :"proxy_role";
 -- certworker_queue_for_issuance reads the wake mode.
 GRANT SELECT ON certworker_settings TO :"proxy_role";
+-- certworker_name_seen (a handshake found no certificate for a name) reads a waiting
+-- domain's state and brings its check forward: those columns alone.
+GRANT SELECT (domain_id, next_check_at, seen_at, taken_until), UPDATE (next_check_at, seen_at)
+   ON certworker_dns_state TO :"proxy_role";
 -- The tenant operations, and what to serve for a server name (certworker_certificate_for,
 -- which reads proxy_domains and proxy_certificates with the rights above, the keys
 -- included).
 GRANT EXECUTE ON FUNCTION certworker_queue_for_issuance(uuid, uuid),
                           certworker_update_domain(uuid, uuid, text, text),
                           certworker_set_profile(uuid, uuid, text),
-                          certworker_certificate_for(text)
+                          certworker_certificate_for(text),
+                          certworker_name_seen(text)
    TO :"proxy_role";
 \endif

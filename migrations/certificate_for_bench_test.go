@@ -56,12 +56,8 @@ func fillServingMillion(tb testing.TB, conn *pgx.Conn) {
 	}
 }
 
-// BenchmarkCertificateForAtAMillion measures certworker_certificate_for at a million
-// domains, as a proxy calls it (a prepared statement, its generic plan): the
-// server's execution time of each call (EXPLAIN ANALYZE's, without per-node timing)
-// and the call's round trip from this client over loopback, median and p99 of 2,000
-// names of each kind. It writes bench/certificate-for.txt.
-func BenchmarkCertificateForAtAMillion(b *testing.B) {
+// servingMillionDB is a connection to a new database that fillServingMillion filled.
+func servingMillionDB(b *testing.B) *pgx.Conn {
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, pgtest.NewDB(b))
 	require.NoError(b, err)
@@ -69,14 +65,24 @@ func BenchmarkCertificateForAtAMillion(b *testing.B) {
 	start := time.Now()
 	fillServingMillion(b, conn)
 	b.Logf("filled in %s", time.Since(start).Round(time.Second))
+	return conn
+}
+
+// BenchmarkCertificateForAtAMillion measures certworker_certificate_for at a million
+// domains, as a proxy calls it (a prepared statement, its generic plan): the
+// server's execution time of each call (EXPLAIN ANALYZE's, without per-node timing)
+// and the call's round trip from this client over loopback, median and p99 of 2,000
+// names of each kind. It writes bench/certificate-for.txt.
+func BenchmarkCertificateForAtAMillion(b *testing.B) {
+	ctx := context.Background()
+	conn := servingMillionDB(b)
 	var domains int
 	require.NoError(b, conn.QueryRow(ctx, `SELECT count(*) FROM proxy_domains`).Scan(&domains))
 	require.Equal(b, 1_002_000, domains)
 
 	const servedSQL = `SELECT domain, certificate_pem, private_key_pem, expires_at, version FROM certworker_certificate_for($1)`
-	_, err = conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan; PREPARE served(text) AS `+servedSQL)
+	_, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan; PREPARE served(text) AS `+servedSQL)
 	require.NoError(b, err)
-	const each = 2000 // the header says "2,000"
 	// Tenants t1, t6, t11...: each kind's 2,000 names are of different tenants.
 	kinds := []struct {
 		what   string
@@ -98,62 +104,36 @@ func BenchmarkCertificateForAtAMillion(b *testing.B) {
 		{"none: no row, no wildcard", func(n int) string { return fmt.Sprintf("a.b.t%d.example", n) },
 			func(int) string { return "" }},
 	}
-	type result struct {
-		what       string
-		exec, trip []time.Duration
-	}
-	var results []result
-	for b.Loop() {
-		results = results[:0]
-		for _, k := range kinds {
-			r := result{what: k.what}
-			for i := range each {
-				tenant := 1 + 5*i
-				name := k.name(tenant)
-				var plan string
-				require.NoError(b, conn.QueryRow(ctx, `EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) EXECUTE served('`+name+`')`,
-					pgx.QueryExecModeSimpleProtocol).Scan(&plan))
-				var explained []struct {
-					Plan struct {
-						ActualRows float64 `json:"Actual Rows"`
-					} `json:"Plan"`
-					ExecutionTime float64 `json:"Execution Time"`
-				}
-				require.NoError(b, json.Unmarshal([]byte(plan), &explained))
-				require.Len(b, explained, 1)
-				r.exec = append(r.exec, time.Duration(explained[0].ExecutionTime*float64(time.Millisecond)))
-
-				t0 := time.Now()
-				rows, err := conn.Query(ctx, servedSQL, name) // prepared once by pgx, as a proxy's driver does
-				require.NoError(b, err)
-				got, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (string, error) {
-					vals, err := row.Values()
-					if err != nil {
-						return "", err
-					}
-					return vals[0].(string), nil
-				})
-				r.trip = append(r.trip, time.Since(t0))
-				require.NoError(b, err)
-				want := k.domain(tenant)
-				if want == "" {
-					require.Empty(b, got, name)
-					require.Zero(b, explained[0].Plan.ActualRows, name)
-				} else {
-					require.Equal(b, []string{want}, got, name)
-				}
+	results := measureKinds(b, len(kinds), func(kind, tenant int) (time.Duration, time.Duration) {
+		k := kinds[kind]
+		name := k.name(tenant)
+		exec, actualRows := explainExecute(b, conn, `served('`+name+`')`)
+		t0 := time.Now()
+		rows, err := conn.Query(ctx, servedSQL, name) // prepared once by pgx, as a proxy's driver does
+		require.NoError(b, err)
+		got, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (string, error) {
+			vals, err := row.Values()
+			if err != nil {
+				return "", err
 			}
-			results = append(results, r)
+			return vals[0].(string), nil
+		})
+		trip := time.Since(t0)
+		require.NoError(b, err)
+		want := k.domain(tenant)
+		if want == "" {
+			require.Empty(b, got, name)
+			require.Zero(b, actualRows, name)
+		} else {
+			require.Equal(b, []string{want}, got, name)
 		}
+		return exec, trip
+	})
+	for i := range results {
+		results[i].what = kinds[i].what
 	}
 
-	pct := func(d []time.Duration, p int) string {
-		s := slices.Clone(d)
-		slices.Sort(s)
-		return fmt.Sprintf("%.3f ms", float64(s[(len(s)-1)*p/100])/float64(time.Millisecond))
-	}
-	var text strings.Builder
-	fmt.Fprintf(&text, `# certworker_certificate_for at a million domains (migrations/certificate_for_bench_test.go):
+	writeBenchTable(b, "certificate-for.txt", fmt.Sprintf(`# certworker_certificate_for at a million domains (migrations/certificate_for_bench_test.go):
 # 1,002,000 domains of 10,000 tenants (a wildcard each, 89 names with a certificate, 5
 # verified waiting for one, 5 unverified; 2,000 case twins), %s names of each kind, each
 # of another tenant, asked once each on one session in the generic plan
@@ -161,17 +141,76 @@ func BenchmarkCertificateForAtAMillion(b *testing.B) {
 # TIMING OFF) EXECUTE of the prepared statement; "round trip" is this client's time for
 # the statement a proxy sends (prepared once by pgx), over loopback, rows read (the
 # certificate and key of a served name are the size of a real chain and sealed key).
-# %s, %s %s/%s, %d CPUs, load average %s when written, PostgreSQL image %s
-# command: CERTWORKER_PG_IMAGE=%s go test -run '^$' -bench BenchmarkCertificateForAtAMillion -benchtime 1x ./migrations/
+`, "2,000"), "BenchmarkCertificateForAtAMillion", results)
+}
+
+// measureKinds calls call for each of kinds kinds, for tenants 1, 6, 11, ... (2,000 of
+// them: each kind's calls are of different tenants), once per b.Loop, and returns a
+// row per kind of the server's execution times and the round trips call measured.
+func measureKinds(b *testing.B, kinds int, call func(kind, tenant int) (exec, trip time.Duration)) []benchRow {
+	const each = 2000 // the headers say "2,000"
+	var results []benchRow
+	for b.Loop() {
+		results = make([]benchRow, kinds)
+		for k := range kinds {
+			for i := range each {
+				exec, trip := call(k, 1+5*i)
+				results[k].exec = append(results[k].exec, exec)
+				results[k].trip = append(results[k].trip, trip)
+			}
+		}
+	}
+	return results
+}
+
+// benchRow is one kind of call: the server's execution times and the client's round
+// trips, one per call.
+type benchRow struct {
+	what       string
+	exec, trip []time.Duration
+}
+
+// explainExecute runs EXPLAIN (ANALYZE, TIMING OFF) EXECUTE of call (a prepared
+// statement and its arguments, written out) and returns the server's execution time
+// and the rows the plan's top node returned.
+func explainExecute(b *testing.B, conn *pgx.Conn, call string) (time.Duration, float64) {
+	b.Helper()
+	var plan string
+	require.NoError(b, conn.QueryRow(context.Background(), `EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) EXECUTE `+call,
+		pgx.QueryExecModeSimpleProtocol).Scan(&plan))
+	var explained []struct {
+		Plan struct {
+			ActualRows float64 `json:"Actual Rows"`
+		} `json:"Plan"`
+		ExecutionTime float64 `json:"Execution Time"`
+	}
+	require.NoError(b, json.Unmarshal([]byte(plan), &explained))
+	require.Len(b, explained, 1)
+	return time.Duration(explained[0].ExecutionTime * float64(time.Millisecond)), explained[0].Plan.ActualRows
+}
+
+// writeBenchTable writes bench/FILE: header (what was measured, how), a line naming
+// the machine, the command that makes the file again (benchmark NAME), and a row of
+// medians and p99s for each kind of call.
+func writeBenchTable(b *testing.B, file, header, name string, rows []benchRow) {
+	pct := func(d []time.Duration, p int) string {
+		s := slices.Clone(d)
+		slices.Sort(s)
+		return fmt.Sprintf("%.3f ms", float64(s[(len(s)-1)*p/100])/float64(time.Millisecond))
+	}
+	var text strings.Builder
+	text.WriteString(header)
+	fmt.Fprintf(&text, `# %s, %s %s/%s, %d CPUs, load average %s when written, PostgreSQL image %s
+# command: CERTWORKER_PG_IMAGE=%s go test -run '^$' -bench %s -benchtime 1x ./migrations/
 
 %-46s %12s %12s %14s %14s
-`, "2,000", time.Now().UTC().Format("2006-01-02T15:04Z"), runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), loadAverage(), pgtest.Image(), pgtest.Image(),
-		"kind of name", "exec p50", "exec p99", "round trip p50", "round trip p99")
-	for _, r := range results {
+`, time.Now().UTC().Format("2006-01-02T15:04Z"), runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), loadAverage(), pgtest.Image(), pgtest.Image(),
+		name, "kind of name", "exec p50", "exec p99", "round trip p50", "round trip p99")
+	for _, r := range rows {
 		fmt.Fprintf(&text, "%-46s %12s %12s %14s %14s\n", r.what, pct(r.exec, 50), pct(r.exec, 99), pct(r.trip, 50), pct(r.trip, 99))
 	}
 	b.Log("\n" + text.String())
-	require.NoError(b, os.WriteFile(filepath.Join("..", "bench", "certificate-for.txt"), []byte(text.String()), 0o644))
+	require.NoError(b, os.WriteFile(filepath.Join("..", "bench", file), []byte(text.String()), 0o644))
 }
 
 // loadAverage is the machine's one-minute load average, "?" where it cannot be read.

@@ -37,29 +37,36 @@ func (q *Queue) RecordChallenge(ctx context.Context, domainID, challenge, reason
 	return nil
 }
 
-// The waiting-for-DNS schedule. A domain waiting for its DNS is out of
-// line (ssl_held HeldDNS) and checked by DNS alone, never by the CA.
+// The waiting-for-DNS schedule (docs/cas.md, "Waiting for DNS"). A domain waiting for
+// its DNS is out of line (ssl_held HeldDNS) and checked by DNS alone, never by the CA.
 const (
 	// WaitFirstHour is how long a wait is checked at WaitCheckFirst: a tenant moving
 	// DNS does so soon after verifying, and is served within 30 s of the resolver
-	// answering (one check interval, the waiter's tick and a claim).
+	// answering (one check interval, the waiter's tick, the check and a claim). The
+	// hour counts from paced_since, which a retry keeps: a name retried over and over
+	// is not checked at this pace for ever.
 	WaitFirstHour  = time.Hour
 	WaitCheckFirst = 10 * time.Second
+	// WaitSeenFor is how long after a TLS handshake for a waiting name
+	// (certworker_name_seen) it is checked at WaitCheckFirst, whatever its age: the
+	// handshake says the name's DNS moved, and the resolver may see it a little later.
+	WaitSeenFor = 2 * time.Minute
 	// WaitCheckLater is the least gap between two checks of a domain past its first
 	// hour; under WaitChecksPerSecond for the fleet, the gap grows with the number of
 	// such domains (100,000 of them: every 83 minutes).
 	WaitCheckLater      = 5 * time.Minute
 	WaitChecksPerSecond = 20
 	// waitCheckLease is how long a check taken by one instance is kept from the
-	// others: more than a check takes (the preflight's 10 s and its DNS).
+	// others when the taker names no lease of its own (TakeWaits.Lease).
 	waitCheckLease = 30 * time.Second
 )
 
-// WaitCheckIn is the gap before the next check of a domain waiting since since, with
-// stale domains past their first hour in the fleet.
-func WaitCheckIn(now, since time.Time, stale int) time.Duration {
-	if now.Sub(since) < WaitFirstHour {
-		return WaitCheckFirst
+// WaitCheckIn is the gap before the next check of a domain whose pace began at paced
+// (DueWait.Paced), with stale domains past their first hour in the fleet: first in
+// the first hour (WaitCheckFirst, or a test's shorter one).
+func WaitCheckIn(now, paced time.Time, stale int, first time.Duration) time.Duration {
+	if now.Sub(paced) < WaitFirstHour {
+		return first
 	}
 	return max(WaitCheckLater, time.Duration(stale)*time.Second/WaitChecksPerSecond)
 }
@@ -67,7 +74,7 @@ func WaitCheckIn(now, since time.Time, stale int) time.Duration {
 // Wait hands a claim back uncharged to wait for its DNS: pending, out of line,
 // ssl_error msg (written only when it changed), its attempt time as before the claim,
 // no notification (nothing is due); and records the wait (since when; its next check
-// in checkIn; the answer seen).
+// in checkIn; the answer seen; the pace's start).
 //
 // Since when is the clock of --dns-wait-max, and it runs across waits that end and
 // begin again: a wait that EndWait ended (the check saw the DNS right) and the next
@@ -77,6 +84,11 @@ func WaitCheckIn(now, since time.Time, stale int) time.Duration {
 // issued (MarkActive forgets the clock, and writes ssl_error), retried (the proxy's retry and `certworker
 // retry` clear it), or failed at the CA meanwhile (charged, and bounded by
 // --max-attempts instead). Otherwise a name whose DNS flaps never reaches the max.
+//
+// The pace's start (paced_since, WaitFirstHour) is kept by a retry too, so that a
+// name retried over and over is checked at the first hour's pace for an hour in
+// all; it starts over with the domain's issuance, its failure at --dns-wait-max, or
+// a wait that begins after none for an hour.
 func (q *Queue) Wait(ctx context.Context, c issuing.Claim, msg, answer string, checkIn time.Duration) error {
 	msg = q.errorText(ctx, msg) // the preflight's words carry the tenant's DNS and redirects
 	var one int
@@ -92,14 +104,17 @@ WITH before AS (
     WHERE `+heldSQL+`
     RETURNING id
 ), s AS (
-    INSERT INTO certworker_dns_state AS s (domain_id, waiting_since, next_check_at, answer, updated_at)
-    SELECT id, now(), now() + make_interval(secs => $4), $5, now() FROM d
+    INSERT INTO certworker_dns_state AS s (domain_id, waiting_since, paced_since, next_check_at, answer, updated_at)
+    SELECT id, now(), now(), now() + make_interval(secs => $4), $5, now() FROM d
     ON CONFLICT (domain_id) DO UPDATE SET
         waiting_since = CASE WHEN (SELECT waited FROM before) THEN COALESCE(s.waiting_since, EXCLUDED.waiting_since)
                              ELSE EXCLUDED.waiting_since END,
-        next_check_at = EXCLUDED.next_check_at, answer = EXCLUDED.answer, updated_at = now()
+        paced_since = CASE WHEN s.paced_since IS NULL
+                             OR s.next_check_at IS NULL AND s.updated_at < now() - make_interval(secs => $6)
+                           THEN EXCLUDED.paced_since ELSE s.paced_since END,
+        next_check_at = EXCLUDED.next_check_at, taken_until = NULL, answer = EXCLUDED.answer, updated_at = now()
 )
-SELECT 1 FROM d`, []any{c.ID, c.Token, msg, checkIn.Seconds(), answer}, &one)
+SELECT 1 FROM d`, []any{c.ID, c.Token, msg, checkIn.Seconds(), answer, WaitFirstHour.Seconds()}, &one)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return q.whyNotHeld(ctx, c)
 	}
@@ -109,11 +124,27 @@ SELECT 1 FROM d`, []any{c.ID, c.Token, msg, checkIn.Seconds(), answer}, &one)
 	return nil
 }
 
-// DueWait is a waiting domain whose check is due.
+// DueWait is a waiting domain whose check is due: Since starts the clock of
+// --dns-wait-max, Paced the pace of its checks (WaitCheckIn).
 type DueWait struct {
 	ID, TenantID, Domain string
-	Since                time.Time
+	Since, Paced         time.Time
 	Answer               string
+}
+
+// TakeWaits says which due checks DueWaits takes.
+type TakeWaits struct {
+	// Limit bounds the checks taken.
+	Limit int
+	// Share bounds the checks of one tenant running on this instance, those taken
+	// and Busy's together (0: no bound). The checks taken go round the tenants: each
+	// tenant's most overdue first, then each one's second, and so on.
+	Share int
+	// Busy is the checks of each tenant (by id) running on this instance.
+	Busy map[string]int
+	// Lease is how long the checks taken are kept from the other instances: as long
+	// as one can run (0: waitCheckLease).
+	Lease time.Duration
 }
 
 var forgetOrphanWaitsSQL = `
@@ -126,38 +157,68 @@ WHERE s.next_check_at <= now()
   AND NOT EXISTS (SELECT 1 FROM proxy_domains d WHERE d.id = s.domain_id
                   AND ` + claimableSQL + ` AND d.ssl_held = '` + HeldDNS + `')`
 
+// takeDueWaitsSQL ranks the due checks within each tenant, most overdue first, and
+// takes them round the tenants (every tenant's first, then every one's second...), no
+// more of a tenant than its share left ($4 less what it has running: $5, $6), and
+// only rows no other session holds (a check another instance is taking).
 var takeDueWaitsSQL = `
-UPDATE certworker_dns_state s SET next_check_at = now() + make_interval(secs => $2)
-FROM (SELECT s.domain_id, d.tenant_id, d.domain FROM certworker_dns_state s JOIN proxy_domains d ON d.id = s.domain_id
-      WHERE s.next_check_at <= now()
-      ORDER BY s.next_check_at LIMIT $1
-      FOR UPDATE OF s SKIP LOCKED) due
-WHERE s.domain_id = due.domain_id
-RETURNING s.domain_id::text, due.tenant_id::text, due.domain, COALESCE(s.waiting_since, now()), COALESCE(s.answer, ''),
+WITH due AS (
+    SELECT s.domain_id, d.tenant_id, d.domain, s.next_check_at,
+           row_number() OVER (PARTITION BY d.tenant_id ORDER BY s.next_check_at, s.domain_id) AS rank
+    FROM certworker_dns_state s JOIN proxy_domains d ON d.id = s.domain_id
+    WHERE s.next_check_at <= now()
+), busy AS (
+    SELECT b.tenant_id, b.running FROM unnest($5::uuid[], $6::int[]) AS b(tenant_id, running)
+), picked AS (
+    SELECT due.domain_id, due.tenant_id, due.domain
+    FROM due LEFT JOIN busy ON busy.tenant_id = due.tenant_id
+    WHERE $4 <= 0 OR due.rank <= $4 - COALESCE(busy.running, 0)
+    ORDER BY due.rank, due.next_check_at, due.domain_id
+    LIMIT $1
+), locked AS (
+    SELECT s.domain_id FROM certworker_dns_state s
+    WHERE s.domain_id IN (SELECT domain_id FROM picked) AND s.next_check_at <= now()
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE certworker_dns_state s
+SET next_check_at = now() + make_interval(secs => $2), taken_until = now() + make_interval(secs => $2)
+FROM picked
+WHERE s.domain_id = picked.domain_id AND s.domain_id IN (SELECT domain_id FROM locked)
+RETURNING s.domain_id::text, picked.tenant_id::text, picked.domain, COALESCE(s.waiting_since, now()),
+    COALESCE(s.paced_since, s.waiting_since, now()), COALESCE(s.answer, ''),
     (SELECT count(*) FROM certworker_dns_state x
-     WHERE x.next_check_at IS NOT NULL AND x.waiting_since < now() - make_interval(secs => $3))::int`
+     WHERE x.next_check_at IS NOT NULL AND COALESCE(x.paced_since, x.waiting_since) < now() - make_interval(secs => $3))::int`
 
-// DueWaits takes up to limit waits whose check is due, keeping them from the other
-// instances for waitCheckLease, and returns them with the number of waits past their
-// first hour (WaitCheckIn's stale). Waits of domains no longer waiting (claimed after
-// a retry, issued, no longer verified or acme) are ended on the way, and those of
+// DueWaits takes waits whose check is due, as t says, keeping them from the other
+// instances for t.Lease, and returns them with the number of waits past their first
+// hour (WaitCheckIn's stale). Waits of domains no longer waiting (claimed after a
+// retry, issued, no longer verified or acme) are ended on the way, and those of
 // deleted domains removed.
-func (q *Queue) DueWaits(ctx context.Context, limit int) ([]DueWait, int, error) {
+func (q *Queue) DueWaits(ctx context.Context, t TakeWaits) ([]DueWait, int, error) {
 	if _, err := q.db.Exec(ctx, forgetOrphanWaitsSQL); err != nil {
 		return nil, 0, fmt.Errorf("remove waits of deleted domains: %w", err)
 	}
 	if _, err := q.db.Exec(ctx, endStaleWaitsSQL); err != nil {
 		return nil, 0, fmt.Errorf("end waits of domains no longer waiting: %w", err)
 	}
+	if t.Lease <= 0 {
+		t.Lease = waitCheckLease
+	}
+	tenants := make([]string, 0, len(t.Busy))
+	running := make([]int32, 0, len(t.Busy))
+	for id, n := range t.Busy {
+		tenants = append(tenants, id)
+		running = append(running, int32(n))
+	}
 	rows, err := q.db.Query(ctx, takeDueWaitsSQL,
-		limit, waitCheckLease.Seconds(), WaitFirstHour.Seconds())
+		t.Limit, t.Lease.Seconds(), WaitFirstHour.Seconds(), t.Share, tenants, running)
 	if err != nil {
 		return nil, 0, fmt.Errorf("take due DNS checks: %w", err)
 	}
 	stale := 0
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DueWait, error) {
 		var w DueWait
-		err := r.Scan(&w.ID, &w.TenantID, &w.Domain, &w.Since, &w.Answer, &stale)
+		err := r.Scan(&w.ID, &w.TenantID, &w.Domain, &w.Since, &w.Paced, &w.Answer, &stale)
 		return w, err
 	})
 	if err != nil {
@@ -167,7 +228,10 @@ func (q *Queue) DueWaits(ctx context.Context, limit int) ([]DueWait, int, error)
 }
 
 var recheckWaitSQL = `
-UPDATE certworker_dns_state SET next_check_at = now() + make_interval(secs => $2), answer = $3, updated_at = now()
+UPDATE certworker_dns_state
+SET next_check_at = now() + make_interval(secs => CASE WHEN seen_at > now() - make_interval(secs => $5::float8)
+                                                      THEN LEAST($2::float8, $4::float8) ELSE $2::float8 END),
+    taken_until = NULL, answer = $3, updated_at = now()
 WHERE domain_id = $1::uuid AND next_check_at IS NOT NULL`
 
 var recheckErrorSQL = `
@@ -175,11 +239,13 @@ UPDATE proxy_domains SET ssl_error = $2, updated_at = now()
 WHERE id = $1::uuid AND ` + claimableSQL + ` AND ssl_held = '` + HeldDNS + `'
   AND ssl_error LIKE 'waiting for DNS:%' AND ssl_error IS DISTINCT FROM $2`
 
-// Recheck schedules a waiting domain's next check in checkIn, with the answer seen;
-// msg, when not "", replaces its ssl_error, only when that changed and only while it
-// still waits (a retry or a claim meanwhile wins).
-func (q *Queue) Recheck(ctx context.Context, id string, checkIn time.Duration, answer, msg string) error {
-	if _, err := q.db.Exec(ctx, recheckWaitSQL, id, checkIn.Seconds(), answer); err != nil {
+// Recheck schedules a waiting domain's next check in checkIn, or in seenIn when that
+// is sooner and a TLS handshake for the name was reported (certworker_name_seen) in
+// the last WaitSeenFor, also while this check ran; with the answer seen. msg, when
+// not "", replaces its ssl_error, only when that changed and only while it still
+// waits (a retry or a claim meanwhile wins).
+func (q *Queue) Recheck(ctx context.Context, id string, checkIn, seenIn time.Duration, answer, msg string) error {
+	if _, err := q.db.Exec(ctx, recheckWaitSQL, id, checkIn.Seconds(), answer, seenIn.Seconds(), WaitSeenFor.Seconds()); err != nil {
 		return fmt.Errorf("schedule the next DNS check: %w", err)
 	}
 	if msg == "" {
@@ -197,7 +263,7 @@ UPDATE proxy_domains SET ssl_held = '` + HeldBackoff + `'
 WHERE id = $1::uuid AND ` + claimableSQL + ` AND ssl_held = '` + HeldDNS + `'`
 
 var endWaitStateSQL = `
-UPDATE certworker_dns_state SET next_check_at = NULL, updated_at = now()
+UPDATE certworker_dns_state SET next_check_at = NULL, taken_until = NULL, updated_at = now()
 WHERE domain_id = $1::uuid`
 
 // EndWait puts a waiting domain back in line: its DNS now allows validation. Held
@@ -221,7 +287,8 @@ UPDATE proxy_domains SET ssl_status = 'failed', ssl_held = NULL, ssl_error = $2,
 WHERE id = $1::uuid AND ` + claimableSQL + ` AND ssl_held = '` + HeldDNS + `'`
 
 var expireWaitStateSQL = `
-UPDATE certworker_dns_state SET next_check_at = NULL, waiting_since = NULL, updated_at = now()
+UPDATE certworker_dns_state SET next_check_at = NULL, taken_until = NULL, waiting_since = NULL, paced_since = NULL,
+    updated_at = now()
 WHERE domain_id = $1::uuid`
 
 // ExpireWait marks a domain that waited longer than --dns-wait-max failed, with msg,

@@ -85,17 +85,17 @@ func TestDueWaits_TakesDueChecksOnce(t *testing.T) {
 	id, name := b.domain(t, tenant, "pending", 0, nil)
 	c := b.claimOne(t, id)
 	require.NoError(t, b.q.Wait(b.ctx, c, issuing.WaitingPrefix+"x", "answer-1", queue.WaitCheckFirst))
-	due, _, err := b.q.DueWaits(b.ctx, 10)
+	due, _, err := b.q.DueWaits(b.ctx, queue.TakeWaits{Limit: 10})
 	require.NoError(t, err)
 	require.Empty(t, due, "not due yet")
 	_, err = b.pool.Exec(b.ctx, `UPDATE certworker_dns_state SET next_check_at = now() - interval '1 s'`)
 	require.NoError(t, err)
-	due, stale, err := b.q.DueWaits(b.ctx, 10)
+	due, stale, err := b.q.DueWaits(b.ctx, queue.TakeWaits{Limit: 10})
 	require.NoError(t, err)
 	require.Len(t, due, 1)
-	require.Equal(t, queue.DueWait{ID: id, TenantID: tenant, Domain: name, Since: due[0].Since, Answer: "answer-1"}, due[0])
+	require.Equal(t, queue.DueWait{ID: id, TenantID: tenant, Domain: name, Since: due[0].Since, Paced: due[0].Paced, Answer: "answer-1"}, due[0])
 	require.Zero(t, stale)
-	again, _, err := b.q.DueWaits(b.ctx, 10)
+	again, _, err := b.q.DueWaits(b.ctx, queue.TakeWaits{Limit: 10})
 	require.NoError(t, err)
 	require.Empty(t, again, "taken: another instance does not check it too")
 
@@ -104,7 +104,7 @@ func TestDueWaits_TakesDueChecksOnce(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.pool.Exec(b.ctx, `UPDATE certworker_dns_state SET next_check_at = now() - interval '1 s'`)
 	require.NoError(t, err)
-	due, _, err = b.q.DueWaits(b.ctx, 10)
+	due, _, err = b.q.DueWaits(b.ctx, queue.TakeWaits{Limit: 10})
 	require.NoError(t, err)
 	require.Empty(t, due)
 	var next *time.Time
@@ -119,9 +119,9 @@ func TestDueWaits_TakesDueChecksOnce(t *testing.T) {
 func TestWaitCheckIn_FirstHourFastThenUnderTheFleetBudget(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
-	require.Equal(t, 10*time.Second, queue.WaitCheckIn(now, now.Add(-59*time.Minute), 1_000_000))
-	require.Equal(t, 5*time.Minute, queue.WaitCheckIn(now, now.Add(-2*time.Hour), 10))
-	require.Equal(t, 5000*time.Second, queue.WaitCheckIn(now, now.Add(-2*time.Hour), 100_000))
+	require.Equal(t, 10*time.Second, queue.WaitCheckIn(now, now.Add(-59*time.Minute), 1_000_000, queue.WaitCheckFirst))
+	require.Equal(t, 5*time.Minute, queue.WaitCheckIn(now, now.Add(-2*time.Hour), 10, queue.WaitCheckFirst))
+	require.Equal(t, 5000*time.Second, queue.WaitCheckIn(now, now.Add(-2*time.Hour), 100_000, queue.WaitCheckFirst))
 }
 
 // A waiting domain is not due by backoff: NextDue, which sets the worker's timer,
@@ -194,7 +194,7 @@ func TestWait_ItsWordsAreSanitisedLikeAnyError(t *testing.T) {
 	c := b.claimOne(t, id)
 	require.NoError(t, b.q.Wait(b.ctx, c, hostile, "answer", queue.WaitCheckFirst))
 	check(stored())
-	require.NoError(t, b.q.Recheck(b.ctx, id, queue.WaitCheckFirst, "answer-2", hostile+" again"))
+	require.NoError(t, b.q.Recheck(b.ctx, id, queue.WaitCheckFirst, queue.WaitCheckFirst, "answer-2", hostile+" again"))
 	check(stored())
 	failed, err := b.q.ExpireWait(b.ctx, id, hostile)
 	require.NoError(t, err)
@@ -231,7 +231,7 @@ func TestWait_TheClockRunsAcrossFlapsUntilTheDomainIsIssued(t *testing.T) {
 		require.True(t, since().Equal(started), "a wait that ended and began again started its clock over")
 	}
 	b.exec(t, `UPDATE certworker_dns_state SET next_check_at = now() - interval '1 s' WHERE domain_id = $1`, id)
-	due, _, err := b.q.DueWaits(b.ctx, 10)
+	due, _, err := b.q.DueWaits(b.ctx, queue.TakeWaits{Limit: 10})
 	require.NoError(t, err)
 	require.Len(t, due, 1)
 	require.True(t, due[0].Since.Equal(started), "the check is not told how long the domain has waited")
@@ -251,4 +251,129 @@ func TestWait_TheClockRunsAcrossFlapsUntilTheDomainIsIssued(t *testing.T) {
 	c = b.claimOne(t, id)
 	require.NoError(t, b.q.Wait(b.ctx, c, issuing.WaitingPrefix+"x", "a", queue.WaitCheckFirst))
 	require.True(t, since().After(started.Add(199*time.Hour)), "a wait after the issuance kept the clock of one before it")
+}
+
+// waitingNow claims the domain and hands it back to wait for its DNS, due at once.
+func (b *bundle) waitingNow(t *testing.T, id string) {
+	t.Helper()
+	c := b.claimOne(t, id)
+	require.NoError(t, b.q.Wait(b.ctx, c, issuing.WaitingPrefix+"x", "a", queue.WaitCheckFirst))
+	b.exec(t, `UPDATE certworker_dns_state SET next_check_at = now() - interval '1 s' WHERE domain_id = $1`, id)
+}
+
+// The due checks are taken round the tenants, each tenant's most overdue first, and
+// no more of one tenant than its share, counting the checks it has running on the
+// instance; a check taken is kept from the other instances for the lease asked.
+// Guards against a tenant with many overdue names taking the whole batch ahead of
+// another tenant's name due later, its checks held to their bound.
+func TestDueWaits_GoesRoundTheTenantsWithinEachOnesShare(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	hog, other := b.tenant(t), b.tenant(t)
+	for range 10 {
+		id, _ := b.domain(t, hog, "pending", 0, nil)
+		b.waitingNow(t, id)
+	}
+	b.exec(t, `UPDATE certworker_dns_state SET next_check_at = next_check_at - interval '1 hour'`)
+	late, _ := b.domain(t, other, "pending", 0, nil)
+	b.waitingNow(t, late)
+
+	due, _, err := b.q.DueWaits(b.ctx, queue.TakeWaits{Limit: 4, Share: 4, Busy: map[string]int{hog: 1}, Lease: time.Minute})
+	require.NoError(t, err)
+	byTenant := map[string]int{}
+	for _, d := range due {
+		byTenant[d.TenantID]++
+	}
+	require.Equal(t, map[string]int{hog: 3, other: 1}, byTenant, "one round of every tenant first, and the hog within its share")
+	var lease float64
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT EXTRACT(epoch FROM taken_until - now()) FROM certworker_dns_state WHERE domain_id = $1`, late).Scan(&lease))
+	require.InDelta(t, 60, lease, 2, "the check is kept from the others for the lease asked")
+
+	due, _, err = b.q.DueWaits(b.ctx, queue.TakeWaits{Limit: 8, Share: 4, Busy: map[string]int{hog: 4}})
+	require.NoError(t, err)
+	require.Empty(t, due, "the hog has its share running")
+}
+
+// A retry brings a waiting name's check forward (the next claim) and starts the clock
+// of --dns-wait-max over, but keeps the first hour's pace where it was: a name
+// retried over and over is checked at the slow pace once its hour is over. Its
+// issuance starts the pace over. Guards against a tenant retrying every few minutes
+// to have its names checked every 10 s for ever.
+func TestWait_ARetryKeepsTheFirstHoursPace(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tenant := b.tenant(t)
+	id, name := b.domain(t, tenant, "pending", 0, nil)
+	b.waitingNow(t, id)
+	b.exec(t, `UPDATE certworker_dns_state SET waiting_since = now() - interval '2 hours', paced_since = now() - interval '2 hours'`)
+	_, err := b.pool.Exec(b.ctx, `SELECT * FROM certworker_queue_for_issuance($1, $2)`, id, tenant)
+	require.NoError(t, err)
+	b.waitingNow(t, id)
+	due, stale, err := b.q.DueWaits(b.ctx, queue.TakeWaits{Limit: 10})
+	require.NoError(t, err)
+	require.Len(t, due, 1)
+	now := time.Now()
+	require.Less(t, now.Sub(due[0].Since), time.Minute, "the retry kept the clock of --dns-wait-max")
+	require.Greater(t, now.Sub(due[0].Paced), 119*time.Minute, "the retry restarted the first hour's pace")
+	require.Equal(t, 1, stale, "a retried name past its first hour counts among the stale ones")
+	require.Equal(t, queue.WaitCheckLater, queue.WaitCheckIn(now, due[0].Paced, stale, queue.WaitCheckFirst))
+
+	back, err := b.q.EndWait(b.ctx, id)
+	require.NoError(t, err)
+	require.True(t, back)
+	c := b.claimOne(t, id)
+	require.NoError(t, b.markActive(c, mintCertificate(t, name, nowSecond().Add(-time.Hour), nowSecond().Add(90*24*time.Hour))))
+	var paced *time.Time
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT paced_since FROM certworker_dns_state WHERE domain_id = $1`, id).Scan(&paced))
+	require.Nil(t, paced, "the issuance kept the pace of the wait before it")
+}
+
+// A TLS handshake for a waiting name (certworker_name_seen) makes its check due now,
+// whatever its age, and its next checks come WaitCheckFirst apart for WaitSeenFor,
+// also when the handshake came while a check ran; a handshake older than that
+// leaves the slow pace. Guards against a handshake that does not reach the waiter,
+// and one lost because a check was running.
+func TestNameSeen_ChecksTheNameNowAndEvery10sFor2Minutes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, name := b.domain(t, b.tenant(t), "pending", 0, nil)
+	b.waitingNow(t, id)
+	b.exec(t, `UPDATE certworker_dns_state SET next_check_at = now() + interval '1 hour',
+    waiting_since = now() - interval '3 days', paced_since = now() - interval '3 days'`)
+	due, _, err := b.q.DueWaits(b.ctx, queue.TakeWaits{Limit: 10})
+	require.NoError(t, err)
+	require.Empty(t, due)
+
+	var seen bool
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT certworker_name_seen($1)`, strings.ToUpper(name)+".").Scan(&seen))
+	require.True(t, seen)
+	due, stale, err := b.q.DueWaits(b.ctx, queue.TakeWaits{Limit: 10, Lease: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, due, 1, "the handshake did not bring the check forward")
+	checkIn := queue.WaitCheckIn(time.Now(), due[0].Paced, stale, queue.WaitCheckFirst)
+	require.Equal(t, queue.WaitCheckLater, checkIn)
+
+	next := func() time.Duration {
+		t.Helper()
+		var s float64
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT EXTRACT(epoch FROM next_check_at - now()) FROM certworker_dns_state WHERE domain_id = $1`, id).Scan(&s))
+		return time.Duration(s * float64(time.Second)).Round(time.Second)
+	}
+	require.NoError(t, b.q.Recheck(b.ctx, id, checkIn, queue.WaitCheckFirst, "a", ""))
+	require.Equal(t, queue.WaitCheckFirst, next(), "checked every 10 s after a handshake")
+
+	// A handshake while a check runs: not brought forward (the check runs), but the
+	// check's Recheck schedules the next one 10 s on.
+	b.exec(t, `UPDATE certworker_dns_state SET seen_at = now() - interval '3 minutes',
+    next_check_at = now() + interval '1 minute', taken_until = now() + interval '1 minute'`)
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT certworker_name_seen($1)`, name).Scan(&seen))
+	require.True(t, seen)
+	require.Equal(t, time.Minute, next(), "a running check was brought forward")
+	require.NoError(t, b.q.Recheck(b.ctx, id, checkIn, queue.WaitCheckFirst, "a", ""))
+	require.Equal(t, queue.WaitCheckFirst, next(), "the handshake during the check was lost")
+
+	// Two minutes on, the slow pace again.
+	b.exec(t, `UPDATE certworker_dns_state SET seen_at = now() - interval '121 seconds'`)
+	require.NoError(t, b.q.Recheck(b.ctx, id, checkIn, queue.WaitCheckFirst, "a", ""))
+	require.Equal(t, checkIn, next())
 }

@@ -25,9 +25,9 @@ func durationFromSeconds(s float64) time.Duration {
 
 // MarkActive stores the certificate and turns the domain active in one statement, so
 // the proxy never sees one without the other, and returns how long until renewal. It
-// records the profile and issuing CA, and forgets the CAs' refusals and the DNS
-// wait's clock. ssl_error becomes NULL, or the note of a refused profile while the
-// domain still names it. A domain whose ssl_profile changed mid-order goes back to
+// records the profile and issuing CA, and forgets the CAs' refusals, the DNS wait's
+// clock and pace, and the recorded order. ssl_error becomes NULL, or the note of a
+// refused profile while the domain still names it. A domain whose ssl_profile changed mid-order goes back to
 // pending (profileMovedOnSQL). Nothing is written when the claim is lost
 // (ErrClaimLost) or the domain no longer ACME (ErrNotACME).
 //
@@ -77,8 +77,8 @@ WITH d AS (
         updated_at = now()
     RETURNING renew_at
 ), w AS (
-    UPDATE certworker_dns_state SET waiting_since = NULL, updated_at = now()
-    WHERE domain_id = $1 AND waiting_since IS NOT NULL AND EXISTS (SELECT 1 FROM d)
+    UPDATE certworker_dns_state SET waiting_since = NULL, paced_since = NULL, updated_at = now()
+    WHERE domain_id = $1 AND (waiting_since IS NOT NULL OR paced_since IS NOT NULL) AND EXISTS (SELECT 1 FROM d)
 ), o AS (
     DELETE FROM certworker_orders WHERE domain_id = $1 AND EXISTS (SELECT 1 FROM d)
 )

@@ -122,6 +122,36 @@ func TestGrants_TheProxysRoleAsksWhatToServe(t *testing.T) {
 	require.Zero(t, rows, "the base of a wildcard with no row of its own")
 }
 
+// certworker_name_seen works under the proxy's role of deploy/grants.sql, also where
+// PUBLIC may not execute it: a handshake for a domain waiting for its DNS brings its
+// check forward (true). The role may write only the two columns the function sets.
+// Guards against a grant missing from deploy/grants.sql (every handshake of such a
+// proxy would fail) and against one that lets the proxy write the rest of the state.
+func TestGrants_TheProxysRoleReportsAHandshake(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	adminDSN, proxyDSN := proxyRoleDB(t)
+	execSQL(t, adminDSN, `REVOKE EXECUTE ON FUNCTION certworker_name_seen(text) FROM PUBLIC;
+INSERT INTO proxy_tenants (name, slug, email) VALUES ('shop', 'shop', 'shop@example.com');
+INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_provider, ssl_status)
+SELECT id, 'waiting.example', 'verified', 'tok', 'acme', 'pending' FROM proxy_tenants;
+UPDATE proxy_domains SET ssl_held = 'dns';
+INSERT INTO certworker_dns_state (domain_id, waiting_since, next_check_at)
+SELECT id, now() - interval '1 day', now() + interval '1 hour' FROM proxy_domains`)
+	proxy, err := pgx.Connect(ctx, proxyDSN)
+	require.NoError(t, err)
+	defer proxy.Close(ctx)
+	var got bool
+	require.NoError(t, proxy.QueryRow(ctx, `SELECT certworker_name_seen($1)`, "Waiting.Example.").Scan(&got))
+	require.True(t, got)
+	require.NoError(t, proxy.QueryRow(ctx, `SELECT certworker_name_seen('nobody.example')`).Scan(&got))
+	require.False(t, got)
+	_, err = proxy.Exec(ctx, `UPDATE certworker_dns_state SET waiting_since = now()`)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "42501", pgErr.Code, "the proxy's role wrote the wait's clock")
+}
+
 // proxyServingDB is a connection as the proxy's role (proxyRoleDB) to a database
 // whose PUBLIC may not execute certworker_certificate_for, so that the role's own
 // grant must do, holding the proxy's uploads for *.shop.example and own.example, and

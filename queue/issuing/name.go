@@ -14,7 +14,8 @@ const InvalidDomainPrefix = "invalid domain: "
 // CheckName returns the name to order for a stored domain, in lower case, or an error
 // saying why no public CA can issue for it: only ASCII host names (A-labels) with at
 // least two labels, each 1 to 63 letters, digits or inner hyphens, 253 characters in
-// all, no trailing dot, no wildcard, no IP address.
+// all, no trailing dot, no wildcard, no IP address, nothing under a special-use domain
+// (specialUse).
 //
 // Checked before an order is placed, so a name the CA would refuse never spends a
 // rate-limited order, and a row the proxy wrote badly fails with a reason instead of
@@ -66,7 +67,28 @@ func checkName(name string) (string, error) {
 	if strings.Trim(last, "0123456789") == "" {
 		return "", errors.New("the last label is numeric")
 	}
-	return strings.ToLower(name), nil
+	lower := strings.ToLower(name)
+	for _, sfx := range specialUse {
+		if lower == sfx || strings.HasSuffix(lower, "."+sfx) {
+			return "", fmt.Errorf("under .%s, a special-use domain no public CA issues for", sfx)
+		}
+	}
+	return lower, nil
+}
+
+// specialUse are the special-use domains (RFC 6761 and IANA's Special-Use Domain
+// Names registry) that no public CA issues for: their answers come from the local
+// network or another naming system, so an operator's resolver may answer them with
+// anything, and the CA refuses them after an order was spent. "test" and "example"
+// are left out on purpose: test CAs issue for them, and the tests use them.
+var specialUse = []string{
+	"local",     // multicast DNS (RFC 6762)
+	"onion",     // Tor (RFC 7686)
+	"internal",  // private use (ICANN's reservation)
+	"localhost", // the host itself (RFC 6761)
+	"invalid",   // never resolves (RFC 6761)
+	"alt",       // non-DNS naming systems (RFC 9476)
+	"home.arpa", // home networks (RFC 8375)
 }
 
 func checkLabel(l string) error {

@@ -31,6 +31,12 @@ var checkNameCases = []struct {
 	{"a-b.example", "a-b.example"},
 	{label63 + ".example", label63 + ".example"},
 	{name253, name253},
+	// Special-use domains that test CAs issue for stay allowed.
+	{"a.test", "a.test"},
+	{"shop.example", "shop.example"},
+	{"localhost.example", "localhost.example"},
+	{"onion.example.com", "onion.example.com"},
+	{"arpa.example", "arpa.example"},
 
 	{"", ""},
 	{"localhost", ""},
@@ -52,6 +58,16 @@ var checkNameCases = []struct {
 	{"a b.example", ""},
 	{"a.example\n", ""},
 	{"a\x00.example", ""},
+	// Special-use domains no public CA issues for.
+	{"printer.local", ""},
+	{"x.onion", ""},
+	{"db.internal", ""},
+	{"DB.Internal", ""},
+	{"a.localhost", ""},
+	{"a.b.invalid", ""},
+	{"name.alt", ""},
+	{"nas.home.arpa", ""},
+	{"home.arpa", ""},
 }
 
 // Only names a public CA can issue are ordered. A name the CA
@@ -140,4 +156,23 @@ func TestCheckNameFor_WildcardsOnlyWithDNS01AndOnlyAsTheFirstLabel(t *testing.T)
 	require.ErrorContains(t, err, "a wildcard")
 	_, err = issuing.CheckName("*.shop.example")
 	require.ErrorContains(t, err, "a wildcard")
+}
+
+// Names under special-use domains are refused with the domain named, wildcards
+// included; .test and .example, which test CAs issue for, are not.
+func TestCheckName_RefusesSpecialUseDomainsButNotTestOrExample(t *testing.T) {
+	t.Parallel()
+	for name, sfx := range map[string]string{
+		"printer.local": ".local", "x.onion": ".onion", "db.internal": ".internal",
+		"a.localhost": ".localhost", "a.invalid": ".invalid", "n.alt": ".alt", "nas.home.arpa": ".home.arpa",
+	} {
+		_, err := issuing.CheckName(name)
+		require.ErrorContains(t, err, "under "+sfx+", a special-use domain", name)
+		_, err = issuing.CheckNameFor("*."+name, true)
+		require.ErrorContains(t, err, "special-use", "*."+name)
+	}
+	for _, ok := range []string{"a.test", "shop.example", "*.shop.test"} {
+		_, err := issuing.CheckNameFor(ok, true)
+		require.NoError(t, err, ok)
+	}
 }

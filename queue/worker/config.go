@@ -82,6 +82,23 @@ type Config struct {
 	RenewalInfoPerSecond float64
 	// DNSWaitMax is how long a domain may wait for its DNS before it fails.
 	DNSWaitMax time.Duration
+	// DNSWait is the pace of the checks of domains waiting for their DNS; the zero
+	// value is the defaults (dnswait.go), which tests shorten.
+	DNSWait DNSWaitPace
+}
+
+// DNSWaitPace is the waiter's pace (dnswait.go); a zero field takes its default.
+type DNSWaitPace struct {
+	// Tick is how often the waiter looks for due checks when no slot has freed.
+	Tick time.Duration
+	// Parallel is the checks running at once on this instance, Share those of one
+	// tenant.
+	Parallel, Share int
+	// CheckTimeout bounds one check, whatever the tenant's DNS and web server do.
+	CheckTimeout time.Duration
+	// First is the gap between two checks in a wait's first hour and after a TLS
+	// handshake for the name (queue.WaitCheckFirst).
+	First time.Duration
 }
 
 // DefaultDNSWaitMax is --dns-wait-max's default: a week covers a tenant verifying
@@ -143,6 +160,15 @@ func (c Config) withDefaults() (Config, error) {
 		if *d == 0 {
 			*d = def
 		}
+	}
+	set(&c.DNSWait.Tick, dnsWaitTick)
+	set(&c.DNSWait.CheckTimeout, dnsCheckTimeout)
+	set(&c.DNSWait.First, queue.WaitCheckFirst)
+	if c.DNSWait.Parallel <= 0 {
+		c.DNSWait.Parallel = dnsWaitParallel
+	}
+	if c.DNSWait.Share <= 0 {
+		c.DNSWait.Share = min(dnsWaitShare, c.DNSWait.Parallel)
 	}
 	set(&c.PollInterval, DefaultPollInterval)
 	set(&c.ShutdownGrace, DefaultShutdownGrace)

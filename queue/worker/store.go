@@ -46,8 +46,8 @@ type Results interface {
 // Waits keep the domains that wait for their DNS, and their checks.
 type Waits interface {
 	Wait(ctx context.Context, c issuing.Claim, msg, answer string, checkIn time.Duration) error
-	DueWaits(ctx context.Context, limit int) ([]queue.DueWait, int, error)
-	Recheck(ctx context.Context, id string, checkIn time.Duration, answer, msg string) error
+	DueWaits(ctx context.Context, t queue.TakeWaits) ([]queue.DueWait, int, error)
+	Recheck(ctx context.Context, id string, checkIn, seenIn time.Duration, answer, msg string) error
 	EndWait(ctx context.Context, id string) (bool, error)
 	ExpireWait(ctx context.Context, id, msg string) (bool, error)
 	ReturnRetried(ctx context.Context, limit int) (int64, error)

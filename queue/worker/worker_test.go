@@ -115,15 +115,20 @@ func TestWorker_AnIssuerPanicIsRecordedAsAFailure(t *testing.T) {
 	require.True(t, in.Running(), "the worker stopped")
 }
 
-// A name no CA can issue for fails at once and never reaches the issuer.
+// A name no CA can issue for fails at once and never reaches the issuer: a wildcard
+// without DNS-01, and a name under a special-use domain (printer.local).
 func TestWorker_AnInvalidNameFailsWithoutAnOrder(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	fake := fakeissuer.New(10)
 	b.start(t, "w", worker.Config{Issuer: fake, Concurrency: 1, PollInterval: time.Hour})
-	id := b.named(t, b.tenant(t), "*.wild.example")
-	b.waitStatus(t, id, "failed", 10*time.Second)
-	require.Regexp(t, `^invalid domain: `, *b.row(t, id).Error)
+	tenant := b.tenant(t)
+	wild := b.named(t, tenant, "*.wild.example")
+	local := b.named(t, tenant, "printer.local")
+	b.waitStatus(t, wild, "failed", 10*time.Second)
+	b.waitStatus(t, local, "failed", 10*time.Second)
+	require.Regexp(t, `^invalid domain: `, *b.row(t, wild).Error)
+	require.Regexp(t, `^invalid domain: under \.local, a special-use domain`, *b.row(t, local).Error)
 	require.Empty(t, fake.Counts(), "an invalid name reached the issuer")
 }
 

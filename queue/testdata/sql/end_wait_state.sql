@@ -1,3 +1,3 @@
 
-UPDATE certworker_dns_state SET next_check_at = NULL, updated_at = now()
+UPDATE certworker_dns_state SET next_check_at = NULL, taken_until = NULL, updated_at = now()
 WHERE domain_id = $1::uuid

@@ -27,8 +27,8 @@ WITH d AS (
         updated_at = now()
     RETURNING renew_at
 ), w AS (
-    UPDATE certworker_dns_state SET waiting_since = NULL, updated_at = now()
-    WHERE domain_id = $1 AND waiting_since IS NOT NULL AND EXISTS (SELECT 1 FROM d)
+    UPDATE certworker_dns_state SET waiting_since = NULL, paced_since = NULL, updated_at = now()
+    WHERE domain_id = $1 AND (waiting_since IS NOT NULL OR paced_since IS NOT NULL) AND EXISTS (SELECT 1 FROM d)
 ), o AS (
     DELETE FROM certworker_orders WHERE domain_id = $1 AND EXISTS (SELECT 1 FROM d)
 )
