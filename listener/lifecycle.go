@@ -5,22 +5,18 @@ import (
 	"sync"
 )
 
-// lifecycle is Start and Stop for a wake source that keeps one connection up in a
-// goroutine: the NOTIFY Listener and the logical waker embed it.
+// lifecycle is Start and Stop for a wake source that keeps a connection up in a goroutine.
 type lifecycle struct {
 	// mu guards cancel and done, and serialises Start against Stop.
 	mu sync.Mutex
-	// cancel stops the running goroutine; done is closed when it has finished. Both
-	// nil before the first Start and after a Stop.
+	// cancel stops the goroutine and done is closed when it ends; both nil when none runs.
 	cancel context.CancelFunc
 	done   chan struct{}
 }
 
-// start makes the first connection with open, under the lock, and runs what open
-// returns in a goroutine with a child of ctx, which outlives start's call but not
-// ctx (the process's lifetime in cmd/certworker) and which stop cancels. open's
-// error is returned as it is, and then nothing is left running; ErrStarted if a
-// goroutine is already running. run must close done when it returns.
+// start makes the first connection with open, under the lock, then runs what open
+// returns in a goroutine on a child of ctx that stop cancels. If open fails nothing
+// runs; ErrStarted if a goroutine runs already. run must close done.
 func (lc *lifecycle) start(ctx context.Context, open func() (run func(ctx context.Context, done chan struct{}), err error)) error {
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
@@ -43,9 +39,7 @@ func (lc *lifecycle) start(ctx context.Context, open func() (run func(ctx contex
 	return nil
 }
 
-// stop ends the goroutine and waits until it has finished, with Waker.Stop's
-// guarantees; a stop that comes while start is connecting waits for that attempt
-// (at most Options.ConnectTimeout).
+// stop ends the goroutine and waits for it, also for a start still connecting.
 func (lc *lifecycle) stop() {
 	lc.mu.Lock()
 	cancel, done := lc.cancel, lc.done

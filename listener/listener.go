@@ -16,49 +16,29 @@ import (
 	"go.uber.org/zap"
 )
 
-// Channel is the notification channel the wake trigger sends on (docs/reference.md,
-// "Notification channels"); the proxy's database and the worker must agree on it.
+// Channel is the notification channel the wake trigger sends on (docs/reference.md).
 const Channel = "certworker_wake"
 
-// Defaults for Options. Every instance must be listening within 5 s of a failover's
-// promotion (docs/high-availability.md, "Failover"): DefaultHostConnectTimeout and
-// DefaultBackoffMax are chosen for it.
+// Defaults for Options, chosen so that every instance listens again within 5 s of a
+// failover's promotion (docs/high-availability.md, "Failover").
 const (
-	// DefaultPingAfter is how long the connection may stay silent before it is
-	// checked. Short enough to find a half-open connection quickly, long enough that
-	// an idle worker costs the server one trivial query every 10 s.
+	// DefaultPingAfter is how long the connection may stay silent before it is checked.
 	DefaultPingAfter = 10 * time.Second
-	// DefaultPingTimeout is the deadline of that check. A live server on a loaded
-	// host answers SELECT in milliseconds; 5 s only expires when nothing is there.
+	// DefaultPingTimeout is that check's deadline; a live server answers in milliseconds.
 	DefaultPingTimeout = 5 * time.Second
-	// DefaultConnectTimeout bounds one connection attempt as a whole: every host of
-	// a multi-host URL, LISTEN, and in logical mode the slot's creation. Without it a
-	// blackholed host holds an attempt for the kernel's TCP timeout, minutes, and
-	// Start with it.
+	// DefaultConnectTimeout bounds a whole attempt (every host, LISTEN, the slot).
 	DefaultConnectTimeout = 10 * time.Second
-	// DefaultHostConnectTimeout bounds the connection to one host (dial, TLS,
-	// authentication) where the connection string sets no connect_timeout: pgx
-	// applies it to each host of a multi-host URL in turn. A dead primary listed
-	// first (a failover's usual state) then costs each try 2 s before the next host,
-	// the new primary, is asked: a try and the backoff after it fit in the 5 s. The
-	// same figure as the pool's (queue.HostConnectTimeout), so that both find the new
-	// primary together.
+	// DefaultHostConnectTimeout bounds each host of a URL without connect_timeout, so
+	// that a dead primary listed first leaves time to ask the new one, as the pool does.
 	DefaultHostConnectTimeout = 2 * time.Second
-	// DefaultBackoffMin is the first reconnection delay: a terminated backend or a
-	// fast failover is back in about a tenth of a second.
+	// DefaultBackoffMin is the first reconnection delay.
 	DefaultBackoffMin = 100 * time.Millisecond
-	// DefaultBackoffMax caps the delay, so that after an outage of any length (an HA
-	// manager promotes after its own timeout of 30 s or more) the listener tries
-	// again within a second of the server's return. A try against a server that is
-	// down costs it nothing (refused, or rejected at once by a standby for
-	// target_session_attrs), so once a second is cheap.
+	// DefaultBackoffMax caps the delay: back within a second of the server's return.
 	DefaultBackoffMax = time.Second
 )
 
-// stableAfter is how long a connection must have lasted for its loss to restart the
-// backoff from BackoffMin. A connection lost sooner counts as one more failure: a
-// server or a proxy in front of it that accepts connections and drops them at once
-// is then tried every BackoffMax, not ten times a second.
+// stableAfter is how long a connection must last for its loss to restart the backoff
+// from BackoffMin, so that a server that drops every connection at once is not hammered.
 const stableAfter = time.Minute
 
 // ErrStarted is returned by Start on a Listener that is already running.
@@ -73,10 +53,7 @@ type Options struct {
 	HostConnectTimeout time.Duration // one host, where the configuration sets no connect_timeout
 	BackoffMin         time.Duration // the first reconnection delay (Listener.backoff)
 	BackoffMax         time.Duration // the largest
-	// Replication, used by a Logical waker only, configures its replication
-	// connection: a role of its own (the one holding REPLICATION, which the pool's
-	// then needs not) on the pool's database. nil connects with the pool's
-	// configuration. See Logical.
+	// Replication configures Logical's replication connection; nil uses the pool's.
 	Replication *pgconn.Config
 	// Registerer, if not nil, receives the listener's metrics (newMetrics).
 	Registerer prometheus.Registerer
@@ -110,24 +87,20 @@ type Listener struct {
 	wakes *mailbox
 
 	connected atomic.Bool
-	// backendPID is the server process of the current connection, 0 while there is
-	// none. Read by tests, which terminate it to simulate a lost connection.
+	// backendPID is the current connection's server process, 0 without one.
 	backendPID atomic.Uint32
 
 	// topics are the other channels' consumers (Listen), fixed once started is set.
 	topicsMu sync.Mutex
 	topics   map[string]Topic
 	started  bool
-	// connectedOnce is set by the first connection: every later one is a reconnect
-	// to the topics.
+	// connectedOnce makes every later connection a reconnect to the topics.
 	connectedOnce atomic.Bool
 
-	// lifecycle holds the goroutine's Start and Stop.
 	lifecycle
 }
 
-// New returns a Listener that connects with pool's configuration. It does not
-// connect: Start does.
+// New returns a Listener on pool's configuration. Start connects.
 func New(pool *pgxpool.Pool, log *zap.Logger, opts Options) *Listener {
 	opts = opts.withDefaults()
 	return &Listener{
@@ -143,7 +116,6 @@ func New(pool *pgxpool.Pool, log *zap.Logger, opts Options) *Listener {
 func (l *Listener) Wakes() <-chan Wake { return l.wakes.ch }
 
 // Connected reports whether the listener holds a live connection that is listening.
-// It is false before Start, while reconnecting, and after Stop.
 func (l *Listener) Connected() bool { return l.connected.Load() }
 
 // Start connects and listens, emits the catch-up wake-up, and keeps the connection
@@ -165,8 +137,7 @@ func (l *Listener) Start(ctx context.Context) error {
 // Stop ends the listener and waits until its connection is closed (lifecycle.stop).
 func (l *Listener) Stop() { l.stop() }
 
-// run keeps a listening connection for as long as ctx lasts. conn is the connection
-// Start made.
+// run keeps a listening connection, starting with conn, until ctx ends.
 func (l *Listener) run(ctx context.Context, conn *pgx.Conn, done chan struct{}) {
 	defer close(done) // first, so that it runs last: Stop waits for the close
 	session[*pgx.Conn]{
@@ -174,17 +145,9 @@ func (l *Listener) run(ctx context.Context, conn *pgx.Conn, done chan struct{}) 
 	}.keepUp(ctx, conn)
 }
 
-// connect opens the dedicated connection and runs LISTEN on it.
-//
-// It is a connection of its own, made with the pool's configuration, rather than
-// one taken out of the pool with Acquire and Hijack (River's way). Acquire waits for
-// a free slot when the pool is at MaxConns, so a reconnection would queue behind
-// whatever holds the pool's connections, at the very moment the worker most needs
-// to know it has missed notifications; and a connection hijacked from the pool is
-// one the pool replaces anyway, so both ways cost the server one connection. The
-// pool's BeforeConnect and AfterConnect hooks are run here as the pool would run
-// them, so credentials that rotate (a BeforeConnect that fetches a token) and
-// session setup still apply.
+// connect opens the listener's own connection and runs LISTEN on it. It is not one
+// acquired from the pool, so that a reconnection never waits for a free slot in a
+// full pool; the pool's BeforeConnect and AfterConnect hooks run as the pool would.
 func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.opts.ConnectTimeout)
 	defer cancel()
@@ -197,8 +160,7 @@ func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 	l.opts.boundHosts(&cfg.ConnConfig.Config)
 	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
 	if err != nil {
-		// pgx's connect errors name host, port, user and database, never the
-		// password, so they are safe to return and log as they are.
+		// pgx's connect errors never name the password.
 		return nil, fmt.Errorf("connect: %w", err)
 	}
 	if cfg.AfterConnect != nil {
@@ -219,29 +181,24 @@ func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 	return conn, nil
 }
 
-// boundHosts gives cfg HostConnectTimeout where it sets no connect_timeout of its
-// own (DefaultHostConnectTimeout says why).
+// boundHosts sets HostConnectTimeout where cfg has no connect_timeout.
 func (o Options) boundHosts(cfg *pgconn.Config) {
 	if cfg.ConnectTimeout == 0 {
 		cfg.ConnectTimeout = o.HostConnectTimeout
 	}
 }
 
-// listen waits for notifications on conn until the connection fails or ctx ends,
-// checking the connection whenever it has been silent for PingAfter. It returns why
-// it stopped.
+// listen waits for notifications on conn until it fails or ctx ends, and returns why.
 func (l *Listener) listen(ctx context.Context, conn *pgx.Conn) error {
 	for {
 		waitCtx, cancel := context.WithTimeout(ctx, l.opts.PingAfter)
 		n, err := conn.WaitForNotification(waitCtx)
 		silent := waitCtx.Err() != nil
 		cancel()
-		// pgx may hand back a notification it had buffered together with an error;
-		// the notification is still true.
+		// A notification pgx returns with an error is still true.
 		if n != nil && n.Channel == Channel {
 			l.wakes.send(Wake{Source: SourceNotify, At: time.Now()})
-			// Counted after the send, so that a count includes every wake-up it
-			// implies (the storm test reads the counter to know the burst is in).
+			// Counted after the send, so that a count includes every wake-up it implies.
 			l.m.notifications.Inc()
 			l.log.Debug("notification", zap.String("channel", n.Channel), zap.Uint32("sender_pid", n.PID))
 		} else if t := l.topics[channelOf(n)]; t != nil {
@@ -254,9 +211,7 @@ func (l *Listener) listen(ctx context.Context, conn *pgx.Conn) error {
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case silent:
-			// Our own deadline, not a failure. pgx ends the wait by setting a deadline
-			// on the socket, which leaves the connection usable, so it is checked
-			// rather than assumed.
+			// Our own deadline, which leaves the connection usable: check it.
 			if err := l.ping(ctx, conn); err != nil {
 				return err
 			}
@@ -266,10 +221,8 @@ func (l *Listener) listen(ctx context.Context, conn *pgx.Conn) error {
 	}
 }
 
-// ping checks, within PingTimeout, that the server answers and that the session is
-// still listening on Channel. The second half costs nothing more and catches a
-// session that is not the one that ran LISTEN, as behind a pooler in transaction
-// mode, where notifications would never arrive.
+// ping checks within PingTimeout that the server answers and that the session still
+// listens on every channel, which behind a pooler in transaction mode it would not.
 func (l *Listener) ping(ctx context.Context, conn *pgx.Conn) error {
 	ctx, cancel := context.WithTimeout(ctx, l.opts.PingTimeout)
 	defer cancel()
@@ -286,8 +239,7 @@ func (l *Listener) ping(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
-// up records a new listening connection, after LISTEN succeeded, and emits the
-// catch-up wake-up.
+// up records a new listening connection and emits the catch-up wake-up.
 func (l *Listener) up(conn *pgx.Conn, reconnect bool, downFor time.Duration) {
 	l.backendPID.Store(conn.PgConn().PID())
 	l.connected.Store(true)
@@ -312,19 +264,16 @@ func (l *Listener) down(ctx context.Context, conn *pgx.Conn) {
 	l.close(ctx, conn)
 }
 
-// close closes conn within PingTimeout, also once ctx is cancelled: the server
-// should see a Terminate rather than a dropped socket where it can, but a dead peer
-// must not hold up Stop.
+// close closes conn within PingTimeout, also once ctx is cancelled, so that a dead
+// peer cannot hold up Stop.
 func (l *Listener) close(ctx context.Context, conn *pgx.Conn) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.opts.PingTimeout)
 	defer cancel()
 	_ = conn.Close(ctx)
 }
 
-// backoff is the delay before reconnection attempt number failures+1: BackoffMin
-// doubled per earlier failure, capped at BackoffMax, then drawn at random from its
-// upper half ("equal jitter"). The random half spreads out instances that lost the
-// same server; the fixed half keeps the curve from collapsing towards zero.
+// backoff is the delay before attempt failures+1: BackoffMin doubled per failure, up
+// to BackoffMax, drawn from its upper half (equal jitter) to spread out instances.
 func (l *Listener) backoff(failures int) time.Duration {
 	d := l.opts.BackoffMin
 	for i := 0; i < failures && d < l.opts.BackoffMax; i++ {
@@ -346,7 +295,6 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// channelOf is n's channel, "" for none.
 func channelOf(n *pgconn.Notification) string {
 	if n == nil {
 		return ""

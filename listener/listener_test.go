@@ -469,12 +469,10 @@ func TestBackoff_GrowsJittersAndCaps(t *testing.T) {
 	}
 }
 
-// Guards against a listener that, after a long outage, waits long before trying
-// again: through an outage of 20 s (a failover whose HA manager waits for its own
-// timeout before promoting) the doubling reached 10 to 19 s between tries, and the
-// instances were ready again up to 24 s after the promotion, where a failover is
-// given 5 s (docs/high-availability.md, "Failover"). However many tries have failed, the next one comes within a second,
-// and never sooner than half of one (the jitter keeps a fleet out of lockstep).
+// Guards against a listener that waits long before trying again after a long outage:
+// however many tries have failed, the next one comes within a second (a failover is
+// given 5 s, docs/high-availability.md, "Failover"), and never sooner than half of one
+// (the jitter keeps a fleet out of lockstep).
 func TestBackoff_StaysWithinASecondThroughALongOutage(t *testing.T) {
 	t.Parallel()
 	l := &Listener{opts: Options{}.withDefaults()}
@@ -489,12 +487,10 @@ func TestBackoff_StaysWithinASecondThroughALongOutage(t *testing.T) {
 	}
 }
 
-// Guards against a multi-host URL whose first host does not answer (a primary that
-// died, listed first) taking the whole connection attempt: with no bound per host,
-// pgx waited the attempt's 10 s on the first host and never asked the second, the
-// new primary, so the listener could not come back at all. Each host gets
-// HostConnectTimeout, and the attempt reaches the second host well inside
-// ConnectTimeout.
+// Guards against a multi-host URL whose first host does not answer (a dead primary
+// listed first) taking the whole connection attempt: each host gets
+// HostConnectTimeout, so the attempt reaches the second host, the new primary, well
+// inside ConnectTimeout.
 func TestListener_ConnectsToTheSecondHostWhenTheFirstDoesNotAnswer(t *testing.T) {
 	t.Parallel()
 	_, dsn := pgtest.NewPool(t)

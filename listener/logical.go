@@ -13,47 +13,23 @@ import (
 	"go.uber.org/zap"
 )
 
-// modeLogical is the "mode" field of the logical waker's logs (the --wake value).
+// modeLogical is the "mode" field of the logical waker's logs.
 const modeLogical = "logical"
 
-// Publication is the publication `certworker migrate` creates that Logical streams:
-// inserts and updates of proxy_domains. It shares Channel's name, so that
-// "certworker_wake" is the one name an operator looks for in either mode.
+// Publication is what Logical streams: proxy_domains' inserts and updates.
 const Publication = "certworker_wake"
 
-// slotPrefix starts the name of every slot Logical creates; the rest is random,
-// because slots are global to the server and every instance needs its own.
+// slotPrefix starts every slot's name; the rest is random, one slot per instance.
 const slotPrefix = "certworker_wake_"
 
-// domainsTable is the table whose changes can make a domain claimable. The
-// publication holds only it; the name is checked anyway, so that a table an
-// operator adds to the publication cannot wake the worker.
+// domainsTable is the one table whose changes wake, whatever else is published.
 const domainsTable = "proxy_domains"
 
-// Logical turns the changes of a logical replication stream into Wakes: the wake
-// source of `certworker run --wake logical` (docs/internals.md, "Wake-up source":
-// why, and what the server must allow). Its methods are safe for concurrent use.
-//
-// Logical is a Waker with the Listener's session (reconnect, backoff, catch-up), its
-// mailbox, its metrics (the notifications counter counts the transactions that made
-// a row claimable) and its log messages, with mode "logical", so that alerts and
-// dashboards work in both modes. A change-driven wake-up has source SourceNotify.
-//
-// What wakes: a transaction's commit, once, when it wrote at least one row of
-// proxy_domains whose new tuple is claimable (matches). Without REPLICA IDENTITY FULL,
-// which would put the whole old row in the WAL of every update the proxy makes,
-// pgoutput sends no old tuple, so a row entering the set cannot be told from one
-// already in it: more wake-ups than the trigger's, never fewer, and a spurious one
-// costs a pass that claims and writes nothing, so it cannot feed itself. A rolled
-// back transaction wakes nobody.
-//
-// The slot is TEMPORARY, with a random name: PostgreSQL drops it when its session
-// ends, however it ends, so a worker that is gone never makes the server keep WAL.
-// While it lives the waker confirms what it received every Options.PingAfter, so
-// the slot holds back only what the open transactions need. Its price is paid at
-// each connection: creating it waits for the transactions that had written
-// something to end (startStream). Start fails with a *SetupError, naming the setting
-// to change, when the server lacks something this mode needs.
+// Logical turns the changes of a logical replication stream into Wakes for
+// `certworker run --wake logical` (docs/internals.md, "Wake-up source"), with the
+// Listener's session, metrics and log messages. A transaction that wrote a claimable
+// row wakes once, at its commit, with SourceNotify. Start fails with a *SetupError
+// naming the setting to change when the server lacks something this mode needs.
 type Logical struct {
 	pool  *pgxpool.Pool
 	log   *zap.Logger
@@ -62,16 +38,13 @@ type Logical struct {
 	wakes *mailbox
 
 	connected atomic.Bool
-	// backendPID is the WAL sender of the current connection, 0 while there is
-	// none. Read by tests, which terminate it to simulate a lost connection.
+	// backendPID is the current WAL sender, 0 without one.
 	backendPID atomic.Uint32
 
-	// lifecycle holds the goroutine's Start and Stop.
 	lifecycle
 }
 
-// NewLogical returns a logical waker that connects with pool's configuration, or
-// Options.Replication. It does not connect: Start does.
+// NewLogical returns a logical waker on pool's configuration, or Options.Replication.
 func NewLogical(pool *pgxpool.Pool, log *zap.Logger, opts Options) *Logical {
 	opts = opts.withDefaults()
 	return &Logical{
@@ -86,12 +59,10 @@ func NewLogical(pool *pgxpool.Pool, log *zap.Logger, opts Options) *Logical {
 // Wakes is where wake-ups arrive; see Listener.Wakes.
 func (lg *Logical) Wakes() <-chan Wake { return lg.wakes.ch }
 
-// Connected reports whether the waker is streaming. It is false before Start, while
-// reconnecting, and after Stop.
+// Connected reports whether the waker is streaming.
 func (lg *Logical) Connected() bool { return lg.connected.Load() }
 
-// Start connects, creates its slot and streams, as Listener.Start does; a
-// *SetupError where the server lacks something this mode needs.
+// Start connects, creates its slot and streams, as Listener.Start does (*SetupError).
 func (lg *Logical) Start(ctx context.Context) error {
 	return lg.start(ctx, func() (func(context.Context, chan struct{}), error) {
 		s, err := lg.connect(ctx)
@@ -114,14 +85,11 @@ func (lg *Logical) Stop() { lg.stop() }
 type stream struct {
 	conn *pgconn.PgConn
 	slot string
-	// pos is the WAL position up to which everything has been received and acted
-	// on; confirmed to the server so that the slot holds back nothing older.
+	// pos is the WAL position up to which everything has been received and acted on.
 	pos pglogrepl.LSN
-	// rels maps the relation ids the server has described to where the columns
-	// the waker reads are in their tuples.
+	// rels maps relation ids to where the columns the waker reads are.
 	rels map[uint32]relation
-	// claimable is set by a change in the current transaction whose new tuple is
-	// in the claimable set.
+	// claimable is set once the current transaction wrote a claimable row.
 	claimable bool
 }
 
@@ -133,8 +101,7 @@ func (lg *Logical) run(ctx context.Context, s *stream, done chan struct{}) {
 	}.keepUp(ctx, s)
 }
 
-// backoff is the Listener's curve, computed by its code so that the two modes
-// cannot drift apart.
+// backoff is the Listener's curve, computed by its code.
 func (lg *Logical) backoff(failures int) time.Duration {
 	return (&Listener{opts: lg.opts}).backoff(failures)
 }
@@ -165,16 +132,11 @@ func (lg *Logical) down(ctx context.Context, s *stream) {
 	}
 }
 
-// slotGoneTimeout bounds the wait for a stopped waker's slot to go: a WAL sender ends
-// within milliseconds of its connection's close, and a server that cannot be asked
-// must not hold up Stop for longer.
+// slotGoneTimeout bounds Stop's wait for the slot to go when the server is not there.
 const slotGoneTimeout = 10 * time.Second
 
-// waitSlotGone waits until the server has dropped slot, so that Stop returns only once
-// nothing of the waker is left on the server. PostgreSQL drops a temporary slot when
-// its WAL sender ends, which is shortly after the connection closes, not at once; until
-// then the slot holds its database, and a DROP DATABASE (a test's cleanup, an operator's)
-// fails with "is used by an active logical replication slot" (SQLSTATE 55006).
+// waitSlotGone waits until the server has dropped slot, shortly after its WAL sender
+// ends: until then the slot holds the database, and DROP DATABASE fails (55006).
 func (lg *Logical) waitSlotGone(ctx context.Context, slot string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), slotGoneTimeout)
 	defer cancel()
@@ -193,8 +155,7 @@ func (lg *Logical) waitSlotGone(ctx context.Context, slot string) {
 	}
 }
 
-// closeConn closes conn within PingTimeout, also once ctx is cancelled, as
-// Listener.close does.
+// closeConn closes conn as Listener.close does.
 func (lg *Logical) closeConn(ctx context.Context, conn *pgconn.PgConn) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lg.opts.PingTimeout)
 	defer cancel()

@@ -15,14 +15,9 @@ import (
 	"go.uber.org/zap"
 )
 
-// connect opens a replication connection, checks that the server can stream what
-// the waker needs, creates a temporary slot and starts streaming from it. Once it
-// returns, every transaction that commits will be in the stream; anything committed
-// before is for the catch-up pass that up triggers.
-//
-// The connection is made with Options.Replication, or else with the pool's
-// configuration and its BeforeConnect hook; not AfterConnect, which takes a
-// *pgx.Conn, which a WAL sender (simple query protocol only) cannot be.
+// connect opens a replication connection, checks the server, creates a temporary slot
+// and streams from it; anything committed before is for up's catch-up pass. It runs the
+// pool's BeforeConnect hook but not AfterConnect, whose *pgx.Conn a WAL sender cannot be.
 func (lg *Logical) connect(ctx context.Context) (_ *stream, err error) {
 	ctx, cancel := context.WithTimeout(ctx, lg.opts.ConnectTimeout)
 	defer cancel()
@@ -35,7 +30,6 @@ func (lg *Logical) connect(ctx context.Context) (_ *stream, err error) {
 		if se := connectSetupError(err, pgcfg.User); se != nil {
 			return nil, se
 		}
-		// pgconn's errors name host, port, user and database, never the password.
 		return nil, fmt.Errorf("connect: %w", err)
 	}
 	defer func() {
@@ -49,8 +43,7 @@ func (lg *Logical) connect(ctx context.Context) (_ *stream, err error) {
 	return lg.startStream(ctx, conn)
 }
 
-// replicationConfig is the connection configuration for a logical WAL sender on
-// the pool's database: Options.Replication's, or else the pool's.
+// replicationConfig configures a logical WAL sender on the pool's database.
 func (lg *Logical) replicationConfig(ctx context.Context) (*pgconn.Config, error) {
 	var pgcfg *pgconn.Config
 	if lg.opts.Replication != nil {
@@ -73,9 +66,7 @@ func (lg *Logical) replicationConfig(ctx context.Context) (*pgconn.Config, error
 	if pgcfg.RuntimeParams["application_name"] == "" {
 		pgcfg.RuntimeParams["application_name"] = "certworker-wake"
 	}
-	// The stream's reads end at deadlines of their own (the silence check), and a
-	// deadline leaves the connection usable; a cancel request would not make sense
-	// to a WAL sender. pgconn's default, made explicit.
+	// Reads end at their own deadlines, which leave the connection usable.
 	pgcfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
 	}
@@ -104,17 +95,11 @@ func checkPublishing(ctx context.Context, conn *pgconn.PgConn, database string) 
 	return nil
 }
 
-// slotWaitLogged is how long the creation of the slot may take before it is logged:
-// on a server with no long transaction it takes milliseconds.
+// slotWaitLogged is how long creating the slot may take before it is logged.
 const slotWaitLogged = time.Second
 
-// startStream creates a temporary slot on conn and starts streaming from it.
-//
-// Creating a logical slot waits until every transaction that had written something
-// when it was asked for has ended: the slot needs a point from which every
-// transaction is decoded whole. After a failover these are the proxy's transactions
-// open at the promotion, and the waker is back only once they have ended: the wait
-// is logged, and an attempt that runs out of ConnectTimeout while waiting says so.
+// startStream creates a temporary slot on conn and streams from it. Creating the slot
+// waits for the transactions that had written something to end, so a long wait is logged.
 func (lg *Logical) startStream(ctx context.Context, conn *pgconn.PgConn) (*stream, error) {
 	slot, err := newSlotName()
 	if err != nil {
@@ -145,9 +130,7 @@ func (lg *Logical) startStream(ctx context.Context, conn *pgconn.PgConn) (*strea
 	if err != nil {
 		return nil, fmt.Errorf("create temporary replication slot: consistent point: %w", err)
 	}
-	// Protocol version 1: a transaction arrives whole, at its commit. Version 2's
-	// streaming would send large transactions while they run, and a wake-up for a
-	// transaction that may still roll back would be one the claim cannot act on.
+	// Protocol version 1: a transaction arrives whole, at its commit.
 	err = pglogrepl.StartReplication(ctx, conn, slot, start, pglogrepl.StartReplicationOptions{
 		Mode:       pglogrepl.LogicalReplication,
 		PluginArgs: []string{"proto_version '1'", fmt.Sprintf("publication_names '%s'", Publication)},
@@ -167,8 +150,6 @@ func connectSetupError(err error, user string) *SetupError {
 	}
 	switch {
 	case pgErr.Code == "42501": // insufficient_privilege
-		// PostgreSQL 15: "must be superuser or replication role to start
-		// walsender"; 16: "permission denied to start WAL sender".
 		return setupErrorf("role %q may not open a replication connection (%s); grant it with ALTER ROLE %s REPLICATION (on a managed service, its replication role, such as GRANT rds_replication TO %s)",
 			user, pgErr.Message, quoteIdent(user), quoteIdent(user))
 	case pgErr.Code == "53300" && strings.Contains(pgErr.Message, "max_wal_senders (currently 0)"):
@@ -182,8 +163,7 @@ func connectSetupError(err error, user string) *SetupError {
 
 func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
 
-// queryOne runs a simple query that returns one value, on a connection that speaks
-// only the simple query protocol.
+// queryOne runs a one-value query over the simple query protocol.
 func queryOne(ctx context.Context, conn *pgconn.PgConn, sql string) (string, error) {
 	results, err := conn.Exec(ctx, sql).ReadAll()
 	if err != nil {

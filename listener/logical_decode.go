@@ -16,8 +16,7 @@ type relation struct {
 	verification, provider, status int
 }
 
-// handle acts on one CopyData message of the stream, and reports whether the
-// server asked for an immediate status update.
+// handle acts on one CopyData message and reports whether the server asked for a reply.
 func (lg *Logical) handle(s *stream, data []byte) (reply bool, err error) {
 	if len(data) == 0 {
 		return false, errors.New("replication stream: empty message")
@@ -28,8 +27,7 @@ func (lg *Logical) handle(s *stream, data []byte) (reply bool, err error) {
 		if err != nil {
 			return false, fmt.Errorf("replication stream: %w", err)
 		}
-		// A logical WAL sender's keepalive carries the position it has sent
-		// everything up to, so there is nothing before it left to receive.
+		// A logical WAL sender's keepalive carries the position it has sent everything to.
 		s.pos = max(s.pos, k.ServerWALEnd)
 		return k.ReplyRequested, nil
 	case pglogrepl.XLogDataByteID:
@@ -42,8 +40,7 @@ func (lg *Logical) handle(s *stream, data []byte) (reply bool, err error) {
 	return false, nil
 }
 
-// decode acts on one pgoutput message: a wake-up at the commit of a transaction
-// that wrote a claimable row.
+// decode acts on one pgoutput message: a claimable transaction wakes at its commit.
 func (lg *Logical) decode(s *stream, data []byte) error {
 	msg, err := pglogrepl.Parse(data)
 	if err != nil {
@@ -51,8 +48,7 @@ func (lg *Logical) decode(s *stream, data []byte) error {
 	}
 	switch msg := msg.(type) {
 	case *pglogrepl.RelationMessage:
-		// Sent before a table's first change in the stream and again whenever its
-		// definition changed, so the column positions follow ALTER TABLE.
+		// Sent again whenever the table's definition changes.
 		r := relation{domains: msg.RelationName == domainsTable, verification: -1, provider: -1, status: -1}
 		for i, c := range msg.Columns {
 			switch c.Name {
@@ -76,7 +72,6 @@ func (lg *Logical) decode(s *stream, data []byte) error {
 		if s.claimable {
 			s.claimable = false
 			lg.wakes.send(Wake{Source: SourceNotify, At: time.Now()})
-			// Counted after the send, as the Listener counts its notifications.
 			lg.m.notifications.Inc()
 			lg.log.Debug("claimable change", zap.Stringer("commit_lsn", msg.CommitLSN))
 		}
@@ -84,10 +79,9 @@ func (lg *Logical) decode(s *stream, data []byte) error {
 	return nil
 }
 
-// matches reports whether tuple, a new row of the relation rel, is in the claimable
-// set: verified, acme, pending. Where it cannot tell (a column it was not sent, or a
-// table it was not described) it answers yes: a spurious wake-up costs a pass, a
-// missed one costs a domain its certificate until the poll.
+// matches reports whether tuple, a new row of rel, is claimable (verified, acme,
+// pending). Where it cannot tell it answers yes: a spurious wake-up costs a pass, a
+// missed one a certificate until the poll.
 func (s *stream) matches(rel uint32, tuple *pglogrepl.TupleData) bool {
 	r, ok := s.rels[rel]
 	if !ok {

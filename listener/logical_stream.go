@@ -12,14 +12,9 @@ import (
 	"go.uber.org/zap"
 )
 
-// stream reads s until the connection fails or ctx ends, and returns why it
-// stopped.
-//
-// It sends the server a status update confirming s.pos at least every PingAfter,
-// which lets the server release the WAL before it and answers wal_sender_timeout.
-// When nothing at all has arrived for PingAfter, the update asks for a reply, and a
-// stream still silent PingTimeout later is dead: a connection lost without a FIN
-// would otherwise be read from for ever, as the Listener's would.
+// stream reads s until the connection fails or ctx ends, and returns why. It confirms
+// s.pos every PingAfter, which releases WAL; after PingAfter of silence it asks for a
+// reply, and a stream silent PingTimeout later is dead.
 func (lg *Logical) stream(ctx context.Context, s *stream) error {
 	lastHeard := time.Now()
 	nextStatus := lastHeard.Add(lg.opts.PingAfter)
@@ -91,10 +86,8 @@ func minTime(a, b time.Time) time.Time {
 	return a
 }
 
-// sendStatus confirms s.pos to the server as written, flushed and applied, and asks
-// for an immediate reply if ask. Confirming a position lets the server release the
-// WAL before it; the waker keeps nothing, so everything it has received is done.
-// The write has a deadline: a peer that stopped reading must not hold the stream.
+// sendStatus confirms s.pos as written, flushed and applied, asking for a reply if
+// ask. Its write has a deadline, so that a peer that stopped reading cannot hold it.
 func (lg *Logical) sendStatus(s *stream, ask bool) error {
 	nc := s.conn.Conn()
 	_ = nc.SetWriteDeadline(time.Now().Add(lg.opts.PingTimeout))

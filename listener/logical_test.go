@@ -321,12 +321,11 @@ func TestLogical(t *testing.T) {
 		require.Equal(t, SourceNotify, waitWake(t, b.lg.Wakes()).Source, "the new stream must wake")
 	})
 
-	// Guards against a slot that makes the server
-	// keep WAL for a worker that is gone. The waker's slot is temporary: when its
-	// WAL sender is terminated (as when the worker crashes or its connection is
-	// cut) or the waker stops, the slot is gone, and WAL written afterwards is held
-	// for nobody. While connected, the waker confirms what it has read, so the slot
-	// does not hold back what is already decoded either.
+	// Guards against a slot that makes the server keep WAL for a worker that is gone.
+	// The waker's slot is temporary: when its WAL sender is terminated (as when the
+	// worker crashes or its connection is cut) or the waker stops, the slot is gone, and
+	// WAL written afterwards is held for nobody. While connected, the waker confirms what
+	// it has read, so the slot does not hold back what is already decoded either.
 	t.Run("SlotRetainsNoWALOnceTheWakerIsGone", func(t *testing.T) {
 		t.Parallel()
 		// PingAfter is the status interval: the slot's position is confirmed every
@@ -381,9 +380,8 @@ func TestLogical(t *testing.T) {
 		b.terminate(t, b.lg.backendPID.Load())
 		require.Eventually(t, func() bool { return len(b.slots(t)) == 0 }, waitTimeout, 10*time.Millisecond,
 			"the slot must go with its session")
-		// The server drops the slot as the session ends; the waker reads the cut a
-		// moment later (on a loaded machine the test once saw the slot gone first). Its
-		// backoff of 3-6 s still rules out a reconnection by then.
+		// The server drops the slot as the session ends, possibly before the waker reads
+		// the cut; its backoff of 3-6 s rules out a reconnection by then.
 		require.Eventually(t, func() bool { return !b.lg.Connected() }, 2*time.Second, 10*time.Millisecond,
 			"the waker must see the cut and be in its backoff")
 		from = lsn()
@@ -398,8 +396,7 @@ func TestLogical(t *testing.T) {
 		require.Equal(t, SourceReconnect, waitWake(t, b.lg.Wakes()).Source)
 		require.Len(t, b.slots(t), 1)
 		b.lg.Stop()
-		// At once, not eventually: Stop returns only once the slot is gone, so that
-		// a DROP DATABASE right after it cannot meet SQLSTATE 55006.
+		// At once, not eventually: Stop returns only once the slot is gone (waitSlotGone).
 		require.Empty(t, b.slots(t), "Stop returned while its slot was still on the server")
 		from = lsn()
 		write()

@@ -6,9 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// metrics are the listener's Prometheus collectors. Without a Registerer they are
-// still created and updated, just never exported: one code path, and nothing to
-// nil-check at every update.
+// metrics are the listener's collectors, updated even when not exported.
 type metrics struct {
 	connected     prometheus.Gauge
 	reconnects    prometheus.Counter
@@ -39,10 +37,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	return m
 }
 
-// register registers c, or returns the collector already registered under its name:
-// a process that builds a second Listener on the same registry (a test, a restart of
-// the worker's components) shares the series instead of panicking. Any other
-// registration error is a programming error, and panics as MustRegister would.
+// register registers c, or returns the collector already registered under its name,
+// so that a second Listener on the same registry shares the series.
 func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
 	err := reg.Register(c)
 	if err == nil {

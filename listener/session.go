@@ -7,10 +7,8 @@ import (
 	"go.uber.org/zap"
 )
 
-// session is what the NOTIFY listener and the logical waker have in common: a
-// connection of type C that serve uses until it fails, and the calls around it.
-// keepUp holds one up for as long as ctx lasts, so that both wake sources share one
-// reconnection policy and its logs.
+// session is the reconnection policy the NOTIFY listener and the logical waker share,
+// around a connection of type C.
 type session[C any] struct {
 	log *zap.Logger
 	// serve uses the connection until it fails (or ctx ends) and says why.
@@ -25,9 +23,8 @@ type session[C any] struct {
 	backoff func(failures int) time.Duration
 }
 
-// keepUp serves c, and after every failure reconnects with backoff, until ctx ends;
-// tries start at least a backoff's delay apart, and the backoff starts again from its
-// minimum only after a connection that lasted stableAfter.
+// keepUp serves c and reconnects with backoff after every failure, until ctx ends. The
+// backoff restarts from its minimum only after a connection lasted stableAfter.
 func (s session[C]) keepUp(ctx context.Context, c C) {
 	failures := 0 // consecutive, for the backoff
 	for {
@@ -60,10 +57,8 @@ func (s session[C]) keepUp(ctx context.Context, c C) {
 				s.log.Info("listener stopped")
 				return
 			}
-			// The delay runs from the start of the try that failed: a try that waited
-			// out a host's connect timeout (a dead primary listed first) has spaced
-			// the tries already, and sleeping the whole delay after it would leave
-			// the new primary unasked for up to a second more.
+			// The delay runs from the start of the failed try, which may have waited out a dead
+			// host's connect timeout already.
 			delay = max(s.backoff(failures)-time.Since(tried), 0)
 			failures++
 			s.log.Warn("listener reconnection failed",

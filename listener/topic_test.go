@@ -112,8 +112,7 @@ func (b *bundle) notifyOn(t *testing.T, channel, payload string) {
 
 // One connection carries the wake-ups and every topic: each topic is told it is
 // connected once LISTEN runs, and then hears its own channel's notifications, and
-// only those, on the same backend as the wake-ups. Three loops each held their own
-// connection, with their own reconnect and silence rules.
+// only those, on the same backend as the wake-ups.
 func TestListener_TopicsHearTheirChannelsOnTheWakeConnection(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Options{})
@@ -201,8 +200,7 @@ func TestListener_ListenAfterStartOrTwiceForAChannelPanics(t *testing.T) {
 }
 
 // A Listener that is stopped tells its topics so (stopped), so that a topic warns
-// only of a lost connection: the HTTP-01 responder logged "token listener lost" at
-// every orderly shutdown.
+// only of a lost connection, not at every orderly shutdown.
 func TestListener_StopIsToldToTheTopicsAsAStopNotALoss(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Options{})

@@ -7,14 +7,11 @@ import (
 
 // Waker is a source of wake-ups for the worker: Listener (NOTIFY) or Logical
 // (logical replication). Every implementation MUST:
-//   - connect in Start and return its error, leaving nothing running, so that a
-//     worker that cannot be woken fails at start-up; then keep reconnecting until
-//     Stop or the end of Start's context;
-//   - send a SourceReconnect wake-up on every connection, once anything committed
-//     from then on will wake it;
+//   - connect in Start and return its error, leaving nothing running; then keep
+//     reconnecting until Stop or the end of Start's context;
+//   - send a SourceReconnect wake-up once every later commit will wake it;
 //   - never block on the consumer: Wakes has a buffer of one and merges;
-//   - make Stop safe before Start, safe twice and from several goroutines, and
-//     return only once nothing of it runs;
+//   - make Stop safe before Start, twice and concurrently, returning once nothing runs;
 //   - be safe for concurrent use.
 type Waker interface {
 	// Start connects and backgrounds the waker.
@@ -23,8 +20,7 @@ type Waker interface {
 	Stop()
 	// Wakes is where wake-ups arrive. It is never closed.
 	Wakes() <-chan Wake
-	// Connected reports whether the waker holds a live connection that will see
-	// the next change (/readyz).
+	// Connected reports whether the waker will see the next change (/readyz).
 	Connected() bool
 }
 
@@ -34,8 +30,7 @@ var (
 )
 
 // SetupError says that the server cannot do what --wake logical needs, and which
-// setting to change. Its message is one line, meant to be shown to the operator as
-// it is.
+// setting to change, in one line for the operator.
 type SetupError struct {
 	msg string
 }
