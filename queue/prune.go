@@ -27,6 +27,9 @@ type PruneResult struct {
 	Tenants int64
 	// Certificates: certificate rows, with their private keys, of deleted domains.
 	Certificates int64
+	// Buckets: the ledger's buckets full again (their tat past), which say no more
+	// than no row.
+	Buckets int64
 	// IssuedNames: the ledger's record that a CA issued for a name, for names no
 	// domain has any more.
 	IssuedNames int64
@@ -95,6 +98,8 @@ SELECT g.ctid FROM certworker_ledger g WHERE g.at < now() - make_interval(secs =
      WHERE s.id AND jsonb_typeof(s.limits) = 'object' AND jsonb_typeof(l.value) = 'object'),
     $1), (SELECT max(k.secs) FROM unnest($2::text[], $3::float8[]) AS k (directory, secs)
           WHERE k.directory = g.directory)))`, []any{seconds(defaultLedgerWindow), dirs, windows}, false},
+		{"full buckets", &r.Buckets, "certworker_buckets", `
+SELECT ctid FROM certworker_buckets WHERE tat < now()`, nil, false},
 		{"counters of tenants without domains", &r.Tenants, "certworker_tenants", `
 SELECT t.ctid FROM certworker_tenants t
 WHERE NOT EXISTS (SELECT 1 FROM proxy_domains d WHERE d.tenant_id = t.tenant_id)`, nil, true},

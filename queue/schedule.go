@@ -21,6 +21,12 @@ import (
 // row, as it judges a registered domain's (a renewal passes it, ledgerExemptSQL), so
 // it ends a wait like theirs and postpones nothing.
 //
+// Rows held out of line under a pause that is no longer in force are due now, for
+// ReturnHeld to bring back: a pause that ended between the claim that held them and
+// this look (a ledger's pause ends at the exact moment of its bucket's next token) is
+// no longer among the pauses to wait for, and without them the timer would wait for
+// the poll. Their keys are read as ReturnHeld reads them, once each.
+//
 // It reads one index entry per attempt count below the cap of the curve (the oldest
 // attempt with that count is the first whose backoff runs out) and one range for the
 // counts at the cap, so its cost follows the attempt limit, not the queue's length.
@@ -52,7 +58,15 @@ func (q *Queue) nextDueStatement(directory string) (string, []any) {
 	// routedUntilSQL reads. So with a second CA the CA's pause does not postpone ($6).
 	args = append(args, q.cfg.Fallback == nil)
 	return `
-WITH per_count AS (
+WITH RECURSIVE held_keys AS (
+    (SELECT ssl_held AS k FROM proxy_domains
+     WHERE ` + claimableSQL + ` AND ssl_held <> '` + HeldBackoff + `' ORDER BY ssl_held LIMIT 1)
+    UNION ALL
+    SELECT (SELECT ssl_held FROM proxy_domains
+            WHERE ` + claimableSQL + ` AND ssl_held <> '` + HeldBackoff + `' AND ssl_held > held_keys.k
+            ORDER BY ssl_held LIMIT 1)
+    FROM held_keys WHERE held_keys.k IS NOT NULL
+), per_count AS (
     SELECT k, r.last
     FROM generate_series(0, ` + strconv.Itoa(capped-1) + `) AS k
     CROSS JOIN LATERAL (
@@ -68,6 +82,12 @@ WITH per_count AS (
                     ELSE ssl_last_attempt_at + make_interval(secs => ` + backoffSQL("ssl_attempts", "$2", "$3") + `) END)
     FROM proxy_domains
     WHERE ` + claimableSQL + ` AND ` + dueByBackoffSQL + ` AND (ssl_attempts < 0 OR ssl_attempts >= $5) AND ssl_attempts < $1
+    UNION ALL
+    (SELECT now() FROM held_keys
+     WHERE held_keys.k IS NOT NULL AND held_keys.k NOT IN ('` + HeldDNS + `', '` + HeldRouted + `')
+       AND NOT EXISTS (SELECT 1 FROM certworker_pauses p
+                       WHERE p.scope || ':' || p.key = held_keys.k AND p.paused_until > now())
+     LIMIT 1)
 )
 SELECT ` + secondsUntilSQL(`LEAST(GREATEST(
     LEAST((SELECT min(at) FROM queued),
