@@ -139,8 +139,9 @@ INSERT INTO proxy_certificates (domain, certificate_pem, private_key_pem, expire
 	_, err = b.pool.Exec(b.ctx, `INSERT INTO certworker_issued_names (directory, name) VALUES ($1, $2)`,
 		workertest.Directory, name)
 	require.NoError(t, err)
+	// The account's one token an hour, taken by another order just now.
 	_, err = b.pool.Exec(b.ctx, `
-INSERT INTO certworker_ledger (directory, name, registered_domain, outcome) VALUES ($1, 'other.example', 'other.example', 'issued')`,
+INSERT INTO certworker_buckets (directory, kind, key, tat) VALUES ($1, 'account', $1, now() + interval '1 hour')`,
 		workertest.Directory)
 	require.NoError(t, err)
 	sent := make(chan struct{}, 10)
