@@ -14,12 +14,13 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// The limit ledger (CONTRACT.md §5): the worker's own record of its orders,
-// shared by every instance in certworker_ledger, checked against limits that mirror
-// the CA's published ones before each order. An order the CA would refuse is not
-// sent, and the domain waits, uncharged, for the window to free a slot.
+// The limit ledger (docs/cas.md, "The limit ledger"): the worker's own record of its
+// orders, shared by every instance in certworker_ledger, and the token buckets of the
+// limits that mirror the CA's published ones (certworker_buckets, bucket.go), checked
+// before each order. An order the CA would refuse is not sent, and the domain waits,
+// uncharged, for its bucket's next token.
 //
-// What counts, following Let's Encrypt's rules (Boulder's wfe2 and ra, its
+// What takes a token, following Let's Encrypt's rules (Boulder's wfe2 and ra, its
 // rate-limits documentation):
 //   - orders per account: every order sent, but renewals, which Let's Encrypt
 //     neither checks nor counts;
@@ -28,7 +29,14 @@ import (
 //   - certificates per exact set (one name here): every certificate issued or in
 //     flight, renewals included, which Let's Encrypt checks and counts too;
 //   - failed authorizations per name: every order whose authorization failed,
-//     renewals included.
+//     renewals included, when it fails (SettleLedger); an order is held back while
+//     its name's bucket is empty;
+//   - failed authorizations in a row (--limit-consecutive-failures): the same
+//     failures, a bucket that a certificate issued for the name fills again; one
+//     short of empty, the name is no longer ordered at the CA (ledgerDecision.stop).
+//
+// A certificate's tokens are taken when its order is admitted and given back when it
+// ends without one; the account's, when the CA never saw the order.
 //
 // A renewal is an order for a domain that holds a certificate the CA issued: it names
 // the certificate it replaces (ARI) and asks for the same single name, which Let's
@@ -83,9 +91,10 @@ type Refusal struct {
 // may go, in one transaction under the ledger's lock (inLedger), so that two
 // instances never exceed a limit together. A claim the CA would refuse is handed back
 // uncharged and quietly (no wake-up: the pause holds it), and what it hit is paused,
-// source 'ledger', until the window frees a slot, with the reason for `status`. A key
-// that reaches its limit with this batch is paused at once, so that the next claim
-// does not take it in the first place.
+// source 'ledger', until its bucket's next token, with the reason for `status`. A key
+// whose bucket this batch empties is paused at once, so that the next claim does not
+// take it in the first place. A claim whose name failed too often in a row (stop) is
+// refused with Stopped set: handed to the other CA, or its domain failed.
 //
 // An admission that says it is a renewal counts as one only when the CA has issued a
 // certificate for the name before (certworker_issued_names, written by SettleLedger):
