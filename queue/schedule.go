@@ -58,15 +58,7 @@ func (q *Queue) nextDueStatement(directory string) (string, []any) {
 	// routedUntilSQL reads. So with a second CA the CA's pause does not postpone ($6).
 	args = append(args, q.cfg.Fallback == nil)
 	return `
-WITH RECURSIVE held_keys AS (
-    (SELECT ssl_held AS k FROM proxy_domains
-     WHERE ` + claimableSQL + ` AND ssl_held <> '` + HeldBackoff + `' ORDER BY ssl_held LIMIT 1)
-    UNION ALL
-    SELECT (SELECT ssl_held FROM proxy_domains
-            WHERE ` + claimableSQL + ` AND ssl_held <> '` + HeldBackoff + `' AND ssl_held > held_keys.k
-            ORDER BY ssl_held LIMIT 1)
-    FROM held_keys WHERE held_keys.k IS NOT NULL
-), per_count AS (
+WITH RECURSIVE ` + heldKeysSQL("held_keys") + `, per_count AS (
     SELECT k, r.last
     FROM generate_series(0, ` + strconv.Itoa(capped-1) + `) AS k
     CROSS JOIN LATERAL (
@@ -85,8 +77,7 @@ WITH RECURSIVE held_keys AS (
     UNION ALL
     (SELECT now() FROM held_keys
      WHERE held_keys.k IS NOT NULL AND held_keys.k NOT IN ('` + HeldDNS + `', '` + HeldRouted + `')
-       AND NOT EXISTS (SELECT 1 FROM certworker_pauses p
-                       WHERE p.scope || ':' || p.key = held_keys.k AND p.paused_until > now())
+       AND ` + pauseOverSQL("held_keys.k") + `
      LIMIT 1)
 )
 SELECT ` + secondsUntilSQL(`LEAST(GREATEST(

@@ -26,8 +26,9 @@ WITH RECURSIVE held_keys AS (
     UNION ALL
     (SELECT now() FROM held_keys
      WHERE held_keys.k IS NOT NULL AND held_keys.k NOT IN ('dns', 'routed')
-       AND NOT EXISTS (SELECT 1 FROM certworker_pauses p
-                       WHERE p.scope || ':' || p.key = held_keys.k AND p.paused_until > now())
+       AND NOT EXISTS (
+        SELECT 1 FROM certworker_pauses p
+        WHERE p.scope || ':' || p.key = held_keys.k AND p.paused_until > now())
      LIMIT 1)
 )
 SELECT (EXTRACT(epoch FROM (LEAST(GREATEST(
