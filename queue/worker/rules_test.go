@@ -175,3 +175,34 @@ func (r *readmitting) Issue(ctx context.Context, req issuing.Request) (*issuing.
 	r.sent <- struct{}{}
 	return r.Issuer.Issue(ctx, req)
 }
+
+// authzFailure is a validation the CA says failed (an AuthorizationFailure).
+type authzFailure struct{}
+
+func (authzFailure) Error() string {
+	return "urn:ietf:params:acme:error:unauthorized: validation failed"
+}
+func (authzFailure) AuthorizationFailed() bool { return true }
+
+// With --limit-consecutive-failures 3, a name whose validation keeps failing is
+// ordered twice (COUNT − 1) and then failed, not charged for the stop, with a reason
+// the tenant can act on, well before --max-attempts: the CA never sees the failure
+// that would pause the name for the whole account.
+func TestWorker_ANameThatKeepsFailingValidationStopsOneShortOfTheCAsPause(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, name := b.domain(t, b.tenant(t))
+	fake := fakeissuer.New(10)
+	fake.Set(func(f *fakeissuer.Issuer) {
+		f.Fail = func(string, int) error { return authzFailure{} }
+	})
+	b.start(t, "w", worker.Config{Issuer: fake, Concurrency: 1, PollInterval: time.Second,
+		Limits: issuing.Limits{ConsecutiveFailures: issuing.ConsecutiveFailures(3)},
+		Queue:  issuing.Config{RetryBase: 50 * time.Millisecond, RetryMax: 50 * time.Millisecond, MaxAttempts: 10}})
+	b.waitStatus(t, id, "failed", 30*time.Second)
+	r := b.row(t, id)
+	require.Equal(t, 2, fake.Count(name), "the name was not ordered exactly COUNT - 1 times")
+	require.Equal(t, 2, r.Attempts, "the stop was charged")
+	require.NotNil(t, r.Error)
+	require.True(t, strings.HasPrefix(*r.Error, issuing.TooManyFailuresPrefix), *r.Error)
+}
