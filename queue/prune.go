@@ -64,7 +64,8 @@ const (
 // foreign key to it), and the key should not outlive it. The name is compared in any
 // case, as the proxy looks certificates up.
 //
-// A ledger row is kept for the longest window of its own CA's limits: keep gives
+// A ledger row is kept for the longest window of its own CA's limits (Limits.Longest,
+// which leaves out the failures in a row: no row is read for them): keep gives
 // them, by directory (the worker passes each CA's, whose --acme-fallback-limit-* may
 // be longer than the first CA's). A row is never pruned before the longest window
 // certworker_settings records either, which is the first CA's as the fleet last
@@ -95,7 +96,8 @@ SELECT ctid FROM certworker_pauses WHERE paused_until < now() - make_interval(se
 SELECT g.ctid FROM certworker_ledger g WHERE g.at < now() - make_interval(secs => GREATEST(COALESCE(
     (SELECT max((l.value->>'window_seconds')::double precision)
      FROM certworker_settings s, jsonb_each(s.limits) AS l
-     WHERE s.id AND jsonb_typeof(s.limits) = 'object' AND jsonb_typeof(l.value) = 'object'),
+     WHERE s.id AND jsonb_typeof(s.limits) = 'object' AND jsonb_typeof(l.value) = 'object'
+       AND l.key <> 'consecutive_failures'),
     $1), (SELECT max(k.secs) FROM unnest($2::text[], $3::float8[]) AS k (directory, secs)
           WHERE k.directory = g.directory)))`, []any{seconds(defaultLedgerWindow), dirs, windows}, false},
 		{"full buckets", &r.Buckets, "certworker_buckets", `
