@@ -100,6 +100,10 @@ GRANT SELECT, INSERT (directory, scope, key, source, paused_until, reason, failu
 GRANT SELECT, INSERT (directory, domain_id, name, registered_domain, renewal, exempt, claim_token, tenant_id),
       UPDATE (outcome), DELETE
    ON certworker_ledger TO :"role";
+-- The ledger's token buckets: written with each order admitted or settled, full ones
+-- pruned.
+GRANT SELECT, INSERT (directory, kind, key, tat), UPDATE (tat), DELETE
+   ON certworker_buckets TO :"role";
 -- The names each CA has issued for (which makes their orders renewals), recorded with
 -- an issued order, pruned with their domain.
 GRANT SELECT, INSERT (directory, name, issued_at), UPDATE (issued_at), DELETE

@@ -237,22 +237,12 @@ func (q *Queue) returnHeldStatement(directory string) string {
 	pause := heldByPauseSQL("d", dir+"::text")
 	// A row held under a pause comes back once the pause ends; with a second CA, at
 	// once, whatever holds it.
-	pauseEnded := `AND NOT EXISTS (
-        SELECT 1 FROM certworker_pauses p
-        WHERE p.scope || ':' || p.key = keys.k AND p.paused_until > now())`
+	pauseEnded := `AND ` + pauseOverSQL("keys.k")
 	if q.cfg.Fallback != nil {
 		pause, pauseEnded = "NULL::text", ""
 	}
 	return `
-WITH RECURSIVE keys AS (
-    (SELECT ssl_held AS k FROM proxy_domains
-     WHERE ` + claimableSQL + ` AND ssl_held <> '` + HeldBackoff + `' ORDER BY ssl_held LIMIT 1)
-    UNION ALL
-    SELECT (SELECT ssl_held FROM proxy_domains
-            WHERE ` + claimableSQL + ` AND ssl_held <> '` + HeldBackoff + `' AND ssl_held > keys.k
-            ORDER BY ssl_held LIMIT 1)
-    FROM keys WHERE keys.k IS NOT NULL
-), cand AS (
+WITH RECURSIVE ` + heldKeysSQL("keys") + `, cand AS (
     SELECT r.id FROM generate_series(0, ` + maxAttempts + ` - 1) AS k
     CROSS JOIN LATERAL (
         (SELECT id FROM proxy_domains

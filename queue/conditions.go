@@ -69,6 +69,29 @@ func heldByPauseSQL(x, dir string) string {
           LIMIT 1) END`
 }
 
+// heldKeysSQL is a recursive CTE named name of one column k: the distinct values of
+// ssl_held of the claimable rows held out of line for anything but their backoff,
+// each read once (a skip scan of proxy_domains_held_pause_idx), then a NULL.
+func heldKeysSQL(name string) string {
+	return name + ` AS (
+    (SELECT ssl_held AS k FROM proxy_domains
+     WHERE ` + claimableSQL + ` AND ssl_held <> '` + HeldBackoff + `' ORDER BY ssl_held LIMIT 1)
+    UNION ALL
+    SELECT (SELECT ssl_held FROM proxy_domains
+            WHERE ` + claimableSQL + ` AND ssl_held <> '` + HeldBackoff + `' AND ssl_held > ` + name + `.k
+            ORDER BY ssl_held LIMIT 1)
+    FROM ` + name + ` WHERE ` + name + `.k IS NOT NULL
+)`
+}
+
+// pauseOverSQL is true when no pause in force is the one held key k (an expression of
+// heldKeysSQL's k) names: the rows held under it may come back.
+func pauseOverSQL(k string) string {
+	return `NOT EXISTS (
+        SELECT 1 FROM certworker_pauses p
+        WHERE p.scope || ':' || p.key = ` + k + ` AND p.paused_until > now())`
+}
+
 // maxPlaceSQL is the top of bigint, the last place in line there is.
 const maxPlaceSQL = `9223372036854775807`
 

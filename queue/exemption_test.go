@@ -72,11 +72,13 @@ VALUES ('in.window.example', 'pem', 'key', now() + interval '5 days', now() - in
        ('out.window.example', 'pem', 'key', now() + interval '5 days', now() - interval '2 hours', now() - interval '1 hour')`)
 	b.exec(t, `INSERT INTO certworker_issued_names (directory, name)
 VALUES ($1, 'in.window.example'), ($1, 'out.window.example')`, testDirectory)
-	b.exec(t, `
-INSERT INTO certworker_ledger (directory, name, registered_domain, renewal, outcome)
-SELECT $1, n, 'window.example', false, o
-FROM unnest(ARRAY['in.window.example', 'out.window.example']) n, unnest(ARRAY['issued', 'failed_authz']) o`, testDirectory)
 	hour := issuing.Limit{Count: 1, Window: time.Hour}
+	b.spentBucket(t, testDirectory, "account", testDirectory, hour, 1)
+	b.spentBucket(t, testDirectory, "registered_domain", "window.example", hour, 1)
+	for _, n := range []string{"in.window.example", "out.window.example"} {
+		b.spentBucket(t, testDirectory, "exact_set", n, hour, 1)
+		b.spentBucket(t, testDirectory, "failed_authz", n, hour, 1)
+	}
 	limits := issuing.Limits{OrdersPerAccount: hour, CertsPerRegisteredDomain: hour, CertsPerExactSet: hour, FailedAuthzPerName: hour}
 	admitted, refused, err := b.q.Admit(b.ctx, testDirectory, limits, b.admissions(t, true))
 	require.NoError(t, err)

@@ -14,12 +14,13 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// The limit ledger: the worker's own record of its orders,
-// shared by every instance in certworker_ledger, checked against limits that mirror
-// the CA's published ones before each order. An order the CA would refuse is not
-// sent, and the domain waits, uncharged, for the window to free a slot.
+// The limit ledger (docs/cas.md, "The limit ledger"): the worker's own record of its
+// orders, shared by every instance in certworker_ledger, and the token buckets of the
+// limits that mirror the CA's published ones (certworker_buckets, bucket.go), checked
+// before each order. An order the CA would refuse is not sent, and the domain waits,
+// uncharged, for its bucket's next token.
 //
-// What counts, following Let's Encrypt's rules (Boulder's wfe2 and ra, its
+// What takes a token, following Let's Encrypt's rules (Boulder's wfe2 and ra, its
 // rate-limits documentation):
 //   - orders per account: every order sent, but renewals, which Let's Encrypt
 //     neither checks nor counts;
@@ -28,7 +29,14 @@ import (
 //   - certificates per exact set (one name here): every certificate issued or in
 //     flight, renewals included, which Let's Encrypt checks and counts too;
 //   - failed authorizations per name: every order whose authorization failed,
-//     renewals included.
+//     renewals included, when it fails (SettleLedger); an order is held back while
+//     its name's bucket is empty;
+//   - failed authorizations in a row (--limit-consecutive-failures): the same
+//     failures, a bucket that a certificate issued for the name fills again; one
+//     short of empty, the name is no longer ordered at the CA (ledgerDecision.stop).
+//
+// A certificate's tokens are taken when its order is admitted and given back when it
+// ends without one; the account's, when the CA never saw the order.
 //
 // A renewal is an order for a domain that holds a certificate the CA issued: it names
 // the certificate it replaces (ARI) and asks for the same single name, which Let's
@@ -73,25 +81,20 @@ type Admission struct {
 type Refusal struct {
 	Claim  issuing.Claim
 	Reason string
+	// Stopped: the name has failed validation too often in a row at this CA
+	// (--limit-consecutive-failures). Rerouted: the claim was handed back for the
+	// other CA; otherwise its domain was failed, with Reason as its ssl_error.
+	Stopped, Rerouted bool
 }
-
-// ledgerCount is what the ledger holds for one limit and key: how many rows count,
-// and when the oldest of them leaves the window.
-type ledgerCount struct {
-	n     int
-	frees *time.Time
-}
-
-// ledgerKey names one limit applied to one key.
-type ledgerKey struct{ kind, key string }
 
 // Admit checks claims (in the order given) against limits and records the ones that
 // may go, in one transaction under the ledger's lock (inLedger), so that two
 // instances never exceed a limit together. A claim the CA would refuse is handed back
 // uncharged and quietly (no wake-up: the pause holds it), and what it hit is paused,
-// source 'ledger', until the window frees a slot, with the reason for `status`. A key
-// that reaches its limit with this batch is paused at once, so that the next claim
-// does not take it in the first place.
+// source 'ledger', until its bucket's next token, with the reason for `status`. A key
+// whose bucket this batch empties is paused at once, so that the next claim does not
+// take it in the first place. A claim whose name failed too often in a row (stop) is
+// refused with Stopped set: handed to the other CA, or its domain failed.
 //
 // An admission that says it is a renewal counts as one only when the CA has issued a
 // certificate for the name before (certworker_issued_names, written by SettleLedger):
@@ -109,18 +112,18 @@ func (q *Queue) Admit(ctx context.Context, directory string, limits issuing.Limi
 	}
 	err = q.inLedger(ctx, directory, func(tx pgx.Tx) error {
 		admitted, refused = nil, nil
-		counts, err := ledgerCounts(ctx, tx, directory, limits, as)
+		d, err := q.newDecision(ctx, tx, directory, limits, as)
 		if err != nil {
 			return err
 		}
-		if err := reserveCounts(ctx, tx, directory, limits, as, counts); err != nil {
-			return err
-		}
-		d := ledgerDecision{limits: limits, directory: directory, counts: counts}
 		for _, a := range as {
-			if why := d.admit(a); why != "" {
+			stopped := len(d.stopped)
+			switch why := d.admit(a); {
+			case len(d.stopped) > stopped:
+				refused = append(refused, d.stopped[stopped])
+			case why != "":
 				refused = append(refused, Refusal{Claim: a.Claim, Reason: why})
-			} else {
+			default:
 				admitted = append(admitted, a.Claim)
 				d.record(a)
 			}
@@ -278,137 +281,138 @@ func milliseconds(d time.Duration) string {
 	return strconv.FormatInt(max(d.Milliseconds(), 1), 10)
 }
 
-var ledgerCountsSQL = `
-SELECT 'account', $1::text, count(*), min(at) + make_interval(secs => $2) FROM certworker_ledger
- WHERE $2 > 0 AND directory = $1 AND at > now() - make_interval(secs => $2) AND outcome <> 'not_sent' AND NOT renewal
-UNION ALL
-SELECT 'registered_domain', registered_domain, count(*), min(at) + make_interval(secs => $3) FROM certworker_ledger
- WHERE $3 > 0 AND directory = $1 AND registered_domain = ANY($4) AND at > now() - make_interval(secs => $3)
-   AND outcome IN ('pending', 'issued', 'unknown') AND NOT renewal
- GROUP BY registered_domain
-UNION ALL
-SELECT 'exact_set', name, count(*), min(at) + make_interval(secs => $5) FROM certworker_ledger
- WHERE $5 > 0 AND directory = $1 AND name = ANY($6) AND at > now() - make_interval(secs => $5)
-   AND outcome IN ('pending', 'issued', 'unknown')
- GROUP BY name
-UNION ALL
-SELECT 'failed_authz', name, count(*), min(at) + make_interval(secs => $7) FROM certworker_ledger
- WHERE $7 > 0 AND directory = $1 AND name = ANY($6) AND at > now() - make_interval(secs => $7)
-   AND outcome = 'failed_authz'
- GROUP BY name`
+// ledgerDecision applies the limits to a batch, spending the tokens of what it admits.
+type ledgerDecision struct {
+	limits    issuing.Limits
+	directory string
+	// second is the second CA's directory, "" without one: with two CAs, a name
+	// whose failures in a row stop it at one may go to the other.
+	second  string
+	buckets *buckets
+	// tenants is what each tenant of the batch has ordered in the account's last
+	// DURATION (the tenant reserve).
+	tenants map[string]tenantUse
+	rows    []Admission
+	// full are the keys that must wait, to pause until paused_until, with the reason.
+	full map[ledgerKey]pauseUntil
+	// stopped are the claims whose name has failed too often in a row at this CA.
+	stopped []Refusal
+}
 
-// ledgerCounts reads, for every limit that is on, what counts for the keys of as.
-func ledgerCounts(ctx context.Context, tx pgx.Tx, directory string, l issuing.Limits, as []Admission) (map[ledgerKey]ledgerCount, error) {
+type pauseUntil struct {
+	until time.Time
+	why   string
+}
+
+// ledgerKey names one bucket: a limit's kind and its key.
+type ledgerKey struct{ kind, key string }
+
+// newDecision reads, under the ledger's lock, the buckets and tenants as can touch.
+func (q *Queue) newDecision(ctx context.Context, tx pgx.Tx, directory string, limits issuing.Limits, as []Admission) (*ledgerDecision, error) {
 	var rds, names []string
 	for _, a := range as {
 		rds, names = append(rds, a.RegisteredDomain), append(names, a.Name)
 	}
-	rows, err := tx.Query(ctx, ledgerCountsSQL,
-		directory, seconds(l.OrdersPerAccount.ActiveWindow()), seconds(l.CertsPerRegisteredDomain.ActiveWindow()), rds,
-		seconds(l.CertsPerExactSet.ActiveWindow()), names, seconds(l.FailedAuthzPerName.ActiveWindow()))
+	b, err := readBuckets(ctx, tx, directory, rds, names)
 	if err != nil {
-		return nil, fmt.Errorf("count orders: %w", err)
+		return nil, err
 	}
-	defer rows.Close()
-	counts := map[ledgerKey]ledgerCount{}
-	for rows.Next() {
-		var k ledgerKey
-		var c ledgerCount
-		if err := rows.Scan(&k.kind, &k.key, &c.n, &c.frees); err != nil {
-			return nil, fmt.Errorf("count orders: %w", err)
-		}
-		counts[k] = c
+	tenants, err := reserveCounts(ctx, tx, directory, limits, as)
+	if err != nil {
+		return nil, err
 	}
-	return counts, rows.Err()
+	d := &ledgerDecision{limits: limits, directory: directory, buckets: b, tenants: tenants}
+	if f := q.cfg.Fallback; f != nil {
+		d.second = f.Directory
+	}
+	return d, nil
 }
 
-// ledgerDecision applies the limits to a batch, counting what it admits.
-type ledgerDecision struct {
-	limits    issuing.Limits
-	directory string
-	counts    map[ledgerKey]ledgerCount
-	rows      []Admission
-	// full are the keys at their limit, to pause, with the reason.
-	full map[ledgerKey]string
-}
-
-// checks are the limits that apply to a, with their keys and flags.
-func (d *ledgerDecision) checks(a Admission) []struct {
+// ledgerCheck is one limit that applies to an admission.
+type ledgerCheck struct {
 	k     ledgerKey
 	limit issuing.Limit
 	flag  string
 	what  string
-} {
-	type check = struct {
-		k     ledgerKey
-		limit issuing.Limit
-		flag  string
-		what  string
-	}
-	var out []check
-	if !a.Renewal {
-		out = append(out,
-			check{ledgerKey{"account", d.directory}, d.limits.OrdersPerAccount, "--limit-orders-per-account", "new orders from the account"},
-			check{ledgerKey{"registered_domain", a.RegisteredDomain}, d.limits.CertsPerRegisteredDomain, "--limit-certs-per-registered-domain", "new certificates for " + a.RegisteredDomain})
-	}
-	return append(out,
-		check{ledgerKey{"exact_set", a.Name}, d.limits.CertsPerExactSet, "--limit-certs-per-exact-set", "certificates for " + a.Name},
-		check{ledgerKey{"failed_authz", a.Name}, d.limits.FailedAuthzPerName, "--limit-failed-authz-per-name", "failed authorizations for " + a.Name})
 }
 
-// admit returns why a must wait, or "". An ARI renewal never waits.
+// checks are the buckets a's order must find a token in, and spends one of: orders
+// per account and certificates per registered domain for a new order, certificates
+// per exact set for any. Failed authorizations are checked here and spent when one
+// fails (settle).
+func (d *ledgerDecision) checks(a Admission) []ledgerCheck {
+	var out []ledgerCheck
+	if !a.Renewal {
+		out = append(out,
+			ledgerCheck{ledgerKey{bucketAccount, d.directory}, d.limits.OrdersPerAccount, "--limit-orders-per-account", "new orders from the account"},
+			ledgerCheck{ledgerKey{bucketRegisteredDomain, a.RegisteredDomain}, d.limits.CertsPerRegisteredDomain, "--limit-certs-per-registered-domain", "new certificates for " + a.RegisteredDomain})
+	}
+	return append(out,
+		ledgerCheck{ledgerKey{bucketExactSet, a.Name}, d.limits.CertsPerExactSet, "--limit-certs-per-exact-set", "certificates for " + a.Name},
+		ledgerCheck{ledgerKey{bucketFailedAuthz, a.Name}, d.limits.FailedAuthzPerName, "--limit-failed-authz-per-name", "failed authorizations for " + a.Name})
+}
+
+// admit returns why a must wait, or "". An ARI renewal never waits for a token; a
+// name that has failed too often in a row is stopped whatever the order (stop).
 func (d *ledgerDecision) admit(a Admission) string {
+	if why := d.stop(a); why != "" {
+		return why
+	}
 	if a.exempt {
 		return ""
 	}
 	for _, c := range d.checks(a) {
-		if c.limit.Off() {
+		if c.limit.Off() || d.buckets.tokens(c.k, c.limit) >= 1 {
 			continue
 		}
-		if n := d.counts[c.k].n; n >= c.limit.Count {
-			why := fmt.Sprintf("ledger: %d %s in %s (%s %s)", n, c.what, c.limit.Window, c.flag, c.limit)
-			d.markFull(c.k, why)
-			return why
-		}
+		why := fmt.Sprintf("ledger: no token left for %s (%s)", c.what, describe(c.flag, c.limit))
+		d.markFull(c.k, d.buckets.holdsAt(c.k, c.limit, 1), why)
+		return why
 	}
 	return d.reserveHolds(a)
 }
 
-// record counts an admitted claim; a key it brings to its limit is paused.
+// stop returns why a's name is no longer ordered at this CA, or "": its failed
+// authorizations in a row have reached COUNT − 1 of --limit-consecutive-failures, one
+// short of the CA's pause of the name for the whole account. The claim is then
+// handed to the other CA (the routed claim sends a name this CA refused there) when
+// there is one that has not stopped the name itself, and failed otherwise (write).
+func (d *ledgerDecision) stop(a Admission) string {
+	l := d.limits.ConsecutiveFailures
+	k := ledgerKey{bucketConsecutive, a.Name}
+	if l.Off() || d.buckets.tokens(k, l) > 1 {
+		return ""
+	}
+	why := fmt.Sprintf("%s %s failed validation %d times in a row at this CA (--limit-consecutive-failures %d, "+
+		"one forgiven a day); the CA would stop issuing for it. Point its DNS at the proxy (or fix what makes "+
+		"its validation fail), then retry it", issuing.TooManyFailuresPrefix, a.Name, l.Count-d.buckets.tokens(k, l), l.Count)
+	d.stopped = append(d.stopped, Refusal{Claim: a.Claim, Reason: why, Stopped: true,
+		Rerouted: d.second != "" && (a.Claim.RefusedBy == "" || a.Claim.RefusedBy == d.directory)})
+	return why
+}
+
+// record spends the tokens of an admitted claim; a bucket it empties is paused until
+// its next token.
 func (d *ledgerDecision) record(a Admission) {
 	d.rows = append(d.rows, a)
 	d.recordReserve(a)
 	for _, c := range d.checks(a) {
-		if c.limit.Off() || c.k.kind == "failed_authz" {
+		if c.limit.Off() || c.k.kind == bucketFailedAuthz {
 			continue
 		}
-		cnt := d.counts[c.k]
-		cnt.n++
-		d.counts[c.k] = cnt
-		if cnt.n >= c.limit.Count {
-			d.markFull(c.k, fmt.Sprintf("ledger: %d %s in %s (%s %s)", cnt.n, c.what, c.limit.Window, c.flag, c.limit))
+		d.buckets.spend(c.k, c.limit)
+		if d.buckets.tokens(c.k, c.limit) < 1 {
+			d.markFull(c.k, d.buckets.holdsAt(c.k, c.limit, 1),
+				fmt.Sprintf("ledger: no token left for %s (%s)", c.what, describe(c.flag, c.limit)))
 		}
 	}
 }
 
-func (d *ledgerDecision) markFull(k ledgerKey, why string) {
+func (d *ledgerDecision) markFull(k ledgerKey, until time.Time, why string) {
 	if d.full == nil {
-		d.full = map[ledgerKey]string{}
+		d.full = map[ledgerKey]pauseUntil{}
 	}
-	d.full[k] = why
-}
-
-// Window is the window of a limit kind.
-func (d *ledgerDecision) window(kind string) time.Duration {
-	switch kind {
-	case "account", issuing.ScopeTenant:
-		return d.limits.OrdersPerAccount.Window
-	case "registered_domain":
-		return d.limits.CertsPerRegisteredDomain.Window
-	case "exact_set":
-		return d.limits.CertsPerExactSet.Window
-	}
-	return d.limits.FailedAuthzPerName.Window
+	d.full[k] = pauseUntil{until, why}
 }
 
 var ledgerInsertSQL = `
@@ -421,76 +425,118 @@ UPDATE proxy_domains SET
     ` + releaseClaimSQL + `
 WHERE ` + heldSQL
 
+// ledgerRerouteSQL hands a claim back as refused by this CA ($3) for too many
+// failures in a row: the routed claim sends it to the other CA at once.
+var ledgerRerouteSQL = `
+UPDATE proxy_domains SET
+    ssl_status = 'pending', ssl_last_attempt_at = ssl_claim_prev_attempt_at, updated_at = now(),
+    ssl_ca_refused = $3, ssl_ca_refused_cause = '` + issuing.RefusedTooManyFailures + `',
+    ` + releaseClaimSQL + `
+WHERE ` + heldSQL
+
+// ledgerStopSQL fails a claim's domain for too many failures in a row ($3, the
+// reason): nothing was sent, and no attempt is charged.
+var ledgerStopSQL = `
+UPDATE proxy_domains SET
+    ssl_status = 'failed', ssl_error = $3, updated_at = now(),
+    ` + releaseClaimSQL + `
+WHERE ` + heldSQL
+
 var ledgerPauseSQL = `
 INSERT INTO certworker_pauses AS p (directory, scope, key, source, paused_until, reason, held_since)
-VALUES ($6, $1, $2, 'ledger', COALESCE($3, now() + make_interval(secs => $4)), $5, now())
+VALUES ($5, $1, $2, 'ledger', $3, $4, now())
 ON CONFLICT (directory, scope, key, source) DO UPDATE SET
     held_since = ` + heldSinceSQL + `,
     paused_until = EXCLUDED.paused_until, reason = EXCLUDED.reason, updated_at = now()`
 
-// write records the admitted orders, hands the refused claims back quietly, and
-// pauses the keys at their limit until their oldest counted row leaves the window
-// (a window of rows all recorded now frees a slot a window from now).
+// pauseScope is the scope of the pause of a bucket's key.
+func pauseScope(kind string) string {
+	switch kind {
+	case bucketAccount:
+		return issuing.ScopeCA
+	case bucketRegisteredDomain:
+		return issuing.ScopeRegisteredDomain
+	case issuing.ScopeTenant:
+		return issuing.ScopeTenant
+	}
+	return issuing.ScopeDomain
+}
+
+// write records the admitted orders and the buckets they spent, sends the stopped
+// names to the other CA or fails them, hands the refused claims back quietly, and
+// pauses the keys that must wait until their next token.
 func (d *ledgerDecision) write(ctx context.Context, tx pgx.Tx, refused []Refusal) error {
 	b := &pgx.Batch{}
+	// A name sent to the other CA wakes the workers (the routed claim takes it
+	// there); the rest is quiet.
+	for _, s := range d.stopped {
+		if s.Rerouted {
+			b.Queue(ledgerRerouteSQL, s.Claim.ID, s.Claim.Token, d.directory)
+		}
+	}
 	b.Queue(`SELECT set_config('certworker.quiet', 'on', true)`)
+	for _, s := range d.stopped {
+		if !s.Rerouted {
+			b.Queue(ledgerStopSQL, s.Claim.ID, s.Claim.Token, s.Reason)
+		}
+	}
 	for _, a := range d.rows {
 		b.Queue(ledgerInsertSQL, d.directory, a.Claim.ID, a.Name, a.RegisteredDomain, a.Renewal, a.exempt,
 			a.Claim.Token, a.Claim.TenantID)
 	}
+	d.buckets.queue(b)
 	for _, r := range refused {
-		b.Queue(ledgerHandBackSQL, r.Claim.ID, r.Claim.Token)
+		if !r.Stopped {
+			b.Queue(ledgerHandBackSQL, r.Claim.ID, r.Claim.Token)
+		}
 	}
-	for k, why := range d.full {
-		scope, key := issuing.ScopeDomain, k.key
-		switch k.kind {
-		case "account":
-			scope = issuing.ScopeCA
-		case "registered_domain":
-			scope = issuing.ScopeRegisteredDomain
-		case issuing.ScopeTenant:
-			scope = issuing.ScopeTenant
-		}
-		var frees *time.Time
-		if c, ok := d.counts[k]; ok {
-			frees = c.frees
-		}
-		b.Queue(ledgerPauseSQL,
-			scope, key, frees, seconds(d.window(k.kind)), why, d.directory)
+	for k, p := range d.full {
+		b.Queue(ledgerPauseSQL, pauseScope(k.kind), k.key, p.until, p.why, d.directory)
 	}
 	return tx.SendBatch(ctx, b).Close()
 }
 
 var readmitSQL = `
-DELETE FROM certworker_ledger WHERE directory = $1 AND claim_token = $2`
+DELETE FROM certworker_ledger WHERE directory = $1 AND claim_token = $2
+RETURNING outcome IN ('pending', 'unknown')`
 
 // Readmit asks the ledger again, as a new order (not a renewal, not exempt), about a
 // claim Admit admitted as a renewal, whose order is about to go without "replaces"
 // (Request.Readmit): the CA counts it as a new order then, and the ledger must not let
 // it past a limit it admitted it past as a renewal. Under the ledger's lock, the
-// claim's own row is left out of the counts and written again as what it now is. A
-// refusal returns a *LedgerRefusedError, pauses what the order hit, as Admit does, and
-// leaves no row for the claim (the order is not sent).
+// claim's own row is deleted and the token it took given back, and the order is
+// admitted again as what it now is. A refusal returns a *LedgerRefusedError, pauses
+// what the order hit, as Admit does, and leaves no row for the claim (the order is
+// not sent); the caller hands the claim back.
 func (q *Queue) Readmit(ctx context.Context, directory string, limits issuing.Limits, a Admission) error {
 	a.Renewal, a.exempt = false, false
 	var why string
 	err := q.inLedger(ctx, directory, func(tx pgx.Tx) error {
 		why = ""
-		if _, err := tx.Exec(ctx, readmitSQL, directory, a.Claim.Token); err != nil {
+		rows, err := tx.Query(ctx, readmitSQL, directory, a.Claim.Token)
+		if err != nil {
 			return err
 		}
-		counts, err := ledgerCounts(ctx, tx, directory, limits, []Admission{a})
+		counted, err := pgx.CollectRows(rows, pgx.RowTo[bool])
 		if err != nil {
 			return err
 		}
 		// As a new order it is under the tenant reserve too, as in Admit.
-		if err := reserveCounts(ctx, tx, directory, limits, []Admission{a}, counts); err != nil {
+		d, err := q.newDecision(ctx, tx, directory, limits, []Admission{a})
+		if err != nil {
 			return err
 		}
-		d := ledgerDecision{limits: limits, directory: directory, counts: counts}
+		for _, c := range counted {
+			if c && !limits.CertsPerExactSet.Off() {
+				d.buckets.refund(ledgerKey{bucketExactSet, a.Name}, limits.CertsPerExactSet)
+			}
+		}
 		if why = d.admit(a); why == "" {
 			d.record(a)
 		}
+		// A name stopped for its failures in a row is refused like any other here:
+		// the caller holds the claim and hands it back, and the next Admit stops it.
+		d.stopped = nil
 		return d.write(ctx, tx, nil)
 	})
 	if err != nil {
@@ -505,7 +551,7 @@ func (q *Queue) Readmit(ctx context.Context, directory string, limits issuing.Li
 var settleLedgerSQL = `
 WITH l AS (
     UPDATE certworker_ledger SET outcome = $2 WHERE claim_token = $1 AND outcome IN ('pending', 'unknown')
-    RETURNING name, registered_domain, tenant_id
+    RETURNING name, registered_domain, tenant_id, renewal, exempt
 ), issued AS (
     INSERT INTO certworker_issued_names AS n (directory, name)
     SELECT $3, name FROM l WHERE $2 = 'issued'
@@ -517,46 +563,106 @@ WITH l AS (
         OR (p.scope = 'domain' AND p.key = l.name AND $2 <> 'failed_authz')
         OR (p.scope = 'ca' AND p.key = $3 AND $2 = 'not_sent')
         OR (p.scope = 'tenant' AND p.key = l.tenant_id::text AND $2 = 'not_sent'))
-), authz AS (
-    SELECT l.name, count(*) AS n, min(c.at) + make_interval(secs => $5) AS frees
-    FROM l JOIN certworker_ledger c ON c.name = l.name AND c.directory = $3
-    WHERE $2 = 'failed_authz' AND $4 > 0 AND c.at > now() - make_interval(secs => $5)
-      AND (c.outcome = 'failed_authz' OR c.claim_token = $1)
-    GROUP BY l.name
 )
-INSERT INTO certworker_pauses AS p (directory, scope, key, source, paused_until, reason, held_since)
-SELECT $3, 'domain', name, 'ledger', frees,
-       format('ledger: %s failed authorizations for %s in %s (--limit-failed-authz-per-name %s)', n, name, $6::text, $7::text),
-       now()
-FROM authz WHERE n >= $4
-ON CONFLICT (directory, scope, key, source) DO UPDATE SET
-    held_since = ` + heldSinceSQL + `,
-    paused_until = EXCLUDED.paused_until, reason = EXCLUDED.reason, updated_at = now()`
+SELECT name, registered_domain, renewal, exempt FROM l`
+
+// settled is a ledger row SettleLedger gave its outcome.
+type settled struct {
+	name, registeredDomain string
+	renewal, exempt        bool
+}
 
 // SettleLedger records how the order of claim token ended, under the ledger's lock:
-// the pauses it lifts or writes are the ledger's, which Admit writes under the same
-// lock, and a lift that raced an Admit could leave a pause the counts no longer
-// justify, for as long as a window (a week).
+// the buckets and pauses it changes are the ledger's, which Admit writes under the
+// same lock.
 //
-// An outcome that does not count as a certificate (a failure, nothing sent) lifts the
-// ledger's pauses of the order's name and registered domain, and of the account when
-// nothing was sent: the next claim counts again and pauses them anew if they are still
-// full. A failed authorization that brings its name to the limit pauses the name (and
-// leaves a pause the name already had: one statement may not delete and insert one
-// row). An issued certificate records that the CA has issued for the name
-// (certworker_issued_names), which makes its later orders renewals. A row recorded
-// as unknown (SettleStaleLedger) takes the outcome that arrives late.
+// Tokens follow what the CA counts. An order that does not end in a certificate (a
+// failure, nothing sent) gives back the certificate tokens it took, and an order the
+// CA never saw (not sent) the account's too; it lifts the ledger's pauses of the
+// order's name and registered domain (and of the account when nothing was sent):
+// the next claim finds the token given back. A failed authorization takes a token of
+// failed authorizations per name, pausing the name when it was the last, and one of
+// the name's failures in a row; an issued certificate fills that bucket again, as a
+// success resets the CA's count, and records that the CA has issued for the name
+// (certworker_issued_names), which makes its later orders renewals. A row recorded as
+// unknown (SettleStaleLedger) takes the outcome that arrives late.
 func (q *Queue) SettleLedger(ctx context.Context, directory, token, outcome string, limits issuing.Limits) error {
 	err := q.inLedger(ctx, directory, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, settleLedgerSQL,
-			token, outcome, directory, limits.FailedAuthzPerName.Count, seconds(limits.FailedAuthzPerName.ActiveWindow()),
-			limits.FailedAuthzPerName.Window.String(), limits.FailedAuthzPerName.String())
-		return err
+		rows, err := tx.Query(ctx, settleLedgerSQL, token, outcome, directory)
+		if err != nil {
+			return err
+		}
+		var done []settled
+		for rows.Next() {
+			var s settled
+			if err := rows.Scan(&s.name, &s.registeredDomain, &s.renewal, &s.exempt); err != nil {
+				rows.Close()
+				return err
+			}
+			done = append(done, s)
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if len(done) == 0 {
+			return nil
+		}
+		var rds, names []string
+		for _, s := range done {
+			rds, names = append(rds, s.registeredDomain), append(names, s.name)
+		}
+		b, err := readBuckets(ctx, tx, directory, rds, names)
+		if err != nil {
+			return err
+		}
+		batch := &pgx.Batch{}
+		for _, s := range done {
+			settleBuckets(batch, b, limits, s, outcome)
+		}
+		b.queue(batch)
+		return tx.SendBatch(ctx, batch).Close()
 	})
 	if err != nil {
 		return fmt.Errorf("settle ledger: %w", err)
 	}
 	return nil
+}
+
+// settleBuckets applies to b the outcome of order s (SettleLedger), and queues the
+// pause of a name whose failed authorizations it used up.
+func settleBuckets(batch *pgx.Batch, b *buckets, l issuing.Limits, s settled, outcome string) {
+	refund := func(k ledgerKey, limit issuing.Limit) {
+		if !limit.Off() {
+			b.refund(k, limit)
+		}
+	}
+	if outcome != issuing.LedgerIssued {
+		if !s.renewal {
+			refund(ledgerKey{bucketRegisteredDomain, s.registeredDomain}, l.CertsPerRegisteredDomain)
+		}
+		refund(ledgerKey{bucketExactSet, s.name}, l.CertsPerExactSet)
+	}
+	if outcome == issuing.LedgerNotSent && !s.renewal {
+		refund(ledgerKey{bucketAccount, b.directory}, l.OrdersPerAccount)
+	}
+	switch outcome {
+	case issuing.LedgerIssued:
+		b.reset(ledgerKey{bucketConsecutive, s.name})
+	case issuing.LedgerFailedAuthz:
+		if c := l.ConsecutiveFailures; !c.Off() {
+			b.spend(ledgerKey{bucketConsecutive, s.name}, c)
+		}
+		f, k := l.FailedAuthzPerName, ledgerKey{bucketFailedAuthz, s.name}
+		if f.Off() {
+			return
+		}
+		b.spend(k, f)
+		if b.tokens(k, f) < 1 {
+			batch.Queue(ledgerPauseSQL, issuing.ScopeDomain, s.name, b.holdsAt(k, f, 1),
+				fmt.Sprintf("ledger: no token left for failed authorizations for %s (%s)", s.name,
+					describe("--limit-failed-authz-per-name", f)), b.directory)
+		}
+	}
 }
 
 var settleStaleLedgerSQL = `

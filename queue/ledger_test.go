@@ -26,6 +26,16 @@ func (b *bundle) admissions(t *testing.T, renewal bool) []queue.Admission {
 	return as
 }
 
+// spentBucket sets the bucket of kind and key at directory as if n tokens of l had
+// been taken just now, as Admit and SettleLedger write it.
+func (b *bundle) spentBucket(t *testing.T, directory, kind, key string, l issuing.Limit, n int) {
+	t.Helper()
+	b.exec(t, `
+INSERT INTO certworker_buckets (directory, kind, key, tat) VALUES ($1, $2, $3, now() + make_interval(secs => $4))
+ON CONFLICT (directory, kind, key) DO UPDATE SET tat = EXCLUDED.tat`,
+		directory, kind, key, (time.Duration(n) * l.Interval()).Seconds())
+}
+
 func names(cs []issuing.Claim) []string {
 	var out []string
 	for _, c := range cs {
@@ -78,10 +88,14 @@ func TestAdmit_EachLimitHoldsBackWhatItCovers(t *testing.T) {
 				require.Zero(t, row.Attempts, "a refused claim was charged")
 				require.Regexp(t, `^ledger: `, r.Reason)
 			}
+			// Paused until the bucket's next token: one interval (an hour over the
+			// count) after the batch, not a window.
 			var reason string
+			interval := tc.limits.OrdersPerAccount.Interval() + tc.limits.CertsPerRegisteredDomain.Interval()
 			require.NoError(t, b.pool.QueryRow(b.ctx, `
-SELECT reason FROM certworker_pauses WHERE scope = $1 AND key = $2 AND source = 'ledger' AND paused_until > now() + interval '50 minutes'`,
-				tc.scope, tc.key).Scan(&reason))
+SELECT reason FROM certworker_pauses WHERE scope = $1 AND key = $2 AND source = 'ledger'
+   AND paused_until BETWEEN now() + make_interval(secs => $3) - interval '1 minute' AND now() + make_interval(secs => $3)`,
+				tc.scope, tc.key, interval.Seconds()).Scan(&reason))
 			require.Regexp(t, `^ledger: `, reason)
 			require.Empty(t, b.drain(t), "a held-back domain was claimed again")
 		})
@@ -115,12 +129,10 @@ SELECT $1, 'r' || g || '.shop.example' FROM generate_series(0, 3) g`, testDirect
 
 	other := setup(t)
 	id := other.named(t, other.tenant(t), "again.example")
-	_, err = other.pool.Exec(other.ctx, `
-INSERT INTO certworker_ledger (directory, name, registered_domain, renewal, outcome)
-SELECT $1, 'again.example', 'again.example', true, 'issued' FROM generate_series(1, 5)`, testDirectory)
-	require.NoError(t, err)
+	five := issuing.Limit{Count: 5, Window: time.Hour}
+	other.spentBucket(t, testDirectory, "exact_set", "again.example", five, 5)
 	admitted, refused, err = other.q.Admit(other.ctx, testDirectory,
-		issuing.Limits{CertsPerExactSet: issuing.Limit{Count: 5, Window: time.Hour}}, other.admissions(t, true))
+		issuing.Limits{CertsPerExactSet: five}, other.admissions(t, true))
 	require.NoError(t, err)
 	require.Empty(t, admitted, "a renewal went past the exact-set limit, which counts renewals")
 	require.Len(t, refused, 1)

@@ -243,7 +243,9 @@ VALUES (now() - interval '20 minutes', $1, 'stale.example', 'stale.example', '11
 	require.Equal(t, int64(1), n)
 	require.Equal(t, []string{"stale.example unknown", "young.example pending"}, b.ledgerOutcomes(t))
 
+	// The token its Admit took stays taken.
 	limits := issuing.Limits{CertsPerExactSet: issuing.Limit{Count: 1, Window: time.Hour}}
+	b.spentBucket(t, testDirectory, "exact_set", "stale.example", limits.CertsPerExactSet, 1)
 	admitted, refused, err := b.q.Admit(b.ctx, testDirectory, limits, b.admissions(t, false))
 	require.NoError(t, err)
 	require.Empty(t, admitted, "an order of unknown outcome no longer counts as a certificate")

@@ -25,6 +25,8 @@ type PruneResult struct {
 	Tenants int64
 	// Certificates: certificate rows, with their private keys, of deleted domains.
 	Certificates int64
+	// Buckets: the ledger's buckets full again (their tat past).
+	Buckets int64
 	// IssuedNames: the ledger's issued-name records of names no domain has.
 	IssuedNames int64
 	// Orders: recorded ACME orders of deleted domains.
@@ -47,7 +49,8 @@ const (
 // Prune deletes what the worker keeps and no longer needs, in batches; safe on any
 // instance at any time. A deleted domain's certificate row and key go an hour after
 // their last write, matched by name in any case. A ledger row is kept for the longest
-// window of its CA's limits (keep), and of those certworker_settings records.
+// window of its CA's limits (keep; Limits.Longest leaves out the failures in a row,
+// for which no row is read), and of those certworker_settings records.
 func (q *Queue) Prune(ctx context.Context, keep ...LedgerWindow) (PruneResult, error) {
 	dirs, windows := make([]string, len(keep)), make([]float64, len(keep))
 	for i, k := range keep {
@@ -73,9 +76,12 @@ SELECT ctid FROM certworker_pauses WHERE paused_until < now() - make_interval(se
 SELECT g.ctid FROM certworker_ledger g WHERE g.at < now() - make_interval(secs => GREATEST(COALESCE(
     (SELECT max((l.value->>'window_seconds')::double precision)
      FROM certworker_settings s, jsonb_each(s.limits) AS l
-     WHERE s.id AND jsonb_typeof(s.limits) = 'object' AND jsonb_typeof(l.value) = 'object'),
+     WHERE s.id AND jsonb_typeof(s.limits) = 'object' AND jsonb_typeof(l.value) = 'object'
+       AND l.key <> 'consecutive_failures'),
     $1), (SELECT max(k.secs) FROM unnest($2::text[], $3::float8[]) AS k (directory, secs)
           WHERE k.directory = g.directory)))`, []any{seconds(defaultLedgerWindow), dirs, windows}, false},
+		{"full buckets", &r.Buckets, "certworker_buckets", `
+SELECT ctid FROM certworker_buckets WHERE tat < now()`, nil, false},
 		{"counters of tenants without domains", &r.Tenants, "certworker_tenants", `
 SELECT t.ctid FROM certworker_tenants t
 WHERE NOT EXISTS (SELECT 1 FROM proxy_domains d WHERE d.tenant_id = t.tenant_id)`, nil, true},

@@ -84,11 +84,14 @@ func TestPrune_DeletesWhatNothingWillReadAgain(t *testing.T) {
 // The ledger is kept for the longest window among the limits the fleet runs with
 // (certworker_settings.limits), so that no limit undercounts; an off limit is null.
 func TestPrune_KeepsTheLedgerForTheLongestLimitWindow(t *testing.T) {
+	// The failures in a row (a bucket of 1,152 days) are never read from rows, and
+	// keep none.
 	t.Parallel()
 	b := setup(t)
 	b.exec(t, `INSERT INTO certworker_settings (id, limits) VALUES (true,
     '{"orders_per_account": {"count": 300, "window_seconds": 10800}, "certs_per_registered_domain": null,
-      "failed_authz_per_name": {"count": 5, "window_seconds": 3600}}')
+      "failed_authz_per_name": {"count": 5, "window_seconds": 3600},
+      "consecutive_failures": {"count": 1152, "window_seconds": 99532800}}')
     ON CONFLICT (id) DO UPDATE SET limits = EXCLUDED.limits`)
 	b.exec(t, `INSERT INTO certworker_ledger (at, directory, name, registered_domain) VALUES
     (now() - interval '4 hours', 'd', 'old.example', 'old.example'),
@@ -132,4 +135,18 @@ func TestPrune_DeletesMoreThanOneBatch(t *testing.T) {
 	r, err := b.q.Prune(b.ctx)
 	require.NoError(t, err)
 	require.EqualValues(t, 2500, r.Tokens)
+}
+
+// A bucket whose tat is past is full, as no row says: it is pruned, and one still
+// refilling is kept.
+func TestPrune_DeletesFullBucketsOnly(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.exec(t, `INSERT INTO certworker_buckets (directory, kind, key, tat) VALUES
+    ('d', 'account', 'd', now() - interval '1 second'),
+    ('d', 'exact_set', 'refilling.example', now() + interval '1 hour')`)
+	r, err := b.q.Prune(b.ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, r.Buckets)
+	require.Equal(t, []string{"refilling.example"}, b.strings(t, `SELECT key FROM certworker_buckets`))
 }

@@ -5,27 +5,32 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"time"
 
 	"github.com/certworker/certworker/queue/issuing"
 	"github.com/jackc/pgx/v5"
 )
 
-// The tenant reserve (--limit-tenant-reserve): an account-wide limit
-// L (orders per account, at each CA) is shared between tenants. With
-// R = ⌈L × reserve⌉, the last R orders of a window go only to tenants with fewer than
-// R orders of their own in it, so a tenant alone is capped at L − R: one tenant's
-// bulk import, or its names failing validation over and over, cannot use up the
-// account while another tenant's newcomer waits for the whole window.
+// The tenant reserve (docs/cas.md, "The tenant reserve"; --limit-tenant-reserve): the
+// account-wide bucket (orders per account, at each CA) is shared between tenants.
+// With R = ⌈L × reserve⌉ for a bucket of L, a tenant that took R or more of its tokens
+// in the last DURATION takes one only while the bucket holds more than R: the last R
+// tokens go to the other tenants. A tenant alone takes L − R at once, then one each
+// time the bucket refills to R + 1, at the bucket's own pace: one tenant's bulk import,
+// or its names failing validation over and over, cannot empty the account while
+// another tenant's newcomer waits.
 //
 // It applies where orders per account applies: orders the CA exempts from it
 // (renewals, ARI renewals) are neither held back nor counted. The ledger records the
 // tenant with each order (certworker_ledger.tenant_id), so that an order counts for
-// its tenant for the whole window, whatever the tenant deletes meanwhile: joining
-// through the domain would lose a deleted row, and a tenant could escape the cap by
-// deleting and re-adding its domains.
+// its tenant for the whole DURATION, whatever the tenant deletes meanwhile: joining
+// through the domain would lose a deleted row, and a tenant could escape the reserve
+// by deleting and re-adding its domains. The rows of the last DURATION are never
+// pruned (Prune keeps the longest window of the CA's limits).
 //
 // A tenant held back by it is paused like any limit of the ledger: scope 'tenant',
-// key the tenant's id, source 'ledger', in that CA's directory. Both claims,
+// key the tenant's id, source 'ledger', in that CA's directory, until the bucket holds
+// R + 1 tokens or the tenant's count falls below R, whichever comes first. Both claims,
 // ReturnHeld and NextDue read it as they read the other pauses, so its rows wait,
 // uncharged, out of line, and are not claimed and handed back on every pass; after
 // --acme-fallback-after a second CA may take them, under its own ledger and reserve.
@@ -40,19 +45,31 @@ func tenantReserve(l issuing.Limit, reserve float64) int {
 	return min(r, l.Count-1)
 }
 
-// tenantCountsSQL counts, per tenant of $3, the orders of the CA at $1 that count
-// against orders per account in its window ($2 seconds): as ledgerCounts' 'account'.
+// tenantCountsSQL counts, per tenant of $3, the orders of the CA at $1 that took a
+// token of the account's bucket in its last DURATION ($2 seconds), and when that count
+// falls below R ($4): when its (count − R + 1)th oldest leaves the DURATION.
 const tenantCountsSQL = `
-SELECT tenant_id::text, count(*), min(at) + make_interval(secs => $2) FROM certworker_ledger
+SELECT tenant_id::text, count(*),
+       (array_agg(at ORDER BY at))[GREATEST(count(*) - $4 + 1, 1)] + make_interval(secs => $2)
+FROM certworker_ledger
  WHERE $2 > 0 AND directory = $1 AND tenant_id = ANY ($3::uuid[]) AND at > now() - make_interval(secs => $2)
    AND outcome <> 'not_sent' AND NOT renewal
  GROUP BY tenant_id`
 
-// reserveCounts adds to counts, under the key ("tenant", id), what each tenant of as
-// has ordered in the account's window, when the reserve is on.
-func reserveCounts(ctx context.Context, tx pgx.Tx, directory string, l issuing.Limits, as []Admission, counts map[ledgerKey]ledgerCount) error {
-	if tenantReserve(l.OrdersPerAccount, l.TenantReserve) == 0 {
-		return nil
+// tenantUse is what one tenant took of the account's bucket in its last DURATION:
+// n tokens, the count falling below R at below.
+type tenantUse struct {
+	n     int
+	below time.Time
+}
+
+// reserveCounts reads what each tenant of as took of the account's bucket in its
+// last DURATION, when the reserve is on.
+func reserveCounts(ctx context.Context, tx pgx.Tx, directory string, l issuing.Limits, as []Admission) (map[string]tenantUse, error) {
+	out := map[string]tenantUse{}
+	r := tenantReserve(l.OrdersPerAccount, l.TenantReserve)
+	if r == 0 {
+		return out, nil
 	}
 	var tenants []string
 	for _, a := range as {
@@ -60,47 +77,45 @@ func reserveCounts(ctx context.Context, tx pgx.Tx, directory string, l issuing.L
 			tenants = append(tenants, a.Claim.TenantID)
 		}
 	}
-	rows, err := tx.Query(ctx, tenantCountsSQL, directory, seconds(l.OrdersPerAccount.ActiveWindow()), tenants)
+	rows, err := tx.Query(ctx, tenantCountsSQL, directory, seconds(l.OrdersPerAccount.ActiveWindow()), tenants, r)
 	if err != nil {
-		return fmt.Errorf("count orders per tenant: %w", err)
+		return nil, fmt.Errorf("count orders per tenant: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var tenant string
-		var c ledgerCount
-		if err := rows.Scan(&tenant, &c.n, &c.frees); err != nil {
-			return fmt.Errorf("count orders per tenant: %w", err)
+		var u tenantUse
+		if err := rows.Scan(&tenant, &u.n, &u.below); err != nil {
+			return nil, fmt.Errorf("count orders per tenant: %w", err)
 		}
-		counts[ledgerKey{issuing.ScopeTenant, tenant}] = c
+		out[tenant] = u
 	}
-	return rows.Err()
+	return out, rows.Err()
 }
 
-// reserveHolds returns why a's tenant must leave the rest of the account's window to
-// the others, or "": a is not exempt from orders per account, the account's orders
-// have reached L − R, and the tenant has R of its own. The pause frees when the
-// account's oldest order leaves the window, the earliest moment either count can
-// fall, when the claim asks again.
+// reserveHolds returns why a's tenant must leave the account's last R tokens to the
+// others, or "": a takes a token of the account's bucket, the tenant took R or more
+// in the last DURATION, and the bucket holds R or fewer.
 func (d *ledgerDecision) reserveHolds(a Admission) string {
 	l := d.limits.OrdersPerAccount
 	r := tenantReserve(l, d.limits.TenantReserve)
 	if r == 0 || a.Renewal || a.exempt || a.Claim.TenantID == "" {
 		return ""
 	}
-	account := d.counts[ledgerKey{"account", d.directory}].n
-	own := d.counts[ledgerKey{issuing.ScopeTenant, a.Claim.TenantID}].n
-	if account < l.Count-r || own < r {
+	account := ledgerKey{bucketAccount, d.directory}
+	left, own := d.buckets.tokens(account, l), d.tenants[a.Claim.TenantID]
+	if own.n < r || left > r {
 		return ""
 	}
-	why := fmt.Sprintf("ledger: %d of the account's %d orders in %s are taken, %d by this tenant; the last %d go to "+
-		"tenants with fewer than %d (--limit-tenant-reserve %s of --limit-orders-per-account %s)",
-		account, l.Count, l.Window, own, r, r, strconv.FormatFloat(d.limits.TenantReserve*100, 'f', -1, 64)+"%", l)
-	k := ledgerKey{issuing.ScopeTenant, a.Claim.TenantID}
-	if c, f := d.counts[k], d.counts[ledgerKey{"account", d.directory}].frees; f != nil && (c.frees == nil || f.Before(*c.frees)) {
-		c.frees = f
-		d.counts[k] = c
+	why := fmt.Sprintf("ledger: the account's bucket holds %d of its %d orders, and this tenant took %d of them in %s; "+
+		"the last %d go to tenants with fewer than %d (--limit-tenant-reserve %s of %s)",
+		left, l.Count, own.n, l.Window, r, r, strconv.FormatFloat(d.limits.TenantReserve*100, 'f', -1, 64)+"%",
+		describe("--limit-orders-per-account", l))
+	until := d.buckets.holdsAt(account, l, r+1)
+	if !own.below.IsZero() && own.below.Before(until) {
+		until = own.below
 	}
-	d.markFull(k, why)
+	d.markFull(ledgerKey{issuing.ScopeTenant, a.Claim.TenantID}, until, why)
 	return why
 }
 
@@ -109,8 +124,7 @@ func (d *ledgerDecision) recordReserve(a Admission) {
 	if a.Renewal || a.Claim.TenantID == "" || tenantReserve(d.limits.OrdersPerAccount, d.limits.TenantReserve) == 0 {
 		return
 	}
-	k := ledgerKey{issuing.ScopeTenant, a.Claim.TenantID}
-	c := d.counts[k]
-	c.n++
-	d.counts[k] = c
+	u := d.tenants[a.Claim.TenantID]
+	u.n++
+	d.tenants[a.Claim.TenantID] = u
 }

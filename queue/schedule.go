@@ -12,8 +12,11 @@ import (
 // NextDue is how long until something becomes claimable without a wake-up (a
 // backoff running out, a pause ending), on the database's clock; 0 when due now, ok
 // false when nothing is scheduled. A ledger's account pause postpones nothing: the
-// claim judges it per row. Its cost follows the attempt limit, not the queue; the
-// count of attempt values is a literal so one plan serves (docs/internals.md).
+// claim judges it per row. Rows held out of line under a pause no longer in force are
+// due now, for ReturnHeld to bring back (a ledger's pause ends at its bucket's next
+// token, which may fall between the claim that held them and this look). Its cost
+// follows the attempt limit, not the queue; the count of attempt values is a literal
+// so one plan serves (docs/internals.md).
 func (q *Queue) NextDue(ctx context.Context, directory string) (d time.Duration, ok bool, err error) {
 	var secs *float64
 	sql, args := q.nextDueStatement(directory)
@@ -34,7 +37,7 @@ func (q *Queue) nextDueStatement(directory string) (string, []any) {
 	// With a second CA, the first CA's pause does not postpone ($6): routedUntilSQL.
 	args = append(args, q.cfg.Fallback == nil)
 	return `
-WITH per_count AS (
+WITH RECURSIVE ` + heldKeysSQL("held_keys") + `, per_count AS (
     SELECT k, r.last
     FROM generate_series(0, ` + strconv.Itoa(capped-1) + `) AS k
     CROSS JOIN LATERAL (
@@ -50,6 +53,11 @@ WITH per_count AS (
                     ELSE ssl_last_attempt_at + make_interval(secs => ` + backoffSQL("ssl_attempts", "$2", "$3") + `) END)
     FROM proxy_domains
     WHERE ` + claimableSQL + ` AND ` + dueByBackoffSQL + ` AND (ssl_attempts < 0 OR ssl_attempts >= $5) AND ssl_attempts < $1
+    UNION ALL
+    (SELECT now() FROM held_keys
+     WHERE held_keys.k IS NOT NULL AND held_keys.k NOT IN ('` + HeldDNS + `', '` + HeldRouted + `')
+       AND ` + pauseOverSQL("held_keys.k") + `
+     LIMIT 1)
 )
 SELECT ` + secondsUntilSQL(`LEAST(GREATEST(
     LEAST((SELECT min(at) FROM queued),

@@ -29,6 +29,7 @@ type fallbackFlags struct {
 	FallbackLimitRegistered  string        `name:"acme-fallback-limit-certs-per-registered-domain" env:"CERTWORKER_ACME_FALLBACK_LIMIT_CERTS_PER_REGISTERED_DOMAIN" placeholder:"COUNT/DURATION" group:"fallback" help:"The second CA's --limit-certs-per-registered-domain (default: the first's)."`
 	FallbackLimitExactSet    string        `name:"acme-fallback-limit-certs-per-exact-set" env:"CERTWORKER_ACME_FALLBACK_LIMIT_CERTS_PER_EXACT_SET" placeholder:"COUNT/DURATION" group:"fallback" help:"The second CA's --limit-certs-per-exact-set (default: the first's)."`
 	FallbackLimitFailedAuthz string        `name:"acme-fallback-limit-failed-authz-per-name" env:"CERTWORKER_ACME_FALLBACK_LIMIT_FAILED_AUTHZ_PER_NAME" placeholder:"COUNT/DURATION" group:"fallback" help:"The second CA's --limit-failed-authz-per-name (default: the first's)."`
+	FallbackLimitConsecutive string        `name:"acme-fallback-limit-consecutive-failures" env:"CERTWORKER_ACME_FALLBACK_LIMIT_CONSECUTIVE_FAILURES" placeholder:"COUNT" group:"fallback" help:"The second CA's --limit-consecutive-failures (default: the first's)."`
 }
 
 // validateFallback checks the second CA's flags against each other and the first's.
@@ -41,6 +42,7 @@ func (c *runCmd) validateFallback() error {
 			"--acme-fallback-limit-certs-per-registered-domain": c.FallbackLimitRegistered,
 			"--acme-fallback-limit-certs-per-exact-set":         c.FallbackLimitExactSet,
 			"--acme-fallback-limit-failed-authz-per-name":       c.FallbackLimitFailedAuthz,
+			"--acme-fallback-limit-consecutive-failures":        c.FallbackLimitConsecutive,
 		} {
 			if v != "" {
 				return usagef("%s: names something of a second CA, and --acme-fallback-directory names none", flag)
@@ -81,6 +83,13 @@ func (c *runCmd) fallbackLimits(first issuing.Limits) (issuing.Limits, error) {
 			return l, usagef("%s: %v", f.flag, err)
 		}
 		*f.into = v
+	}
+	if c.FallbackLimitConsecutive != "" {
+		v, err := issuing.ParseConsecutiveFailures(c.FallbackLimitConsecutive)
+		if err != nil {
+			return l, usagef("--acme-fallback-limit-consecutive-failures: %v", err)
+		}
+		l.ConsecutiveFailures = v
 	}
 	return l, nil
 }

@@ -176,6 +176,22 @@ func TestRun_ExitsTwoWhenTheSecondCAsAccountKeyDoesNotOpen(t *testing.T) {
 	require.Nil(t, claimedBy, "run claimed before it checked the second account's key")
 }
 
+// --limit-consecutive-failures and its second CA's take a count of at least 2 or off;
+// anything else exits 2 naming the flag, before connecting.
+func TestCLI_BadConsecutiveFailuresExitsTwoNamingTheFlag(t *testing.T) {
+	t.Setenv("CERTWORKER_DATABASE_URL", "postgres://x:y@127.0.0.1:1/none")
+	for _, v := range []string{"1", "lots", "-3", "5/1h"} {
+		code, _, stderr := invoke(t, "run", "--limit-consecutive-failures", v)
+		require.Equal(t, exitUsage, code, "%s: %s", v, stderr)
+		require.Contains(t, stderr, "--limit-consecutive-failures: ", v)
+		require.NotContains(t, stderr, "--database-url", "%s: checked before connecting", v)
+		code, _, stderr = invoke(t, "run", "--acme-fallback-directory", "https://two.invalid/dir",
+			"--acme-fallback-limit-consecutive-failures", v)
+		require.Equal(t, exitUsage, code, "%s: %s", v, stderr)
+		require.Contains(t, stderr, "--acme-fallback-limit-consecutive-failures: ", v)
+	}
+}
+
 // --limit-tenant-reserve takes a percentage from 0 (off) to 50%; anything else exits
 // 2 naming the flag, before connecting.
 func TestCLI_BadTenantReserveExitsTwoNamingTheFlag(t *testing.T) {

@@ -191,7 +191,7 @@ var (
 	fleetCAPausedDesc = prometheus.NewDesc("certworker_ca_paused",
 		"1 while ordering from this instance's ACME directory is paused for every instance, else 0.", nil, nil)
 	fleetLedgerDesc = prometheus.NewDesc("certworker_ledger_account_orders",
-		"Orders the ledger counts against the account-wide limit, inside its window (absent while the limit is off).", nil, nil)
+		"Orders the ledger counted against the account-wide limit in its last DURATION (absent while the limit is off).", nil, nil)
 	fleetLedgerLimitDesc = prometheus.NewDesc("certworker_ledger_account_orders_limit",
 		"The account-wide order limit (absent while it is off).", nil, nil)
 	fleetReplaceDesc = prometheus.NewDesc("certworker_certificates_replace_now",

@@ -55,11 +55,12 @@ type runCmd struct {
 	ACMEEABHMAC            string `name:"acme-eab-hmac" env:"CERTWORKER_ACME_EAB_HMAC" placeholder:"KEY" group:"ca" help:"External account binding HMAC key (base64url)."`
 	fallbackFlags
 	caFlags
-	LimitOrders          string        `name:"limit-orders-per-account" env:"CERTWORKER_LIMIT_ORDERS_PER_ACCOUNT" default:"300/3h" placeholder:"COUNT/DURATION" group:"limits" help:"Ledger limit on new orders from the ACME account, shared by every instance: COUNT/DURATION or off (default: Let's Encrypt's)."`
-	LimitRegistered      string        `name:"limit-certs-per-registered-domain" env:"CERTWORKER_LIMIT_CERTS_PER_REGISTERED_DOMAIN" default:"50/168h" placeholder:"COUNT/DURATION" group:"limits" help:"Ledger limit on new certificates per registered domain (public suffix list): COUNT/DURATION or off."`
-	LimitExactSet        string        `name:"limit-certs-per-exact-set" env:"CERTWORKER_LIMIT_CERTS_PER_EXACT_SET" default:"5/168h" placeholder:"COUNT/DURATION" group:"limits" help:"Ledger limit on certificates for one exact set of names (here: one name): COUNT/DURATION or off."`
-	LimitFailedAuthz     string        `name:"limit-failed-authz-per-name" env:"CERTWORKER_LIMIT_FAILED_AUTHZ_PER_NAME" default:"5/1h" placeholder:"COUNT/DURATION" group:"limits" help:"Ledger limit on failed authorizations per name: COUNT/DURATION or off."`
-	LimitTenantReserve   string        `name:"limit-tenant-reserve" env:"CERTWORKER_LIMIT_TENANT_RESERVE" default:"25%" group:"limits" placeholder:"PERCENT" help:"The share R of --limit-orders-per-account (at each CA) kept for the other tenants: the last R orders of a window go only to tenants with fewer than R of their own, so one tenant alone takes at most L-R. 0 turns it off; at most 50%."`
+	LimitOrders          string        `name:"limit-orders-per-account" env:"CERTWORKER_LIMIT_ORDERS_PER_ACCOUNT" default:"300/3h" placeholder:"COUNT/DURATION" group:"limits" help:"Ledger limit on new orders from the ACME account, shared by every instance: COUNT/DURATION is a token bucket of COUNT refilled one every DURATION/COUNT, as the CA counts; or off (default: Let's Encrypt's, a burst of 300 then one every 36s)."`
+	LimitRegistered      string        `name:"limit-certs-per-registered-domain" env:"CERTWORKER_LIMIT_CERTS_PER_REGISTERED_DOMAIN" default:"50/168h" placeholder:"COUNT/DURATION" group:"limits" help:"Ledger limit on new certificates per registered domain (public suffix list): a bucket of COUNT refilled one every DURATION/COUNT, or off."`
+	LimitExactSet        string        `name:"limit-certs-per-exact-set" env:"CERTWORKER_LIMIT_CERTS_PER_EXACT_SET" default:"5/168h" placeholder:"COUNT/DURATION" group:"limits" help:"Ledger limit on certificates for one exact set of names (here: one name): a bucket of COUNT refilled one every DURATION/COUNT, or off."`
+	LimitFailedAuthz     string        `name:"limit-failed-authz-per-name" env:"CERTWORKER_LIMIT_FAILED_AUTHZ_PER_NAME" default:"5/1h" placeholder:"COUNT/DURATION" group:"limits" help:"Ledger limit on failed authorizations per name: a bucket of COUNT refilled one every DURATION/COUNT, or off."`
+	LimitTenantReserve   string        `name:"limit-tenant-reserve" env:"CERTWORKER_LIMIT_TENANT_RESERVE" default:"25%" group:"limits" placeholder:"PERCENT" help:"The share R of --limit-orders-per-account (at each CA) kept for the other tenants: a tenant that took R or more of its tokens in the last DURATION takes one only while the bucket holds more than R, so one tenant alone takes L-R at once, then the refill. 0 turns it off; at most 50%."`
+	LimitConsecutive     string        `name:"limit-consecutive-failures" env:"CERTWORKER_LIMIT_CONSECUTIVE_FAILURES" default:"1152" placeholder:"COUNT" group:"limits" help:"Failed authorizations in a row for one name at the CA (a bucket of COUNT refilled one a day; a success fills it). At COUNT-1 the name is no longer ordered there, before the CA pauses it for the whole account: it goes to the second CA, or fails (too many failures). off turns it off."`
 	ARIPerSecond         float64       `name:"ari-requests-per-second" env:"CERTWORKER_ARI_REQUESTS_PER_SECOND" default:"50" group:"limits" help:"Renewal-information (ARI) requests to the CA per second, for the whole fleet: the instances share one budget in the database. A million certificates at the CA's usual six hours between questions are 46 a second."`
 	Concurrency          int           `name:"concurrency" env:"CERTWORKER_CONCURRENCY" default:"4" group:"limits" help:"Orders in flight on this instance."`
 	MaxAttempts          int           `name:"max-attempts" env:"CERTWORKER_MAX_ATTEMPTS" default:"10" group:"limits" help:"Consecutive failures after which a domain is marked failed."`
@@ -462,6 +463,11 @@ func (c *runCmd) limits() (issuing.Limits, error) {
 		}
 		*f.into = v
 	}
+	cf, err := issuing.ParseConsecutiveFailures(c.LimitConsecutive)
+	if err != nil {
+		return l, usagef("--limit-consecutive-failures: %v", err)
+	}
+	l.ConsecutiveFailures = cf
 	r, err := issuing.ParseTenantReserve(c.LimitTenantReserve)
 	if err != nil {
 		return l, usagef("--limit-tenant-reserve: %v", err)

@@ -87,7 +87,16 @@ const (
 	RefusedByCAA = "caa"
 	// RefusedByCA: the CA's own refusal (rejectedIdentifier, unsupportedIdentifier).
 	RefusedByCA = "refused"
+	// RefusedTooManyFailures: the name failed validation at the CA as many times in a
+	// row as --limit-consecutive-failures allows (the ledger's own stop, before the
+	// CA pauses the name for the whole account).
+	RefusedTooManyFailures = "too_many_failures"
 )
+
+// TooManyFailuresPrefix starts the ssl_error of a domain failed because its name
+// failed validation as many times in a row as --limit-consecutive-failures allows at
+// every CA it may go to.
+const TooManyFailuresPrefix = "too many failures:"
 
 // CAShort is a directory for logs and metrics' sake: "primary" or "fallback".
 func CAShort(directory, primary string) string {

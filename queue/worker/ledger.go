@@ -74,6 +74,16 @@ func (w *Worker) admitAt(ctx context.Context, at *ca, claims []issuing.Claim) (a
 		return invalid, false
 	}
 	for _, r := range refused {
+		if r.Stopped {
+			w.m.outcome("too_many_failures", 0)
+			msg := "domain failed: its name failed validation too often in a row at every CA it may go to; not ordered"
+			if r.Rerouted {
+				msg = "name not ordered here: it failed validation too often in a row at this CA; it goes to the other CA"
+			}
+			w.log.Warn(msg, issuing.LogDomain(r.Claim.Domain, r.Claim.ID, r.Claim.TenantID),
+				zap.String("reason", r.Reason), zap.String("ca", at.label))
+			continue
+		}
 		w.m.outcome("ledger_held", 0)
 		w.log.Info("order held back by the ledger: the CA would refuse it; the domain waits, not charged",
 			issuing.LogDomain(r.Claim.Domain, r.Claim.ID, r.Claim.TenantID), zap.String("reason", r.Reason),

@@ -38,7 +38,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"source"}),
 		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "certworker_issuance_total",
-			Help: "Finished orders by outcome: issued, failed, gave_up, timeout, invalid, permanent, preflight_failed, waiting_dns (not ordered: waits for its DNS, uncharged), rate_limited, ca_unavailable, key_error, profile_refused, profile_halted, released, lease_deadline (stopped at its lease deadline and handed back), lost, not_acme, unrecorded; released_untracked counts claims handed back whose answer was lost.",
+			Help: "Finished orders by outcome: issued, failed, gave_up, timeout, invalid, permanent, preflight_failed, waiting_dns (not ordered: waits for its DNS, uncharged), rate_limited, too_many_failures (not ordered: the name failed validation too often in a row), ca_unavailable, key_error, profile_refused, profile_halted, released, lease_deadline (stopped at its lease deadline and handed back), lost, not_acme, unrecorded; released_untracked counts claims handed back whose answer was lost.",
 		}, []string{"outcome"}),
 		durations: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "certworker_issuance_duration_seconds",

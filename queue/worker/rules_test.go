@@ -136,8 +136,9 @@ INSERT INTO proxy_certificates (domain, certificate_pem, private_key_pem, expire
 	_, err = b.pool.Exec(b.ctx, `INSERT INTO certworker_issued_names (directory, name) VALUES ($1, $2)`,
 		workertest.Directory, name)
 	require.NoError(t, err)
+	// The account's one token an hour, taken by another order just now.
 	_, err = b.pool.Exec(b.ctx, `
-INSERT INTO certworker_ledger (directory, name, registered_domain, outcome) VALUES ($1, 'other.example', 'other.example', 'issued')`,
+INSERT INTO certworker_buckets (directory, kind, key, tat) VALUES ($1, 'account', $1, now() + interval '1 hour')`,
 		workertest.Directory)
 	require.NoError(t, err)
 	sent := make(chan struct{}, 10)
@@ -170,4 +171,35 @@ func (r *readmitting) Issue(ctx context.Context, req issuing.Request) (*issuing.
 	}
 	r.sent <- struct{}{}
 	return r.Issuer.Issue(ctx, req)
+}
+
+// authzFailure is a validation the CA says failed (an AuthorizationFailure).
+type authzFailure struct{}
+
+func (authzFailure) Error() string {
+	return "urn:ietf:params:acme:error:unauthorized: validation failed"
+}
+func (authzFailure) AuthorizationFailed() bool { return true }
+
+// With --limit-consecutive-failures 3, a name whose validation keeps failing is
+// ordered twice (COUNT − 1) and then failed, not charged for the stop, with a reason
+// the tenant can act on, well before --max-attempts: the CA never sees the failure
+// that would pause the name for the whole account.
+func TestWorker_ANameThatKeepsFailingValidationStopsOneShortOfTheCAsPause(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, name := b.domain(t, b.tenant(t))
+	fake := fakeissuer.New(10)
+	fake.Set(func(f *fakeissuer.Issuer) {
+		f.Fail = func(string, int) error { return authzFailure{} }
+	})
+	b.start(t, "w", worker.Config{Issuer: fake, Concurrency: 1, PollInterval: time.Second,
+		Limits: issuing.Limits{ConsecutiveFailures: issuing.ConsecutiveFailures(3)},
+		Queue:  issuing.Config{RetryBase: 50 * time.Millisecond, RetryMax: 50 * time.Millisecond, MaxAttempts: 10}})
+	b.waitStatus(t, id, "failed", 30*time.Second)
+	r := b.row(t, id)
+	require.Equal(t, 2, fake.Count(name), "the name was not ordered exactly COUNT - 1 times")
+	require.Equal(t, 2, r.Attempts, "the stop was charged")
+	require.NotNil(t, r.Error)
+	require.True(t, strings.HasPrefix(*r.Error, issuing.TooManyFailuresPrefix), *r.Error)
 }

@@ -53,8 +53,7 @@ INSERT INTO certworker_issued_names (directory, name) VALUES ($1, $3), ($2, $3)`
 	// The first CA's orders per account are used up for the hour, and paused so.
 	limits := issuing.Limits{OrdersPerAccount: issuing.Limit{Count: 2, Window: time.Hour}}
 	_, err = b.pool.Exec(b.ctx, `
-INSERT INTO certworker_ledger (directory, name, registered_domain, outcome)
-SELECT $1, 'used-' || i || '.example', 'used-' || i || '.example', 'issued' FROM generate_series(1, 2) i`,
+INSERT INTO certworker_buckets (directory, kind, key, tat) VALUES ($1, 'account', $1, now() + interval '1 hour')`,
 		workertest.Directory)
 	require.NoError(t, err)
 	_, err = b.pool.Exec(b.ctx, `
