@@ -351,3 +351,34 @@ VALUES ($1, 'ca', $1, 'ledger', now() - interval '10 milliseconds', 'ledger: tes
 	require.True(t, ok, "a held row whose pause ended is not scheduled")
 	require.LessOrEqual(t, d, time.Duration(0))
 }
+
+// A name whose order failed its validation and which is claimed again before that
+// order is settled finds its certificate token still taken, and is paused until the
+// next token (a week for certificates per exact set). The settle gives the token
+// back, and must lift that pause with it, as it does for any other failure: left, it
+// held a name whose first order failed under load for the whole week.
+func TestSettleLedger_AFailedAuthorizationLiftsTheCertificatePauseOfAClaimThatRaced(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.named(t, b.tenant(t), "raced.example")
+	limits := issuing.Limits{CertsPerExactSet: issuing.Limit{Count: 1, Window: 7 * 24 * time.Hour}}
+	as := b.admissions(t, false)
+	require.Len(t, as, 1)
+	admitted, _, err := b.q.Admit(b.ctx, testDirectory, limits, as)
+	require.NoError(t, err)
+	require.Len(t, admitted, 1)
+	// The same name admitted again while its order is in flight (the retry's claim,
+	// before the settle): no token left.
+	_, refused, err := b.q.Admit(b.ctx, testDirectory, limits, as)
+	require.NoError(t, err)
+	require.Len(t, refused, 1)
+	paused := func() int {
+		var n int
+		require.NoError(t, b.pool.QueryRow(b.ctx, `
+SELECT count(*) FROM certworker_pauses WHERE scope = 'domain' AND key = 'raced.example' AND source = 'ledger' AND paused_until > now()`).Scan(&n))
+		return n
+	}
+	require.Equal(t, 1, paused())
+	require.NoError(t, b.q.SettleLedger(b.ctx, testDirectory, admitted[0].Token, issuing.LedgerFailedAuthz, limits))
+	require.Zero(t, paused(), "the certificate token came back, and the pause for it stayed")
+}

@@ -560,7 +560,7 @@ WITH l AS (
     DELETE FROM certworker_pauses p USING l
     WHERE p.source = 'ledger' AND $2 NOT IN ('pending', 'issued') AND p.directory IN ($3, '')
       AND ((p.scope = 'registered_domain' AND p.key = l.registered_domain)
-        OR (p.scope = 'domain' AND p.key = l.name AND $2 <> 'failed_authz')
+        OR (p.scope = 'domain' AND p.key = l.name)
         OR (p.scope = 'ca' AND p.key = $3 AND $2 = 'not_sent')
         OR (p.scope = 'tenant' AND p.key = l.tenant_id::text AND $2 = 'not_sent'))
 )
@@ -580,7 +580,8 @@ type settled struct {
 // failure, nothing sent) gives back the certificate tokens it took, and an order the
 // CA never saw (not sent) the account's too; it lifts the ledger's pauses of the
 // order's name and registered domain (and of the account when nothing was sent):
-// the next claim finds the token given back. A failed authorization takes a token of
+// the next claim finds the token given back. A failed authorization that leaves its
+// own bucket empty pauses the name again, in the same transaction. A failed authorization takes a token of
 // failed authorizations per name, pausing the name when it was the last, and one of
 // the name's failures in a row; an issued certificate fills that bucket again, as a
 // success resets the CA's count, and records that the CA has issued for the name

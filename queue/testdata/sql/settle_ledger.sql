@@ -10,7 +10,7 @@ WITH l AS (
     DELETE FROM certworker_pauses p USING l
     WHERE p.source = 'ledger' AND $2 NOT IN ('pending', 'issued') AND p.directory IN ($3, '')
       AND ((p.scope = 'registered_domain' AND p.key = l.registered_domain)
-        OR (p.scope = 'domain' AND p.key = l.name AND $2 <> 'failed_authz')
+        OR (p.scope = 'domain' AND p.key = l.name)
         OR (p.scope = 'ca' AND p.key = $3 AND $2 = 'not_sent')
         OR (p.scope = 'tenant' AND p.key = l.tenant_id::text AND $2 = 'not_sent'))
 )
