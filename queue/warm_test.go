@@ -39,7 +39,7 @@ FROM pg_prepared_statements WHERE statement = $1`, queue.ClaimSQLForTest).Scan(&
 	var warmed int
 	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_prepared_statements
 WHERE name LIKE 'stmtcache\_%' AND custom_plans = 5 AND generic_plans <= 1
-  AND (statement = $1 OR statement LIKE '%WITH per_count AS%' OR statement LIKE '%INSERT INTO proxy_certificates%')`,
+  AND (statement = $1 OR statement LIKE '% per_count AS (%' OR statement LIKE '%INSERT INTO proxy_certificates%')`,
 		queue.ClaimSQLForTest).Scan(&warmed); err != nil {
 		t.Fatal(err)
 	}
