@@ -9,6 +9,28 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// eventSQL calls certworker_domain_event for the row x of proxy_domains (an alias, as
+// the statement leaves it), recording event (an SQL expression) with reason and
+// message (SQL expressions, NULL for none) at the transaction's time. A statement
+// that changes a domain records the event in its RETURNING, so that the event commits
+// with the change or not at all (docs/domain-status.md, "Events").
+func eventSQL(x, event, reason, message string) string {
+	return `certworker_domain_event(` + x + `.id, ` + x + `.tenant_id, ` + event + `, ` + reason + `, ` + message + `, now())`
+}
+
+// reasonSQL is the reason code of the row x's ssl_error (certworker_domain_reason).
+func reasonSQL(x string) string {
+	return `certworker_domain_reason(` + x + `.ssl_error)`
+}
+
+// failedReasonSQL is the reason code of a failure of the row x as a failure write
+// leaves it: too_many_failures when it was given up ('failed') for a cause with no
+// code of its own, else its ssl_error's.
+func failedReasonSQL(x string) string {
+	return `CASE WHEN ` + x + `.ssl_status = 'failed' AND ` + reasonSQL(x) + ` = 'validation_failed'
+             THEN 'too_many_failures' ELSE ` + reasonSQL(x) + ` END`
+}
+
 // DomainStatus is a row of certworker_domain_status: a domain's state as the proxy
 // shows it to its tenant (docs/domain-status.md).
 type DomainStatus struct {
