@@ -30,6 +30,9 @@ type PruneResult struct {
 	// IssuedNames: the ledger's record that a CA issued for a name, for names no
 	// domain has any more.
 	IssuedNames int64
+	// Events: events of domains' histories older than EventsKeep, or beyond a
+	// domain's EventsPerDomain newest.
+	Events int64
 }
 
 const (
@@ -45,6 +48,17 @@ const (
 	// after it was last written, so that a proxy that stores a certificate before the
 	// domain row (or deletes and adds a domain again) is not raced.
 	orphanGrace = time.Hour
+	// EventsKeep and EventsPerDomain bound a domain's history (docs/domain-status.md):
+	// enough to answer a tenant's "what happened" over a quarter, while a
+	// million domains keep a bounded table.
+	EventsKeep      = 90 * 24 * time.Hour
+	EventsPerDomain = 100
+	// eventsRecent is how far back Prune looks for the domains that gained events,
+	// the only ones that can hold more than EventsPerDomain: several housekeeping
+	// runs, so that runs missed (an instance restarting, the duty moving) leave none
+	// out. A domain left out while housekeeping stopped longer is trimmed after its
+	// next event.
+	eventsRecent = time.Hour
 	// pruneBatch is how many rows one statement deletes: short transactions, short
 	// row locks, however much there is to delete after years without pruning.
 	pruneBatch = 1000
@@ -73,6 +87,7 @@ func (q *Queue) Prune(ctx context.Context, keep ...LedgerWindow) (PruneResult, e
 	}
 	var r PruneResult
 	var errs []error
+	var events [2]int64 // old, and beyond a domain's newest
 	for _, step := range []struct {
 		what  string
 		count *int64
@@ -108,6 +123,10 @@ SELECT n.ctid FROM certworker_issued_names n
 WHERE n.issued_at < now() - make_interval(secs => $1)
   AND NOT EXISTS (SELECT 1 FROM proxy_domains d WHERE lower(d.domain) = n.name)`,
 			[]any{seconds(orphanGrace)}, false},
+		{"old domain events", &events[0], "certworker_domain_events", pruneOldEventsSQL,
+			[]any{seconds(EventsKeep)}, false},
+		{"domain events beyond a domain's newest", &events[1], "certworker_domain_events", pruneExtraEventsSQL,
+			[]any{seconds(eventsRecent), EventsPerDomain}, false},
 	} {
 		n, err := q.deleteInBatches(ctx, step.table, step.sql, step.args, !step.unlocked)
 		*step.count = n
@@ -116,8 +135,24 @@ WHERE n.issued_at < now() - make_interval(secs => $1)
 			errs = append(errs, fmt.Errorf("prune %s: %w", step.what, err))
 		}
 	}
+	r.Events = events[0] + events[1]
 	return r, errors.Join(errs...)
 }
+
+// pruneOldEventsSQL finds the events last written more than $1 seconds ago, through
+// the index on at (an event's at is never after its last_at).
+var pruneOldEventsSQL = `
+SELECT e.ctid FROM certworker_domain_events e
+WHERE e.at < now() - make_interval(secs => $1) AND e.last_at < now() - make_interval(secs => $1)`
+
+// pruneExtraEventsSQL finds the events beyond the $2 newest of each domain that gained
+// events in the last $1 seconds: the domains through the index on at, each one's
+// events through its index on (domain_id, id).
+var pruneExtraEventsSQL = `
+SELECT e.ctid FROM certworker_domain_events e
+WHERE e.domain_id IN (SELECT r.domain_id FROM certworker_domain_events r WHERE r.at > now() - make_interval(secs => $1))
+  AND e.id < (SELECT n.id FROM certworker_domain_events n WHERE n.domain_id = e.domain_id
+              ORDER BY n.id DESC OFFSET $2 - 1 LIMIT 1)`
 
 // deleteInBatches deletes the rows of table that match (a query of their ctids),
 // pruneBatch at a time, and returns how many. A row that changed between the
