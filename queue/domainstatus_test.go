@@ -31,8 +31,9 @@ func TestDomainStatus_StatesAndReasons(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	tenant := b.tenant(t)
-	b.exec(t, `INSERT INTO certworker_settings (id, max_attempts, retry_base_seconds, retry_max_seconds, dns_target)
-VALUES (true, 5, 60, 3600, 'edge.proxy.example')`)
+	b.exec(t, `INSERT INTO certworker_settings (id, max_attempts, retry_base_seconds, retry_max_seconds)
+VALUES (true, 5, 60, 3600)`)
+	require.NoError(t, b.q.RecordDNSTarget(b.ctx, "edge.proxy.example")) // as run records --dns-target
 	mk := func(name string, set string) string {
 		id := b.named(t, tenant, name)
 		if set != "" {

@@ -142,6 +142,25 @@ INSERT INTO certworker_settings (id, dns01_zone, updated_at) VALUES (true, $1, n
 ON CONFLICT (id) DO UPDATE SET dns01_zone = EXCLUDED.dns01_zone, updated_at = EXCLUDED.updated_at
 WHERE certworker_settings.dns01_zone IS DISTINCT FROM EXCLUDED.dns01_zone`
 
+var recordDNSTargetSQL = `
+INSERT INTO certworker_settings (id, dns_target, updated_at) VALUES (true, $1, now())
+ON CONFLICT (id) DO UPDATE SET dns_target = EXCLUDED.dns_target, updated_at = EXCLUDED.updated_at
+WHERE certworker_settings.dns_target IS DISTINCT FROM EXCLUDED.dns_target`
+
+// RecordDNSTarget records --dns-target in certworker_settings ("" records none), which
+// certworker_domain_status shows tenants as what to point their names at. It writes
+// only when the value changes; the last instance started decides.
+func (q *Queue) RecordDNSTarget(ctx context.Context, target string) error {
+	var stored *string
+	if target = strings.TrimSpace(target); target != "" {
+		stored = &target
+	}
+	if _, err := q.db.Exec(ctx, recordDNSTargetSQL, stored); err != nil {
+		return fmt.Errorf("record --dns-target in certworker_settings: %w", err)
+	}
+	return nil
+}
+
 // RecordDNS01Zone records --dns01-zone in certworker_settings ("" records that DNS-01
 // is off), where certworker_dns01_target reads it: the database does not know the
 // flag. It writes only when the value changes. As for the other settings, the last
