@@ -172,3 +172,29 @@ func TestEvents_NotifyCertworkerDomainAfterCommit(t *testing.T) {
 	_, err = conn.WaitForNotification(ctx)
 	require.Error(t, err, "one notification for the claim's events (verified, claimed), none for the rollback")
 }
+
+// The ledger's decision is in the history, in its own transaction: an admitted order
+// is ordered, a refused one held (rate_limited), uncharged. Two orders of an account
+// limit of one.
+func TestEvents_TheLedgerRecordsOrderedAndHeld(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tenant := b.tenant(t)
+	b.named(t, tenant, "first.example")
+	b.named(t, tenant, "second.example")
+	limits := issuing.Limits{OrdersPerAccount: issuing.Limit{Count: 1, Window: time.Hour}}
+	admitted, refused, err := b.q.Admit(b.ctx, testDirectory, limits, b.admissions(t, false))
+	require.NoError(t, err)
+	require.Len(t, admitted, 1)
+	require.Len(t, refused, 1)
+	events, _ := b.history(t, admitted[0].ID)
+	require.Equal(t, "ordered/-", events[len(events)-1])
+	var ledgerXmin, eventXmin string
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT xmin::text FROM certworker_ledger WHERE domain_id = $1`, admitted[0].ID).Scan(&ledgerXmin))
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT xmin::text FROM certworker_domain_events WHERE domain_id = $1 AND event = 'ordered'`,
+		admitted[0].ID).Scan(&eventXmin))
+	require.Equal(t, ledgerXmin, eventXmin, "ordered is written with the ledger's row")
+	events, _ = b.history(t, refused[0].Claim.ID)
+	require.Equal(t, "held/rate_limited", events[len(events)-1])
+	b.sameTransaction(t, refused[0].Claim.ID, "the ledger's hand-back")
+}
