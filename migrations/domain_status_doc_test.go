@@ -1,13 +1,17 @@
 package migrations_test
 
 import (
+	"context"
 	"os"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/certworker/certworker/internal/pgtest"
 )
 
 // statusPage is the page that lists every state and reason code of
@@ -80,4 +84,46 @@ func TestDomainStatus_EveryStateAndReasonIsDocumented(t *testing.T) {
 		"invalid_name", "duplicate", "validation_failed", "profile_unavailable", "too_many_failures"} {
 		require.Contains(t, reasons, want)
 	}
+}
+
+// certworker_domain_status's cname_target is certworker_dns01_target's, which it
+// computes itself from the settings row it reads: for a name, its wildcard, in any
+// case, and a zone written with a trailing dot in capitals; NULL when DNS-01 is off.
+func TestDomainStatus_CNAMETargetIsDNS01Target(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, pgtest.NewDB(t))
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, `
+INSERT INTO proxy_tenants (id, name, slug, email) VALUES ('00000000-0000-0000-0000-00000000000a', 'a', 'a', 'a@example.com');
+INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token)
+SELECT '00000000-0000-0000-0000-00000000000a', d, 'verified', 'tok'
+FROM unnest(ARRAY['shop.example', '*.Shop.Example', 'WWW.shop.example']) AS d`)
+	require.NoError(t, err)
+	compare := func(zone *string) {
+		t.Helper()
+		_, err := conn.Exec(ctx, `INSERT INTO certworker_settings (id, dns01_zone) VALUES (true, $1)
+ON CONFLICT (id) DO UPDATE SET dns01_zone = EXCLUDED.dns01_zone`, zone)
+		require.NoError(t, err)
+		rows, err := conn.Query(ctx, `
+SELECT d.domain, s.cname_target, certworker_dns01_target(d.domain)
+FROM proxy_domains d CROSS JOIN LATERAL certworker_domain_status(d.id, d.tenant_id) s`)
+		require.NoError(t, err)
+		n := 0
+		var domain string
+		var got, want *string
+		_, err = pgx.ForEachRow(rows, []any{&domain, &got, &want}, func() error {
+			n++
+			require.Equal(t, want, got, domain)
+			require.Equal(t, zone == nil || *zone == "", got == nil, domain)
+			return nil
+		})
+		require.NoError(t, err)
+		require.Equal(t, 3, n)
+	}
+	compare(nil)
+	empty, zone := "", "ACME.Proxy.Example."
+	compare(&empty)
+	compare(&zone)
 }

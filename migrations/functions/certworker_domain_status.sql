@@ -25,8 +25,11 @@
 -- nothing is scheduled (failed, being issued, not managed).
 --
 -- point_to: --dns-target as recorded in certworker_settings, '' when none;
--- cname_target: certworker_dns01_target (NULL when DNS-01 is off); challenge: the one
--- last chosen (certworker_dns_state); expires_at and renew_at: the stored certificate's.
+-- cname_target: certworker_dns01_target's, computed here from the settings row this
+-- reads anyway (that function is not inlined: a call of it is planned anew each time,
+-- most of this function's time; a test holds the two together), NULL when DNS-01 is
+-- off; challenge: the one last chosen
+-- (certworker_dns_state); expires_at and renew_at: the stored certificate's.
 --
 -- LANGUAGE sql, STABLE, SECURITY INVOKER, without SET, names qualified: it runs with
 -- the proxy's rights (SELECT on the tables it reads, deploy/grants.sql).
@@ -64,7 +67,12 @@ LANGUAGE sql STABLE SECURITY INVOKER AS $fn$
             WHEN 'queued' THEN x.backoff_end
             WHEN 'renewing' THEN CASE WHEN x.ssl_status = 'pending' THEN x.backoff_end END
         END,
-        x.point_to, public.certworker_dns01_target(x.domain), x.challenge, x.expires_at, x.renew_at
+        x.point_to,
+        CASE WHEN x.zone IS NOT NULL THEN
+            pg_catalog.substr(pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(
+                x.zone || '/' || pg_catalog.lower(pg_catalog.regexp_replace(x.domain, '^\*\.', '')), 'UTF8')), 'hex'), 1, 32)
+            || '.' || x.zone END,
+        x.challenge, x.expires_at, x.renew_at
     FROM (
         SELECT d.id, d.domain, d.ssl_status, d.ssl_provider, d.ssl_attempts, d.ssl_error,
             CASE
@@ -83,7 +91,8 @@ LANGUAGE sql STABLE SECURITY INVOKER AS $fn$
                 LEAST(COALESCE(s.retry_base_seconds, 60) * pg_catalog.power(2, LEAST(d.ssl_attempts, 62)),
                       COALESCE(s.retry_max_seconds, 14400)) ELSE 0 END)) AS backoff_end,
             ds.next_check_at AS dns_next_check_at, ds.challenge,
-            COALESCE(s.dns_target, '') AS point_to, c.expires_at, c.renew_at
+            COALESCE(s.dns_target, '') AS point_to, c.expires_at, c.renew_at,
+            pg_catalog.lower(pg_catalog.rtrim(NULLIF(s.dns01_zone, ''), '.')) AS zone
         FROM public.proxy_domains d
         LEFT JOIN public.proxy_certificates c ON c.domain = d.domain
         LEFT JOIN public.certworker_dns_state ds ON ds.domain_id = d.id
