@@ -1,8 +1,10 @@
 -- certworker_domain_events_since(p_tenant_id, p_after_id, p_limit): the tenant's
 -- events after the id p_after_id (NULL: from the oldest kept), oldest first, at most
 -- p_limit (NULL or less than 1: 1000): a proxy that was disconnected reads what it
--- missed, from the last id it saw, and goes on from the last id returned. Events are
--- the tenant's as written (tenant_id at the time), also of domains since deleted.
+-- missed, and goes on from the last id returned. Ids are drawn when an event is
+-- written, not when it commits, so a reader starts a little before the last id it saw
+-- (docs/domain-status.md, "Reading what was missed"). Events are the tenant's as
+-- written (tenant_id at the time), also of domains since deleted.
 --
 -- An event counted up again (a repeat: count and last_at) keeps its id: a reader
 -- that must see repeats reads the domain's history (certworker_domain_events) when
