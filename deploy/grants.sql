@@ -80,7 +80,8 @@ GRANT SELECT, INSERT (token, key_authorization, domain, expires_at, claim_token)
    ON certworker_http01_tokens TO :"role";
 -- The wake mode and the fleet's settings, recorded at start (one row, inserted whole).
 GRANT SELECT, INSERT,
-      UPDATE (wake, updated_at, retry_base_seconds, retry_max_seconds, max_attempts, limits, dns01_zone)
+      UPDATE (wake, updated_at, retry_base_seconds, retry_max_seconds, max_attempts, limits, dns01_zone,
+              dns_target)
    ON certworker_settings TO :"role";
 -- DNS-01 values of orders in flight and preflight probes, and the zone server's reads.
 GRANT SELECT, INSERT (token, target, value, domain, expires_at, claim_token),
@@ -115,6 +116,11 @@ GRANT SELECT, DELETE ON certworker_tenants TO :"role";
 -- The fleet's budget of renewal-information requests, one row per CA (created by the
 -- first taker).
 GRANT SELECT, INSERT, UPDATE ON certworker_ari_buckets TO :"role";
+-- Each domain's history, written with the change it records (certworker_domain_event:
+-- a new event, or a repeat counted up), pruned by age and by the rows a domain keeps.
+GRANT SELECT, INSERT (domain_id, tenant_id, at, event, reason, message, last_at),
+      UPDATE (count, last_at, message), DELETE
+   ON certworker_domain_events TO :"role";
 -- The fleet's duties (migration 00022): one lease row per duty, taken, renewed and
 -- handed on by the instance that does the fleet's maintenance or reads its statistics.
 GRANT SELECT, INSERT, UPDATE, DELETE ON certworker_fleet_duties TO :"role";
@@ -155,12 +161,14 @@ GRANT SELECT,
       UPDATE (domain, certificate_pem, private_key_pem, expires_at, auto_renew, created_at, updated_at),
       DELETE
    ON proxy_certificates TO :"proxy_role";
--- certworker_queue_for_issuance reads the wake mode.
-GRANT SELECT ON certworker_settings TO :"proxy_role";
--- certworker_name_seen (a handshake found no certificate for a name) reads a waiting
--- domain's state and brings its check forward: those columns alone.
-GRANT SELECT (domain_id, next_check_at, seen_at, taken_until), UPDATE (next_check_at, seen_at)
-   ON certworker_dns_state TO :"proxy_role";
+-- certworker_queue_for_issuance reads the wake mode; certworker_domain_status the
+-- settings, waits and pauses behind a domain's state, certworker_domain_events the
+-- history (the tenant rule is the functions').
+GRANT SELECT ON certworker_settings, certworker_dns_state, certworker_pauses, certworker_domain_events
+   TO :"proxy_role";
+-- certworker_name_seen (a handshake found no certificate for a name) brings a waiting
+-- domain's check forward: those columns alone.
+GRANT UPDATE (next_check_at, seen_at) ON certworker_dns_state TO :"proxy_role";
 -- The tenant operations, and what to serve for a server name (certworker_certificate_for,
 -- which reads proxy_domains and proxy_certificates with the rights above, the keys
 -- included).
@@ -168,6 +176,9 @@ GRANT EXECUTE ON FUNCTION certworker_queue_for_issuance(uuid, uuid),
                           certworker_update_domain(uuid, uuid, text, text),
                           certworker_set_profile(uuid, uuid, text),
                           certworker_certificate_for(text),
-                          certworker_name_seen(text)
+                          certworker_name_seen(text),
+                          certworker_domain_status(uuid, uuid),
+                          certworker_domain_events(uuid, uuid, integer),
+                          certworker_domain_events_since(uuid, bigint, integer)
    TO :"proxy_role";
 \endif

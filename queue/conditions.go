@@ -163,12 +163,13 @@ func keepsNameSQL(x string) string {
 }
 
 // failTwinsSQL is an UPDATE failing the rows of from with this id for which cond
-// holds, as twins that lost their name; it returns returning.
+// holds, as twins that lost their name, and recording the failure in their history;
+// it returns returning (d is the row).
 func failTwinsSQL(from, id, cond, returning string) string {
 	return `UPDATE proxy_domains d SET
         ssl_status = 'failed', ssl_error = '` + duplicateReason + `', updated_at = now(), ` + releaseClaimSQL + `
     FROM ` + from + ` WHERE d.id = ` + id + ` AND ` + cond + `
-    RETURNING ` + returning
+    RETURNING ` + returning + `, ` + eventSQL("d", "'failed'", "'duplicate'", "d.ssl_error") + ` AS event_id`
 }
 
 // ariWindowSQL is true when domain's stored certificate is inside its last-read
@@ -306,7 +307,8 @@ func claimTailSQL(take string, routed bool) string {
     WHERE d.id = ` + take + `.id
     RETURNING d.id, d.tenant_id, d.domain, d.ssl_attempts, d.ssl_claim_token, d.ssl_last_attempt_at,
         d.ssl_claim_prev_attempt_at, d.ssl_queued_at, d.ssl_profile, d.ssl_profile_refused,
-        COALESCE(d.ssl_queue_tier, 2) = 2 AS first` + returnCA + `
+        COALESCE(d.ssl_queue_tier, 2) = 2 AS first` + returnCA + `,
+        certworker_domain_claimed(d.id, d.tenant_id, d.ssl_eligible_at, d.ssl_queued_at, now()) AS event_id
 )
 SELECT c.id::text, c.tenant_id::text, c.domain, c.ssl_attempts, c.ssl_claim_token::text, c.ssl_last_attempt_at,
     ` + finiteSQL(`GREATEST(c.ssl_queued_at,

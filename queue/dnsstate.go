@@ -102,7 +102,7 @@ WITH before AS (
         ssl_error = CASE WHEN ssl_error IS DISTINCT FROM $3 THEN $3 ELSE ssl_error END,
         `+releaseClaimSQL+`
     WHERE `+heldSQL+`
-    RETURNING id
+    RETURNING id, `+eventSQL("proxy_domains", "'waiting_for_dns'", reasonSQL("proxy_domains"), "ssl_error")+` AS event_id
 ), s AS (
     INSERT INTO certworker_dns_state AS s (domain_id, waiting_since, paced_since, next_check_at, answer, updated_at)
     SELECT id, now(), now(), now() + make_interval(secs => $4), $5, now() FROM d
@@ -227,33 +227,42 @@ func (q *Queue) DueWaits(ctx context.Context, t TakeWaits) ([]DueWait, int, erro
 	return out, stale, nil
 }
 
+// recheckWaitSQL schedules the next check and, when $6, records the check in the
+// domain's history while it still waits (a repeat of its wait: counted up).
 var recheckWaitSQL = `
 UPDATE certworker_dns_state
 SET next_check_at = now() + make_interval(secs => CASE WHEN seen_at > now() - make_interval(secs => $5::float8)
                                                       THEN LEAST($2::float8, $4::float8) ELSE $2::float8 END),
     taken_until = NULL, answer = $3, updated_at = now()
-WHERE domain_id = $1::uuid AND next_check_at IS NOT NULL`
+WHERE domain_id = $1::uuid AND next_check_at IS NOT NULL
+RETURNING (SELECT ` + eventSQL("d", "'waiting_for_dns'", reasonSQL("d"), "d.ssl_error") + ` FROM proxy_domains d
+           WHERE $6 AND d.id = $1::uuid AND ` + claimableAsSQL("d") + ` AND d.ssl_held = '` + HeldDNS + `'
+             AND d.ssl_error LIKE 'waiting for DNS:%')`
 
 var recheckErrorSQL = `
 UPDATE proxy_domains SET ssl_error = $2, updated_at = now()
 WHERE id = $1::uuid AND ` + claimableSQL + ` AND ssl_held = '` + HeldDNS + `'
-  AND ssl_error LIKE 'waiting for DNS:%' AND ssl_error IS DISTINCT FROM $2`
+  AND ssl_error LIKE 'waiting for DNS:%' AND ssl_error IS DISTINCT FROM $2
+RETURNING ` + eventSQL("proxy_domains", "'waiting_for_dns'", reasonSQL("proxy_domains"), "ssl_error")
 
 // Recheck schedules a waiting domain's next check in checkIn, or in seenIn when that
 // is sooner and a TLS handshake for the name was reported (certworker_name_seen) in
 // the last WaitSeenFor, also while this check ran; with the answer seen. msg, when
 // not "", replaces its ssl_error, only when that changed and only while it still
-// waits (a retry or a claim meanwhile wins).
+// waits (a retry or a claim meanwhile wins). Each check is a waiting_for_dns event in
+// the domain's history, written with whichever write records it: the new ssl_error,
+// or else the next check.
 func (q *Queue) Recheck(ctx context.Context, id string, checkIn, seenIn time.Duration, answer, msg string) error {
-	if _, err := q.db.Exec(ctx, recheckWaitSQL, id, checkIn.Seconds(), answer, seenIn.Seconds(), WaitSeenFor.Seconds()); err != nil {
+	changed := false
+	if msg != "" {
+		tag, err := q.db.Exec(ctx, recheckErrorSQL, id, q.errorText(ctx, msg))
+		if err != nil {
+			return fmt.Errorf("record what the DNS check saw: %w", err)
+		}
+		changed = tag.RowsAffected() > 0
+	}
+	if _, err := q.db.Exec(ctx, recheckWaitSQL, id, checkIn.Seconds(), answer, seenIn.Seconds(), WaitSeenFor.Seconds(), !changed); err != nil {
 		return fmt.Errorf("schedule the next DNS check: %w", err)
-	}
-	if msg == "" {
-		return nil
-	}
-	msg = q.errorText(ctx, msg)
-	if _, err := q.db.Exec(ctx, recheckErrorSQL, id, msg); err != nil {
-		return fmt.Errorf("record what the DNS check saw: %w", err)
 	}
 	return nil
 }
@@ -284,7 +293,8 @@ func (q *Queue) EndWait(ctx context.Context, id string) (bool, error) {
 
 var expireWaitDomainSQL = `
 UPDATE proxy_domains SET ssl_status = 'failed', ssl_held = NULL, ssl_error = $2, updated_at = now()
-WHERE id = $1::uuid AND ` + claimableSQL + ` AND ssl_held = '` + HeldDNS + `'`
+WHERE id = $1::uuid AND ` + claimableSQL + ` AND ssl_held = '` + HeldDNS + `'
+RETURNING ` + eventSQL("proxy_domains", "'failed'", reasonSQL("proxy_domains"), "ssl_error")
 
 var expireWaitStateSQL = `
 UPDATE certworker_dns_state SET next_check_at = NULL, taken_until = NULL, waiting_since = NULL, paced_since = NULL,

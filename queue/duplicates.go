@@ -22,7 +22,8 @@ WITH judged AS (
         ssl_status = 'pending', ssl_attempts = 0, ssl_error = NULL, ssl_last_attempt_at = NULL, updated_at = now()
     FROM judged j
     WHERE d.id = j.id AND j.keeps AND d.ssl_status = 'failed' AND d.ssl_error LIKE '` + duplicateError + `%'
-    RETURNING d.id, d.tenant_id, d.domain, 'the name is its own again: back in the queue' AS ssl_error, true AS back
+    RETURNING d.id, d.tenant_id, d.domain, 'the name is its own again: back in the queue' AS ssl_error, true AS back,
+        ` + eventSQL("d", "'queued'", "NULL", "'the name is its own again: back in the queue'") + ` AS event_id
 )
 SELECT id::text, tenant_id::text, domain, ssl_error, back FROM lost
 UNION ALL

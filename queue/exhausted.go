@@ -39,7 +39,8 @@ FOR UPDATE SKIP LOCKED`
 var failExhaustedRowsSQL = `
 UPDATE proxy_domains d SET ssl_status = 'failed', ssl_error = x.reason, updated_at = now()
 FROM unnest($1::uuid[], $2::text[]) AS x (id, reason)
-WHERE d.id = x.id`
+WHERE d.id = x.id
+RETURNING ` + eventSQL("d", "'failed'", "'too_many_failures'", "d.ssl_error")
 
 func (q *Queue) failExhausted(ctx context.Context) ([]issuing.BadRow, error) {
 	var out []issuing.BadRow

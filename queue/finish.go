@@ -64,7 +64,9 @@ WITH d AS (
         ssl_ca_refused = NULL, ssl_ca_refused_cause = NULL,
         ssl_renew_by = $10, updated_at = now(), ` + releaseClaimSQL + `
     WHERE ` + heldSQL + `
-    RETURNING domain
+    RETURNING domain, ` + eventSQL("proxy_domains",
+	"CASE WHEN EXISTS (SELECT 1 FROM proxy_certificates p WHERE p.domain = proxy_domains.domain) THEN 'renewed' ELSE 'issued' END",
+	"CASE WHEN ssl_error LIKE '"+issuing.ProfilePrefix+"%' THEN 'profile_unavailable' END", "ssl_error") + ` AS event_id
 ), c AS (
     INSERT INTO proxy_certificates
         (domain, certificate_pem, private_key_pem, expires_at, not_before, issuer, serial, renew_at,
@@ -166,9 +168,10 @@ UPDATE proxy_domains SET
     updated_at = now(), `+releaseClaimSQL+`
 WHERE `+heldSQL+`
 RETURNING ssl_attempts, ssl_status,
-    `+secondsUntilSQL("ssl_last_attempt_at + make_interval(secs => "+backoffSQL("ssl_attempts", "$5", "$6")+")"),
+    `+secondsUntilSQL("ssl_last_attempt_at + make_interval(secs => "+backoffSQL("ssl_attempts", "$5", "$6")+")")+`,
+    `+eventSQL("proxy_domains", "'failed'", failedReasonSQL("proxy_domains"), "ssl_error"),
 		[]any{c.ID, c.Token, q.errorText(ctx, reason), q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax)},
-		&f.Attempts, &status, &retryIn)
+		&f.Attempts, &status, &retryIn, new(int64))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return f, q.whyNotHeld(ctx, c)
 	}
@@ -213,7 +216,8 @@ UPDATE proxy_domains SET
     ssl_status = 'failed', ssl_error = $3,
     ssl_attempts = ` + nextAttemptSQL + `,
     updated_at = now(), ` + releaseClaimSQL + `
-WHERE ` + heldSQL
+WHERE ` + heldSQL + `
+RETURNING ` + eventSQL("proxy_domains", "'failed'", reasonSQL("proxy_domains"), "ssl_error")
 
 // MarkPermanent fails a domain at once, whatever its attempts, with reason as
 // ssl_error; the attempt is counted.
@@ -232,18 +236,43 @@ func (q *Queue) MarkPermanent(ctx context.Context, c issuing.Claim, reason strin
 // ssl_last_attempt_at restored, so any instance may claim it at once. The wake
 // trigger wakes every instance unless quiet (after a pause, nobody could take it).
 func (q *Queue) Release(ctx context.Context, c issuing.Claim, quiet bool) error {
-	sql := `
+	return q.release(ctx, releaseSQL, []any{c.ID, c.Token}, c, quiet)
+}
+
+// Hold is Release for a claim that a pause holds back (reason: rate_limited for the
+// CA's rate limit or the ledger of its limits, ca_unavailable for a CA that cannot be
+// reached), recorded as a held event in the domain's history with the hand-back. The
+// event's message names the pause, never its text: a CA's rate-limit detail may name
+// another tenant's domain.
+func (q *Queue) Hold(ctx context.Context, c issuing.Claim, quiet bool, reason string) error {
+	msg := "held back: the CA's rate limit"
+	if reason == "ca_unavailable" {
+		msg = "held back: the CA cannot be reached; ordering resumes when it answers"
+	}
+	return q.release(ctx, holdSQL, []any{c.ID, c.Token, reason, msg}, c, quiet)
+}
+
+var releaseSQL = `
 UPDATE proxy_domains SET
     ssl_status = 'pending', ssl_last_attempt_at = ssl_claim_prev_attempt_at, updated_at = now(),
     ` + releaseClaimSQL + `
 WHERE ` + heldSQL + `
-RETURNING 1`
-	var one int
+RETURNING 1::bigint`
+
+var holdSQL = `
+UPDATE proxy_domains SET
+    ssl_status = 'pending', ssl_last_attempt_at = ssl_claim_prev_attempt_at, updated_at = now(),
+    ` + releaseClaimSQL + `
+WHERE ` + heldSQL + `
+RETURNING ` + eventSQL("proxy_domains", "'held'", "$3::text", "$4::text")
+
+func (q *Queue) release(ctx context.Context, sql string, args []any, c issuing.Claim, quiet bool) error {
+	var one int64
 	var err error
 	if quiet {
-		err = q.quietly(ctx, sql, []any{c.ID, c.Token}, &one)
+		err = q.quietly(ctx, sql, args, &one)
 	} else {
-		err = q.db.QueryRow(ctx, sql, c.ID, c.Token).Scan(&one)
+		err = q.db.QueryRow(ctx, sql, args...).Scan(&one)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return q.whyNotHeld(ctx, c)

@@ -415,15 +415,26 @@ func (d *ledgerDecision) markFull(k ledgerKey, until time.Time, why string) {
 	d.full[k] = pauseUntil{until, why}
 }
 
+// ledgerInsertSQL records an admitted order, about to be sent, and the ordered event
+// of its domain's history with it.
 var ledgerInsertSQL = `
-INSERT INTO certworker_ledger (directory, domain_id, name, registered_domain, renewal, exempt, claim_token, tenant_id)
-VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, '')::uuid)`
+WITH l AS (
+    INSERT INTO certworker_ledger (directory, domain_id, name, registered_domain, renewal, exempt, claim_token, tenant_id)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, '')::uuid)
+    RETURNING domain_id, tenant_id
+)
+SELECT certworker_domain_event(domain_id, tenant_id, 'ordered', NULL, NULL, now()) FROM l
+WHERE domain_id IS NOT NULL AND tenant_id IS NOT NULL`
 
+// ledgerHandBackSQL hands back a claim the ledger refused, uncharged, recorded as a
+// hold of the domain.
 var ledgerHandBackSQL = `
 UPDATE proxy_domains SET
     ssl_status = 'pending', ssl_last_attempt_at = ssl_claim_prev_attempt_at, updated_at = now(),
     ` + releaseClaimSQL + `
-WHERE ` + heldSQL
+WHERE ` + heldSQL + `
+RETURNING ` + eventSQL("proxy_domains", "'held'", "'rate_limited'",
+	"'held back: the CA''s limits on orders are used up until the next one is allowed'")
 
 // ledgerRerouteSQL hands a claim back as refused by this CA ($3) for too many
 // failures in a row: the routed claim sends it to the other CA at once.

@@ -31,6 +31,9 @@ type PruneResult struct {
 	IssuedNames int64
 	// Orders: recorded ACME orders of deleted domains.
 	Orders int64
+	// Events: events of domains' histories older than EventsKeep, or beyond a
+	// domain's EventsPerDomain newest.
+	Events int64
 }
 
 const (
@@ -42,6 +45,13 @@ const (
 	// orphanGrace keeps a certificate row without a domain this long after its last
 	// write, so a proxy storing it before the domain row is not raced.
 	orphanGrace = time.Hour
+	// EventsKeep and EventsPerDomain bound a domain's history (docs/domain-status.md).
+	EventsKeep      = 90 * 24 * time.Hour
+	EventsPerDomain = 100
+	// eventsRecent is how far back Prune looks for the domains that gained events, the
+	// only ones that can hold more than EventsPerDomain; one left out while
+	// housekeeping stopped longer is trimmed after its next event.
+	eventsRecent = time.Hour
 	// pruneBatch is how many rows one statement deletes.
 	pruneBatch = 1000
 )
@@ -58,6 +68,7 @@ func (q *Queue) Prune(ctx context.Context, keep ...LedgerWindow) (PruneResult, e
 	}
 	var r PruneResult
 	var errs []error
+	var events [2]int64 // old, and beyond a domain's newest
 	for _, step := range []struct {
 		what  string
 		count *int64
@@ -98,6 +109,10 @@ SELECT n.ctid FROM certworker_issued_names n
 WHERE n.issued_at < now() - make_interval(secs => $1)
   AND NOT EXISTS (SELECT 1 FROM proxy_domains d WHERE lower(d.domain) = n.name)`,
 			[]any{seconds(orphanGrace)}, false},
+		{"old domain events", &events[0], "certworker_domain_events", pruneOldEventsSQL,
+			[]any{seconds(EventsKeep)}, false},
+		{"domain events beyond a domain's newest", &events[1], "certworker_domain_events", pruneExtraEventsSQL,
+			[]any{seconds(eventsRecent), EventsPerDomain}, false},
 	} {
 		n, err := q.deleteInBatches(ctx, step.table, step.sql, step.args, !step.unlocked)
 		*step.count = n
@@ -106,8 +121,24 @@ WHERE n.issued_at < now() - make_interval(secs => $1)
 			errs = append(errs, fmt.Errorf("prune %s: %w", step.what, err))
 		}
 	}
+	r.Events = events[0] + events[1]
 	return r, errors.Join(errs...)
 }
+
+// pruneOldEventsSQL finds the events last written more than $1 seconds ago, through
+// the index on at (an event's at is never after its last_at).
+var pruneOldEventsSQL = `
+SELECT e.ctid FROM certworker_domain_events e
+WHERE e.at < now() - make_interval(secs => $1) AND e.last_at < now() - make_interval(secs => $1)`
+
+// pruneExtraEventsSQL finds the events beyond the $2 newest of each domain that gained
+// events in the last $1 seconds: the domains through the index on at, each one's
+// events through its index on (domain_id, id).
+var pruneExtraEventsSQL = `
+SELECT e.ctid FROM certworker_domain_events e
+WHERE e.domain_id IN (SELECT r.domain_id FROM certworker_domain_events r WHERE r.at > now() - make_interval(secs => $1))
+  AND e.id < (SELECT n.id FROM certworker_domain_events n WHERE n.domain_id = e.domain_id
+              ORDER BY n.id DESC OFFSET $2 - 1 LIMIT 1)`
 
 // deleteInBatches deletes the rows of table that match (by ctid), pruneBatch at a
 // time; a row changed meanwhile or locked is left for the next run.

@@ -42,7 +42,8 @@ UPDATE proxy_domains d SET
     updated_at = now(), ` + releaseClaimSQL + `
 FROM abandoned
 WHERE d.id = abandoned.id
-RETURNING d.id::text, d.tenant_id::text, d.domain, d.ssl_attempts, d.ssl_status = 'failed'`
+RETURNING d.id::text, d.tenant_id::text, d.domain, d.ssl_attempts, d.ssl_status = 'failed',
+    ` + eventSQL("d", "'failed'", "'interrupted'", "d.ssl_error")
 
 // ReclaimAbandoned puts back domains whose claim was abandoned: a lease that ran out
 // (leaseEndSQL), or, without a lease, a last attempt older than unleasedGrace. The
@@ -60,7 +61,7 @@ func (q *Queue) ReclaimAbandoned(ctx context.Context) ([]Reclaimed, error) {
 		}
 		batch, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Reclaimed, error) {
 			var x Reclaimed
-			err := r.Scan(&x.ID, &x.TenantID, &x.Domain, &x.Attempts, &x.GaveUp)
+			err := r.Scan(&x.ID, &x.TenantID, &x.Domain, &x.Attempts, &x.GaveUp, new(int64))
 			return x, err
 		})
 		out = append(out, batch...)

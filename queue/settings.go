@@ -129,6 +129,25 @@ INSERT INTO certworker_settings (id, dns01_zone, updated_at) VALUES (true, $1, n
 ON CONFLICT (id) DO UPDATE SET dns01_zone = EXCLUDED.dns01_zone, updated_at = EXCLUDED.updated_at
 WHERE certworker_settings.dns01_zone IS DISTINCT FROM EXCLUDED.dns01_zone`
 
+var recordDNSTargetSQL = `
+INSERT INTO certworker_settings (id, dns_target, updated_at) VALUES (true, $1, now())
+ON CONFLICT (id) DO UPDATE SET dns_target = EXCLUDED.dns_target, updated_at = EXCLUDED.updated_at
+WHERE certworker_settings.dns_target IS DISTINCT FROM EXCLUDED.dns_target`
+
+// RecordDNSTarget records --dns-target in certworker_settings ("" records none), which
+// certworker_domain_status shows tenants as what to point their names at. It writes
+// only when the value changes; the last instance started decides.
+func (q *Queue) RecordDNSTarget(ctx context.Context, target string) error {
+	var stored *string
+	if target = strings.TrimSpace(target); target != "" {
+		stored = &target
+	}
+	if _, err := q.db.Exec(ctx, recordDNSTargetSQL, stored); err != nil {
+		return fmt.Errorf("record --dns-target in certworker_settings: %w", err)
+	}
+	return nil
+}
+
 // RecordDNS01Zone records --dns01-zone ("": off) for certworker_dns01_target, when it
 // changes.
 func (q *Queue) RecordDNS01Zone(ctx context.Context, zone string) error {

@@ -36,6 +36,13 @@ func renderedStatements() map[string]string {
 func fixedStatements() map[string]string {
 	return map[string]string{
 		"claim":                      claimSQL,
+		"hold":                       holdSQL,
+		"release":                    releaseSQL,
+		"domain_status":              domainStatusSQL,
+		"domain_events":              domainEventsSQL,
+		"domain_events_since":        domainEventsSinceSQL,
+		"prune_old_events":           pruneOldEventsSQL,
+		"prune_extra_events":         pruneExtraEventsSQL,
 		"mark_active":                markActiveSQL,
 		"claim_routed":               claimRoutedSQL,
 		"twin_candidates":            twinCandidatesSQL,

@@ -92,11 +92,13 @@ func (q *Queue) curve(ctx context.Context) (issuing.Config, error) {
 const troubleColumnsSQL = `id, tenant_id, domain, verification_status, ssl_provider, ssl_status, ssl_attempts, ssl_error,
         ssl_last_attempt_at, ssl_profile`
 
-var countsSQL = `SELECT ssl_status, count(*) FROM proxy_domains WHERE ssl_provider = 'acme' GROUP BY 1`
+var countsSQL = `SELECT ssl_status, count(*) FROM proxy_domains
+WHERE ssl_provider = 'acme' AND ($1::uuid IS NULL OR tenant_id = $1::uuid) GROUP BY 1`
 
-func (q *Queue) counts(ctx context.Context) (Counts, error) {
+// counts is the number of acme domains in each ssl_status, of one tenant (nil: all).
+func (q *Queue) counts(ctx context.Context, tenant *string) (Counts, error) {
 	var c Counts
-	rows, err := q.db.Query(ctx, countsSQL)
+	rows, err := q.db.Query(ctx, countsSQL, tenant)
 	if err != nil {
 		return c, fmt.Errorf("count domains: %w", err)
 	}
@@ -147,13 +149,30 @@ FROM (
     WHERE ssl_profile_refused IS NOT NULL AND ssl_profile = ssl_profile_refused
       AND ssl_provider = 'acme' AND ssl_status = 'active'
 ) d ` + pauseSQL + `
-ORDER BY d.ssl_last_attempt_at DESC NULLS LAST, d.domain`
+WHERE $4::uuid IS NULL OR d.tenant_id = $4::uuid
+ORDER BY d.ssl_last_attempt_at DESC NULLS LAST, d.domain
+LIMIT $5`
 
 // Overview counts acme domains by state and lists every domain retrying, failed,
 // held back by a pause of its name or registered domain, or renewed under its
 // certificate's profile, with its next attempt; the pauses; and the profiles.
 func (q *Queue) Overview(ctx context.Context) (*Overview, error) {
-	counts, err := q.counts(ctx)
+	return q.OverviewOf(ctx, "", 0)
+}
+
+// OverviewOf is Overview with the counts and the domains of one tenant only (tenant
+// "": of every tenant), and at most limit domains listed (0: all). The pauses,
+// profiles, replacement and issuers are the fleet's.
+func (q *Queue) OverviewOf(ctx context.Context, tenant string, limit int) (*Overview, error) {
+	var tenantArg *string
+	if tenant != "" {
+		tenantArg = &tenant
+	}
+	var limitArg *int
+	if limit > 0 {
+		limitArg = &limit
+	}
+	counts, err := q.counts(ctx, tenantArg)
 	if err != nil {
 		return nil, err
 	}
@@ -165,7 +184,7 @@ func (q *Queue) Overview(ctx context.Context) (*Overview, error) {
 	// The rows to list are found first by their own indexes; only they are matched
 	// with the pauses.
 	rows, err := q.db.Query(ctx, overviewSQL,
-		cfg.MaxAttempts, seconds(cfg.RetryBase), seconds(cfg.RetryMax))
+		cfg.MaxAttempts, seconds(cfg.RetryBase), seconds(cfg.RetryMax), tenantArg, limitArg)
 	if err != nil {
 		return nil, fmt.Errorf("list failing domains: %w", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"unicode/utf16"
 	"unicode/utf8"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 
@@ -86,10 +87,33 @@ func schemaError(err error, databaseURL string) error {
 type statusCmd struct {
 	dbFlags
 	JSON   bool   `name:"json" env:"CERTWORKER_JSON" help:"Print one JSON object instead of a table."`
-	Domain string `arg:"" optional:"" help:"Show this domain's whole state and its certificate."`
+	Tenant string `name:"tenant" env:"CERTWORKER_TENANT" placeholder:"ID" group:"selection" help:"Only this tenant's domains (its id); with DOMAIN, a domain of another tenant is unknown."`
+	Limit  int    `name:"limit" env:"CERTWORKER_LIMIT" default:"0" placeholder:"N" group:"selection" help:"List at most N domains; with DOMAIN, show its N newest events. 0: all."`
+	Domain string `arg:"" optional:"" help:"Show this domain's whole state, its certificate and its history."`
+}
+
+// domainReport is what `status DOMAIN` shows: the domain's whole state, its state as
+// the proxy shows it to the tenant (certworker_domain_status), and its history, newest
+// first.
+type domainReport struct {
+	*queue.DomainState
+	State       string        `json:"state"`
+	Reason      *string       `json:"reason"`
+	NextCheckAt *time.Time    `json:"next_check_at"`
+	PointTo     string        `json:"point_to"`
+	CNAMETarget *string       `json:"cname_target"`
+	Events      []queue.Event `json:"events"`
 }
 
 func (c *statusCmd) Run(g *globals) error {
+	if c.Tenant != "" {
+		if _, err := uuid.Parse(c.Tenant); err != nil {
+			return usagef("--tenant: %q is not a tenant id (a UUID)", c.Tenant)
+		}
+	}
+	if c.Limit < 0 {
+		return usagef("--limit must be 0 (all) or more, got %d", c.Limit)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pool, err := c.connect(ctx)
@@ -99,20 +123,17 @@ func (c *statusCmd) Run(g *globals) error {
 	defer pool.Close()
 	q := queue.New(pool, issuing.DefaultConfig())
 	if c.Domain != "" {
-		s, err := q.State(ctx, c.Domain)
-		if errors.Is(err, issuing.ErrNotFound) {
-			return &failedError{fmt.Sprintf("%s: unknown domain", c.Domain)}
-		}
+		r, err := c.report(ctx, q)
 		if err != nil {
-			return &failedError{err.Error()}
+			return err
 		}
 		if c.JSON {
-			return writeJSON(g, s)
+			return writeJSON(g, r)
 		}
-		printState(g, s)
+		printState(g, r)
 		return nil
 	}
-	o, err := q.Overview(ctx)
+	o, err := q.OverviewOf(ctx, c.Tenant, c.Limit)
 	if err != nil {
 		return &failedError{err.Error()}
 	}
@@ -164,6 +185,33 @@ func (c *statusCmd) Run(g *globals) error {
 	return tw.Flush()
 }
 
+// report reads what `status DOMAIN` shows.
+func (c *statusCmd) report(ctx context.Context, q *queue.Queue) (*domainReport, error) {
+	s, err := q.State(ctx, c.Domain)
+	if errors.Is(err, issuing.ErrNotFound) || (err == nil && c.Tenant != "" && !strings.EqualFold(s.TenantID, c.Tenant)) {
+		return nil, &failedError{fmt.Sprintf("%s: unknown domain", c.Domain)}
+	}
+	if err != nil {
+		return nil, &failedError{err.Error()}
+	}
+	r := &domainReport{DomainState: s, Events: []queue.Event{}}
+	st, err := q.DomainStatus(ctx, s.ID, s.TenantID)
+	if err != nil {
+		return nil, &failedError{err.Error()}
+	}
+	if st != nil {
+		r.State, r.Reason, r.NextCheckAt, r.PointTo, r.CNAMETarget = st.State, st.Reason, st.NextCheckAt, st.PointTo, st.CNAMETarget
+	}
+	limit := c.Limit
+	if limit == 0 {
+		limit = queue.EventsPerDomain
+	}
+	if r.Events, err = q.Events(ctx, s.ID, s.TenantID, limit); err != nil {
+		return nil, &failedError{err.Error()}
+	}
+	return r, nil
+}
+
 // replaceLine is status's line on the certificates whose renewal window has started (a
 // mass revocation, or its rehearsal): "replace now: N, at the current pace done by T".
 func replaceLine(p issuing.ReplaceProgress) string {
@@ -198,7 +246,8 @@ func profileOf(p *string) string {
 	return *p
 }
 
-func printState(g *globals, s *queue.DomainState) {
+func printState(g *globals, r *domainReport) {
+	s := r.DomainState
 	tw := tabwriter.NewWriter(g.stdout, 2, 4, 2, ' ', 0)
 	// Every value is shown escaped: most are the tenant's, or quote it.
 	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, shown(v)) }
@@ -208,6 +257,9 @@ func printState(g *globals, s *queue.DomainState) {
 	row("verification", s.VerificationStatus)
 	row("provider", s.SSLProvider)
 	row("ssl_status", s.SSLStatus)
+	row("state", r.State)
+	row("reason", str(r.Reason))
+	row("next check", when(r.NextCheckAt, "-"))
 	row("attempts", fmt.Sprint(s.SSLAttempts))
 	row("last error", str(s.SSLError))
 	row("last attempt", when(s.LastAttempt, "never"))
@@ -256,6 +308,24 @@ func printState(g *globals, s *queue.DomainState) {
 		row("certificate profile", profile)
 	} else {
 		row("certificate", "none stored")
+	}
+	tw.Flush()
+	printEvents(g, r.Events)
+}
+
+// printEvents ends `status DOMAIN` with the domain's history, newest first, as
+// `kubectl describe` ends with a resource's events.
+func printEvents(g *globals, events []queue.Event) {
+	if len(events) == 0 {
+		fmt.Fprintln(g.stdout, "\nEvents: <none>")
+		return
+	}
+	fmt.Fprintln(g.stdout, "\nEvents:")
+	tw := tabwriter.NewWriter(g.stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  LAST SEEN\tFIRST SEEN\tCOUNT\tEVENT\tREASON\tMESSAGE")
+	for _, e := range events {
+		fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%s\t%s\n", e.LastAt.UTC().Format(time.RFC3339), e.At.UTC().Format(time.RFC3339),
+			e.Count, shown(e.Event), shown(str(e.Reason)), shown(str(e.Message)))
 	}
 	tw.Flush()
 }

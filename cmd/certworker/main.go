@@ -60,6 +60,7 @@ var flagGroups = []kong.Group{
 	{Key: "keys", Title: "Keys:", Description: "The key encryption keys that seal private keys at rest (docs/security.md)."},
 	{Key: "listeners", Title: "Listeners:", Description: "The HTTP-01 responder and the admin endpoints (/healthz, /readyz, /metrics)."},
 	{Key: "logs", Title: "Logs and timing:", Description: "The logs, and the intervals, deadlines and timeouts."},
+	{Key: "selection", Title: "What to show:", Description: "Which domains status counts and lists, and how much of a domain's history it shows."},
 }
 
 // dbFlags is the connection flag every database command takes.

@@ -192,3 +192,39 @@ func proxyRoleDB(t *testing.T) (adminDSN, proxyDSN string) {
 	execSQL(t, adminDSN, strings.ReplaceAll(proxySection, `:"proxy_role"`, `"`+role+`"`))
 	return adminDSN, proxyDSN
 }
+
+// certworker_domain_status, certworker_domain_events and
+// certworker_domain_events_since work under the proxy's role of deploy/grants.sql,
+// where PUBLIC may not execute them: a grant or a table right missing from
+// deploy/grants.sql would fail every status page the proxy shows. The role may not
+// write the history (it is the worker's).
+func TestGrants_TheProxysRoleReadsADomainsStateAndHistory(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	adminDSN, proxyDSN := proxyRoleDB(t)
+	execSQL(t, adminDSN, `REVOKE EXECUTE ON FUNCTION certworker_domain_status(uuid, uuid),
+    certworker_domain_events(uuid, uuid, integer), certworker_domain_events_since(uuid, bigint, integer) FROM PUBLIC`)
+	proxy, err := pgx.Connect(ctx, proxyDSN)
+	require.NoError(t, err)
+	defer proxy.Close(ctx)
+	var tenant, id string
+	require.NoError(t, proxy.QueryRow(ctx, `INSERT INTO proxy_tenants (name, slug, email)
+VALUES ('shop', 'shop', 'shop@example.com') RETURNING id::text`).Scan(&tenant))
+	require.NoError(t, proxy.QueryRow(ctx, `INSERT INTO proxy_domains (tenant_id, domain, verification_token, verification_status)
+VALUES ($1, 'shop.example', 'tok', 'verified') RETURNING id::text`, tenant).Scan(&id))
+	execSQL(t, adminDSN, `SELECT certworker_domain_event('`+id+`', '`+tenant+`', 'claimed', NULL, NULL, now())`)
+
+	var state string
+	require.NoError(t, proxy.QueryRow(ctx, `SELECT state FROM certworker_domain_status($1, $2)`, id, tenant).Scan(&state))
+	require.Equal(t, "queued", state)
+	var event string
+	require.NoError(t, proxy.QueryRow(ctx, `SELECT event FROM certworker_domain_events($1, $2, 10)`, id, tenant).Scan(&event))
+	require.Equal(t, "claimed", event)
+	require.NoError(t, proxy.QueryRow(ctx, `SELECT event FROM certworker_domain_events_since($1, 0, 10)`, tenant).Scan(&event))
+	require.Equal(t, "claimed", event)
+
+	_, err = proxy.Exec(ctx, `SELECT certworker_domain_event($1, $2, 'issued', NULL, NULL, now())`, id, tenant)
+	var pg *pgconn.PgError
+	require.True(t, errors.As(err, &pg), "the proxy's role writes no history: %v", err)
+	require.Equal(t, "42501", pg.Code)
+}

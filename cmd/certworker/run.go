@@ -247,6 +247,9 @@ func (c *runCmd) Run(g *globals) error {
 	if err := queue.New(pool, issuing.DefaultConfig()).RecordDNS01Zone(ctx, c.DNS01Zone); err != nil {
 		return err
 	}
+	if err := queue.New(pool, issuing.DefaultConfig()).RecordDNSTarget(ctx, c.DNSTarget); err != nil {
+		return err
+	}
 	dnsServer, err := c.serveDNS01(dnsSocks, pool, log, reg)
 	if err != nil {
 		return err

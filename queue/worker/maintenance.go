@@ -269,7 +269,8 @@ func (w *Worker) housekeeping(ctx context.Context) {
 			zap.Int64("ledger_rows", pruned.Ledger), zap.Int64("tenant_counters", pruned.Tenants),
 			zap.Int64("certificates_of_deleted_domains", pruned.Certificates),
 			zap.Int64("issued_names_of_deleted_domains", pruned.IssuedNames),
-			zap.Int64("orders_of_deleted_domains", pruned.Orders))
+			zap.Int64("orders_of_deleted_domains", pruned.Orders),
+			zap.Int64("domain_events", pruned.Events))
 	}
 }
 

@@ -295,12 +295,24 @@ func (w *Worker) failForGood(o *order, log *zap.Logger, reason, outcome string) 
 
 func (w *Worker) handBack(o *order, log *zap.Logger, quiet bool, outcome string) string {
 	err := w.record(o, log, "hand back", func(ctx context.Context) error {
+		if reason, ok := heldReasons[outcome]; ok {
+			return w.q.Hold(ctx, o.claim, quiet, reason)
+		}
 		return w.q.Release(ctx, o.claim, quiet)
 	})
 	if outcome, done := w.notRecorded(o, log, err); done {
 		return outcome
 	}
 	return outcome
+}
+
+// heldReasons are the hand-backs that a pause causes, which the domain's history
+// records as held, by the reason code it gives them (docs/domain-status.md).
+var heldReasons = map[string]string{
+	"ledger_held":      "rate_limited",
+	"rate_limited":     "rate_limited",
+	"already_replaced": "rate_limited",
+	"ca_unavailable":   "ca_unavailable",
 }
 
 // notRecorded turns a write that did not happen into the order's outcome.

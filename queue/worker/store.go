@@ -37,6 +37,7 @@ type Results interface {
 	MarkFailed(ctx context.Context, c issuing.Claim, reason string) (issuing.Failure, error)
 	MarkPermanent(ctx context.Context, c issuing.Claim, reason string) error
 	Release(ctx context.Context, c issuing.Claim, quiet bool) error
+	Hold(ctx context.Context, c issuing.Claim, quiet bool, reason string) error
 	Disown(ctx context.Context, c issuing.Claim) (bool, error)
 	RecordRefused(ctx context.Context, c issuing.Claim, directory, cause string) error
 	ForgetRefused(ctx context.Context, c issuing.Claim) error

@@ -14,7 +14,7 @@ WITH d AS (
         ssl_ca_refused = NULL, ssl_ca_refused_cause = NULL,
         ssl_renew_by = $10, updated_at = now(), ssl_claim_token = NULL, ssl_claimed_by = NULL, ssl_lease_expires_at = NULL
     WHERE id = $1 AND ssl_claim_token = $2 AND ssl_status = 'provisioning' AND ssl_provider = 'acme'
-    RETURNING domain
+    RETURNING domain, certworker_domain_event(proxy_domains.id, proxy_domains.tenant_id, CASE WHEN EXISTS (SELECT 1 FROM proxy_certificates p WHERE p.domain = proxy_domains.domain) THEN 'renewed' ELSE 'issued' END, CASE WHEN ssl_error LIKE 'profile: %' THEN 'profile_unavailable' END, ssl_error, now()) AS event_id
 ), c AS (
     INSERT INTO proxy_certificates
         (domain, certificate_pem, private_key_pem, expires_at, not_before, issuer, serial, renew_at,

@@ -38,4 +38,6 @@ LEFT JOIN LATERAL (
            OR (p.scope IN ('registered_domain', 'domain') AND p.key = ANY (certworker_suffixes(d.domain))
                AND (p.scope = 'registered_domain' OR p.key = lower(d.domain))))
     ORDER BY p.paused_until DESC LIMIT 1) pz ON true
+WHERE $4::uuid IS NULL OR d.tenant_id = $4::uuid
 ORDER BY d.ssl_last_attempt_at DESC NULLS LAST, d.domain
+LIMIT $5

@@ -16,4 +16,5 @@ UPDATE proxy_domains d SET
     updated_at = now(), ssl_claim_token = NULL, ssl_claimed_by = NULL, ssl_lease_expires_at = NULL
 FROM abandoned
 WHERE d.id = abandoned.id
-RETURNING d.id::text, d.tenant_id::text, d.domain, d.ssl_attempts, d.ssl_status = 'failed'
+RETURNING d.id::text, d.tenant_id::text, d.domain, d.ssl_attempts, d.ssl_status = 'failed',
+    certworker_domain_event(d.id, d.tenant_id, 'failed', 'interrupted', d.ssl_error, now())

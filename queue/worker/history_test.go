@@ -1,0 +1,50 @@
+package worker_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/certworker/certworker/internal/fakeissuer"
+	"github.com/certworker/certworker/internal/workertest"
+	"github.com/certworker/certworker/queue/issuing"
+	"github.com/certworker/certworker/queue/worker"
+)
+
+// The worker's own orders write the domain's history: an issuance is verified,
+// claimed, issued; a CA's rate limit is a hold with its reason code (the hand-back
+// carries it), uncharged. Guards against a path of the worker that changes a domain
+// without recording it.
+func TestWorker_OrdersWriteTheDomainsHistory(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fake := fakeissuer.New(10)
+	fake.Fail = func(domain string, _ int) error {
+		if domain == "limited.example" {
+			return &issuing.RateLimitError{RetryAfter: time.Hour, Detail: "too many certificates", Scope: issuing.ScopeDomain}
+		}
+		return nil
+	}
+	tn := b.tenant(t)
+	issued, limited := b.named(t, tn, "issued.example"), b.named(t, tn, "limited.example")
+	b.start(t, "w", worker.Config{Issuer: fake, Concurrency: 2, PollInterval: time.Hour})
+	b.waitStatus(t, issued, "active", 10*time.Second)
+	history := func(id string) []string {
+		rows, err := b.pool.Query(b.ctx, `SELECT event || '/' || COALESCE(reason, '-') FROM certworker_domain_events
+WHERE domain_id = $1 ORDER BY id`, id)
+		require.NoError(t, err)
+		defer rows.Close()
+		var out []string
+		for rows.Next() {
+			var s string
+			require.NoError(t, rows.Scan(&s))
+			out = append(out, s)
+		}
+		return out
+	}
+	workertest.Eventually(t, 10*time.Second, "the hold recorded", func() bool { return len(history(limited)) == 3 })
+	require.Equal(t, []string{"verified/-", "claimed/-", "issued/-"}, history(issued))
+	require.Equal(t, []string{"verified/-", "claimed/-", "held/rate_limited"}, history(limited))
+	require.Zero(t, b.row(t, limited).Attempts, "a hold is not charged")
+}
