@@ -57,6 +57,7 @@ DROP FUNCTION IF EXISTS certworker_domain_events(uuid, uuid, integer);
 DROP FUNCTION IF EXISTS certworker_domain_status(uuid, uuid);
 DROP FUNCTION IF EXISTS certworker_domain_claimed(uuid, uuid, timestamptz, timestamptz, timestamptz);
 DROP FUNCTION IF EXISTS certworker_domain_event(uuid, uuid, text, text, text, timestamptz);
+DROP FUNCTION IF EXISTS certworker_domain_record(uuid, uuid, text, text, text, timestamptz);
 DROP FUNCTION IF EXISTS certworker_domain_reason(text);
 ALTER TABLE certworker_settings DROP COLUMN IF EXISTS dns_target;
 DROP TABLE IF EXISTS certworker_domain_events;

@@ -121,3 +121,19 @@ func (q *Queue) EventsSince(ctx context.Context, tenantID string, after int64, l
 	}
 	return append([]Event{}, out...), nil
 }
+
+var notifyDomainsSQL = `SELECT count(pg_notify('certworker_domain', id)) FROM unnest($1::text[]) AS id`
+
+// NotifyDomains sends NOTIFY certworker_domain for each domain id, in a transaction
+// of its own: the claim records its events without a notification
+// (certworker_domain_record), so that its commit does not take the database's
+// notification lock, and the worker calls this once the claim has committed.
+func (q *Queue) NotifyDomains(ctx context.Context, ids []string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	if _, err := q.db.Exec(ctx, notifyDomainsSQL, ids); err != nil {
+		return fmt.Errorf("notify certworker_domain: %w", err)
+	}
+	return nil
+}

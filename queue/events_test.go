@@ -160,17 +160,29 @@ func TestEvents_NotifyCertworkerDomainAfterCommit(t *testing.T) {
 	events, _ := b.history(t, id)
 	require.Empty(t, events, "an event of a transaction rolled back")
 
+	// The claim writes its events (verified, claimed) without a notification: its
+	// commit takes no notification lock the proxy's verifies would queue behind.
 	b.claimOne(t, id)
-	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(b.ctx, 300*time.Millisecond)
+	defer cancel()
+	_, err = conn.WaitForNotification(ctx)
+	require.Error(t, err, "the claim's transaction notified, or the rollback did")
+	events, _ = b.history(t, id)
+	require.NotEmpty(t, events, "the claim wrote no event")
+	// The worker notifies once the claim has committed: one notification a domain.
+	require.NoError(t, b.q.NotifyDomains(b.ctx, []string{id}))
+	ctx, cancel = context.WithTimeout(b.ctx, 5*time.Second)
 	defer cancel()
 	n, err := conn.WaitForNotification(ctx)
 	require.NoError(t, err)
 	require.Equal(t, "certworker_domain", n.Channel)
 	require.Equal(t, id, n.Payload)
-	ctx, cancel = context.WithTimeout(b.ctx, 300*time.Millisecond)
-	defer cancel()
-	_, err = conn.WaitForNotification(ctx)
-	require.Error(t, err, "one notification for the claim's events (verified, claimed), none for the rollback")
+	// Another event, written with its change, notifies at its commit.
+	_, err = b.pool.Exec(b.ctx, `SELECT certworker_domain_event($1, $2, 'failed', NULL, NULL, now())`, id, tenant)
+	require.NoError(t, err)
+	n, err = conn.WaitForNotification(ctx)
+	require.NoError(t, err)
+	require.Equal(t, id, n.Payload)
 }
 
 // The ledger's decision is in the history, in its own transaction: an admitted order

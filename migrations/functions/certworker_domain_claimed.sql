@@ -11,7 +11,8 @@
 --     newest is an issuance: a renewal come due, a profile changed.
 -- A row handed back enters the queue too, but after a claim or a hold: nothing is
 -- written for it. The proxy's own transactions write nothing: only the worker calls
--- this.
+-- this. It sends no notification (certworker_domain_record says why): the worker
+-- notifies certworker_domain for the rows it claimed once the claim has committed.
 --
 -- SECURITY INVOKER, as certworker_domain_event.
 CREATE OR REPLACE FUNCTION public.certworker_domain_claimed(
@@ -29,18 +30,18 @@ BEGIN
     WHERE e.domain_id = p_domain_id
     ORDER BY e.id DESC LIMIT 1;
     IF p_eligible_at IS NOT NULL AND (v_last IS NULL OR p_eligible_at > v_last) THEN
-        PERFORM public.certworker_domain_event(p_domain_id, p_tenant_id, 'verified', NULL, NULL, p_eligible_at);
+        PERFORM public.certworker_domain_record(p_domain_id, p_tenant_id, 'verified', NULL, NULL, p_eligible_at);
         v_event := 'verified';
         v_last := p_eligible_at;
     END IF;
     IF p_queued_at IS NOT NULL AND v_last IS NOT NULL AND p_queued_at > v_last THEN
         IF v_event IN ('failed', 'waiting_for_dns') THEN
-            PERFORM public.certworker_domain_event(p_domain_id, p_tenant_id, 'retried', NULL, NULL, p_queued_at);
+            PERFORM public.certworker_domain_record(p_domain_id, p_tenant_id, 'retried', NULL, NULL, p_queued_at);
         ELSIF v_event IN ('issued', 'renewed') THEN
-            PERFORM public.certworker_domain_event(p_domain_id, p_tenant_id, 'queued', NULL, NULL, p_queued_at);
+            PERFORM public.certworker_domain_record(p_domain_id, p_tenant_id, 'queued', NULL, NULL, p_queued_at);
         END IF;
     END IF;
-    RETURN public.certworker_domain_event(p_domain_id, p_tenant_id, 'claimed', NULL, NULL, p_at);
+    RETURN public.certworker_domain_record(p_domain_id, p_tenant_id, 'claimed', NULL, NULL, p_at);
 END
 $fn$;
 

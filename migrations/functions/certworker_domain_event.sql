@@ -16,23 +16,8 @@ SET search_path = public, pg_temp
 AS $fn$
 DECLARE
     v_id bigint;
-    v_event text;
-    v_reason text;
-    v_tenant uuid;
 BEGIN
-    SELECT e.id, e.event, e.reason, e.tenant_id INTO v_id, v_event, v_reason, v_tenant
-    FROM public.certworker_domain_events e
-    WHERE e.domain_id = p_domain_id
-    ORDER BY e.id DESC LIMIT 1;
-    IF FOUND AND v_event = p_event AND v_reason IS NOT DISTINCT FROM p_reason AND v_tenant = p_tenant_id THEN
-        UPDATE public.certworker_domain_events
-        SET count = LEAST(count, 2147483646) + 1, last_at = GREATEST(last_at, p_at), message = p_message
-        WHERE id = v_id;
-    ELSE
-        INSERT INTO public.certworker_domain_events (domain_id, tenant_id, at, event, reason, message, last_at)
-        VALUES (p_domain_id, p_tenant_id, p_at, p_event, p_reason, p_message, p_at)
-        RETURNING id INTO v_id;
-    END IF;
+    v_id := public.certworker_domain_record(p_domain_id, p_tenant_id, p_event, p_reason, p_message, p_at);
     PERFORM pg_catalog.pg_notify('certworker_domain', p_domain_id::text);
     RETURN v_id;
 END

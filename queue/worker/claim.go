@@ -107,10 +107,11 @@ func (w *Worker) fill(ctx context.Context, source string) (claimed int, full boo
 		if ctx.Err() != nil || w.halted() {
 			return claimed, false
 		}
-		claims, sent, full := w.claim(ctx, free, source)
+		claims, taken, sent, full := w.claim(ctx, free, source)
 		for _, c := range claims {
 			w.start(ctx, c, source, sent)
 		}
+		w.announce(taken)
 		claimed += len(claims)
 		if !full {
 			w.saturated = false
@@ -120,10 +121,10 @@ func (w *Worker) fill(ctx context.Context, source string) (claimed int, full boo
 }
 
 // claim runs the claim statement for n slots, and the ledger on what it took. It is
-// not cancelled by the worker's context: a committed claim is never dropped. full
-// reports that it took all n and the ledger let one go; sent starts the lease
-// deadlines.
-func (w *Worker) claim(ctx context.Context, n int, source string) (claims []issuing.Claim, sent time.Time, full bool) {
+// not cancelled by the worker's context: a committed claim is never dropped. claims
+// are those the ledger let go, taken the ids of every row claimed; full reports that
+// it took all n and the ledger let one go; sent starts the lease deadlines.
+func (w *Worker) claim(ctx context.Context, n int, source string) (claims []issuing.Claim, taken []string, sent time.Time, full bool) {
 	cctx, cancel := w.step(ctx, true)
 	defer cancel()
 	sent = time.Now()
@@ -136,15 +137,32 @@ func (w *Worker) claim(ctx context.Context, n int, source string) (claims []issu
 		w.health.failed(err)
 		w.untracked = true
 		w.logDBError("claim", err)
-		return nil, sent, false
+		return nil, nil, sent, false
 	}
 	w.health.ok()
 	if returning {
 		w.returnHeld, w.heldReturnedAt = false, time.Now()
 	}
+	for _, c := range claims {
+		taken = append(taken, c.ID)
+	}
 	admitted, ok := w.admit(ctx, claims)
 	// A claim the ledger refused entirely ends the fill, which must not spin.
-	return admitted, sent, ok && len(claims) == n && len(admitted) > 0
+	return admitted, taken, sent, ok && len(claims) == n && len(admitted) > 0
+}
+
+// announce notifies certworker_domain for the rows a claim took, whose history the
+// claim wrote without a notification, once the orders are on their way. A failure
+// is logged: a listener that misses it reads the history since its last event.
+func (w *Worker) announce(ids []string) {
+	if len(ids) == 0 {
+		return
+	}
+	ctx, cancel := w.step(context.Background(), true)
+	defer cancel()
+	if err := w.q.NotifyDomains(ctx, ids); err != nil {
+		w.logDBError("notify certworker_domain", err)
+	}
 }
 
 // bringsHeldBack says whether a pass woken by source brings held rows back first

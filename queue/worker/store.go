@@ -25,6 +25,7 @@ type Claims interface {
 	Claim(ctx context.Context, owner, directory string, limit int) ([]issuing.Claim, error)
 	ClaimShared(ctx context.Context, owner, directory string, limit, newcomers int) ([]issuing.Claim, error)
 	ClaimInLine(ctx context.Context, owner, directory string, limit, newcomers int) ([]issuing.Claim, error)
+	NotifyDomains(ctx context.Context, ids []string) error
 	ConfirmClaim(ctx context.Context, token string) (time.Duration, error)
 	ReclaimAbandoned(ctx context.Context) ([]queue.Reclaimed, error)
 	ReleaseUntracked(ctx context.Context, owner string, keep []string) ([]queue.Untracked, error)

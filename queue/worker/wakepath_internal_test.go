@@ -42,12 +42,12 @@ VALUES ($1, 'held.example', 'verified', 'tok', 'pending', 'acme') RETURNING id::
 	w.timer = time.NewTimer(time.Hour)
 	w.timer.Stop()
 
-	claims, _, _ := w.claim(ctx, 4, listener.SourceNotify)
+	claims, _, _, _ := w.claim(ctx, 4, listener.SourceNotify)
 	require.Empty(t, claims, "a notification's pass brought a held row back")
-	claims, _, _ = w.claim(ctx, 4, listener.SourcePoll)
+	claims, _, _, _ = w.claim(ctx, 4, listener.SourcePoll)
 	require.Empty(t, claims, "the poll's pass brought a held row back")
 	w.schedule(ctx, listener.SourceNotify, 0)
-	claims, _, _ = w.claim(ctx, 4, listener.SourceNotify)
+	claims, _, _, _ = w.claim(ctx, 4, listener.SourceNotify)
 	require.Len(t, claims, 1, "the pass after one that found the row due did not bring it back")
 	require.Equal(t, id, claims[0].ID)
 
@@ -56,9 +56,9 @@ VALUES ($1, 'held.example', 'verified', 'tok', 'pending', 'acme') RETURNING id::
 	_, err = pool.Exec(ctx, `UPDATE proxy_domains SET ssl_status = 'pending', ssl_held = 'backoff',
         ssl_last_attempt_at = now() - interval '1 hour' WHERE id = $1`, id)
 	require.NoError(t, err)
-	claims, _, _ = w.claim(ctx, 4, listener.SourceRefill)
+	claims, _, _, _ = w.claim(ctx, 4, listener.SourceRefill)
 	require.Empty(t, claims, "a refill brought held rows back again within returnHeldEvery")
 	w.heldReturnedAt = time.Now().Add(-returnHeldEvery)
-	claims, _, _ = w.claim(ctx, 4, listener.SourceRefill)
+	claims, _, _, _ = w.claim(ctx, 4, listener.SourceRefill)
 	require.Len(t, claims, 1, "a refill after returnHeldEvery did not bring the held row back")
 }
