@@ -27,8 +27,7 @@ FROM generate_series(1, $3::int + 5) g`, busy, tenant, queue.EventsPerDomain)
 SELECT $1, $2, 'failed', now() - interval '91 days', now() - interval '91 days' FROM generate_series(1, 2500)`, old, tenant)
 	b.exec(t, `INSERT INTO certworker_domain_events (domain_id, tenant_id, event, at, last_at, count)
 VALUES ($1, $2, 'waiting_for_dns', now() - interval '91 days', now() - interval '1 day', 5000)`, old, tenant)
-	var newest []string
-	newest = b.strings(t, `SELECT e.id::text FROM certworker_domain_events e WHERE e.domain_id = $1 ORDER BY e.id DESC LIMIT $2`,
+	newest := b.strings(t, `SELECT e.id::text FROM certworker_domain_events e WHERE e.domain_id = $1 ORDER BY e.id DESC LIMIT $2`,
 		busy, queue.EventsPerDomain)
 
 	// A row of old's held by an open transaction is passed over, not waited for.
