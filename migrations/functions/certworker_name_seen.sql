@@ -19,6 +19,14 @@
 -- once for one name, one writes and returns true; the others, and every call for
 -- 10 s after, return false without a transaction id.
 --
+-- The UPDATE runs only under a transaction-scoped advisory lock on the name, taken
+-- without waiting: a call that finds it taken returns false. Without it, a call whose
+-- UPDATE began just before another's commit re-reads the row's newest version, and
+-- PostgreSQL locks that version (a row lock needs a transaction id) before finding
+-- that it no longer matches. Under the lock, every earlier writer has committed by
+-- the time the UPDATE takes its snapshot, so it sees their seen_at and touches
+-- nothing. An advisory lock takes no transaction id.
+--
 -- SECURITY INVOKER: the proxy's role holds SELECT on the state and UPDATE of seen_at
 -- and next_check_at alone (deploy/grants.sql).
 CREATE OR REPLACE FUNCTION public.certworker_name_seen(p_name text)
@@ -36,6 +44,11 @@ BEGIN
       AND s.next_check_at IS NOT NULL
       AND (s.seen_at IS NULL OR s.seen_at <= pg_catalog.now() - interval '10 seconds');
     IF v_ids IS NULL THEN
+        RETURN false;
+    END IF;
+    IF NOT pg_catalog.pg_try_advisory_xact_lock(
+            pg_catalog.hashtext('certworker_name_seen'),
+            pg_catalog.hashtext(pg_catalog.regexp_replace(pg_catalog.lower(p_name), '\.$', ''))) THEN
         RETURN false;
     END IF;
     UPDATE public.certworker_dns_state s
