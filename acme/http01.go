@@ -114,13 +114,13 @@ func (s *tokenStore) Present(domain, token, keyAuth string) error {
 
 // writeFenced runs a fenced write (presentSQL's shape), with the claim as the last
 // argument when there is one. No row means the claim is no longer held: an error
-// wrapping issuing.ErrLeaseDeadline.
+// wrapping issuing.ErrLeaseDeadline. What the row holds is not read.
 func writeFenced(ctx context.Context, pool *pgxpool.Pool, sql, claim string, args []any, what string) error {
 	if claim != "" {
 		args = append(args, claim)
 	}
-	var one int
-	err := pool.QueryRow(ctx, sql, args...).Scan(&one)
+	var returned any
+	err := pool.QueryRow(ctx, sql, args...).Scan(&returned)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("%s: the order's claim is no longer held: %w", what, issuing.ErrLeaseDeadline)
 	}

@@ -96,7 +96,8 @@ RETURNING 1`
 }
 
 // recordKeySQL records the sealed key ($4) of the order $3 of domain $1 at CA $2,
-// under claim $5.
+// under claim $5, and in the same statement the domain's validated event: the key is
+// recorded once the CA has validated every name of the order, before the finalize.
 func recordKeySQL(fenced bool) string {
 	return `
 WITH held AS (
@@ -105,7 +106,8 @@ WITH held AS (
 UPDATE certworker_orders o SET key_pem = $4, claim_token = held.claim, recorded_at = now()
 FROM held
 WHERE o.domain_id = $1::uuid AND o.directory = $2 AND o.order_url = $3
-RETURNING 1`
+RETURNING (SELECT certworker_domain_event(d.id, d.tenant_id, 'validated', NULL, NULL, now())
+           FROM proxy_domains d WHERE d.id = o.domain_id)`
 }
 
 // recordRefusalSQL records that CA $2 refused to see certificate $3 replaced again,
