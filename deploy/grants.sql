@@ -42,12 +42,12 @@ GRANT SELECT (id, tenant_id, domain, verification_status, ssl_status, ssl_provid
               ssl_claimed_by, ssl_lease_expires_at, ssl_queued_at, ssl_claim_prev_attempt_at,
               ssl_queue_seq, ssl_queue_tier, ssl_renew_by, ssl_profile, ssl_profile_refused,
               ssl_ca_directory, ssl_ca_cause, ssl_ca_refused, ssl_ca_refused_cause, ssl_held, ssl_eligible_at,
-              ssl_held_until, ssl_waiting_since),
+              ssl_held_until, ssl_waiting_since, ssl_withdrawn_at),
       UPDATE (ssl_status, ssl_attempts, ssl_last_attempt_at, ssl_error, ssl_expires_at, updated_at,
               ssl_claim_token, ssl_claimed_by, ssl_lease_expires_at, ssl_claim_prev_attempt_at,
               ssl_queue_seq, ssl_queue_tier, ssl_renew_by, ssl_profile_refused,
               ssl_ca_directory, ssl_ca_cause, ssl_ca_refused, ssl_ca_refused_cause, ssl_held,
-              ssl_held_until)
+              ssl_held_until, ssl_withdrawn_at)
    ON proxy_domains TO :"role";
 
 -- Stored certificates: written and replaced on issuance (INSERT ... ON CONFLICT),

@@ -210,3 +210,68 @@ func TestEvents_TheLedgerRecordsOrderedAndHeld(t *testing.T) {
 	require.Equal(t, "held/rate_limited", events[len(events)-1])
 	b.sameTransaction(t, refused[0].Claim.ID, "the ledger's hand-back")
 }
+
+// A domain the proxy takes out of certworker's hands (unverified, or given to another
+// provider) gets its withdrawn event at the time of the change, from the worker's
+// RecordWithdrawals in the statement that clears the stamp (xmin), with the domain's
+// tenant; never inside the proxy's transaction, never for a domain with no history,
+// never twice, and not after a newer event (verified again and claimed before the
+// run). Guards against a withdrawal missing from the history the proxy shows and
+// pushes, and against one recorded out of order or by the proxy's own write.
+func TestEvents_AWithdrawalIsRecordedAtTheTimeOfTheChange(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tenant := b.tenant(t)
+	issue := func(name string) string {
+		id := b.named(t, tenant, name)
+		c := b.claimOne(t, id)
+		now := nowSecond()
+		require.NoError(t, b.markActive(c, mintCertificate(t, name, now.Add(-time.Hour), now.Add(90*24*time.Hour))))
+		return id
+	}
+	issued, moved, again := issue("gone.example"), issue("moved.example"), issue("again.example")
+	never := b.named(t, tenant, "never.example")
+
+	b.exec(t, `UPDATE proxy_domains SET verification_status = 'failed' WHERE id = ANY($1::uuid[])`, []string{issued, never, again})
+	b.exec(t, `UPDATE proxy_domains SET ssl_provider = 'manual' WHERE id = $1`, moved)
+	events, _ := b.history(t, issued)
+	require.Equal(t, []string{"verified/-", "claimed/-", "issued/-"}, events, "nothing is written inside the proxy's transaction")
+	stamp := func(id string) *time.Time {
+		var at *time.Time
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT ssl_withdrawn_at FROM proxy_domains WHERE id = $1`, id).Scan(&at))
+		return at
+	}
+	withdrawnAt := stamp(issued)
+	require.NotNil(t, withdrawnAt, "the trigger stamps the withdrawal")
+	require.NotNil(t, stamp(moved), "another provider is a withdrawal too")
+
+	// again.example is verified again and claimed before the worker's run.
+	b.exec(t, `UPDATE proxy_domains SET verification_status = 'verified', ssl_status = 'pending', ssl_last_attempt_at = NULL WHERE id = $1`, again)
+	b.claimOne(t, again)
+
+	n, err := b.q.RecordWithdrawals(b.ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	b.sameTransaction(t, issued, "withdrawal")
+	events, _ = b.history(t, issued)
+	require.Equal(t, []string{"verified/-", "claimed/-", "issued/-", "withdrawn/-"}, events)
+	var at time.Time
+	var eventTenant string
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT at, tenant_id::text FROM certworker_domain_events
+WHERE domain_id = $1 AND event = 'withdrawn'`, issued).Scan(&at, &eventTenant))
+	require.True(t, at.Equal(*withdrawnAt), "recorded at the time of the change: %s, not %s", at, *withdrawnAt)
+	require.Equal(t, tenant, eventTenant)
+	events, _ = b.history(t, moved)
+	require.Equal(t, "withdrawn/-", events[len(events)-1])
+	events, _ = b.history(t, never)
+	require.Empty(t, events, "a domain certworker never had has no history to add to")
+	events, _ = b.history(t, again)
+	require.NotContains(t, events, "withdrawn/-", "a withdrawal older than the history's newest event")
+	for _, id := range []string{issued, moved, never, again} {
+		require.Nil(t, stamp(id), "the stamp is cleared")
+	}
+
+	n, err = b.q.RecordWithdrawals(b.ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "recorded once")
+}

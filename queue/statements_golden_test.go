@@ -78,6 +78,7 @@ func fixedStatements() map[string]string {
 		"release_duty":               releaseDutySQL,
 		"exhausted_rows":             exhaustedRowsSQL,
 		"fail_exhausted_rows":        failExhaustedRowsSQL,
+		"record_withdrawals":         recordWithdrawalsSQL,
 		"record_refused":             recordRefusedSQL,
 		"forget_refused":             forgetRefusedSQL,
 		"redirect_claim":             redirectClaimSQL,

@@ -8,6 +8,10 @@
 -- (written before migration 00019, and not backfilled yet) takes the value written,
 -- or now.
 --
+-- When the row leaves that state (unverified, or taken to another provider) it stamps
+-- ssl_withdrawn_at, which the worker's maintenance turns into the domain's withdrawn
+-- event and clears (queue.Queue.RecordWithdrawals).
+--
 -- It assigns NEW only: no table is read or written, so SECURITY INVOKER, and no column
 -- privilege is needed by the writer. The proxy's columns are compared as text, so
 -- that pg_catalog's operators are the exact match whatever their type (a varchar
@@ -24,6 +28,9 @@ BEGIN
             NEW.ssl_eligible_at := COALESCE(OLD.ssl_eligible_at, NEW.ssl_eligible_at, pg_catalog.clock_timestamp());
         END IF;
     ELSE
+        IF TG_OP = 'UPDATE' AND OLD.verification_status::text = 'verified' AND OLD.ssl_provider::text = 'acme' THEN
+            NEW.ssl_withdrawn_at := pg_catalog.clock_timestamp();
+        END IF;
         NEW.ssl_eligible_at := NULL;
     END IF;
     RETURN NEW;

@@ -48,3 +48,23 @@ WHERE domain_id = $1 ORDER BY id`, id)
 	require.Equal(t, []string{"verified/-", "claimed/-", "held/rate_limited"}, history(limited))
 	require.Zero(t, b.row(t, limited).Attempts, "a hold is not charged")
 }
+
+// The worker's maintenance records a withdrawal: an issued domain the proxy unverifies
+// gets its withdrawn event with no claim or order, within the maintenance's interval.
+// Guards against a withdrawal the worker's loops never record.
+func TestWorker_MaintenanceRecordsAWithdrawal(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tn := b.tenant(t)
+	id := b.named(t, tn, "withdrawn.example")
+	b.start(t, "w", worker.Config{Issuer: fakeissuer.New(10), Concurrency: 1, PollInterval: 200 * time.Millisecond})
+	b.waitStatus(t, id, "active", 10*time.Second)
+	_, err := b.pool.Exec(b.ctx, `UPDATE proxy_domains SET verification_status = 'failed' WHERE id = $1`, id)
+	require.NoError(t, err)
+	workertest.Eventually(t, 10*time.Second, "the withdrawal recorded", func() bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM certworker_domain_events
+WHERE domain_id = $1 AND event = 'withdrawn'`, id).Scan(&n))
+		return n == 1
+	})
+}

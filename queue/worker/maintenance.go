@@ -128,6 +128,7 @@ func (w *Worker) nextMaintenance(ctx context.Context) time.Duration {
 func (w *Worker) maintain(ctx context.Context) {
 	w.housekeeping(ctx)
 	w.settleStaleLedger(ctx)
+	w.recordWithdrawals(ctx)
 	queued := w.reclaim(ctx)
 	queued += w.markRenewals(ctx)
 	if queued > 0 {
@@ -135,6 +136,20 @@ func (w *Worker) maintain(ctx context.Context) {
 		case w.kick <- listener.SourceTimer:
 		default:
 		}
+	}
+}
+
+// recordWithdrawals records the withdrawn event of the domains the proxy took out of
+// certworker's hands since the last run (queue.Queue.RecordWithdrawals).
+func (w *Worker) recordWithdrawals(ctx context.Context) {
+	rctx, cancel := w.step(ctx, false)
+	defer cancel()
+	n, err := w.q.RecordWithdrawals(rctx)
+	if err != nil {
+		w.logDBError("record withdrawn domains", err)
+	}
+	if n > 0 {
+		w.log.Debug("withdrawn domains recorded in their history", zap.Int64("domains", n))
 	}
 }
 

@@ -80,6 +80,7 @@ type Upkeep interface {
 	NextRenewalInfo(ctx context.Context) (d time.Duration, ok bool, err error)
 	NextMaintenance(ctx context.Context) (queue.Maintenance, error)
 	Prune(ctx context.Context, keep ...queue.LedgerWindow) (queue.PruneResult, error)
+	RecordWithdrawals(ctx context.Context) (int64, error)
 	TakeDuty(ctx context.Context, duty, holder string, ttl time.Duration) (held bool, left time.Duration, err error)
 	ReleaseDuty(ctx context.Context, duty, holder string) error
 	RecordSettings(ctx context.Context, s queue.FleetSettings) (prev queue.FleetSettings, ok bool, err error)
