@@ -1,9 +1,11 @@
 package worker_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/internal/fakeissuer"
@@ -67,4 +69,32 @@ func TestWorker_MaintenanceRecordsAWithdrawal(t *testing.T) {
 WHERE domain_id = $1 AND event = 'withdrawn'`, id).Scan(&n))
 		return n == 1
 	})
+}
+
+// A claim's events are announced on certworker_domain once the claim has committed,
+// while the order is still running: the proxy hears of the claimed event before the
+// issued one. Guards against claimed rows the worker never announces.
+func TestWorker_AClaimIsAnnouncedOnCertworkerDomain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	conn, err := pgx.Connect(b.ctx, b.dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	_, err = conn.Exec(b.ctx, "LISTEN certworker_domain")
+	require.NoError(t, err)
+	fake := fakeissuer.New(10)
+	fake.Delay = time.Hour // the order stays in flight: no issued event
+	tn := b.tenant(t)
+	id := b.named(t, tn, "announced.example")
+	b.start(t, "w", worker.Config{Issuer: fake, Concurrency: 1, PollInterval: time.Hour, ShutdownGrace: time.Millisecond})
+	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+	defer cancel()
+	n, err := conn.WaitForNotification(ctx)
+	require.NoError(t, err, "no notification for the claim")
+	require.Equal(t, id, n.Payload)
+	require.Equal(t, "provisioning", b.status(t, id), "the notification came from the claim, not the order's end")
+	var claimed int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM certworker_domain_events
+WHERE domain_id = $1 AND event = 'claimed'`, id).Scan(&claimed))
+	require.Equal(t, 1, claimed)
 }
