@@ -193,3 +193,49 @@ func citesOutsideChecked(rel string) bool {
 	}
 	return false
 }
+
+// earlyExit is a pipe into a reader that may stop before its writer has finished:
+// grep -q or -m, or head.
+var earlyExit = regexp.MustCompile(`\|\s*(grep\s+-[A-Za-z]*[qm]|head\b)`)
+
+// Under pipefail, a pipe into a reader that exits early fails when its writer is
+// still writing: the writer dies of SIGPIPE (141) and the pipeline takes its status.
+// No script that sets pipefail has such a pipe, unless its line says `|| true`.
+// Guards against the image smoke test's `docker logs | grep -q`, which failed a CI
+// run on a log that did say what it looked for.
+func TestScripts_UnderPipefailNoPipeEndsInAReaderThatStopsEarly(t *testing.T) {
+	t.Parallel()
+	// The failure itself: grep -q matches the first line and exits, seq is still
+	// writing, and the pipeline fails with seq's SIGPIPE.
+	out, err := exec.Command("bash", "-c", `set -o pipefail; seq 1 1000000 | grep -q '^1$'`).CombinedOutput()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "%s", out)
+	require.Equal(t, 141, exit.ExitCode())
+
+	var found []string
+	for _, rel := range repoFiles(t) {
+		if strings.HasPrefix(rel, "bin/") {
+			continue
+		}
+		lines := repoLines(t, rel)
+		if !strings.Contains(strings.Join(lines, "\n"), "pipefail") || !shellScript(rel, lines) {
+			continue
+		}
+		for i, line := range lines {
+			code := strings.TrimSpace(line)
+			if strings.HasPrefix(code, "#") || strings.Contains(code, "|| true") {
+				continue
+			}
+			if earlyExit.MatchString(code) {
+				found = append(found, fmt.Sprintf("%s:%d: %s", rel, i+1, code))
+			}
+		}
+	}
+	require.Empty(t, found, "read the writer's output whole, then search it")
+}
+
+// shellScript says whether the repository's file rel is a shell script or a Makefile.
+func shellScript(rel string, lines []string) bool {
+	return strings.HasSuffix(rel, ".sh") || rel == "Makefile" ||
+		(len(lines) > 0 && strings.HasPrefix(lines[0], "#!") && strings.Contains(lines[0], "sh"))
+}

@@ -80,7 +80,10 @@ docker run -d --name "$name-run" --network "$name" -p 127.0.0.1::9090 \
   -e CERTWORKER_ADMIN_LISTEN=:9090 \
   -e CERTWORKER_ACME_DIRECTORY=https://127.0.0.1:9/directory \
   "$image" run >/dev/null
-port=$(docker port "$name-run" 9090/tcp | head -n1)
+# The whole answer, then its first line in bash: under pipefail, `| head -n1` fails
+# the script when head exits before docker port has written its last line.
+port=$(docker port "$name-run" 9090/tcp)
+port=${port%%$'\n'*}
 port=${port##*:}
 
 # readyz GETs /readyz on the published admin port, with bash alone (no curl on every
@@ -94,7 +97,10 @@ readyz() (
 )
 within 60 readyz || fail "/readyz did not answer 200 on 127.0.0.1:$port"
 echo "smoke: /readyz answered 200"
-docker logs "$name-run" 2>&1 | grep -q '"sealed":true' ||
+# The log is read whole before it is searched: under pipefail, `docker logs | grep -q`
+# fails when grep exits at its match while docker logs is still writing (SIGPIPE).
+log=$(docker logs "$name-run" 2>&1)
+[[ $log == *'"sealed":true'* ]] ||
   fail "run did not say it seals new private keys with the quickstart's key file"
 echo "smoke: run seals with the quickstart's key file"
 docker exec "$name-run" /usr/local/bin/certworker healthcheck >/dev/null ||
