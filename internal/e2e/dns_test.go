@@ -26,6 +26,8 @@ const dnsZone = "acme.e2e-proxy.test"
 type dnsWorld struct {
 	*world
 	resolver *dnsresolver.Resolver
+	// checkEvery is the started worker's gap between two checks of a waiting name.
+	checkEvery time.Duration
 }
 
 func newDNSWorld(t *testing.T) *dnsWorld {
@@ -52,6 +54,12 @@ func (w *dnsWorld) acmeConfig() acme.Config {
 func (w *dnsWorld) start(t *testing.T, cfg worker.Config) *workertest.Instance {
 	t.Helper()
 	cfg.Wildcards = true
+	if cfg.DNSWait.First == 0 {
+		// A waiting name is checked every second, not every 10 s: the tests wait for
+		// the check that sees a change, not for the pace (queue/worker's tests hold it).
+		cfg.DNSWait.First = time.Second
+	}
+	w.checkEvery = cfg.DNSWait.First
 	return w.startWorker(t, "dns", w.acmeConfig(), cfg)
 }
 
@@ -85,7 +93,7 @@ FROM proxy_domains d LEFT JOIN certworker_dns_state s ON s.domain_id = d.id WHER
 
 // waitingFor waits until the domain waits for its DNS, and checks what waiting means:
 // pending, uncharged, out of line, ssl_error saying what was seen and what to set,
-// next checked within queue.WaitCheckFirst, nothing sent to the CA (orders: the ones
+// next checked within the worker's first-hour gap, nothing sent to the CA (orders: the ones
 // it had before).
 func (w *dnsWorld) waitingFor(t *testing.T, id, name string, orders int, wantInError ...string) {
 	t.Helper()
@@ -104,7 +112,7 @@ func (w *dnsWorld) waitingFor(t *testing.T, id, name string, orders int, wantInE
 	require.Equal(t, queue.HeldDNS, *s.Held, "out of line")
 	require.NotNil(t, s.Since)
 	require.NotNil(t, s.Next)
-	require.LessOrEqual(t, s.Next.Sub(*s.Updated), queue.WaitCheckFirst, "checked again within 10 s in its first hour")
+	require.LessOrEqual(t, s.Next.Sub(*s.Updated), w.checkEvery, "checked again within %s in its first hour", w.checkEvery)
 	require.Len(t, ordersFor(w.ca, name), orders, "nothing is sent to the CA while it waits")
 }
 
@@ -129,7 +137,7 @@ func (w *dnsWorld) active(t *testing.T, id string) {
 
 // The DNS move: a verified name that does not resolve waits, uncharged and out of
 // line, with nothing sent to the CA; once its A record points at the proxy, the next
-// DNS check (due within 10 s of the last) finds it, the HTTP probe passes and it is
+// DNS check (due within 10 s of the last; a second here) finds it, the HTTP probe passes and it is
 // issued over HTTP-01 by the same instance's next claim, with exactly one order.
 // Guards against the seed's charge-and-backoff (a name failed for good after about
 // 12 hours, an hour's wait after a late move) and an order sent before the DNS moved.
@@ -222,7 +230,9 @@ func TestDNSWait_CNAMERemovedBeforeARenewal(t *testing.T) {
 	noAddress(t, unpointed)
 	w.delegate(pointed)
 	w.delegate(unpointed)
-	w.start(t, worker.Config{Concurrency: 2})
+	// A renewal is claimed a backoff after the first issuance: a second, not a minute.
+	// The renewal time moved by hand below wakes nothing: the poll finds it.
+	w.start(t, worker.Config{Concurrency: 2, Queue: fastRetry(), PollInterval: time.Second})
 	ids := w.addDomains(t, pointed, unpointed)
 	for _, id := range ids {
 		waitFor(t, 2*time.Minute, "both active", func() bool { return w.domain(t, id).Status == "active" })
