@@ -17,14 +17,15 @@ import (
 )
 
 // The worker's maintenance passes on the database they will really meet: the proxy's
-// as the Rust worker leaves it (100,000 domains, certificates without renewal times,
-// some with a NULL expires_at, odd rows, the old worker's claims), once migrated.
-// Every pass goes through, deals with what it owns, and a second round finds nothing
-// left.
+// as the Rust worker leaves it (20,000 domains here, twenty of each pass's batches;
+// certificates without renewal times, some with a NULL expires_at, odd rows, the old
+// worker's claims), once migrated. Every pass goes through, deals with what it owns,
+// and a second round finds nothing left.
 func TestPasses_OnTheProxysMigratedDatabase(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := legacydb.New(t, pgtest.Shared(t), legacydb.Options{})
+	const domains = 20_000
+	url := legacydb.New(t, pgtest.Shared(t), legacydb.Options{Domains: domains, Tenants: domains / 100})
 	db, err := sql.Open("pgx", url)
 	require.NoError(t, err)
 	_, err = migrations.Up(ctx, db, migrations.Options{})
@@ -77,7 +78,7 @@ WHERE d.ssl_status = 'active' AND d.ssl_provider = 'acme' AND d.verification_sta
 	pruned, err := b.q.Prune(ctx)
 	require.NoError(t, err)
 	require.EqualValues(t, legacydb.DeletedDomains, pruned.Certificates)
-	t.Logf("on 100,000 domains: MarkCaseDuplicates %s, first MarkRenewals %s (%d marked)", dupTime, renewTime, pass.Marked)
+	t.Logf("on %d domains: MarkCaseDuplicates %s, first MarkRenewals %s (%d marked)", domains, dupTime, renewTime, pass.Marked)
 
 	dups, back, err = b.q.MarkCaseDuplicates(ctx)
 	require.NoError(t, err)
