@@ -30,8 +30,8 @@ SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'proxy_domains'`).Scan
 // ledger pause is in force (its orders per account used up), and the first CA has
 // issued for the name once before. The claim and the ledger decide "is this a renewal
 // to the first CA" by one rule: it is not (the certificate is the second's), so the
-// pause holds it back at the first and it is renewed where it was issued. Over 30 s
-// proxy_domains sees a handful of updates. The claim passed it as a renewal exempt
+// pause holds it back at the first and it is renewed where it was issued. Over three
+// polls (6 s) proxy_domains sees a handful of updates. The claim passed it as a renewal exempt
 // from the pause (the first had issued for the name), Admit counted it as a new order
 // (not the first's certificate) and refused it, and the fill claimed it again at once:
 // 10,197 updates of proxy_domains in 30 s, for as long as the pause lasts.
@@ -62,15 +62,16 @@ VALUES ($1, 'ca', $1, 'ledger', now() + interval '1 hour', 'orders per account u
 	require.NoError(t, err)
 
 	before := b.updatesOfDomains(t)
-	b.start(t, "w", worker.Config{Issuer: first, Limits: limits, Concurrency: 2, PollInterval: 5 * time.Second,
+	const poll = 2 * time.Second
+	b.start(t, "w", worker.Config{Issuer: first, Limits: limits, Concurrency: 2, PollInterval: poll,
 		Fallback: &worker.FallbackCA{Issuer: second, Directory: secondDirectory, After: time.Hour, Limits: limits}})
 	b.waitStatus(t, id, "active", 30*time.Second)
 	require.Equal(t, 0, first.Count(name), "the first CA was asked during its pause")
 	require.Equal(t, 2, second.Count(name), "not renewed by the second CA, where it was issued (one call is the test's)")
 
 	// A handful: the claim, the certificate's write, and what the triggers add; the
-	// spin made hundreds a second.
-	deadline := time.Now().Add(30 * time.Second)
+	// spin made hundreds a second. Three polls, each of which could start it again.
+	deadline := time.Now().Add(3 * poll)
 	for time.Now().Before(deadline) {
 		require.Less(t, b.updatesOfDomains(t)-before, int64(20), "proxy_domains is being updated over and over")
 		select {
