@@ -80,3 +80,13 @@ func TestDeadline_ExpireEndsItForGood(t *testing.T) {
 	d.Renewed(time.Now())
 	require.ErrorIs(t, d.Check(), issuing.ErrLeaseDeadline, "a renewal brought an expired deadline back")
 }
+
+// A killed instance's claim is taken back within two leases of it
+// (internal/fakeworker's TestProcess_KilledMidOrderIsIssuedByAnotherWithinTwoLeases,
+// at a lease the test scales down), and docs/high-availability.md promises it within
+// 2 minutes with the default lease: the default must stay at most a minute.
+func TestDefaultLease_TakesAKilledInstancesClaimBackWithinTwoMinutes(t *testing.T) {
+	t.Parallel()
+	require.LessOrEqual(t, 2*issuing.DefaultLease, 2*time.Minute)
+	require.Equal(t, issuing.DefaultLease, issuing.DefaultConfig().Lease)
+}
