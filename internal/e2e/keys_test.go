@@ -72,16 +72,18 @@ func TestProcess_AnInstanceWithoutTheNewKeyStopsAndChargesNothing(t *testing.T) 
 	require.Contains(t, body, "(key id "+newID+")")
 
 	id := w.addDomains(t, randomName("halted"))[0]
-	waitFor(t, 30*time.Second, "the order to be handed back", func() bool {
-		return strings.Contains(a.logs.String(), "order handed back: a stored key does not open; not charged")
+	// The order's outcome is counted once it is over, just after the hand-back's log
+	// line, and the line reaches the test through a pipe: wait for both.
+	waitFor(t, 30*time.Second, "the order to be handed back and counted", func() bool {
+		_, metrics = a.get("/metrics")
+		return strings.Contains(metrics, `certworker_issuance_total{outcome="key_error"} 1`) &&
+			strings.Contains(a.logs.String(), "order handed back: a stored key does not open; not charged")
 	})
 	d := w.domain(t, id)
 	require.Equal(t, "pending", d.Status)
 	require.Zero(t, d.Attempts, "the key error was charged")
 	require.Nil(t, d.Error)
 	require.Contains(t, a.logs.String(), `"key_id":"`+newID+`"`)
-	_, metrics = a.get("/metrics")
-	require.Contains(t, metrics, `certworker_issuance_total{outcome="key_error"} 1`)
 	// Woken again (each notification sent after the count is read starts a pass
 	// after it), it claims nothing: still the one claim.
 	wakes := metricSum(t, metrics, `certworker_wakeups_total{source="notify"}`)

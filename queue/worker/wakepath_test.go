@@ -92,6 +92,12 @@ func TestStart_ThePoolsConnectionsAreWarmedUpForTheClaim(t *testing.T) {
 	d.verifyOneByOne(t, ids, time.Now(), 5*time.Millisecond)
 	d.waitActive(t, len(ids), time.Minute, 20*time.Millisecond)
 	require.NoError(t, in.Stop(t, time.Minute))
+	// A connection can still be on its way back to the pool, or being replaced (and
+	// warmed) after one the stop ended was destroyed: read them once all are idle.
+	workertest.Eventually(t, 10*time.Second, "every connection of the pool idle", func() bool {
+		s := in.Pool.Stat()
+		return s.IdleConns() == s.TotalConns()
+	})
 
 	conns := in.Pool.AcquireAllIdle(d.ctx)
 	type claimPlans struct{ n, custom, generic int64 }
