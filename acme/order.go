@@ -203,6 +203,7 @@ func (o *order) awaitValidation(u string, retryAfter time.Duration) error {
 		if err := sleep(o.ctx, p.next(time.Now(), retryAfter)); err != nil {
 			return err
 		}
+		p.sent(u)
 		a, err := o.fetch(u)
 		if err != nil {
 			return err
@@ -267,6 +268,7 @@ func (o *order) download(state legoacme.ExtendedOrder) ([]byte, error) {
 		if err := sleep(o.ctx, p.next(time.Now(), o.tr.lastRetryAfter())); err != nil {
 			return nil, err
 		}
+		p.sent(o.placed.Location)
 		var err error
 		if state, err = o.core.Orders.Get(o.placed.Location); err != nil {
 			return nil, err

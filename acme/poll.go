@@ -1,6 +1,9 @@
 package acme
 
-import "time"
+import (
+	"sync/atomic"
+	"time"
+)
 
 // The looks at what the CA is at work on (an authorization being validated, an
 // order being issued), when the CA says nothing of when to look (no Retry-After).
@@ -42,6 +45,8 @@ type poll struct {
 	// at is the offset from start of the last look (when it was due), or -1 before
 	// the first.
 	at time.Duration
+	// waited: the last look's wait was not zero.
+	waited bool
 }
 
 func newPoll(first time.Duration) *poll {
@@ -55,7 +60,7 @@ func (p *poll) next(now time.Time, retryAfter time.Duration) time.Duration {
 	elapsed := now.Sub(p.start)
 	if retryAfter > 0 {
 		wait := min(retryAfter, pollMax)
-		p.at = elapsed + wait
+		p.at, p.waited = elapsed+wait, true
 		return wait
 	}
 	due := p.first
@@ -63,7 +68,22 @@ func (p *poll) next(now time.Time, retryAfter time.Duration) time.Duration {
 		due = lookAfter(p.at)
 	}
 	p.at = max(due, elapsed)
+	p.waited = due > elapsed
 	return max(due-elapsed, 0)
+}
+
+// lookHook, where a test has set one (export_test.go), is told of every look as it
+// is sent: the URL looked at, the start of its poll and when the poll had it due.
+// A test holds the issuer's looks to the curve with it, apart from how late a loaded
+// machine sends them.
+var lookHook atomic.Pointer[func(u string, start, due time.Time, waited bool)]
+
+// sent tells the test hook, if any, of the look at u just due; waited says whether
+// it waited for its time (false: it was due by the time the last answer came).
+func (p *poll) sent(u string) {
+	if h := lookHook.Load(); h != nil {
+		(*h)(u, p.start, p.start.Add(p.at), p.waited)
+	}
 }
 
 // lookAfter is when the look after one due at offset at is due: pollStep or a
