@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -94,7 +95,10 @@ func TestWorker_LeasesAreRenewedWhilePassesHang(t *testing.T) {
 
 // Fencing: an order stops as soon as a heartbeat finds its claim taken, and writes
 // nothing. The claim is taken here as an instance that reclaimed and claimed the row
-// would take it.
+// would take it, and kept as that instance would keep it: a lease of the same length,
+// renewed while the test runs. (A lease of an hour, longer than any instance's, is
+// one the reclaim does not trust: it put the row back, and the worker claimed it
+// again, in a run beside a CPU hog.)
 func TestWorker_AnOrderStopsWhenItsClaimIsTaken(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -105,14 +109,35 @@ func TestWorker_AnOrderStopsWhenItsClaimIsTaken(t *testing.T) {
 	id, name := b.domain(t, b.tenant(t))
 	fake.Next(t, 10*time.Second)
 	var thief string
-	require.NoError(t, b.pool.QueryRow(b.ctx, `
-UPDATE proxy_domains SET ssl_claim_token = gen_random_uuid(), ssl_claimed_by = 'thief',
-    ssl_lease_expires_at = now() + interval '1 hour'
-WHERE id = $1 RETURNING ssl_claim_token::text`, id).Scan(&thief))
+	const takeSQL = `
+UPDATE proxy_domains SET ssl_claim_token = COALESCE($2::uuid, gen_random_uuid()), ssl_claimed_by = 'thief',
+    ssl_lease_expires_at = now() + make_interval(secs => $3)
+WHERE id = $1 AND ($2::uuid IS NULL OR ssl_claim_token = $2::uuid) RETURNING ssl_claim_token::text`
+	require.NoError(t, b.pool.QueryRow(b.ctx, takeSQL, id, nil, qcfg.Lease.Seconds()).Scan(&thief))
+	hctx, stopHeartbeat := context.WithCancel(b.ctx)
+	heartbeat := make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case <-hctx.Done():
+				heartbeat <- nil
+				return
+			case <-time.After(qcfg.Lease / 3):
+			}
+			var token string
+			if err := b.pool.QueryRow(hctx, takeSQL, id, thief, qcfg.Lease.Seconds()).Scan(&token); err != nil && hctx.Err() == nil {
+				heartbeat <- fmt.Errorf("the thief's heartbeat: %w", err)
+				return
+			}
+		}
+	}()
+	t.Cleanup(stopHeartbeat)
 	workertest.Eventually(t, 3*time.Second, "the order to be cancelled (a heartbeat is every second)", func() bool {
 		return fake.Cancelled(name) == 1
 	})
 	in.WaitForLog(t, "order abandoned: the claim was lost to another instance", 1, 5*time.Second)
+	stopHeartbeat()
+	require.NoError(t, <-heartbeat)
 	r := b.row(t, id)
 	require.Equal(t, "provisioning", r.Status, "the instance that lost the claim wrote the row")
 	require.Equal(t, thief, *r.Token)
