@@ -386,7 +386,8 @@ func TestProcess_ASlowLiveOrderIsNotTakenByAnother(t *testing.T) {
 	// A's order ends 12 s after the claim, four leases later.
 	b.waitRow(t, 30*time.Second, id, "A to issue the domain", func(r row) bool { return r.Status == "active" })
 	fields := entry{"domain": name}
-	require.NotNil(t, a.find(func(e entry) bool { return e.is("certificate issued", fields) }), "A did not issue it")
+	// The row is active once the store commits; A's log line follows it, through a pipe.
+	a.waitLog(t, 5*time.Second, "A's log of the certificate", func(e entry) bool { return e.is("certificate issued", fields) })
 	require.Nil(t, a.find(func(e entry) bool { return e.is("result dropped: the claim was lost to another instance", fields) }))
 	require.Nil(t, other.find(func(e entry) bool { return e.is("order started", fields) }), "B ordered a domain A was still working on")
 	require.Nil(t, other.find(func(e entry) bool {
