@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -40,6 +41,10 @@ type Logical struct {
 	connected atomic.Bool
 	// backendPID is the current WAL sender, 0 without one.
 	backendPID atomic.Uint32
+
+	// announced holds the ids of the claimable commits not yet taken by Announced.
+	announcedMu sync.Mutex
+	announced   []uint32
 
 	lifecycle
 }
@@ -78,6 +83,29 @@ func (lg *Logical) Start(ctx context.Context) error {
 	})
 }
 
+// maxAnnounced bounds the ids kept for a worker that stopped taking them; the oldest
+// go first, and a worker that looks at the queue again sees those long since.
+const maxAnnounced = 1024
+
+// Announced takes the ids of the claimable commits announced since the last call.
+func (lg *Logical) Announced() []uint32 {
+	lg.announcedMu.Lock()
+	defer lg.announcedMu.Unlock()
+	out := lg.announced
+	lg.announced = nil
+	return out
+}
+
+// announce records xid, a claimable commit, before its wake-up is sent.
+func (lg *Logical) announce(xid uint32) {
+	lg.announcedMu.Lock()
+	defer lg.announcedMu.Unlock()
+	if len(lg.announced) >= maxAnnounced {
+		lg.announced = append(lg.announced[:0], lg.announced[len(lg.announced)-maxAnnounced+1:]...)
+	}
+	lg.announced = append(lg.announced, xid)
+}
+
 // Stop ends the waker and waits until its slot is gone (lifecycle.stop, waitSlotGone).
 func (lg *Logical) Stop() { lg.stop() }
 
@@ -91,6 +119,8 @@ type stream struct {
 	rels map[uint32]relation
 	// claimable is set once the current transaction wrote a claimable row.
 	claimable bool
+	// xid is the current transaction's id.
+	xid uint32
 }
 
 // run keeps a stream up for as long as ctx lasts. s is the stream Start made.

@@ -62,7 +62,7 @@ func (lg *Logical) decode(s *stream, data []byte) error {
 		}
 		s.rels[msg.RelationID] = r
 	case *pglogrepl.BeginMessage:
-		s.claimable = false
+		s.claimable, s.xid = false, msg.Xid
 	case *pglogrepl.InsertMessage:
 		s.claimable = s.claimable || s.matches(msg.RelationID, msg.Tuple)
 	case *pglogrepl.UpdateMessage:
@@ -71,6 +71,7 @@ func (lg *Logical) decode(s *stream, data []byte) error {
 		s.pos = max(s.pos, msg.TransactionEndLSN)
 		if s.claimable {
 			s.claimable = false
+			lg.announce(s.xid)
 			lg.wakes.send(Wake{Source: SourceNotify, At: time.Now()})
 			lg.m.notifications.Inc()
 			lg.log.Debug("claimable change", zap.Stringer("commit_lsn", msg.CommitLSN))

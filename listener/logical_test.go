@@ -192,6 +192,37 @@ func TestLogical(t *testing.T) {
 		requireNoWakePending(t, b.lg.Wakes())
 	})
 
+	// Guards against a worker that cannot tell whether its snapshot saw what woke it:
+	// the waker hands over the id of each claimable commit it announced, in commit
+	// order, once, and none of a commit that woke nothing.
+	t.Run("AnnouncesEachClaimableCommitsTransaction", func(t *testing.T) {
+		t.Parallel()
+		b := setupLogical(t, srv, Options{})
+		b.domain(t, "pending", "pending", "acme") // gives the bundle its tenant
+		b.start(t)
+		insert := func(verification string) uint32 {
+			ctx := context.Background()
+			tx, err := b.pool.Begin(ctx)
+			require.NoError(t, err)
+			defer tx.Rollback(ctx) //nolint:errcheck
+			_, err = tx.Exec(ctx, `INSERT INTO proxy_domains
+				(tenant_id, domain, verification_status, verification_token, ssl_status, ssl_provider)
+				VALUES ($1, $2, $3, 'tok', 'pending', 'acme')`, b.tenant, "d-"+uuid.NewString()+".example", verification)
+			require.NoError(t, err)
+			var full uint64
+			require.NoError(t, tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text::numeric`).Scan(&full))
+			require.NoError(t, tx.Commit(ctx))
+			return uint32(full)
+		}
+		first := insert("verified")
+		insert("pending") // not claimable: no wake-up, no id
+		second := insert("verified")
+		require.Eventually(t, func() bool { return testutil.ToFloat64(b.lg.m.notifications) == 2 },
+			waitTimeout, 5*time.Millisecond)
+		require.Equal(t, []uint32{first, second}, b.lg.Announced())
+		require.Empty(t, b.lg.Announced(), "each id is handed over once")
+	})
+
 	// Guards against one wake-up per change: a thousand transactions that each
 	// queue a domain, while the worker is busy (it reads nothing here), must leave
 	// exactly one wake-up waiting; and one statement that queues 500 domains counts

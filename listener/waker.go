@@ -25,9 +25,21 @@ type Waker interface {
 }
 
 var (
-	_ Waker = (*Listener)(nil)
-	_ Waker = (*Logical)(nil)
+	_ Waker     = (*Listener)(nil)
+	_ Waker     = (*Logical)(nil)
+	_ Announcer = (*Logical)(nil)
 )
+
+// Announcer is a Waker whose wake-up can arrive before a new snapshot sees the commit
+// it announces: a logically decoded commit is flushed to WAL, and streamed, a moment
+// before its transaction leaves the server's list of running ones (longer under CPU
+// contention, and for as long as a synchronous standby has not answered). A NOTIFY is
+// delivered only after that, so Listener is not one.
+type Announcer interface {
+	// Announced takes the transaction ids (32-bit, as the stream gives them) of the
+	// claimable commits announced since the last call, oldest first.
+	Announced() []uint32
+}
 
 // SetupError says that the server cannot do what --wake logical needs, and which
 // setting to change, in one line for the operator.

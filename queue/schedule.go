@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/certworker/certworker/queue/issuing"
@@ -30,7 +31,90 @@ func (q *Queue) NextDue(ctx context.Context, directory string) (d time.Duration,
 	return durationFromSeconds(*secs), true, nil
 }
 
-// nextDueStatement is NextDue's statement and its arguments.
+// NextDueSeeing is NextDue, and which of xids (32-bit transaction ids of commits a
+// logical stream announced) its snapshot did not see yet: a commit is streamed a
+// moment before a new snapshot sees it, and until it does, NextDue's answer leaves out
+// its rows. unseen is nil when xids is empty; the statement is then NextDue's.
+func (q *Queue) NextDueSeeing(ctx context.Context, directory string, xids []uint32) (d time.Duration, ok bool, unseen []uint32, err error) {
+	if len(xids) == 0 {
+		d, ok, err = q.NextDue(ctx, directory)
+		return d, ok, nil, err
+	}
+	var secs *float64
+	var snap string
+	sql, args := q.nextDueStatement(directory)
+	// pg_current_snapshot() is the statement's own snapshot, the one NextDue's scan used.
+	err = q.db.QueryRow(ctx, sql+`, pg_current_snapshot()::text`, args...).Scan(&secs, &snap)
+	if err != nil {
+		return 0, false, nil, fmt.Errorf("next due: %w", err)
+	}
+	s, err := parseSnapshot(snap)
+	if err != nil {
+		return 0, false, nil, fmt.Errorf("next due: %w", err)
+	}
+	for _, x := range xids {
+		if !s.sees(x) {
+			unseen = append(unseen, x)
+		}
+	}
+	if secs == nil {
+		return 0, false, unseen, nil
+	}
+	return durationFromSeconds(*secs), true, unseen, nil
+}
+
+// snapshot is a pg_snapshot: transactions below xmin have ended, those from xmax on
+// had not, and of those between, the ones in xip were running.
+type snapshot struct {
+	xmin, xmax uint64
+	xip        map[uint64]bool
+}
+
+// parseSnapshot reads pg_snapshot's text form, xmin:xmax:xip1,xip2,...
+func parseSnapshot(text string) (snapshot, error) {
+	parts := strings.Split(text, ":")
+	if len(parts) != 3 {
+		return snapshot{}, fmt.Errorf("snapshot %q: want xmin:xmax:xip", text)
+	}
+	var s snapshot
+	var err error
+	if s.xmin, err = strconv.ParseUint(parts[0], 10, 64); err != nil {
+		return snapshot{}, fmt.Errorf("snapshot %q: xmin: %w", text, err)
+	}
+	if s.xmax, err = strconv.ParseUint(parts[1], 10, 64); err != nil {
+		return snapshot{}, fmt.Errorf("snapshot %q: xmax: %w", text, err)
+	}
+	if s.xmin > s.xmax {
+		return snapshot{}, fmt.Errorf("snapshot %q: xmin after xmax", text)
+	}
+	s.xip = map[uint64]bool{}
+	if parts[2] != "" {
+		for _, f := range strings.Split(parts[2], ",") {
+			x, err := strconv.ParseUint(f, 10, 64)
+			if err != nil {
+				return snapshot{}, fmt.Errorf("snapshot %q: xip: %w", text, err)
+			}
+			s.xip[x] = true
+		}
+	}
+	return s, nil
+}
+
+// sees reports whether the snapshot sees xid's end. A 32-bit id is widened to the
+// 64-bit one nearest xmax: an announced commit is recent, so within 2^31 of it.
+func (s snapshot) sees(xid uint32) bool {
+	full := int64(s.xmax) + int64(int32(xid-uint32(s.xmax)))
+	switch {
+	case full < int64(s.xmin):
+		return true
+	case full >= int64(s.xmax):
+		return false
+	}
+	return !s.xip[uint64(full)]
+}
+
+// nextDueStatement is NextDue's statement and its arguments; its one column ends the
+// statement.
 func (q *Queue) nextDueStatement(directory string) (string, []any) {
 	capped := min(firstCapped(q.cfg), q.cfg.MaxAttempts)
 	args := []any{q.cfg.MaxAttempts, seconds(q.cfg.RetryBase), seconds(q.cfg.RetryMax), directory, capped}

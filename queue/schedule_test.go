@@ -226,3 +226,43 @@ WHERE statement LIKE '%per_count AS%' AND statement NOT LIKE '%pg_prepared_state
 	require.Positive(t, generic, "every call planned afresh (%d custom plans)", custom)
 	require.LessOrEqual(t, custom, int64(5), "the server tries five custom plans before it weighs the generic one")
 }
+
+// NextDueSeeing names the announced commits its own snapshot did not see: a
+// transaction still running is unseen, and once it has ended the same look sees it,
+// and its row is due. The worker looks again until none is unseen, because a logical
+// stream announces a commit a moment before a new snapshot sees it.
+func TestNextDueSeeing_NamesTheCommitsItsSnapshotDidNotSee(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tn := b.tenant(t)
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(b.ctx) //nolint:errcheck
+	_, err = tx.Exec(b.ctx, `
+INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_status, ssl_provider)
+VALUES ($1, 'unseen.example', 'verified', 'tok', 'pending', 'acme')`, tn)
+	require.NoError(t, err)
+	var full uint64
+	require.NoError(t, tx.QueryRow(b.ctx, `SELECT pg_current_xact_id()::text::numeric`).Scan(&full))
+	xid := uint32(full)
+
+	var ended uint64
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text::numeric - 1`).Scan(&ended))
+	_, ok, unseen, err := b.q.NextDueSeeing(b.ctx, testDirectory, []uint32{uint32(ended), xid})
+	require.NoError(t, err)
+	require.False(t, ok, "the row is not visible yet")
+	require.Equal(t, []uint32{xid}, unseen, "only the running transaction is unseen")
+
+	require.NoError(t, tx.Commit(b.ctx))
+	d, ok, unseen, err := b.q.NextDueSeeing(b.ctx, testDirectory, []uint32{xid})
+	require.NoError(t, err)
+	require.Empty(t, unseen)
+	require.True(t, ok)
+	require.LessOrEqual(t, d, time.Duration(0), "the committed row is due now")
+
+	d, ok, unseen, err = b.q.NextDueSeeing(b.ctx, testDirectory, nil)
+	require.NoError(t, err)
+	require.Nil(t, unseen)
+	require.True(t, ok)
+	require.LessOrEqual(t, d, time.Duration(0))
+}

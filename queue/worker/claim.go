@@ -27,6 +27,11 @@ type loopState struct {
 	returnHeld bool
 	// heldReturnedAt is when a claim last brought held rows back first.
 	heldReturnedAt time.Time
+	// unseen are the commits a logical stream announced that no look has seen yet
+	// (listener.Announcer), since unseenSince; unseenRetry is the next look's delay.
+	unseen      []uint32
+	unseenSince time.Time
+	unseenRetry time.Duration
 }
 
 const (
@@ -50,6 +55,9 @@ const (
 func (w *Worker) pass(ctx context.Context, source string, at time.Time) {
 	w.m.wake(source)
 	w.log.Debug("wake-up", zap.String("source", source), zap.Time("at", at))
+	if a, ok := w.waker.(listener.Announcer); ok {
+		w.addUnseen(a.Announced())
+	}
 	if w.untracked {
 		w.releaseUntracked(ctx)
 	}
@@ -209,8 +217,11 @@ func (w *Worker) releaseUntracked(ctx context.Context) {
 // schedule sets the timer for the next thing that falls due, capped by the poll.
 func (w *Worker) schedule(ctx context.Context, source string, claimed int) {
 	sctx, cancel := w.step(ctx, false)
-	d, ok, err := w.q.NextDue(sctx, w.cfg.Directory)
+	d, ok, unseen, err := w.q.NextDueSeeing(sctx, w.cfg.Directory, w.unseen)
 	cancel()
+	if err == nil {
+		w.keepUnseen(unseen)
+	}
 	if err == nil && ok && d <= 0 {
 		// Due now and not claimed: it may be a held row whose time has come.
 		w.returnHeld = true
@@ -234,6 +245,13 @@ func (w *Worker) schedule(ctx context.Context, source string, claimed int) {
 		// Another instance holds it, or a pause holds it back: look again, less often.
 		d = w.nextIdleRetry()
 	}
+	if len(w.unseen) > 0 && len(w.waker.Wakes()) == 0 {
+		// A commit the stream announced is not visible yet: until it is, this look
+		// could not see its rows, and nothing else would bring them before the poll.
+		if r := w.nextUnseenRetry(); !ok || r < d {
+			d, ok = r, true
+		}
+	}
 	delay, next := w.cfg.PollInterval, listener.SourcePoll
 	if ok && d+timerSlack < delay {
 		delay, next = d+timerSlack, listener.SourceTimer
@@ -244,6 +262,36 @@ func (w *Worker) schedule(ctx context.Context, source string, claimed int) {
 	w.setTimer(delay, next)
 	w.log.Debug("pass finished", zap.String("source", source), zap.Int("claimed", claimed),
 		zap.Duration("next_in", delay), zap.String("next_source", next))
+}
+
+// addUnseen adds commits a stream announced to those no look has seen yet.
+func (w *Worker) addUnseen(xids []uint32) {
+	if len(xids) == 0 {
+		return
+	}
+	if len(w.unseen) == 0 {
+		w.unseenSince, w.unseenRetry = time.Now(), wakeRetry
+	}
+	w.unseen = append(w.unseen, xids...)
+}
+
+// keepUnseen keeps the announced commits a look did not see, for the next. Those
+// unseen for a poll interval are left to the poll.
+func (w *Worker) keepUnseen(unseen []uint32) {
+	if len(unseen) > 0 && time.Since(w.unseenSince) >= w.cfg.PollInterval {
+		w.log.Warn("announced commits still not visible after a poll interval; left to the poll (is a synchronous standby not answering?)",
+			zap.Int("transactions", len(unseen)), zap.Duration("waited", time.Since(w.unseenSince).Round(time.Millisecond)))
+		unseen = nil
+	}
+	w.unseen = unseen
+}
+
+// nextUnseenRetry is how soon to look again for announced commits not yet visible:
+// wakeRetry, doubling up to the poll interval.
+func (w *Worker) nextUnseenRetry() time.Duration {
+	d := max(w.unseenRetry, wakeRetry)
+	w.unseenRetry = min(2*d, w.cfg.PollInterval)
+	return d
 }
 
 func (w *Worker) nextIdleRetry() time.Duration {

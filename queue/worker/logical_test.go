@@ -156,6 +156,73 @@ func TestLogicalWorker(t *testing.T) {
 	})
 }
 
+// A commit is streamed once it is in the WAL, a moment before a new snapshot sees it
+// (longer on a busy machine, where the committing backend can be descheduled in
+// between). Here a synchronous standby that never answers holds that moment open:
+// the insert's commit is streamed, and its wake-up's pass, and the look 5 ms later,
+// see nothing. The worker keeps looking, doubling from 5 ms, until its snapshot sees
+// the announced transaction end, and claims the domain then, not at the poll an hour
+// away. Guards against a worker that takes "nothing due" from a snapshot that could
+// not yet see what woke it.
+func TestLogicalWorker_ACommitStreamedBeforeItIsVisibleIsClaimedWithoutThePoll(t *testing.T) {
+	t.Parallel()
+	// Only the session that asks for synchronous_commit = on waits for the standby.
+	srv := pgtest.StartServer(t, "wal_level=logical", "synchronous_standby_names=nobody", "synchronous_commit=local")
+	d := newDB(t, srv)
+	fake := fakeissuer.New(1)
+	w := startLogicalWorker(t, d.dsn, fake, "w")
+
+	conn, err := d.pool.Acquire(d.ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	var pid int32
+	_, err = conn.Exec(d.ctx, `SET synchronous_commit = on`)
+	require.NoError(t, err)
+	require.NoError(t, conn.QueryRow(d.ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+	inserted := make(chan error, 1)
+	go func() {
+		_, err := conn.Exec(d.ctx, `
+INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_status, ssl_provider)
+VALUES ($1, 'held.example', 'verified', 'tok', 'pending', 'acme')`, d.tenant)
+		inserted <- err
+		close(inserted)
+	}()
+	// On a failure below, the insert still waits: end it before its connection goes.
+	defer func() {
+		_, _ = d.pool.Exec(context.Background(), `SELECT pg_cancel_backend($1)`, pid)
+		<-inserted
+	}()
+
+	// The stream's wake-up, then three more looks, all while the commit is not visible.
+	var looks []map[string]any
+	workertest.Eventually(t, 10*time.Second, "the stream's wake-up and three looks after it", func() bool {
+		looks = looks[:0]
+		for _, e := range w.Logs.FilterMessage("pass finished").All() {
+			f := e.ContextMap()
+			if f["source"] == listener.SourceNotify || len(looks) > 0 {
+				looks = append(looks, f)
+			}
+		}
+		return len(looks) >= 4
+	})
+	require.Zero(t, d.active(t), "the insert is not visible while the standby has not answered")
+	for i, f := range looks[:4] {
+		require.Equal(t, int64(0), f["claimed"], "look %d: %v", i, f)
+		require.Equal(t, listener.SourceTimer, f["next_source"], "look %d looks again, not at the poll: %v", i, f)
+		require.Less(t, f["next_in"], time.Second, "look %d: %v", i, f)
+	}
+
+	// Cancelling the wait for the standby ends the transaction, committed.
+	_, err = d.pool.Exec(d.ctx, `SELECT pg_cancel_backend($1)`, pid)
+	require.NoError(t, err)
+	require.NoError(t, <-inserted)
+	waitActive(t, d, 1, 10*time.Second)
+	got := sources(w)
+	require.Zero(t, got[listener.SourcePoll], "the poll is an hour away")
+	require.Equal(t, 1, got[listener.SourceTimer], "claimed by a look after the wake-up: %v", got)
+	requireOncePerDomain(t, fake, 1)
+}
+
 // The database restarts under a running worker on the logical waker (a minor
 // upgrade, a failover): the temporary slot goes with the server, the waker must ride
 // out the outage, reconnect on a new slot, and the worker issue what was queued
@@ -171,9 +238,9 @@ func TestLogicalWorker_SurvivesADatabaseRestart(t *testing.T) {
 
 	d.insert(t, "before", 1, "verified")
 	waitActive(t, d, 1, 10*time.Second)
-	// Claimed by the stream's wake-up, or by the look 5 ms after it when its pass's
-	// snapshot did not see the change yet (the stream can run a moment ahead of
-	// visibility; TestWorker_AWakeUpThatFindsNothingClaimableLooksAgainSoon). With
+	// Claimed by the stream's wake-up, or by a look after it when its pass's snapshot
+	// did not see the change yet (the stream can run a moment ahead of visibility;
+	// TestLogicalWorker_ACommitStreamedBeforeItIsVisibleIsClaimedWithoutThePoll). With
 	// nothing else due, no other timer is set; the poll is an hour away.
 	got := sources(w)
 	require.Zero(t, got[listener.SourcePoll], "the poll is an hour away")

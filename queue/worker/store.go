@@ -29,7 +29,7 @@ type Claims interface {
 	ConfirmClaim(ctx context.Context, token string) (time.Duration, error)
 	ReclaimAbandoned(ctx context.Context) ([]queue.Reclaimed, error)
 	ReleaseUntracked(ctx context.Context, owner string, keep []string) ([]queue.Untracked, error)
-	NextDue(ctx context.Context, directory string) (d time.Duration, ok bool, err error)
+	NextDueSeeing(ctx context.Context, directory string, xids []uint32) (d time.Duration, ok bool, unseen []uint32, err error)
 }
 
 // Results record how an order ended, under its claim.
