@@ -37,12 +37,15 @@ type loopState struct {
 const (
 	// minIdleRetry is the first idle retry.
 	minIdleRetry = 50 * time.Millisecond
-	// wakeRetry is how soon a wake-up's pass that claimed nothing due looks once more:
-	// a logically decoded commit may not be visible to a new snapshot yet.
+	// wakeRetry is how soon a wake-up's pass that claimed nothing due looks once more
+	// (another instance's claim of it may be committing), and the first look for a
+	// commit the stream announced that no snapshot has seen yet.
 	wakeRetry = 5 * time.Millisecond
 	// timerSlack makes the timer fire late rather than early against the database's
 	// strict comparison.
 	timerSlack = 5 * time.Millisecond
+	// maxUnseen bounds the announced commits kept for the next look.
+	maxUnseen = 1024
 	// untrackedRetry is how soon a pass tries again to hand back lost claims.
 	untrackedRetry = time.Second
 	// returnHeldEvery bounds how often refills bring held rows back first, so a full
@@ -55,14 +58,14 @@ const (
 func (w *Worker) pass(ctx context.Context, source string, at time.Time) {
 	w.m.wake(source)
 	w.log.Debug("wake-up", zap.String("source", source), zap.Time("at", at))
-	if a, ok := w.waker.(listener.Announcer); ok {
-		w.addUnseen(a.Announced())
-	}
 	if w.untracked {
 		w.releaseUntracked(ctx)
 	}
 	if w.halted() {
 		return // halted: no claim, and no timer for what falls due
+	}
+	if a, ok := w.waker.(listener.Announcer); ok {
+		w.addUnseen(a.Announced())
 	}
 	claimed, full := w.fill(ctx, source)
 	if full {
@@ -273,6 +276,11 @@ func (w *Worker) addUnseen(xids []uint32) {
 		w.unseenSince, w.unseenRetry = time.Now(), wakeRetry
 	}
 	w.unseen = append(w.unseen, xids...)
+	if n := len(w.unseen) - maxUnseen; n > 0 {
+		// A saturated worker schedules no look for a while; the oldest were
+		// committed long enough ago to be seen.
+		w.unseen = append(w.unseen[:0], w.unseen[n:]...)
+	}
 }
 
 // keepUnseen keeps the announced commits a look did not see, for the next. Those

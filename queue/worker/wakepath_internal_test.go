@@ -62,3 +62,29 @@ VALUES ($1, 'held.example', 'verified', 'tok', 'pending', 'acme') RETURNING id::
 	claims, _, _, _ = w.claim(ctx, 4, listener.SourceRefill)
 	require.Len(t, claims, 1, "a refill after returnHeldEvery did not bring the held row back")
 }
+
+// The announced commits a worker keeps for its next look are bounded, newest kept,
+// and their looks back off from wakeRetry by doubling up to the poll interval.
+// Guards against a saturated worker, which schedules no look, growing the list with
+// every commit, and against a look every 5 ms for as long as a commit stays unseen.
+func TestUnseen_KeepsTheNewestAndBacksOff(t *testing.T) {
+	t.Parallel()
+	w := &Worker{cfg: Config{PollInterval: 40 * time.Millisecond}}
+	for x := range uint32(maxUnseen + 3) {
+		w.addUnseen([]uint32{x})
+	}
+	require.Len(t, w.unseen, maxUnseen)
+	require.Equal(t, uint32(3), w.unseen[0])
+	require.Equal(t, uint32(maxUnseen+2), w.unseen[len(w.unseen)-1])
+
+	var got []time.Duration
+	for range 5 {
+		got = append(got, w.nextUnseenRetry())
+	}
+	require.Equal(t, []time.Duration{5 * time.Millisecond, 10 * time.Millisecond, 20 * time.Millisecond,
+		40 * time.Millisecond, 40 * time.Millisecond}, got)
+
+	w.keepUnseen(nil)
+	w.addUnseen([]uint32{7})
+	require.Equal(t, wakeRetry, w.nextUnseenRetry(), "a new unseen commit starts the curve over")
+}
