@@ -238,6 +238,21 @@ func (in *Instance) DumpLog(t testing.TB, n int) {
 	t.Logf("log of worker %s (last %d lines):\n%s", in.Name, len(all), b.String())
 }
 
+// WaitForMetric waits until a counter or gauge of the worker's registry reads want,
+// and fails showing what it read. An order's outcome is counted after its row's write,
+// its log lines and the ledger's settlement, so a test that saw any of those waits for
+// the count rather than reading it.
+func (in *Instance) WaitForMetric(t testing.TB, want float64, timeout time.Duration, name string, labels ...string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for in.Metric(t, name, labels...) != want && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := in.Metric(t, name, labels...); got != want {
+		t.Fatalf("%s%q reads %v after %s; want %v", name, labels, got, timeout, want)
+	}
+}
+
 // Eventually polls cond every 20 ms until it holds, or fails the test after timeout.
 func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()

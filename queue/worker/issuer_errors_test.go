@@ -63,12 +63,7 @@ func TestWorker_ARateLimitIsHandedBackUnchargedAndPausesWhatItCovers(t *testing.
 			require.Zero(t, r.Attempts, "a rate limit was charged")
 			require.Nil(t, r.Error)
 			require.Nil(t, r.Token)
-			// The order's outcome is counted once its hand-back has been written, a moment
-			// after the row reads pending (failed once on a clean-clone run).
-			workertest.Eventually(t, 10*time.Second, "the outcome counted", func() bool {
-				return in.Metric(t, "certworker_issuance_total", "rate_limited") >= 1
-			})
-			require.Equal(t, 1.0, in.Metric(t, "certworker_issuance_total", "rate_limited"))
+			in.WaitForMetric(t, 1, 10*time.Second, "certworker_issuance_total", "rate_limited")
 
 			passes := in.Logs.FilterMessage("pass finished").Len()
 			sibling := b.named(t, tn, "y.shop.example")
@@ -120,7 +115,7 @@ SELECT failures FROM certworker_pauses WHERE scope = 'ca' AND source = 'unreacha
 	require.Zero(t, r.Attempts)
 	require.Nil(t, r.Error)
 	require.Equal(t, 2, fake.Count(name))
-	require.Equal(t, 1.0, in.Metric(t, "certworker_issuance_total", "ca_unavailable"))
+	in.WaitForMetric(t, 1, 10*time.Second, "certworker_issuance_total", "ca_unavailable")
 	workertest.Eventually(t, 10*time.Second, "the unreachable state to be cleared", func() bool {
 		return b.pauseLeft(t, issuing.ScopeCA, workertest.Directory, issuing.PauseUnreachable) < 0
 	})

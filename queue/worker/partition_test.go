@@ -52,6 +52,10 @@ func TestWorker_AnOrderCutOffFromTheDatabaseStopsAtItsDeadlineAndIsHandedBackUnc
 	// but its answer did not arrive (a reconnection slower than the step's timeout)
 	// and the heartbeat then found the token gone. Either way the row went back
 	// uncharged, which Attempts shows.
+	workertest.Eventually(t, 10*time.Second, "the hand-back's outcome counted", func() bool {
+		return in.Metric(t, "certworker_issuance_total", "lease_deadline")+
+			in.Metric(t, "certworker_issuance_total", "lost") >= 1
+	})
 	require.Equal(t, 1.0, in.Metric(t, "certworker_issuance_total", "lease_deadline")+
 		in.Metric(t, "certworker_issuance_total", "lost"))
 	require.Zero(t, in.Logs.FilterMessage("domain was left mid-issuance by an instance that stopped; requeued").Len())
