@@ -35,7 +35,8 @@ type faultDB struct {
 	slowFor time.Duration
 }
 
-// slowNext makes the next Exec containing text answer d after it ran.
+// slowNext makes the next Exec containing text answer d after it ran, or the next
+// QueryRow answer d later.
 func (f *faultDB) slowNext(text string, d time.Duration) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -131,6 +132,14 @@ func (f *faultDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	if _, hung := f.fault(sql); hung {
 		<-ctx.Done()
 		return errRow{ctx.Err()}
+	}
+	if d := f.takeSlow(sql); d > 0 {
+		// A query's answer is its row: held before it is read, within ctx.
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			return errRow{ctx.Err()}
+		}
 	}
 	return f.Pool.QueryRow(ctx, sql, args...)
 }

@@ -259,6 +259,11 @@ func (w *Worker) loop(ctx context.Context) {
 	}
 }
 
+// startTimeout bounds each statement Start runs. Nothing is leased yet, so the bound is
+// not the lease's: a database slow to answer its first statements (a server just
+// started, cold caches, a busy host) must not fail the start under a short lease.
+const startTimeout = 10 * time.Second
+
 // stepTimeout bounds one database statement of the loop, the heartbeat or the
 // maintenance, so a hung statement gives up well inside a lease.
 func (w *Worker) stepTimeout() time.Duration { return w.cfg.Queue.Lease / 4 }
@@ -283,7 +288,7 @@ func (w *Worker) logDBError(step string, err error) {
 // recordSettings writes this instance's wake mode and fleet settings, logging a
 // change.
 func (w *Worker) recordSettings(ctx context.Context) error {
-	ctx, cancel := w.step(ctx, false)
+	ctx, cancel := context.WithTimeout(ctx, max(w.stepTimeout(), startTimeout))
 	defer cancel()
 	prev, err := w.q.SetWakeMode(ctx, w.cfg.Wake)
 	if err != nil {
