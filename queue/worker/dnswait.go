@@ -39,6 +39,7 @@ const (
 // waitForDNS hands the claim back uncharged to wait for its DNS: out of line, its
 // ssl_error the wait's message, its next check in the first hour's gap.
 func (w *Worker) waitForDNS(o *order, log *zap.Logger, we *issuing.WaitingError) string {
+	o.finishing.Store(true)
 	err := w.record(o, log, "wait for DNS", func(ctx context.Context) error {
 		return w.q.Wait(ctx, o.claim, we.Error(), we.Answer, w.cfg.DNSWait.First)
 	})

@@ -139,6 +139,12 @@ func (w *Worker) renewLeases(ctx context.Context) {
 		if o == nil {
 			continue // finished meanwhile
 		}
+		if o.finishing.Load() {
+			// Most likely its own result's write, committed before the loop forgot it.
+			w.log.Debug("lease not renewed: the order is writing its result, which is fenced by its token",
+				issuing.LogDomain(o.claim.Domain, o.claim.ID, o.claim.TenantID))
+			continue
+		}
 		o.lost.Store(true)
 		o.cancel(errLost)
 		w.log.Warn("claim lost: another instance or an operator took this domain; stopping the order",

@@ -32,6 +32,11 @@ type order struct {
 	deadline *issuing.Deadline
 	// lost is set by the heartbeat when the claim is gone; finishing writes stop then.
 	lost atomic.Bool
+	// finishing is set when the order starts the write that ends its claim (store,
+	// fail, failForGood, handBack, waitForDNS): from then on its token may be gone
+	// because that write committed, so only the write, under the token, tells whether
+	// the claim was lost. Writes after which the order goes on do not set it.
+	finishing atomic.Bool
 }
 
 type result struct {
@@ -241,6 +246,7 @@ func (w *Worker) issue(ctx context.Context, o *order, name, profile string) (cer
 }
 
 func (w *Worker) store(o *order, log *zap.Logger, cert *issuing.Certificate) string {
+	o.finishing.Store(true)
 	var renewIn time.Duration
 	err := w.record(o, log, "store certificate", func(ctx context.Context) (err error) {
 		renewIn, err = w.q.MarkActive(ctx, o.claim, cert)
@@ -262,6 +268,7 @@ const unstorableReason = "the order failed, and its error could not be recorded 
 
 // fail charges a failure to the domain (recordOr).
 func (w *Worker) fail(o *order, log *zap.Logger, reason, outcome string) (string, time.Duration) {
+	o.finishing.Store(true)
 	var f issuing.Failure
 	err := w.recordOr(o, log, "record failure", reason, func(ctx context.Context, reason string) (err error) {
 		f, err = w.q.MarkFailed(ctx, o.claim, reason)
@@ -282,6 +289,7 @@ func (w *Worker) fail(o *order, log *zap.Logger, reason, outcome string) (string
 
 // failForGood marks the domain failed at once: no retry can fix it.
 func (w *Worker) failForGood(o *order, log *zap.Logger, reason, outcome string) string {
+	o.finishing.Store(true)
 	err := w.recordOr(o, log, "mark failed", reason, func(ctx context.Context, reason string) error {
 		return w.q.MarkPermanent(ctx, o.claim, reason)
 	})
@@ -294,6 +302,7 @@ func (w *Worker) failForGood(o *order, log *zap.Logger, reason, outcome string) 
 }
 
 func (w *Worker) handBack(o *order, log *zap.Logger, quiet bool, outcome string) string {
+	o.finishing.Store(true)
 	err := w.record(o, log, "hand back", func(ctx context.Context) error {
 		if reason, ok := heldReasons[outcome]; ok {
 			return w.q.Hold(ctx, o.claim, quiet, reason)

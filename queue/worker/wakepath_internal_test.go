@@ -2,11 +2,13 @@ package worker
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/certworker/certworker/internal/fakeissuer"
 	"github.com/certworker/certworker/internal/pgtest"
@@ -87,4 +89,51 @@ func TestUnseen_KeepsTheNewestAndBacksOff(t *testing.T) {
 	w.keepUnseen(nil)
 	w.addUnseen([]uint32{7})
 	require.Equal(t, wakeRetry, w.nextUnseenRetry(), "a new unseen commit starts the curve over")
+}
+
+// The heartbeat reads the orders in flight, and an order's last write clears its
+// token before the loop forgets the order. A heartbeat in between found the token
+// gone and logged "claim lost" for an order that had just ended its own claim, and
+// marked it lost, which turned a retry of that write (its answer lost) into a "lost"
+// outcome. An order writing its result is left to that write, which its token fences;
+// one that is not is still stopped at once.
+func TestRenewLeases_AnOrderWritingItsResultIsNotTakenForLost(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := pgtest.NewPool(t)
+	tenant := pgtest.Tenant(t, pool)
+	core, logs := observer.New(zap.DebugLevel)
+	w, err := New(Config{Pool: pool, Issuer: fakeissuer.New(1), Log: zap.New(core), Owner: "test",
+		Directory: "https://ca.invalid/directory", Concurrency: 4, PollInterval: time.Hour})
+	require.NoError(t, err)
+	w.timer = time.NewTimer(time.Hour)
+	w.timer.Stop()
+	defer w.hb.close()
+
+	for _, finishing := range []bool{true, false} {
+		name := fmt.Sprintf("finishing-%v.example", finishing)
+		pgtest.Domain(t, pool, tenant, name)
+		claims, _, _, _ := w.claim(ctx, 1, listener.SourcePoll)
+		require.Len(t, claims, 1)
+		var cause error
+		o := &order{claim: claims[0], cancel: func(err error) { cause = err }}
+		o.finishing.Store(finishing)
+		w.orders.add(o)
+		// The order's last write has committed: the claim is over, its token gone.
+		require.NoError(t, w.q.Release(ctx, claims[0], true))
+
+		w.renewLeases(ctx)
+		// Counted over both rounds: the first, finishing, logs none.
+		lost := logs.FilterMessage("claim lost: another instance or an operator took this domain; stopping the order").Len()
+		if finishing {
+			require.NoError(t, cause, "an order writing its result was stopped")
+			require.False(t, o.lost.Load())
+			require.Zero(t, lost)
+		} else {
+			require.ErrorIs(t, cause, errLost)
+			require.True(t, o.lost.Load())
+			require.Equal(t, 1, lost)
+		}
+		w.orders.remove(claims[0].Token)
+	}
 }
