@@ -34,16 +34,12 @@ func TestWorker_AHeldRowComesBackWhileNotificationsKeepComing(t *testing.T) {
 			return nil
 		}
 	})
-	workertest.Start(t, d.dsn, "held", worker.Config{Issuer: fake, Concurrency: 4, PollInterval: time.Hour,
-		Queue: issuing.Config{RetryBase: 300 * time.Millisecond, RetryMax: 300 * time.Millisecond, MaxAttempts: 5}})
-	workertest.Eventually(t, 30*time.Second, "the first order fails and holds the row out of line", func() bool {
-		var held *string
-		require.NoError(t, d.pool.QueryRow(d.ctx, `SELECT ssl_held FROM proxy_domains WHERE id = $1`, ids[0]).Scan(&held))
-		return fake.Count("bench1.example") == 1 && held != nil && *held == "backoff"
-	})
-
+	// The notifications start before the worker, so they keep coming through the
+	// whole backoff. (Started once the test saw the row held, they could miss it on a
+	// busy machine: the backoff is 300 ms, and the retry had already succeeded.)
 	ctx, stop := context.WithCancel(d.ctx)
-	streamDone := make(chan int)
+	defer stop()
+	streamDone := make(chan int, 1)
 	go func() {
 		sent := 0
 		defer func() { streamDone <- sent }()
@@ -61,6 +57,8 @@ func TestWorker_AHeldRowComesBackWhileNotificationsKeepComing(t *testing.T) {
 			sent++
 		}
 	}()
+	in := workertest.Start(t, d.dsn, "held", worker.Config{Issuer: fake, Concurrency: 4, PollInterval: time.Hour,
+		Queue: issuing.Config{RetryBase: 300 * time.Millisecond, RetryMax: 300 * time.Millisecond, MaxAttempts: 5}})
 	workertest.Eventually(t, 2*time.Minute, "the held row claimed again", func() bool {
 		return fake.Count("bench1.example") == 2
 	})
@@ -71,6 +69,13 @@ func TestWorker_AHeldRowComesBackWhileNotificationsKeepComing(t *testing.T) {
 	}
 	stop()
 	t.Logf("notifications sent before the retry: %d", <-streamDone)
+	// The first order failed and held the row out of line for its backoff.
+	failed := in.Logs.FilterMessage("issuance failed, will retry").All()
+	require.Len(t, failed, 1)
+	require.Equal(t, int64(1), failed[0].ContextMap()["attempt"])
+	var held *string
+	require.NoError(t, d.pool.QueryRow(d.ctx, `SELECT ssl_held FROM proxy_domains WHERE id = $1`, ids[0]).Scan(&held))
+	require.Nil(t, held, "the row is still held out of line")
 	workertest.Eventually(t, 30*time.Second, "the row active", func() bool { return d.countActive(t) == 1 })
 }
 
