@@ -33,7 +33,8 @@ type order struct {
 	// lost is set by the heartbeat when the claim is gone; finishing writes stop then.
 	lost atomic.Bool
 	// finishing is set when the order starts the write that ends its claim (store,
-	// fail, failForGood, handBack, waitForDNS): from then on its token may be gone
+	// fail, failForGood, handBack, waitForDNS, and refuseProfile until it answers
+	// that the order goes on): from then on its token may be gone
 	// because that write committed, so only the write, under the token, tells whether
 	// the claim was lost. Writes after which the order goes on do not set it.
 	finishing atomic.Bool

@@ -80,10 +80,13 @@ func (w *Worker) refuseProfile(ctx context.Context, o *order, log *zap.Logger, c
 	base := issuing.ProfilePrefix + cause.Error()
 	none := base + "; no certificate is ordered until the domain's ssl_profile names a profile the CA offers"
 	kept := w.keptNotice(ctx, c, cause)
+	// The write ends the claim unless it answers renew.
+	o.finishing.Store(true)
 	err := w.record(o, log, "record a refused profile", func(ctx context.Context) (err error) {
 		renew, err = w.q.RefuseProfile(ctx, *c, *c.Profile, none, kept)
 		return err
 	})
+	o.finishing.Store(err != nil || !renew) // renewing, the order goes on under its claim
 	if outcome, done := w.notRecorded(o, log, err); done {
 		return false, outcome
 	}
