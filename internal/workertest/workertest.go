@@ -43,9 +43,16 @@ type Instance struct {
 }
 
 // Start builds a worker from cfg on a pool of its own on dsn, with the worker's
-// sessions (Session: its bounds for cfg's lease and the warm-up, as `certworker run`
-// sets them up), and starts it; or on cfg.Pool, when set (Start closes it when the
-// test ends). What cfg leaves unset is filled for a test: the pool, a logger that
+// sessions (its bounds for cfg's lease, as `certworker run` sets them up), and starts
+// it; or on cfg.Pool, when set (Start closes it when the test ends).
+//
+// A benchmark's sessions are also warmed up for the wake path (Session), as
+// `certworker run` warms them, so that it measures what ships. A test's are not
+// (TestSession): the warm-up plans the wake path's statements six times each on every
+// new connection, about 0.1 s of the server's time, and the worker opens Concurrency
+// + 4 connections at start, so warming them would cost each worker a second of the
+// server's CPU, which the suite's hundreds of workers pay all at once. A test of the
+// warm-up itself builds its pool with Session and gives it in cfg.Pool. What cfg leaves unset is filled for a test: the pool, a logger that
 // keeps every line in Logs (a benchmark sets its own, to measure what production
 // logging costs), a registry, Owner (name), Directory, and a wake source that
 // reconnects within a second. The worker is stopped when the test ends; a failed
@@ -55,7 +62,11 @@ func Start(t testing.TB, dsn, name string, cfg worker.Config) *Instance {
 	pool := cfg.Pool
 	if pool == nil {
 		var err error
-		if pool, err = queue.NewPoolWith(context.Background(), dsn, Session(cfg)); err != nil {
+		session := TestSession(cfg)
+		if _, bench := t.(*testing.B); bench {
+			session = Session(cfg)
+		}
+		if pool, err = queue.NewPoolWith(context.Background(), dsn, session); err != nil {
 			t.Fatalf("worker %s: pool: %v", name, err)
 		}
 	}
@@ -141,6 +152,14 @@ func Session(cfg worker.Config) queue.Session {
 		qc.Fallback = &issuing.Fallback{Directory: f.Directory, After: f.After}
 	}
 	return queue.WorkerSessionFor(qc.WithDefaults(), cfg.Directory)
+}
+
+// TestSession is Session without the warm-up: the session set-up of the pool Start
+// makes for a test.
+func TestSession(cfg worker.Config) queue.Session {
+	s := Session(cfg)
+	s.Warm = nil
+	return s
 }
 
 // Stop ends the worker as SIGTERM does and waits up to timeout for it to stop; it

@@ -10,6 +10,7 @@ import (
 
 	"github.com/certworker/certworker/internal/fakeissuer"
 	"github.com/certworker/certworker/internal/workertest"
+	"github.com/certworker/certworker/queue"
 	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
@@ -91,7 +92,12 @@ func TestStart_ThePoolsConnectionsAreWarmedUpForTheClaim(t *testing.T) {
 	t.Parallel()
 	d := newBenchDB(t)
 	ids := d.insertDomains(t, 1000, "pending")[:20]
-	in := workertest.Start(t, d.dsn, "warm", worker.Config{Issuer: fakeissuer.New(64), Concurrency: 4, PollInterval: time.Hour})
+	cfg := worker.Config{Issuer: fakeissuer.New(64), Concurrency: 4, PollInterval: time.Hour}
+	// The pool `certworker run` makes, warm-up included (a test's Start leaves it out).
+	pool, err := queue.NewPoolWith(d.ctx, d.dsn, workertest.Session(cfg))
+	require.NoError(t, err)
+	cfg.Pool = pool
+	in := workertest.Start(t, d.dsn, "warm", cfg)
 	require.Equal(t, in.Pool.Config().MaxConns, in.Pool.Stat().TotalConns(), "connections open when Start returned")
 
 	d.verifyOneByOne(t, ids, time.Now(), 5*time.Millisecond)
