@@ -82,7 +82,7 @@ func ConfigureSession(cfg *pgxpool.Config, s Session) {
 		if _, err := conn.Exec(ctx, set, pgx.QueryExecModeSimpleProtocol); err != nil {
 			return fmt.Errorf("set up the session: %w", err)
 		}
-		if s.Warm != nil {
+		if s.Warm != nil && ctx.Value(sessionOfItsOwn{}) == nil {
 			if err := s.Warm(ctx, conn); err != nil && conn.IsClosed() {
 				return fmt.Errorf("set up the session: %w", err)
 			}
@@ -123,15 +123,23 @@ func NewPoolWith(ctx context.Context, dsn string, s Session) (*pgxpool.Pool, err
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
+// sessionOfItsOwn marks the context of ConnectSession's set-up: such a session is
+// not warmed up (Session.Warm).
+type sessionOfItsOwn struct{}
+
 // ConnectSession opens a session outside the pool cfg configures, set up as the
-// pool's are; one whose set-up failed is closed.
+// pool's are but not warmed up for the wake path: the heartbeat's and the readiness
+// probe's sessions run their own statements, none of the wake path's. The warm-up
+// plans those statements six times each, about 0.1 s of the server's time, and on a
+// busy server it can take longer than a lease, which the heartbeat's first renewal
+// cannot wait for. One whose set-up failed is closed.
 func ConnectSession(ctx context.Context, cfg *pgxpool.Config) (*pgx.Conn, error) {
 	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
 	if err != nil {
 		return nil, err
 	}
 	if cfg.AfterConnect != nil {
-		if err := cfg.AfterConnect(ctx, conn); err != nil {
+		if err := cfg.AfterConnect(context.WithValue(ctx, sessionOfItsOwn{}, true), conn); err != nil {
 			CloseQuickly(conn)
 			return nil, err
 		}

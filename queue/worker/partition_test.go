@@ -2,14 +2,17 @@ package worker_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/internal/fakeissuer"
 	"github.com/certworker/certworker/internal/workertest"
+	"github.com/certworker/certworker/queue"
 	"github.com/certworker/certworker/queue/issuing"
 	"github.com/certworker/certworker/queue/worker"
 )
@@ -103,4 +106,45 @@ func TestWorker_LeasesAreRenewedWhileThePoolIsExhausted(t *testing.T) {
 		return busy.Metric(t, "certworker_issuance_total", "issued") == 1
 	})
 	require.Zero(t, busy.Metric(t, "certworker_lease_renewal_failures_total"))
+}
+
+// The heartbeat's session of its own is not warmed up for the wake path
+// (queue.ConnectSession): it runs the renewal alone, and its first renewal is due a
+// third of a lease after the worker starts. Set up with the pool's warm-up, which a
+// busy server can take longer than a lease to finish, it let the lease of an order in
+// flight run out: seen under load, where a second instance then took the domain and
+// the CA saw it ordered twice. Here every session made after the worker has started
+// takes two leases to warm up.
+func TestWorker_TheHeartbeatsSessionDoesNotWaitForTheWarmUp(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const lease = 3 * time.Second
+	fake := fakeissuer.New(10)
+	fake.Delay = 2 * lease
+	cfg := worker.Config{Issuer: fake, Queue: issuing.Config{Lease: lease}, Concurrency: 1, PollInterval: time.Hour}
+	var slow atomic.Bool
+	session := workertest.TestSession(cfg)
+	session.Warm = func(ctx context.Context, _ *pgx.Conn) error {
+		if !slow.Load() {
+			return nil
+		}
+		wait := time.NewTimer(2 * lease)
+		defer wait.Stop()
+		select {
+		case <-wait.C:
+		case <-ctx.Done():
+		}
+		return nil
+	}
+	pool, err := queue.NewPoolWith(b.ctx, b.dsn, session)
+	require.NoError(t, err)
+	cfg.Pool = pool
+	in := b.start(t, "warming", cfg)
+	slow.Store(true)
+
+	id, name := b.domain(t, b.tenant(t))
+	b.waitStatus(t, id, "active", 30*time.Second)
+	require.Equal(t, 1, fake.Count(name), "the domain was ordered twice")
+	require.Zero(t, in.Logs.FilterMessage("lease ran out before it could be renewed; stopping the order and handing the claim back").Len())
+	require.Zero(t, in.Metric(t, "certworker_lease_renewal_failures_total"))
 }
