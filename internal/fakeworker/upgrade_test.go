@@ -171,11 +171,14 @@ func TestUpgrade_NextReleaseMigratesUnderTheOldOneWhichRestartsAndIsRolledBackTo
 	results, err := migrations.Up(b.ctx, db, migrations.Options{Release: &next, LockTimeout: 500 * time.Millisecond})
 	require.NoError(t, err)
 	require.NotEmpty(t, results)
-	migrated := len(w.written())
+	// The proxy's writes are one at a time, so one may have been in flight as migrate
+	// returned: it may have committed, and been claimed, before the new trigger was
+	// in place. Each write recorded after that one began after migrate had returned.
+	inFlight := len(w.written())
 	w.waitMore(t, 10)
 	w.stop(t)
 	require.True(t, n1.running())
-	after := w.written()[migrated:]
+	after := w.written()[inFlight+1:]
 	var throughTrigger int
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM proxy_domains WHERE id = ANY ($1::uuid[]) AND `+releasetest.Column+` LIKE '%provisioning%active'`, after).Scan(&throughTrigger))
 	require.Equal(t, len(after), throughTrigger, "this release's claims and issues after the next release's migrate did not go through its trigger")
