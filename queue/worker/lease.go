@@ -115,6 +115,11 @@ func (w *Worker) renewLeases(ctx context.Context) {
 		return
 	}
 	w.health.ok()
+	if len(tokens) > 0 {
+		// Each renewal, for reading a lease that ran out afterwards.
+		w.log.Debug("leases renewed", zap.Int("orders", len(tokens)), zap.Int("renewed", len(leases.Renewed)),
+			zap.Duration("took", time.Since(sent)))
+	}
 	for _, t := range leases.Renewed {
 		if o := w.orders.get(t); o != nil {
 			o.deadline.Renewed(sent)
