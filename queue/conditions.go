@@ -250,9 +250,15 @@ func finiteSQL(ts string) string {
 }
 
 // leaseEndSQL is when row x's lease runs out, for the reclaim; a lease later than a
-// whole lease from now (a hand edit) counts as run out.
+// whole lease from now (a hand edit) counts as run out. That "now" is
+// clock_timestamp(), read as the row is, not now(): now() is the transaction's start,
+// taken before the statement is planned and its snapshot taken, and a renewal that
+// commits in between has its lease end that much later than now() + a lease. With
+// now() a reclaim took such a live order for one whose lease had run out, and a
+// renewal took its own instance's renewal for a lease run out (on a busy server,
+// where planning takes a while).
 func leaseEndSQL(x, lease string) string {
-	return `(CASE WHEN ` + x + `.ssl_lease_expires_at > now() + make_interval(secs => ` + lease + `)
+	return `(CASE WHEN ` + x + `.ssl_lease_expires_at > clock_timestamp() + make_interval(secs => ` + lease + `)
              THEN '-infinity'::timestamptz ELSE ` + x + `.ssl_lease_expires_at END)`
 }
 

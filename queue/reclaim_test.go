@@ -1,9 +1,15 @@
 package queue_test
 
 import (
+	"context"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/certworker/certworker/queue"
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // Claimed an hour ago and never finished: a restart mid-order, or a database error on
@@ -52,6 +58,72 @@ func TestReclaim_ALongOrderWithARenewedLeaseIsNotStolen(t *testing.T) {
 	got, err := b.q.ReclaimAbandoned(b.ctx)
 	require.NoError(t, err)
 	require.Empty(t, got, "a live order with a renewed lease was reclaimed")
+}
+
+// A statement's now() is its transaction's start, before it is planned; its snapshot
+// is taken after. A renewal that commits in between is seen with a lease ending
+// later than now() + a lease, which the guard against hand-edited leases took for a
+// lease run out: on a busy server, where planning takes a while, the reclaim of one
+// instance took a live order another had just renewed (seen under load: the CA saw
+// the domain ordered twice). Here the reclaim runs in a transaction begun before the
+// renewal.
+func TestReclaim_ALeaseRenewedAfterTheReclaimsTransactionBeganIsNotTakenForRunOut(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, _ := b.domain(t, b.tenant(t), "pending", 0, nil)
+	c := b.claimOne(t, id)
+	tx := b.beganBefore(t, func() {
+		leases, err := b.q.Heartbeat(b.ctx, []string{c.Token})
+		require.NoError(t, err)
+		require.Equal(t, []string{c.Token}, leases.Renewed)
+	})
+	got, err := queue.New(tx, issuing.DefaultConfig()).ReclaimAbandoned(b.ctx)
+	require.NoError(t, err)
+	require.Empty(t, got, "a lease renewed a moment ago was reclaimed")
+	require.NoError(t, tx.Commit(b.ctx))
+	require.Equal(t, "provisioning", b.status(t, id))
+}
+
+// The same for the heartbeat: an instance's renewal (the heartbeat's, or the check
+// before a finalize) that commits after another renewal of the same claim began saw
+// the lease as run out, and stopped its own live order.
+func TestHeartbeat_ALeaseRenewedAfterItsTransactionBeganIsRenewedAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, _ := b.domain(t, b.tenant(t), "pending", 0, nil)
+	c := b.claimOne(t, id)
+	tx := b.beganBefore(t, func() {
+		_, err := b.q.ConfirmClaim(b.ctx, c.Token)
+		require.NoError(t, err)
+	})
+	leases, err := queue.New(tx, issuing.DefaultConfig()).Heartbeat(b.ctx, []string{c.Token})
+	require.NoError(t, err)
+	require.Equal(t, []string{c.Token}, leases.Renewed, "expired %v, busy %v, lost %v", leases.Expired, leases.Busy, leases.Lost)
+	require.NoError(t, tx.Commit(b.ctx))
+}
+
+// beganBefore begins a transaction, runs between once the transaction's now() is in
+// the past, and returns the transaction: its next statement reads what between
+// committed, with a now() from before it. Rolled back when the test ends, unless
+// committed.
+func (b *bundle) beganBefore(t *testing.T, between func()) pgx.Tx {
+	t.Helper()
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	var began time.Time
+	require.NoError(t, tx.QueryRow(b.ctx, `SELECT now()`).Scan(&began))
+	// The database's clock has moved past the transaction's start (clock_timestamp()
+	// is read afresh at every call).
+	for {
+		var past bool
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT clock_timestamp() > $1::timestamptz + interval '1 millisecond'`, began).Scan(&past))
+		if past {
+			break
+		}
+	}
+	between()
+	return tx
 }
 
 // The instance died: its lease ran out. The domain is requeued, and the instance,

@@ -3,7 +3,7 @@ WITH abandoned AS (
     SELECT id FROM proxy_domains
     WHERE ssl_status = 'provisioning'
       AND ssl_provider = 'acme'
-      AND COALESCE((CASE WHEN proxy_domains.ssl_lease_expires_at > now() + make_interval(secs => $5)
+      AND COALESCE((CASE WHEN proxy_domains.ssl_lease_expires_at > clock_timestamp() + make_interval(secs => $5)
              THEN '-infinity'::timestamptz ELSE proxy_domains.ssl_lease_expires_at END),
                    COALESCE(ssl_last_attempt_at, updated_at) + make_interval(secs => $2)) < now()
     LIMIT $4

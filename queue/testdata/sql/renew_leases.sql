@@ -1,6 +1,6 @@
 
 WITH mine AS (
-    SELECT id, ssl_claim_token, COALESCE((CASE WHEN proxy_domains.ssl_lease_expires_at > now() + make_interval(secs => $2)
+    SELECT id, ssl_claim_token, COALESCE((CASE WHEN proxy_domains.ssl_lease_expires_at > clock_timestamp() + make_interval(secs => $2)
              THEN '-infinity'::timestamptz ELSE proxy_domains.ssl_lease_expires_at END) > now(), false) AS unexpired
     FROM proxy_domains
     WHERE ssl_status = 'provisioning' AND ssl_claim_token = ANY($1::uuid[])
@@ -8,7 +8,7 @@ WITH mine AS (
     SELECT d.id FROM proxy_domains d
     WHERE d.id IN (SELECT id FROM mine WHERE unexpired)
       AND d.ssl_status = 'provisioning' AND d.ssl_claim_token = ANY($1::uuid[])
-      AND (CASE WHEN d.ssl_lease_expires_at > now() + make_interval(secs => $2)
+      AND (CASE WHEN d.ssl_lease_expires_at > clock_timestamp() + make_interval(secs => $2)
              THEN '-infinity'::timestamptz ELSE d.ssl_lease_expires_at END) > now()
     FOR NO KEY UPDATE OF d SKIP LOCKED
 ), renewed AS (
