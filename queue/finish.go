@@ -44,7 +44,13 @@ func (q *Queue) MarkActive(ctx context.Context, c issuing.Claim, cert *issuing.C
 	sql, args := markActiveStatement(c, cert, renewAt, nullString(q.errorText(ctx, c.Notice)))
 	err := q.db.QueryRow(ctx, sql, args...).Scan(&renewIn)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, q.whyNotHeld(ctx, c)
+		why := q.whyNotHeld(ctx, c)
+		if errors.Is(why, issuing.ErrClaimLost) && q.storedAlready(ctx, c, cert) {
+			// A retry of a store that committed, whose answer was lost (cut off by its
+			// deadline as it committed): the write it repeats is done.
+			return time.Until(renewAt), nil
+		}
+		return 0, why
 	}
 	if err != nil {
 		return 0, fmt.Errorf("store certificate: %w", err)
@@ -137,6 +143,17 @@ func (q *Queue) whyNotHeld(ctx context.Context, c issuing.Claim) error {
 		return issuing.ErrNotACME
 	}
 	return issuing.ErrClaimLost
+}
+
+// storedAlready reports whether c's domain holds cert, the certificate a store of c
+// wrote: nobody else has this certificate, so the store that wrote it was c's.
+func (q *Queue) storedAlready(ctx context.Context, c issuing.Claim, cert *issuing.Certificate) bool {
+	var ours bool
+	err := q.db.QueryRow(ctx, `
+SELECT EXISTS (SELECT 1 FROM proxy_certificates c JOIN proxy_domains d ON d.domain = c.domain
+               WHERE d.id = $1 AND c.serial = $2 AND c.certificate_pem = $3)`,
+		c.ID, cert.Serial, cert.ChainPEM).Scan(&ours)
+	return err == nil && ours
 }
 
 var disownSQL = `

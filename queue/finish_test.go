@@ -532,3 +532,28 @@ INSERT INTO certworker_orders (domain_id, directory, order_url) VALUES ($1, 'htt
 	require.NoError(t, b.markActive(c, mintCertificate(t, name, now, now.Add(90*24*time.Hour))))
 	require.Zero(t, recorded(), "the stored certificate's order is still recorded")
 }
+
+// A store whose statement committed but whose answer the worker never got (cut off
+// by its deadline as it committed, on a busy server) is retried with the same claim
+// and certificate. The retry finds the claim's token gone, which its own first try
+// took away: it reports the store done, not the claim lost, so the order is counted
+// issued. A retry that finds another certificate stored (another instance's) still
+// reports the claim lost.
+func TestMarkActive_ARetryOfAStoreThatCommittedReportsItDone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id, name := b.domain(t, b.tenant(t), "pending", 0, nil)
+	c := b.claimOne(t, id)
+	cert := mintCertificate(t, name, nowSecond(), nowSecond().Add(90*24*time.Hour))
+	_, err := b.q.MarkActive(b.ctx, c, cert)
+	require.NoError(t, err)
+
+	renewIn, err := b.q.MarkActive(b.ctx, c, cert)
+	require.NoError(t, err, "the retry of a store that committed")
+	require.InDelta(t, time.Until(cert.RenewAt).Seconds(), renewIn.Seconds(), 5)
+	require.Equal(t, "active", b.status(t, id))
+
+	other := mintCertificate(t, name, nowSecond(), nowSecond().Add(90*24*time.Hour))
+	_, err = b.q.MarkActive(b.ctx, c, other)
+	require.ErrorIs(t, err, issuing.ErrClaimLost, "a store of a certificate the row does not hold")
+}
