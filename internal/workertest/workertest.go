@@ -52,11 +52,13 @@ type Instance struct {
 // new connection, about 0.1 s of the server's time, and the worker opens Concurrency
 // + 4 connections at start, so warming them would cost each worker a second of the
 // server's CPU, which the suite's hundreds of workers pay all at once. A test of the
-// warm-up itself builds its pool with Session and gives it in cfg.Pool. What cfg leaves unset is filled for a test: the pool, a logger that
-// keeps every line in Logs (a benchmark sets its own, to measure what production
-// logging costs), a registry, Owner (name), Directory, and a wake source that
-// reconnects within a second. The worker is stopped when the test ends; a failed
-// test prints the end of its log.
+// warm-up itself builds its pool with Session and gives it in cfg.Pool.
+//
+// What cfg leaves unset is filled for a test: the pool, a logger that keeps every
+// line in Logs (a benchmark sets its own, to measure what production logging costs),
+// a registry, Owner (name), Directory, and a wake source that reconnects within a
+// second. The worker is stopped when the test ends; a failed test prints the end of
+// its log.
 func Start(t testing.TB, dsn, name string, cfg worker.Config) *Instance {
 	t.Helper()
 	pool := cfg.Pool
