@@ -20,11 +20,31 @@ import (
 // and holds the refused rows out of line under their pause), then a wait until
 // NextDue says something is due, the moment the worker's timer would fire. It
 // returns the delay it waited.
+//
+// The claim takes nothing only while the ledger's pause lasts: on a busy machine it
+// can come after the pause has ended, and then it takes the rows, which is right. A
+// claim that takes anything fails the test unless the database's clock, after the
+// claim, had reached the end of the pause that held the rows before it (both read
+// on that clock); what it took is handed back, uncharged, for the test's next
+// admitDue.
 func (b *bundle) untilDue(t *testing.T) time.Duration {
 	t.Helper()
+	var pausedUntil *time.Time
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT min(paused_until) FROM certworker_pauses
+WHERE source = 'ledger' AND paused_until > clock_timestamp()`).Scan(&pausedUntil))
 	claims, err := b.q.Claim(b.ctx, "test", testDirectory, 100)
 	require.NoError(t, err)
-	require.Empty(t, claims, "a claim took a domain the ledger holds back")
+	if len(claims) > 0 {
+		var now time.Time
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT clock_timestamp()`).Scan(&now))
+		if pausedUntil != nil {
+			require.False(t, now.Before(*pausedUntil), "a claim took a domain the ledger holds back until %s", pausedUntil)
+		}
+		for _, c := range claims {
+			require.NoError(t, b.q.Release(b.ctx, c, false))
+		}
+		return 0
+	}
 	d, ok, err := b.q.NextDue(b.ctx, testDirectory)
 	require.NoError(t, err)
 	require.True(t, ok, "nothing is scheduled")
