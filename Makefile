@@ -97,15 +97,17 @@ deploy-check:
 # reach it, so it runs after. .ci/test-tools first installs promtool and pgbouncer
 # where it can, or says in one line how to.
 #
-# Three packages at once on two cores (-p 3): the packages spend much of their time
-# waiting on PostgreSQL, Pebble and the clock, so a third keeps both cores busy. The
-# longest go first (TEST_FIRST, the rest of ./... after them): a long one started
-# last would keep the run going alone.
-TEST_P     ?= 3
-TEST_FIRST := ./internal/e2e ./migrations ./queue/worker ./internal/failover ./acme ./queue ./cmd/certworker ./internal/fakeworker
+# Three packages at once on two cores (-p 3), and four tests at once in each
+# (-parallel 4; go test's default is the number of cores): the tests spend much of
+# their time waiting on PostgreSQL, Pebble and the clock, so more of them keep both
+# cores busy. The longest go first (TEST_FIRST, the rest of ./... after them): a
+# long one started last would keep the run going alone.
+TEST_P        ?= 3
+TEST_PARALLEL ?= 4
+TEST_FIRST    := ./internal/e2e ./queue ./queue/worker ./internal/failover ./acme ./cmd/certworker ./migrations ./internal/fakeworker ./listener ./certstore
 test: pg-image-if-needed
 	bash .ci/test-tools
-	$(PG_ENV) $(GO) test -race -count=1 -timeout 30m -p $(TEST_P) $(TEST_FIRST) ./...
+	$(PG_ENV) $(GO) test -race -count=1 -timeout 30m -p $(TEST_P) -parallel $(TEST_PARALLEL) $(TEST_FIRST) ./...
 	cd deploy/helm/charttest && $(GO) test -race -count=1 -timeout 10m ./...
 
 # The tests that need no container (go test -short: a test that needs PostgreSQL
