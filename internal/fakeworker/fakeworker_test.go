@@ -124,6 +124,15 @@ func startProc(t *testing.T, dsn, owner string, args ...string) *proc {
 	require.NoError(t, p.cmd.Start())
 	go func() { p.waitErr = p.cmd.Wait(); close(p.exited) }()
 	t.Cleanup(func() {
+		if p.running() && t.Failed() {
+			// A failed test shows where each of the process's goroutines was: Go's
+			// runtime prints their stacks to stderr (the logs below) at SIGQUIT.
+			_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+			select {
+			case <-p.exited:
+			case <-time.After(5 * time.Second):
+			}
+		}
 		if p.running() {
 			_ = p.cmd.Process.Kill()
 		}

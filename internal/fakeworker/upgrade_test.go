@@ -83,7 +83,7 @@ func (w *proxyWriter) stop(t *testing.T) {
 	w.mu.Lock()
 	require.NoError(t, w.err, "a write of the proxy's failed")
 	w.mu.Unlock()
-	w.waitIssued(t, 0)
+	w.waitIssued(t, len(w.written()))
 }
 
 // written is every domain written so far.
@@ -93,39 +93,48 @@ func (w *proxyWriter) written() []string {
 	return append([]string(nil), w.ids...)
 }
 
-// waitIssued waits until every domain written is active but the newest few (0: all).
-// It fails when the count left stops falling for stallAfter: what the test holds is
-// that every domain is issued, and a backlog the workers drain more slowly on a busy
-// host is not a failure, while one they stop draining is.
-func (w *proxyWriter) waitIssued(t *testing.T, slack int) {
+// waitIssued waits until the first n domains written are active. It fails when no
+// domain written, of those n or any written since, is issued for stallAfter: what
+// the test holds is that every domain is issued, and a backlog the workers drain
+// more slowly on a busy host is not a failure, while one they stop draining is. The
+// writes may go on meanwhile, faster than a loaded host issues (a domain every
+// 20 ms or so), so the domains still to issue can grow while the workers issue: the
+// workers' progress is the count issued, not the count left.
+func (w *proxyWriter) waitIssued(t *testing.T, n int) {
 	t.Helper()
-	const stallAfter = 15 * time.Second
-	least, since := -1, time.Now()
+	const stallAfter, waitAtMost = 15 * time.Second, 3 * time.Minute
+	most, since, deadline := -1, time.Now(), time.Now().Add(waitAtMost)
 	for {
 		ids := w.written()
-		var pending int
-		require.NoError(t, w.b.pool.QueryRow(w.b.ctx, `SELECT count(*) FROM proxy_domains WHERE id = ANY ($1::uuid[]) AND ssl_status <> 'active'`, ids).Scan(&pending))
-		if pending <= slack {
+		var pending, issued int
+		require.NoError(t, w.b.pool.QueryRow(w.b.ctx, `
+SELECT count(*) FILTER (WHERE ssl_status <> 'active' AND id = ANY ($2::uuid[])), count(*) FILTER (WHERE ssl_status = 'active')
+FROM proxy_domains WHERE id = ANY ($1::uuid[])`, ids, ids[:n]).Scan(&pending, &issued))
+		if pending == 0 {
 			return
 		}
-		if least < 0 || pending < least {
-			least, since = pending, time.Now()
+		if issued > most {
+			most, since = issued, time.Now()
 		}
 		if time.Since(since) > stallAfter {
-			t.Fatalf("%d of %d domains written are not issued, and none was for %s", pending, len(ids), stallAfter)
+			t.Fatalf("%d of the first %d domains written are not issued, and none of the %d written was for %s", pending, n, len(ids), stallAfter)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of the first %d domains written are not issued after %s, while %d of the %d written were: the oldest are passed over",
+				pending, n, waitAtMost, issued, len(ids))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 }
 
-// waitMore waits until n more domains than written now are written and issued.
+// waitMore waits until n more domains than written now are written, and issued.
 func (w *proxyWriter) waitMore(t *testing.T, n int) {
 	t.Helper()
 	target := len(w.written()) + n
 	for deadline := time.Now().Add(15 * time.Second); len(w.written()) < target; time.Sleep(20 * time.Millisecond) {
 		require.True(t, time.Now().Before(deadline), "the proxy's writes stalled")
 	}
-	w.waitIssued(t, 3)
+	w.waitIssued(t, target)
 }
 
 // ordersStarted counts the orders each instance logged, by domain.
