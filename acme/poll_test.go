@@ -1,6 +1,7 @@
 package acme_test
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -43,11 +44,23 @@ func TestIssue_SeesTheCAsVerdictWithinTheCurvesBound(t *testing.T) {
 	base := strings.TrimSuffix(front.DirectoryURL, pebbletest.DirectoryPath) + "/"
 	for _, validation := range []time.Duration{300 * ms, 1500 * ms} {
 		front.SetValidationTime(validation)
-		before := len(scheduled())
-		_, err := iss.Issue(ctx, issuing.Request{Domain: randomName("curve")})
-		require.NoError(t, err)
-		vs := front.Validations()
-		v := vs[len(vs)-1]
+		// The curve is held to the CA's verdict only by an order whose look came
+		// while the front still held that verdict back; on a busy machine the first
+		// look can come after it (300 ms after the challenge's answer): such an order
+		// proves nothing, and another is placed, up to three.
+		var v pebbletest.Validation
+		var before int
+		for try := 1; ; try++ {
+			before = len(scheduled())
+			_, err := iss.Issue(ctx, issuing.Request{Domain: randomName("curve")})
+			require.NoError(t, err)
+			vs := front.Validations()
+			v = vs[len(vs)-1]
+			if try == 3 || slices.ContainsFunc(v.Looks, func(l pebbletest.Look) bool { return l.Held }) {
+				break
+			}
+			t.Logf("validation %s: no look came before the CA's verdict was passed on (%d looks): another order", validation, len(v.Looks))
+		}
 		require.Equal(t, v.Answered.Add(validation), v.Ready)
 		var authz, order []acme.ScheduledLook
 		for _, l := range scheduled()[before:] {
