@@ -100,7 +100,11 @@ WHERE p.scope = 'ca' AND p.source = 'ledger'`).Scan(&after))
 	require.Less(t, at[5].Sub(at[0]), 100*time.Millisecond, "the first six were not ordered at once")
 	gap := at[6].Sub(at[0])
 	require.GreaterOrEqual(t, gap, time.Second, "the seventh went before the bucket had a token")
-	require.Less(t, gap, 1500*time.Millisecond, "the seventh waited for a window, not for the next token")
+	// That the seventh waited for the next token and not for a window is held above,
+	// on the database's clock: the pause ends one interval after the burst, NextDue
+	// brings the domain back then, and the admission asked for then admits it. How
+	// soon after its token the test asked is the machine's (0.5 s late beside a CPU
+	// hog), so the gap itself is not bounded above.
 }
 
 // A drain longer than DURATION keeps the CA's pace, also when the ledger's rows are
