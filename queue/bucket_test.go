@@ -177,7 +177,10 @@ func TestLedger_ADrainLongerThanTheWindowKeepsThePaceAfterPruning(t *testing.T) 
 // once the token is there.
 func TestLedger_EachBucketRefillsOneTokenAnInterval(t *testing.T) {
 	t.Parallel()
-	l := issuing.Limit{Count: 2, Window: 2 * time.Second}
+	// One token every 3 s: the bucket, spent by the test, stays empty for 3 s, in
+	// which the test's first admission must come (beside a CPU hog, it came more than
+	// the 1 s of a 2/2s limit after the spend, and found the token back).
+	l := issuing.Limit{Count: 2, Window: 6 * time.Second}
 	for _, tc := range []struct {
 		kind, key string
 		limits    issuing.Limits
@@ -194,17 +197,21 @@ func TestLedger_EachBucketRefillsOneTokenAnInterval(t *testing.T) {
 			b := setup(t)
 			id := b.named(t, b.tenant(t), "a.refill.example")
 			b.spentBucket(t, testDirectory, tc.kind, tc.key, l, 2)
+			var asked, holds time.Time
+			require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT clock_timestamp(), tat - make_interval(secs => $3)
+FROM certworker_buckets WHERE kind = $1 AND key = $2`, tc.kind, tc.key, (l.Window-l.Interval()).Seconds()).Scan(&asked, &holds))
+			require.True(t, asked.Before(holds), "the test asked after the bucket's token was back: the machine was too slow for the test")
 			admitted, refused := b.admitDue(t, tc.limits)
 			require.Empty(t, admitted, "an order went with its bucket empty")
 			require.Len(t, refused, 1)
 			require.Contains(t, refused[0].Reason, tc.flag)
-			// The bucket is empty until tat − DURATION + interval: a second before tat.
+			// The bucket is empty until tat − DURATION + interval: 3 s before tat.
 			var before float64
 			require.NoError(t, b.pool.QueryRow(b.ctx, `
 SELECT extract(epoch FROM b.tat - p.paused_until) FROM certworker_pauses p, certworker_buckets b
 WHERE p.scope = $1 AND p.key = $2 AND p.source = 'ledger' AND b.kind = $3 AND b.key = $2`,
 				tc.scope, tc.key, tc.kind).Scan(&before))
-			require.InDelta(t, 1.0, before, 0.001, "the pause does not end at the next token")
+			require.InDelta(t, (l.Window - l.Interval()).Seconds(), before, 0.001, "the pause does not end at the next token")
 
 			b.untilDue(t)
 			admitted, refused = b.admitDue(t, tc.limits)
