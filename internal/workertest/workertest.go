@@ -245,10 +245,30 @@ func (in *Instance) WaitForLog(t testing.TB, msg string, n int, timeout time.Dur
 	})
 }
 
-// DumpLog prints the last n lines of the worker's log.
+// DumpLog prints how often the worker logged each warning or error (a run's
+// first failures are often older than its last lines), then the last n lines of
+// its log.
 func (in *Instance) DumpLog(t testing.TB, n int) {
 	t.Helper()
 	all := in.Logs.All()
+	type key struct{ level, msg string }
+	counts, first, example := map[key]int{}, []key{}, map[key]string{}
+	for _, e := range all {
+		if e.Level < zapcore.WarnLevel {
+			continue
+		}
+		k := key{e.Level.String(), e.Message}
+		if counts[k] == 0 {
+			first = append(first, k)
+			example[k] = fmt.Sprintf("%s %v", e.Time.Format("15:04:05.000"), e.ContextMap())
+		}
+		counts[k]++
+	}
+	var s strings.Builder
+	for _, k := range first {
+		fmt.Fprintf(&s, "%6d %s %s (first at %s)\n", counts[k], k.level, k.msg, example[k])
+	}
+	t.Logf("warnings and errors of worker %s, by message, in the order first seen, with the first one's fields:\n%s", in.Name, s.String())
 	if len(all) > n {
 		all = all[len(all)-n:]
 	}
