@@ -42,6 +42,7 @@ import (
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 	"github.com/testcontainers/testcontainers-go/wait"
 
+	"github.com/certworker/certworker/internal/freeport"
 	"github.com/certworker/certworker/migrations"
 	"github.com/certworker/certworker/queue"
 )
@@ -128,7 +129,7 @@ func StartServer(t testing.TB, settings ...string) *Server {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	port, err := freePort()
+	port, err := freePort(t)
 	if err != nil {
 		t.Fatalf("test PostgreSQL: %v", err)
 	}
@@ -266,8 +267,15 @@ func Image() string {
 	return DefaultImage
 }
 
-// freePort is a TCP port of 127.0.0.1 that nothing listens on, for now.
-func freePort() (int, error) {
+// freePort is a TCP port of 127.0.0.1 that nothing listens on, kept for the server
+// (freeport) until the test ends: Docker binds it at every start, and between a Stop
+// and a Start it must not become a busy host's outgoing connection's source port.
+func freePort(t testing.TB) (int, error) {
+	port, release, err := freeport.Reserve()
+	if err == nil {
+		t.Cleanup(release)
+		return port, nil
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, fmt.Errorf("pick a free port: %w", err)

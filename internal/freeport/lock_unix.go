@@ -1,6 +1,6 @@
 //go:build unix
 
-package workertest
+package freeport
 
 import (
 	"os"
@@ -9,9 +9,9 @@ import (
 	"syscall"
 )
 
-// lockPort takes the lock file of port in dir without waiting; release gives it up.
+// lock takes the lock file of port in dir without waiting; release gives it up.
 // The kernel drops the lock when the process ends, however it ends.
-func lockPort(dir string, port int) (release func(), ok bool) {
+func lock(dir string, port int) (release func(), ok bool) {
 	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, false
