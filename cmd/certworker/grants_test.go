@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -67,13 +68,30 @@ func TestRun_IssuesUnderLeastPrivilege(t *testing.T) {
 	}
 }
 
-// buildCertworker builds this command into the test's temporary directory.
+// buildCertworker builds this command once for the package's tests (each link of it
+// is seconds of a busy machine's CPU) and returns the binary's path; TestMain removes
+// it.
 func buildCertworker(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "certworker")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "build certworker: %s", out)
-	return bin
+	built.once.Do(func() {
+		dir, err := os.MkdirTemp("", "certworker-cmd-test-")
+		if err != nil {
+			built.err = err
+			return
+		}
+		built.dir, built.bin = dir, filepath.Join(dir, "certworker")
+		if out, err := exec.Command("go", "build", "-trimpath", "-o", built.bin, ".").CombinedOutput(); err != nil {
+			built.err = fmt.Errorf("%v: %s", err, out)
+		}
+	})
+	require.NoError(t, built.err, "build certworker")
+	return built.bin
+}
+
+var built struct {
+	once     sync.Once
+	dir, bin string
+	err      error
 }
 
 // newRole creates a login role named prefix plus a random suffix, with attrs (such

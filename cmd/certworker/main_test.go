@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/url"
+	"os"
 	"strings"
 	"testing"
 
@@ -14,7 +15,13 @@ import (
 	"github.com/certworker/certworker/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) {
+	pgtest.Main(m, func() {
+		if built.dir != "" {
+			_ = os.RemoveAll(built.dir)
+		}
+	})
+}
 
 func invoke(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()

@@ -43,7 +43,7 @@ func certworkerBinary(t testing.TB) string {
 			return
 		}
 		binaryPath = filepath.Join(dir, "certworker")
-		out, err := exec.Command("go", "build", "-o", binaryPath, "../../cmd/certworker").CombinedOutput()
+		out, err := exec.Command("go", "build", "-trimpath", "-o", binaryPath, "../../cmd/certworker").CombinedOutput()
 		if err != nil {
 			binaryErr = fmt.Errorf("go build: %v\n%s", err, out)
 		}
