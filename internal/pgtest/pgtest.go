@@ -443,16 +443,32 @@ func NewPool(t testing.TB) (*pgxpool.Pool, string) {
 // are the worker's) but without the worker's time bounds: the test's own pool stands
 // for the proxy and for the test's hand, which fill a million rows in one statement
 // or hold a transaction open on purpose. Workers get theirs (workertest.Start).
+//
+// That includes the worker's connect bound (queue.HostConnectTimeout: 2 s a host, so
+// that a worker moves on from a dead host of a multi-host URL): the test's pool has no
+// host to move on to, and on a loaded 2-core machine a connect (a backend forked, a
+// SCRAM exchange on each side) has waited longer than that in the run queue, failing
+// the test's first statement rather than showing anything of the worker. Its connects
+// are bounded by ConnectTimeout, as long as the tests' own longest waits.
 func (s *Server) NewPool(t testing.TB) (*pgxpool.Pool, string) {
 	t.Helper()
 	dsn := s.NewDatabase(t)
-	pool, err := queue.NewPoolWith(context.Background(), dsn, queue.Session{})
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatalf("pool: %v", err)
+	}
+	queue.ConfigureSession(cfg, queue.Session{})
+	cfg.ConnConfig.ConnectTimeout = ConnectTimeout
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("pool: %v", err)
 	}
 	t.Cleanup(pool.Close)
 	return pool, dsn
 }
+
+// ConnectTimeout bounds a connect of a test's own pool (Server.NewPool).
+const ConnectTimeout = time.Minute
 
 // Stop stops the server's container (it keeps its data); Start starts it again. For
 // tests of a database that goes away under a running worker; the server must come
