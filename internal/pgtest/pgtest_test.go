@@ -3,9 +3,12 @@ package pgtest_test
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/internal/pgtest"
@@ -88,4 +91,41 @@ func TestStartServer_FailsUnderTestDatabaseURLUnlessOptedOut(t *testing.T) {
 	r.run(func(tb testing.TB) { pgtest.StartServer(tb) })
 	require.Empty(t, r.fatal)
 	require.Contains(t, r.skip, "skipped")
+}
+
+// The shared server checks passwords with md5 (cheapPasswords): the superuser's and a
+// new role's passwords are stored as md5, and a wrong password is still refused with
+// SQLSTATE 28P01. Guards against the switch silently leaving SCRAM (each connect then
+// costs the race-built client 10 ms of CPU) and against it letting any password in.
+func TestShared_ChecksPasswordsWithMD5(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.NewDB(t)
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	role := "md5check_" + fmt.Sprint(time.Now().UnixNano())
+	_, err = conn.Exec(ctx, "CREATE ROLE "+role+" LOGIN PASSWORD 'right'")
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = conn.Exec(context.Background(), "DROP ROLE IF EXISTS "+role) })
+	rows, err := conn.Query(ctx, `SELECT rolname, left(rolpassword, 3) FROM pg_authid WHERE rolname IN (current_user, $1)`, role)
+	require.NoError(t, err)
+	kinds, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct{ Role, Kind string }])
+	require.NoError(t, err)
+	require.Len(t, kinds, 2)
+	for _, k := range kinds {
+		require.Equal(t, "md5", k.Kind, "%s's password", k.Role)
+	}
+
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	u.User = url.UserPassword(role, "wrong")
+	_, err = pgx.Connect(ctx, u.String())
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "28P01", pgErr.Code)
+	u.User = url.UserPassword(role, "right")
+	ok, err := pgx.Connect(ctx, u.String())
+	require.NoError(t, err)
+	require.NoError(t, ok.Close(ctx))
 }
