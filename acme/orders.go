@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
+
+	"github.com/certworker/certworker/queue/issuing"
 )
 
 // replacesRetry is how long a name waits after the CA refused to see its certificate
@@ -66,7 +68,12 @@ WHERE domain_id = $1::uuid AND directory = $2`, b.domainID, b.directory).Scan(&u
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read the domain's recorded order: %w", err)
+		err = fmt.Errorf("read the domain's recorded order: %w", err)
+		if ctx.Err() == nil && !issuing.DatabaseAnswered(err) {
+			// Read before anything is sent to the CA: nothing ordered, not charged.
+			return nil, &issuing.DatabaseUnavailableError{Err: err}
+		}
+		return nil, err
 	}
 	return &orderRecord{URL: deref(url), Replaces: deref(replaces), KeyPEM: deref(key), ReplacesRefused: deref(refused)}, nil
 }

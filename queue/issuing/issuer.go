@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Issuer turns a domain name into a certificate: acme.Issuer, or a fake in tests.
@@ -153,6 +156,33 @@ type CAUnavailableError struct{ Err error }
 
 func (e *CAUnavailableError) Error() string { return "CA unavailable: " + e.Err.Error() }
 func (e *CAUnavailableError) Unwrap() error { return e.Err }
+
+// DatabaseUnavailableError: a statement the issuer needed before anything was sent to
+// the CA got no answer from the database (DatabaseAnswered: a timeout, a lost
+// connection, a server that cannot serve now). Nothing was ordered, and nothing is
+// the domain's fault: not charged; the worker hands the claim back, as it retries its
+// own failed steps. An answer (a refused grant, a missing table) stays charged.
+type DatabaseUnavailableError struct{ Err error }
+
+func (e *DatabaseUnavailableError) Error() string { return "database unavailable: " + e.Err.Error() }
+func (e *DatabaseUnavailableError) Unwrap() error { return e.Err }
+
+// DatabaseAnswered reports whether err is the database's answer (a *pgconn.PgError)
+// other than "cannot serve now": class 08, 53, 57P (short of a cancel), and 25006. A
+// refusal (lock timeout, constraint, statement_timeout) is an answer; no answer in
+// time, a lost connection or a refused connect is not.
+func DatabaseAnswered(err error) bool {
+	var pg *pgconn.PgError
+	if !errors.As(err, &pg) {
+		return false
+	}
+	switch {
+	case strings.HasPrefix(pg.Code, "08"), strings.HasPrefix(pg.Code, "53"), strings.HasPrefix(pg.Code, "57P"),
+		pg.Code == "25006":
+		return false
+	}
+	return true
+}
 
 // PreflightPrefix starts the ssl_error of a domain whose preflight failed.
 const PreflightPrefix = "preflight: "

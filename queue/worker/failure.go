@@ -39,6 +39,14 @@ func (w *Worker) failed(o *order, log *zap.Logger, name string, err error) (stri
 		// Nothing reached the CA: the name waits for its DNS, uncharged.
 		return w.waitForDNS(o, log, waiting), 0
 	}
+	var dbDown *issuing.DatabaseUnavailableError
+	if errors.As(err, &dbDown) {
+		// Nothing reached the CA: says nothing of the CA, nor of the domain.
+		w.health.failed(dbDown.Err)
+		log.Warn("order not placed: the database gave no answer before anything was sent to the CA; handed back, not charged",
+			zap.Error(err))
+		return w.handBack(o, log, false, "released"), 0
+	}
 	at := w.caOf(o.claim.Directory)
 	var refused *issuing.ReplacesRefusedError
 	if errors.As(err, &refused) {

@@ -1,10 +1,15 @@
 package worker_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/internal/fakeissuer"
@@ -155,4 +160,48 @@ func TestWorker_AReplacementRefusedPausesTheNameUncharged(t *testing.T) {
 	})
 	b.waitStatus(t, other, "active", 10*time.Second)
 	require.Equal(t, 1, fake.Count("held.example"), "a paused name was ordered again")
+}
+
+// A database that gives the issuer no answer before anything was sent to the CA (here
+// a read of the domain's recorded order timing out, as on a loaded host) is neither the
+// CA's trouble nor the domain's: the claim is handed back uncharged, the CA is not
+// paused, and the domain is ordered again. An answer of the database's (a refused
+// grant) is still charged. Before, both were charged and the domain waited out a
+// backoff: an e2e test beside a CPU hog saw a name wait two minutes on one timeout.
+func TestWorker_ADatabaseThatGaveTheIssuerNoAnswerIsNotCharged(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fake := fakeissuer.New(10)
+	noAnswer := &issuing.DatabaseUnavailableError{
+		Err: fmt.Errorf("read the domain's recorded order: %w", context.DeadlineExceeded)}
+	refused := fmt.Errorf("read the domain's recorded order: %w", &pgconn.PgError{Code: "42501", Message: "permission denied"})
+	fake.Fail = func(domain string, n int) error {
+		switch {
+		case n == 1 && strings.HasPrefix(domain, "timeout"):
+			return noAnswer
+		case n == 1 && strings.HasPrefix(domain, "refused"):
+			return refused
+		}
+		return nil
+	}
+	tn := b.tenant(t)
+	slowName, deniedName := "timeout-"+uuid.NewString()[:8]+".example", "refused-"+uuid.NewString()[:8]+".example"
+	slow, denied := b.named(t, tn, slowName), b.named(t, tn, deniedName)
+	in := b.start(t, "w", worker.Config{Issuer: fake, Concurrency: 1, PollInterval: time.Hour})
+
+	b.waitStatus(t, slow, "active", 20*time.Second)
+	r := b.row(t, slow)
+	require.Zero(t, r.Attempts, "a database that gave no answer was charged to the domain")
+	require.Nil(t, r.Error)
+	require.Equal(t, 2, fake.Count(slowName))
+	require.Negative(t, b.pauseLeft(t, issuing.ScopeCA, workertest.Directory, issuing.PauseUnreachable),
+		"the CA was paused for the database's silence")
+	in.WaitForMetric(t, 1, 10*time.Second, "certworker_issuance_total", "released")
+	in.WaitForLog(t, "order not placed: the database gave no answer before anything was sent to the CA; handed back, not charged", 1, 10*time.Second)
+
+	workertest.Eventually(t, 10*time.Second, "the refused read to be charged", func() bool {
+		r := b.row(t, denied)
+		return r.Status == "pending" && r.Attempts == 1
+	})
+	require.Equal(t, 1, fake.Count(deniedName), "retried at once instead of after its backoff")
 }

@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
@@ -48,28 +46,13 @@ func (h *dbHealth) ok() {
 
 // failed records a failed statement: the database is away unless it answered.
 func (h *dbHealth) failed(err error) {
-	if answered(err) {
+	if issuing.DatabaseAnswered(err) {
 		h.ok()
 		return
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.down = true
-}
-
-// answered reports whether err is the database's answer (a *pgconn.PgError) other
-// than "cannot serve now": class 08, 53, 57P (short of a cancel), and 25006.
-func answered(err error) bool {
-	var pg *pgconn.PgError
-	if !errors.As(err, &pg) {
-		return false
-	}
-	switch {
-	case strings.HasPrefix(pg.Code, "08"), strings.HasPrefix(pg.Code, "53"), strings.HasPrefix(pg.Code, "57P"),
-		pg.Code == "25006":
-		return false
-	}
-	return true
 }
 
 // upFor is how long statements have succeeded without a failure or a silence.
