@@ -3,6 +3,7 @@ package acme_test
 import (
 	"context"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
@@ -26,16 +27,16 @@ func TestIssue_FailedOrderLeavesNoPendingAuthorization(t *testing.T) {
 		// rule breaks the order after its authorization was created, or is nil.
 		rule    *pebbletest.Rule
 		respond bool
-		// cancelAfter cancels the order that long after it started; 0 does not.
-		cancelAfter time.Duration
-		want        string
+		// cancelHeld cancels the order once the front holds its challenge request.
+		cancelHeld bool
+		want       string
 	}{
 		{name: "the CA failing on the challenge", respond: true,
 			rule: &pebbletest.Rule{Step: pebbletest.StepChallenge, Times: 1, Answer: pebbletest.Unavailable(http.StatusServiceUnavailable)},
 			want: "deactivated"},
 		{name: "the order cancelled while the CA holds the challenge", respond: true,
 			rule:        &pebbletest.Rule{Step: pebbletest.StepChallenge, Times: 1, Answer: pebbletest.Answer{Stall: 20 * time.Second}},
-			cancelAfter: time.Second, want: "deactivated"},
+			cancelHeld: true, want: "deactivated"},
 		{name: "a failed validation", respond: false, want: "invalid"},
 		// The CA's answer to the challenge already says invalid: the issuer must
 		// remember it, not deactivate an authorization that is over.
@@ -54,10 +55,23 @@ func TestIssue_FailedOrderLeavesNoPendingAuthorization(t *testing.T) {
 				front.Add(*tc.rule)
 			}
 			ctx := testCtx(t, 30*time.Second)
-			if tc.cancelAfter > 0 {
+			if tc.cancelHeld {
+				// Cancelled when the CA holds the challenge, however long the order
+				// took to get there: a second after the start, a busy host had not
+				// yet sent the new order.
 				var cancel context.CancelFunc
-				ctx, cancel = context.WithTimeout(ctx, tc.cancelAfter)
+				ctx, cancel = context.WithCancel(ctx)
 				defer cancel()
+				go func() {
+					for !slices.ContainsFunc(front.Seen(), func(s pebbletest.Seen) bool { return s.Step == pebbletest.StepChallenge }) {
+						select {
+						case <-ctx.Done():
+							return
+						case <-time.After(10 * time.Millisecond):
+						}
+					}
+					cancel()
+				}()
 			}
 			_, err := newIssuer(t, b.pool, nil, frontConfig(b, front)).Issue(ctx, issuing.Request{Domain: randomName("z")})
 			require.Error(t, err)
