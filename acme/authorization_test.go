@@ -35,7 +35,7 @@ func TestIssue_FailedOrderLeavesNoPendingAuthorization(t *testing.T) {
 			rule: &pebbletest.Rule{Step: pebbletest.StepChallenge, Times: 1, Answer: pebbletest.Unavailable(http.StatusServiceUnavailable)},
 			want: "deactivated"},
 		{name: "the order cancelled while the CA holds the challenge", respond: true,
-			rule:        &pebbletest.Rule{Step: pebbletest.StepChallenge, Times: 1, Answer: pebbletest.Answer{Stall: 20 * time.Second}},
+			rule:       &pebbletest.Rule{Step: pebbletest.StepChallenge, Times: 1, Answer: pebbletest.Answer{Stall: 20 * time.Second}},
 			cancelHeld: true, want: "deactivated"},
 		{name: "a failed validation", respond: false, want: "invalid"},
 		// The CA's answer to the challenge already says invalid: the issuer must

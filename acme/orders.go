@@ -58,10 +58,10 @@ func (b *orderBook) load(ctx context.Context) (*orderRecord, error) {
 	if b.off() {
 		return nil, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, tokenWriteTimeout)
+	rctx, cancel := context.WithTimeout(ctx, tokenWriteTimeout)
 	defer cancel()
 	var url, replaces, key, refused *string
-	err := b.pool.QueryRow(ctx, `
+	err := b.pool.QueryRow(rctx, `
 SELECT order_url, replaces, key_pem, replaces_refused FROM certworker_orders
 WHERE domain_id = $1::uuid AND directory = $2`, b.domainID, b.directory).Scan(&url, &replaces, &key, &refused)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -71,6 +71,7 @@ WHERE domain_id = $1::uuid AND directory = $2`, b.domainID, b.directory).Scan(&u
 		err = fmt.Errorf("read the domain's recorded order: %w", err)
 		if ctx.Err() == nil && !issuing.DatabaseAnswered(err) {
 			// Read before anything is sent to the CA: nothing ordered, not charged.
+			// The order's context is live; the read's own bound may have passed.
 			return nil, &issuing.DatabaseUnavailableError{Err: err}
 		}
 		return nil, err

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -45,4 +47,40 @@ func TestOrderBook_ADatabaseWithoutAnAnswerIsNotTheDomains(t *testing.T) {
 	require.ErrorAs(t, err, &pg)
 	require.Equal(t, "42P01", pg.Code)
 	require.False(t, errors.As(err, &unavailable), "an answer of the database's was taken for no answer: %v", err)
+}
+
+// A read that gets no answer within its own bound (tokenWriteTimeout), while the
+// order's context is live, is no answer too: a server that accepts the connection
+// and never speaks. The check once read the bound's context, which had ended, and
+// charged it.
+func TestOrderBook_AReadPastItsOwnBoundIsNoAnswer(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	go func() {
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				_ = c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c) // never answered
+		}
+	}()
+	ctx := context.Background()
+	silent, err := pgxpool.New(ctx, "postgres://x:y@"+ln.Addr().String()+"/none?sslmode=disable")
+	require.NoError(t, err)
+	defer silent.Close()
+	book := &orderBook{pool: silent, log: zap.NewNop(), directory: "https://ca.example/dir", domainID: uuid.NewString()}
+	start := time.Now()
+	_, err = book.load(ctx)
+	var unavailable *issuing.DatabaseUnavailableError
+	require.ErrorAs(t, err, &unavailable)
+	require.GreaterOrEqual(t, time.Since(start), tokenWriteTimeout, "the read gave up before its own bound")
 }

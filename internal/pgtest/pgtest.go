@@ -63,11 +63,10 @@ type Server struct {
 	// Extra command-line settings the container was started with.
 	settings []string
 	// admin creates and drops the tests' databases on the package's shared server,
-	// which is never stopped: a connection kept rather than one opened for each. On
-	// this project's 2-core machine a connection costs the server about 40 ms of CPU
-	// (pgbench -C: 18 ms a connect, 750 page faults of the forked backend), and the
-	// two of every test were a fifth of a run's connections. Nil on a server a test
-	// stops and starts (StartServer) or that fails over (Existing).
+	// which is never stopped: a connection kept rather than two opened for each test.
+	// On this project's 2-core machine a connection costs the server about 40 ms of CPU
+	// (pgbench -C: 18 ms a connect, 750 page faults of the forked backend). Nil on a
+	// server a test stops and starts (StartServer) or that fails over (Existing).
 	admin *pgxpool.Pool
 }
 
