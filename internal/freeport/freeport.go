@@ -7,6 +7,7 @@ package freeport
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -58,6 +59,20 @@ func Reserve() (port int, release func(), err error) {
 		release()
 	}
 	return 0, nil, ErrNone
+}
+
+// Pick is Reserve, or, where no port can be reserved, a port the kernel picks (listened
+// on and closed again, so nothing holds it, and release does nothing).
+func Pick() (port int, release func(), err error) {
+	if port, release, err = Reserve(); err == nil {
+		return port, release, nil
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, nil, fmt.Errorf("pick a free port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, func() {}, nil
 }
 
 func lockDir() string { return filepath.Join(os.TempDir(), "certworker-test-ports") }

@@ -288,17 +288,12 @@ func Image() string {
 // (freeport) until the test ends: Docker binds it at every start, and between a Stop
 // and a Start it must not become a busy host's outgoing connection's source port.
 func freePort(t testing.TB) (int, error) {
-	port, release, err := freeport.Reserve()
-	if err == nil {
-		t.Cleanup(release)
-		return port, nil
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, release, err := freeport.Pick()
 	if err != nil {
-		return 0, fmt.Errorf("pick a free port: %w", err)
+		return 0, err
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	t.Cleanup(release)
+	return port, nil
 }
 
 func startContainer(ctx context.Context, settings []string, opts ...testcontainers.ContainerCustomizer) (*Server, error) {

@@ -16,27 +16,12 @@ import (
 // takes ports on a busy host until the test ends.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	port, release, err := freeport.Reserve()
+	port, release, err := freeport.Pick()
 	if err != nil {
-		return ephemeralAddr(t)
+		t.Fatalf("free address: %v", err)
 	}
 	t.Cleanup(release)
 	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-}
-
-// ephemeralAddr is FreeAddr where no port can be reserved: one the kernel picks,
-// closed again.
-func ephemeralAddr(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("free address: %v", err)
-	}
-	addr := ln.Addr().String()
-	if err := ln.Close(); err != nil {
-		t.Fatalf("free address: %v", err)
-	}
-	return addr
 }
 
 // ListenUDPAndTCP listens on one loopback port for both UDP and TCP, as a DNS server
