@@ -288,6 +288,14 @@ func nextAttemptAtSQL(attempts, base, cap string) string {
 // claimTailSQL is the end both claims share: take's rows become claims under a new
 // lease, returned in order of service with the counts Claim reads on by (and, routed,
 // each row's CA and refusals).
+//
+// The claim's time (claim_at: its last attempt, its lease's start, its history's
+// event) is clock_timestamp(), read once as the rows are written, not now(): now() is
+// when the statement arrived, before it was planned and its snapshot taken, and a row
+// that became due in between (a renewal marked, a row verified) was claimed "before"
+// it was due, its history's claim ahead of its queued event and its wake latency
+// negative (seen on a busy server, 16 ms early). Read after the snapshot, the time is
+// never before the commit that made the row due.
 func claimTailSQL(take string, routed bool) string {
 	setCA, returnCA, selectCA := "", "", `CASE WHEN c.id IS NOT NULL THEN $7::text END, ''::text, ''::text, ''::text`
 	if routed {
@@ -300,21 +308,23 @@ func claimTailSQL(take string, routed bool) string {
 	}
 	return `), lost AS (
     ` + failTwinsSQL("head h", "h.id", "NOT h.keeps", "d.id") + `
+), claim_at AS MATERIALIZED (
+    SELECT clock_timestamp() AS t
 ), claimed AS (
     UPDATE proxy_domains d SET
         ssl_status = 'provisioning',
         ssl_claim_prev_attempt_at = d.ssl_last_attempt_at,
-        ssl_last_attempt_at = now(),
-        updated_at = now(),
+        ssl_last_attempt_at = (SELECT t FROM claim_at),
+        updated_at = (SELECT t FROM claim_at),
         ssl_claim_token = gen_random_uuid(),
         ssl_claimed_by = $4,
-        ssl_lease_expires_at = now() + make_interval(secs => $5)` + setCA + `
+        ssl_lease_expires_at = (SELECT t FROM claim_at) + make_interval(secs => $5)` + setCA + `
     FROM ` + take + `
     WHERE d.id = ` + take + `.id
     RETURNING d.id, d.tenant_id, d.domain, d.ssl_attempts, d.ssl_claim_token, d.ssl_last_attempt_at,
         d.ssl_claim_prev_attempt_at, d.ssl_queued_at, d.ssl_profile, d.ssl_profile_refused,
         COALESCE(d.ssl_queue_tier, 2) = 2 AS first` + returnCA + `,
-        certworker_domain_claimed(d.id, d.tenant_id, d.ssl_eligible_at, d.ssl_queued_at, now()) AS event_id
+        certworker_domain_claimed(d.id, d.tenant_id, d.ssl_eligible_at, d.ssl_queued_at, (SELECT t FROM claim_at)) AS event_id
 )
 SELECT c.id::text, c.tenant_id::text, c.domain, c.ssl_attempts, c.ssl_claim_token::text, c.ssl_last_attempt_at,
     ` + finiteSQL(`GREATEST(c.ssl_queued_at,

@@ -132,9 +132,9 @@ type latency struct {
 // wakeLatency reads the distribution from the database, so both ends are on the
 // server's clock: ssl_queued_at, which the trigger sets to clock_timestamp() inside
 // the verifying UPDATE (a fraction of a millisecond before that transaction commits,
-// and its NOTIFY goes out), to ssl_last_attempt_at, which the claim sets to its own
-// transaction's now() and which nothing after the claim changes (MarkActive leaves
-// it).
+// and its NOTIFY goes out), to ssl_last_attempt_at, which the claim sets to the
+// clock as it writes the row (after its snapshot) and which nothing after the claim
+// changes (MarkActive leaves it).
 func (d *benchDB) wakeLatency(tb testing.TB) latency {
 	tb.Helper()
 	return d.distribution(tb, `
@@ -407,10 +407,9 @@ func writeWakeLatency(tb testing.TB, results []latency) {
 	var s strings.Builder
 	fmt.Fprintf(&s, "# Wake latency: a tenant's verify to the claim of that domain.\n")
 	fmt.Fprintf(&s, "# From ssl_queued_at (clock_timestamp() in the trigger, inside the verifying\n")
-	fmt.Fprintf(&s, "# transaction, slightly before its commit) to ssl_last_attempt_at (the claiming\n")
-	fmt.Fprintf(&s, "# transaction's now()); both on the database's clock. Both ends lean early: now()\n")
-	fmt.Fprintf(&s, "# is the claim's transaction start, before the statement is planned and takes its\n")
-	fmt.Fprintf(&s, "# snapshot, so on a busy server a claim can even read as a few ms before the verify.\n")
+	fmt.Fprintf(&s, "# transaction, slightly before its commit) to ssl_last_attempt_at (the claim's\n")
+	fmt.Fprintf(&s, "# clock_timestamp() as it writes the row, after its snapshot); both on the database's\n")
+	fmt.Fprintf(&s, "# clock. The start leans early (before the verify's commit), the end is the claim itself.\n")
 	fmt.Fprintf(&s, "# Domains verified one per transaction, spaced as shown; fake issuer answering at\n")
 	fmt.Fprintf(&s, "# once; worker: concurrency 4, --poll-interval 30s; load: 1-min load average after.\n")
 	fmt.Fprintf(&s, "# Three notify runs in a row at each spacing: the tail must hold in each, not on average.\n")

@@ -99,15 +99,17 @@ WITH head AS MATERIALIZED (
         ssl_status = 'failed', ssl_error = 'duplicate domain: the name is held, in another case, by another domain that keeps it; no certificate is ordered for this one', updated_at = now(), ssl_claim_token = NULL, ssl_claimed_by = NULL, ssl_lease_expires_at = NULL
     FROM head h WHERE d.id = h.id AND NOT h.keeps
     RETURNING d.id, certworker_domain_event(d.id, d.tenant_id, 'failed', 'duplicate', d.ssl_error, now()) AS event_id
+), claim_at AS MATERIALIZED (
+    SELECT clock_timestamp() AS t
 ), claimed AS (
     UPDATE proxy_domains d SET
         ssl_status = 'provisioning',
         ssl_claim_prev_attempt_at = d.ssl_last_attempt_at,
-        ssl_last_attempt_at = now(),
-        updated_at = now(),
+        ssl_last_attempt_at = (SELECT t FROM claim_at),
+        updated_at = (SELECT t FROM claim_at),
         ssl_claim_token = gen_random_uuid(),
         ssl_claimed_by = $4,
-        ssl_lease_expires_at = now() + make_interval(secs => $5),
+        ssl_lease_expires_at = (SELECT t FROM claim_at) + make_interval(secs => $5),
         ssl_ca_directory = CASE WHEN due.cause IS NULL THEN $7 ELSE $8 END,
         ssl_ca_cause = due.cause
     FROM due
@@ -116,7 +118,7 @@ WITH head AS MATERIALIZED (
         d.ssl_claim_prev_attempt_at, d.ssl_queued_at, d.ssl_profile, d.ssl_profile_refused,
         COALESCE(d.ssl_queue_tier, 2) = 2 AS first,
         d.ssl_ca_directory, d.ssl_ca_cause, d.ssl_ca_refused, d.ssl_ca_refused_cause,
-        certworker_domain_claimed(d.id, d.tenant_id, d.ssl_eligible_at, d.ssl_queued_at, now()) AS event_id
+        certworker_domain_claimed(d.id, d.tenant_id, d.ssl_eligible_at, d.ssl_queued_at, (SELECT t FROM claim_at)) AS event_id
 )
 SELECT c.id::text, c.tenant_id::text, c.domain, c.ssl_attempts, c.ssl_claim_token::text, c.ssl_last_attempt_at,
     (CASE WHEN isfinite(GREATEST(c.ssl_queued_at,
