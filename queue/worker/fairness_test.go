@@ -39,10 +39,12 @@ SELECT $1, 'a' || g || '.example', 'tok', 'acme' FROM generate_series(1, 2000) g
 			id, _ := b.unverified(t, other)
 			_, err = b.pool.Exec(b.ctx, `UPDATE proxy_domains SET verification_status = 'verified' WHERE id = $1`, id)
 			require.NoError(t, err)
-			// B's verify has committed and is visible to every transaction that
-			// starts from now on. A claim that began before (between the trigger's
-			// stamp of ssl_queued_at and the commit, which a busy machine stretches)
-			// could not see B and says nothing about the order of service.
+			// B's verify has committed and is visible to every claim that takes its
+			// snapshot from now on. A claim stamped before could not see B and says
+			// nothing about the order of service. A claim is stamped as it writes its
+			// rows, after its snapshot: one in flight now may be stamped later and
+			// still not see B, and it takes at most the free slots, so B is claimed
+			// within --concurrency claims of A's stamped from now on.
 			var visible time.Time
 			require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT now()`).Scan(&visible))
 			workertest.Eventually(t, 20*time.Second, "B's claim", func() bool { return b.status(t, id) != "pending" })
@@ -84,6 +86,7 @@ FROM generate_series(1, 1000) g`, a)
 	id, _ := b.unverified(t, other)
 	_, err = b.pool.Exec(b.ctx, `UPDATE proxy_domains SET verification_status = 'verified' WHERE id = $1`, id)
 	require.NoError(t, err)
+	// As in the test above: a claim in flight now cannot see B, and is stamped later.
 	var visible time.Time
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT now()`).Scan(&visible))
 	workertest.Eventually(t, 20*time.Second, "B's claim", func() bool { return b.status(t, id) != "pending" })
@@ -94,5 +97,5 @@ SELECT count(*) FILTER (WHERE a.ssl_last_attempt_at >= $3 AND a.ssl_last_attempt
 FROM proxy_domains a, proxy_domains bd WHERE a.tenant_id = $1 AND bd.id = $2`, a, id, visible).Scan(&before, &backlog))
 	t.Logf("%d of A's renewals claimed after B's verify was visible and before B's claim; %d still queued then", before, backlog)
 	require.Positive(t, backlog, "A's renewals were all done before B arrived: the test shows nothing")
-	require.Less(t, before, concurrency, "B waited behind the urgent renewals")
+	require.LessOrEqual(t, before, concurrency, "B waited behind the urgent renewals")
 }
