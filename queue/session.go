@@ -2,11 +2,15 @@ package queue
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/certworker/certworker/queue/issuing"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -65,11 +69,15 @@ func ConfigurePool(cfg *pgxpool.Config) { ConfigureSession(cfg, WorkerSession(is
 const HostConnectTimeout = 2 * time.Second
 
 // ConfigureSession sets up the sessions of a pool, keeping its AfterConnect: JIT off
-// (docs/internals.md, Claim), s's bounds, and HostConnectTimeout. SET after
-// connecting, since PgBouncer refuses startup parameters; one round trip.
+// (docs/internals.md, Claim), s's bounds, HostConnectTimeout, and the deadline grace
+// of WithDeadlineGrace. SET after connecting, since PgBouncer refuses startup
+// parameters; one round trip.
 func ConfigureSession(cfg *pgxpool.Config, s Session) {
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = HostConnectTimeout
+	}
+	cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &graceHandler{conn: c.Conn(), grace: s.StatementTimeout}
 	}
 	prev := cfg.AfterConnect
 	set := s.sql()
@@ -127,6 +135,14 @@ func NewPoolWith(ctx context.Context, dsn string, s Session) (*pgxpool.Pool, err
 // not warmed up (Session.Warm).
 type sessionOfItsOwn struct{}
 
+// SessionOfItsOwn marks ctx as that of the set-up (a pool's AfterConnect) of a session
+// outside the pool, as ConnectSession's: it is not warmed up for the wake path, whose
+// statements it never runs. The listener's session is one: on a busy server its
+// warm-up kept the listener's connect from finishing within its ConnectTimeout.
+func SessionOfItsOwn(ctx context.Context) context.Context {
+	return context.WithValue(ctx, sessionOfItsOwn{}, true)
+}
+
 // ConnectSession opens a session outside the pool cfg configures, set up as the
 // pool's are but not warmed up for the wake path: the heartbeat's and the readiness
 // probe's sessions run their own statements, none of the wake path's. The warm-up
@@ -139,7 +155,7 @@ func ConnectSession(ctx context.Context, cfg *pgxpool.Config) (*pgx.Conn, error)
 		return nil, err
 	}
 	if cfg.AfterConnect != nil {
-		if err := cfg.AfterConnect(context.WithValue(ctx, sessionOfItsOwn{}, true), conn); err != nil {
+		if err := cfg.AfterConnect(SessionOfItsOwn(ctx), conn); err != nil {
 			CloseQuickly(conn)
 			return nil, err
 		}
@@ -153,3 +169,42 @@ func CloseQuickly(conn *pgx.Conn) {
 	defer cancel()
 	_ = conn.Close(ctx)
 }
+
+// deadlineGrace is the context key of WithDeadlineGrace.
+type deadlineGrace struct{}
+
+// WithDeadlineGrace marks ctx as a worker step's: a statement on a session that
+// ConfigureSession set up, still running when ctx's deadline passes, is given the
+// session's StatementTimeout more to answer before its connection is closed, so that
+// the server ends the statement (SQLSTATE 57014) and the session survives: its
+// connection, its caches and its prepared statements, which a new session must build
+// again. pgx's default is to close the connection at the deadline, and on a busy
+// server that spirals: each step that ran out closed a session, the next step waited
+// for a new one and ran its statement cold, and ran out again (a worker with a 3 s
+// lease saw every step fail for 15 s). The connection is still closed at once when
+// ctx is cancelled (a shutdown, a stopped order), and when the server has not
+// answered within the grace (gone, or cut off): every wait stays bounded, by the
+// deadline plus the statement_timeout. A context without the mark (a command, the
+// listener's wait, a readiness probe), or a session without a statement_timeout,
+// keeps pgx's default.
+func WithDeadlineGrace(ctx context.Context) context.Context {
+	return context.WithValue(ctx, deadlineGrace{}, true)
+}
+
+// graceHandler is the pgconn context handler of ConfigureSession's sessions: pgx's
+// own (the connection's deadline set when the context ends), later by grace when the
+// context was marked by WithDeadlineGrace and its deadline passed.
+type graceHandler struct {
+	conn  net.Conn
+	grace time.Duration
+}
+
+func (h *graceHandler) HandleCancel(ctx context.Context) {
+	var wait time.Duration
+	if ctx.Value(deadlineGrace{}) != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		wait = h.grace
+	}
+	_ = h.conn.SetDeadline(time.Now().Add(wait))
+}
+
+func (h *graceHandler) HandleUnwatchAfterCancel() { _ = h.conn.SetDeadline(time.Time{}) }

@@ -210,3 +210,54 @@ func TestStart_ASlowFirstStatementDoesNotFailItUnderAShortLease(t *testing.T) {
 	b.waitStatus(t, id, "active", 10*time.Second)
 	require.Equal(t, 1, fake.Count(name))
 }
+
+// Steps that run out of time on a slow server keep the worker's sessions: the server
+// ends each statement at its statement_timeout (57014) within the step's grace, and
+// the pool never replaces a session. Here every claim and maintenance statement waits
+// for a lock held by another transaction for longer than several steps (a quarter of
+// a 2 s lease; the lock_timeout is 2 s). Guards against the worker's statements being
+// cut at the step's deadline, which closed their connections: on a busy server the
+// next step then waited for a new session and ran cold, and ran out again (a worker
+// with a 3 s lease saw every step fail for 15 s, and its order lost to another).
+func TestWorker_StepsThatRunOutKeepTheirSessions(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fake := fakeissuer.New(10)
+	in := b.start(t, "w", worker.Config{Issuer: fake, Queue: issuing.Config{Lease: 2 * time.Second},
+		Concurrency: 1, PollInterval: 200 * time.Millisecond})
+	waitLogs(t, in, "pass finished", 1, 10*time.Second)
+
+	hold, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = hold.Rollback(b.ctx) }()
+	_, err = hold.Exec(b.ctx, `LOCK TABLE certworker_pauses IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	before := in.Logs.FilterMessage("database step failed; will try again").Len()
+	waitLogs(t, in, "database step failed; will try again", before+4, 20*time.Second)
+	require.NoError(t, hold.Rollback(b.ctx))
+
+	id, name := b.domain(t, b.tenant(t))
+	b.waitStatus(t, id, "active", 10*time.Second)
+	require.Equal(t, 1, fake.Count(name))
+
+	failed := in.Logs.FilterMessage("database step failed; will try again").All()[before:]
+	for _, e := range failed {
+		msg := fmt.Sprint(e.ContextMap()["error"])
+		require.Contains(t, msg, "SQLSTATE 57014", "step %v ended by the client, not the server", e.ContextMap()["step"])
+	}
+	st := in.Pool.Stat()
+	require.LessOrEqual(t, st.NewConnsCount(), int64(st.MaxConns()),
+		"%d sessions opened for a pool of %d: steps that ran out closed theirs", st.NewConnsCount(), st.MaxConns())
+}
+
+// waitLogs waits until in has logged msg at least n times.
+func waitLogs(t *testing.T, in *workertest.Instance, msg string, n int, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for in.Logs.FilterMessage(msg).Len() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %d lines %q; have %d", timeout, n, msg, in.Logs.FilterMessage(msg).Len())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -209,8 +209,10 @@ type heartbeatConn struct {
 	conn *pgx.Conn
 }
 
-// renew runs queue.Heartbeat for tokens within a third of a lease, connecting first
-// within a lease if need be (an authentication may be slow).
+// renew runs queue.Heartbeat for tokens within a third of a lease (and, when the
+// server has not answered by then, the quarter lease it is given to end the
+// statement), connecting first within a lease if need be (an authentication may be
+// slow).
 func (h *heartbeatConn) renew(ctx context.Context, qcfg issuing.Config, tokens []string) (queue.Leases, error) {
 	if h.conn == nil || h.conn.IsClosed() {
 		cctx, cancel := context.WithTimeout(ctx, qcfg.Lease)
@@ -221,7 +223,9 @@ func (h *heartbeatConn) renew(ctx context.Context, qcfg issuing.Config, tokens [
 		}
 		h.conn = conn
 	}
-	sctx, cancel := context.WithTimeout(ctx, qcfg.Lease/3)
+	// Its statement_timeout is the same third (connect); past the deadline the server
+	// is given the pool's statement_timeout to end it, so the session survives.
+	sctx, cancel := context.WithTimeout(queue.WithDeadlineGrace(ctx), qcfg.Lease/3)
 	defer cancel()
 	leases, err := queue.New(h.conn, qcfg).Heartbeat(sctx, tokens)
 	if h.conn.IsClosed() {

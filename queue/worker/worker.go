@@ -269,12 +269,14 @@ const startTimeout = 10 * time.Second
 func (w *Worker) stepTimeout() time.Duration { return w.cfg.Queue.Lease / 4 }
 
 // step is a context for one statement, ending after stepTimeout; noCancel detaches
-// it from ctx's end.
+// it from ctx's end. A statement still running at its end is given as long again
+// (the session's statement_timeout, WorkerSession's quarter lease) for the server to
+// end it, so the session is kept (queue.WithDeadlineGrace).
 func (w *Worker) step(ctx context.Context, noCancel bool) (context.Context, context.CancelFunc) {
 	if noCancel {
 		ctx = context.WithoutCancel(ctx)
 	}
-	return context.WithTimeout(ctx, w.stepTimeout())
+	return context.WithTimeout(queue.WithDeadlineGrace(ctx), w.stepTimeout())
 }
 
 // logDBError logs a failed step. A cancelled context at shutdown is not an error.
