@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+
+	"github.com/certworker/certworker/queue"
 )
 
 // Channel is the notification channel the wake trigger sends on (docs/reference.md).
@@ -164,7 +166,8 @@ func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
 		return nil, fmt.Errorf("connect: %w", err)
 	}
 	if cfg.AfterConnect != nil {
-		if err := cfg.AfterConnect(ctx, conn); err != nil {
+		// Its own session: not warmed up for the pool's statements (queue.SessionOfItsOwn).
+		if err := cfg.AfterConnect(queue.SessionOfItsOwn(ctx), conn); err != nil {
 			l.close(ctx, conn)
 			return nil, fmt.Errorf("after connect: %w", err)
 		}

@@ -7,9 +7,11 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -615,4 +617,36 @@ func (p *blackholeProxy) freeze() {
 	for _, pair := range p.pairs {
 		pair.frozen = true
 	}
+}
+
+// The listener sets up its session with the pool's AfterConnect, its bounds
+// included, but not the pool sessions' warm-up: it never runs the wake path's
+// statements, and on a busy server the warm-up kept its connect from finishing
+// within ConnectTimeout (a worker's start failed on "listener: connect: timeout").
+func TestListener_ItsSessionIsNotWarmedUpForThePool(t *testing.T) {
+	t.Parallel()
+	_, dsn := pgtest.NewPool(t)
+	cfg, err := pgxpool.ParseConfig(dsn)
+	require.NoError(t, err)
+	var warmed, set atomic.Int32
+	queue.ConfigureSession(cfg, queue.Session{StatementTimeout: 7 * time.Second,
+		Warm: func(context.Context, *pgx.Conn) error { warmed.Add(1); return nil }})
+	prev := cfg.AfterConnect
+	cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+		set.Add(1)
+		return prev(ctx, conn)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	b := setupWithPool(t, pool, dsn, Options{})
+	b.start(t)
+	require.EqualValues(t, 1, set.Load(), "the listener's session was set up with the pool's AfterConnect")
+	require.Zero(t, warmed.Load(), "the listener's session was warmed up")
+
+	// The pool's own sessions still are.
+	var timeout string
+	require.NoError(t, pool.QueryRow(context.Background(), `SHOW statement_timeout`).Scan(&timeout))
+	require.Equal(t, "7s", timeout)
+	require.EqualValues(t, 1, warmed.Load(), "a pool session was not warmed up")
 }
