@@ -83,6 +83,9 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
+// directory is the fake issuer's directory, as the worker names it.
+const directory = "https://fake-issuer.invalid/directory"
+
 func run(dsn, owner string, concurrency int, delay, poll, grace, reconnectMax time.Duration, qcfg issuing.Config) error {
 	cfg := zap.NewProductionConfig()
 	cfg.Level = zap.NewAtomicLevelAt(zapcore.DebugLevel)
@@ -107,7 +110,8 @@ func run(dsn, owner string, concurrency int, delay, poll, grace, reconnectMax ti
 	if pcfg.ConnConfig.ConnectTimeout == 0 {
 		pcfg.ConnConfig.ConnectTimeout = 10 * time.Second // as cmd/certworker
 	}
-	queue.ConfigurePool(pcfg) // as cmd/certworker
+	// As cmd/certworker: the worker's bounds for its lease, sessions warmed up.
+	queue.ConfigureSession(pcfg, queue.WorkerSessionFor(qcfg.WithDefaults(), directory))
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
@@ -123,7 +127,7 @@ func run(dsn, owner string, concurrency int, delay, poll, grace, reconnectMax ti
 		Pool: pool, Issuer: issuer, Log: log,
 		WakeOptions:   listener.Options{BackoffMax: reconnectMax},
 		Owner:         owner,
-		Directory:     "https://fake-issuer.invalid/directory",
+		Directory:     directory,
 		Queue:         qcfg,
 		Concurrency:   concurrency,
 		PollInterval:  poll,
