@@ -83,9 +83,6 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-// directory is the fake issuer's directory, as the worker names it.
-const directory = "https://fake-issuer.invalid/directory"
-
 func run(dsn, owner string, concurrency int, delay, poll, grace, reconnectMax time.Duration, qcfg issuing.Config) error {
 	cfg := zap.NewProductionConfig()
 	cfg.Level = zap.NewAtomicLevelAt(zapcore.DebugLevel)
@@ -110,8 +107,10 @@ func run(dsn, owner string, concurrency int, delay, poll, grace, reconnectMax ti
 	if pcfg.ConnConfig.ConnectTimeout == 0 {
 		pcfg.ConnConfig.ConnectTimeout = 10 * time.Second // as cmd/certworker
 	}
-	// As cmd/certworker: the worker's bounds for its lease, sessions warmed up.
-	queue.ConfigureSession(pcfg, queue.WorkerSessionFor(qcfg.WithDefaults(), directory))
+	// The worker's bounds for its lease, as cmd/certworker; not warmed up for the wake
+	// path, as the in-process tests' pools (docs/testing.md), so that a process under
+	// test starts as quickly as the machine lets it.
+	queue.ConfigureSession(pcfg, queue.WorkerSession(qcfg.Lease))
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
@@ -127,7 +126,7 @@ func run(dsn, owner string, concurrency int, delay, poll, grace, reconnectMax ti
 		Pool: pool, Issuer: issuer, Log: log,
 		WakeOptions:   listener.Options{BackoffMax: reconnectMax},
 		Owner:         owner,
-		Directory:     directory,
+		Directory:     "https://fake-issuer.invalid/directory",
 		Queue:         qcfg,
 		Concurrency:   concurrency,
 		PollInterval:  poll,
