@@ -164,7 +164,10 @@ SELECT $1, 'c' || g || '.example', 'verified', 'tok', 'pending', 'acme' FROM gen
 // runs must agree, or a domain is reported due when the claim will not take it.
 // Checked against the claim statement itself, not a copy of its SQL: for every attempt
 // count, a row whose backoff ended two seconds ago is claimed and one whose backoff
-// ends in two seconds is not.
+// ends in two seconds is not. The rows are written and claimed in one transaction, so
+// "ago" and the claim's "now" are the same now(), however long the machine takes
+// between them (beside a CPU hog the inserts took more than the two seconds, and a
+// row inserted first was claimed at the end of its backoff).
 func TestBackoff_GoAndTheClaimAgree(t *testing.T) {
 	t.Parallel()
 	for _, cfg := range []issuing.Config{
@@ -172,18 +175,30 @@ func TestBackoff_GoAndTheClaimAgree(t *testing.T) {
 		{RetryBase: 3 * time.Second, RetryMax: 10 * time.Second, MaxAttempts: math.MaxInt32, Lease: time.Minute},
 	} {
 		b := setup(t)
-		q := queue.New(b.pool, cfg)
 		tn := b.tenant(t)
+		tx, err := b.pool.Begin(b.ctx)
+		require.NoError(t, err)
+		q := queue.New(tx, cfg)
+		insert := func(n int, secsAgo time.Duration) string {
+			var id string
+			require.NoError(t, tx.QueryRow(b.ctx, `
+INSERT INTO proxy_domains
+    (tenant_id, domain, verification_status, verification_method, verification_token,
+     ssl_status, ssl_provider, ssl_attempts, ssl_last_attempt_at)
+VALUES ($1, 'd-' || gen_random_uuid() || '.example', 'verified', 'dns', 'tok', 'pending', 'acme', $2,
+    now() - make_interval(secs => $3::bigint))
+RETURNING id::text`, tn, n, int64(secsAgo/time.Second)).Scan(&id))
+			return id
+		}
 		due, early := map[string]int{}, map[string]int{}
 		for _, n := range []int{-2147483648, -1, 0, 1, 2, 3, 4, 5, 8, 12, 13, 20, 62, 63, 100, 2147483646} {
 			wait := cfg.Backoff(n)
-			id, _ := b.domain(t, tn, "pending", n, ago(int((wait+2*time.Second)/time.Second)))
-			due[id] = n
-			id, _ = b.domain(t, tn, "pending", n, ago(int((wait-2*time.Second)/time.Second)))
-			early[id] = n
+			due[insert(n, wait+2*time.Second)] = n
+			early[insert(n, wait-2*time.Second)] = n
 		}
 		claims, err := q.Claim(b.ctx, "test", testDirectory, 1000)
 		require.NoError(t, err)
+		require.NoError(t, tx.Rollback(b.ctx))
 		claimed := map[string]bool{}
 		for _, c := range claims {
 			claimed[c.ID] = true

@@ -83,7 +83,7 @@ func TestWorker_LeasesAreRenewedWhilePassesHang(t *testing.T) {
 	fake := fakeissuer.New(10)
 	fake.Delay = 6 * time.Second
 	qcfg := issuing.Config{Lease: 3 * time.Second}
-	db := &faultDB{Pool: b.pool}
+	db := &faultDB{Pool: b.workerPool(t, qcfg.Lease)}
 	slow := b.start(t, "slow", worker.Config{DB: db, Issuer: fake, Queue: qcfg, Concurrency: 2, PollInterval: 200 * time.Millisecond})
 	id, name := b.domain(t, b.tenant(t))
 	fake.Next(t, 10*time.Second)
@@ -202,7 +202,7 @@ func TestStart_ASlowFirstStatementDoesNotFailItUnderAShortLease(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	fake := fakeissuer.New(10)
-	db := &faultDB{Pool: b.pool}
+	db := &faultDB{Pool: b.workerPool(t, 3*time.Second)}
 	db.slowNext("SELECT wake FROM certworker_settings", 1500*time.Millisecond)
 	in := b.start(t, "w", worker.Config{DB: db, Issuer: fake, Queue: issuing.Config{Lease: 3 * time.Second},
 		Concurrency: 1, PollInterval: time.Hour})

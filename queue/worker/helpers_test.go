@@ -38,6 +38,19 @@ func setup(t testing.TB) *bundle {
 	return &bundle{ctx: context.Background(), pool: pool, dsn: dsn}
 }
 
+// workerPool is a pool on the test's database with a worker's sessions for lease
+// (queue.WorkerSession, as workertest's pools), closed when the test ends. A faultDB in
+// front of a worker's statements wraps one, so that they keep the server-side bounds
+// and the deadline grace they have in production; the test's own pool (b.pool) has
+// neither.
+func (b *bundle) workerPool(t testing.TB, lease time.Duration) *pgxpool.Pool {
+	t.Helper()
+	pool, err := queue.NewPoolWith(b.ctx, b.dsn, queue.WorkerSession(lease))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // start runs a worker on the test's database.
 func (b *bundle) start(t testing.TB, name string, cfg worker.Config) *workertest.Instance {
 	t.Helper()
