@@ -4,10 +4,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -169,10 +172,35 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+			t.Fatalf("timed out after %s waiting for %s%s", timeout, what, caGoroutines())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// caGoroutines lists the goroutines of the test CA (Pebble and the test bed's
+// wrapping of it) that are waiting on a lock, for a test that timed out: a CA that
+// stopped answering shows where it stopped. Empty when none is.
+func caGoroutines() string {
+	buf := make([]byte, 16<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var waiting []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if (strings.Contains(g, "letsencrypt/pebble") || strings.Contains(g, "internal/pebbletest")) &&
+			(strings.Contains(g, "sync.(*RWMutex)") || strings.Contains(g, "sync.(*Mutex)")) {
+			waiting = append(waiting, g)
+		}
+	}
+	if len(waiting) == 0 {
+		return ""
+	}
+	const most = 20
+	more := ""
+	if len(waiting) > most {
+		more = fmt.Sprintf("\n(%d more)", len(waiting)-most)
+		waiting = waiting[:most]
+	}
+	return fmt.Sprintf("; the CA's goroutines waiting on a lock:\n%s%s", strings.Join(waiting, "\n\n"), more)
 }
 
 // randomName is a fresh name: tests in parallel share Pebble's DNS (every name is

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -62,6 +63,10 @@ type Front struct {
 	srv   *httptest.Server
 	proxy *httputil.ReverseProxy
 	ca    *CA
+	// oneAtATime, when set, lets one request at a time reach the CA (SetOneAtATime);
+	// it holds passing's one place while it does.
+	oneAtATime atomic.Bool
+	passing    chan struct{}
 
 	mu       sync.Mutex // guards the fields below
 	rules    []*Rule
@@ -158,7 +163,7 @@ func NewFront(t testing.TB, ca *CA) *Front {
 	target.Path = ""
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(ca.RootsPEM())
-	f := &Front{answered: map[Step]int{}, ca: ca}
+	f := &Front{answered: map[Step]int{}, ca: ca, passing: make(chan struct{}, 1)}
 	// Pebble builds its URLs from the Host header, which the proxy keeps, so every
 	// URL the client follows comes back through the front.
 	f.proxy = httputil.NewSingleHostReverseProxy(target)
@@ -169,6 +174,33 @@ func NewFront(t testing.TB, ca *CA) *Front {
 	t.Cleanup(f.srv.Close)
 	f.DirectoryURL = f.srv.URL + DirectoryPath
 	return f
+}
+
+// SetOneAtATime lets one request at a time reach the CA, the others waiting their
+// turn at the front. Pebble (v2.10.3) takes its locks in opposite orders on
+// different paths, and concurrent requests can stop it for good: GetOrderByID holds
+// the store's read lock while it reads the order's status (the order's read lock,
+// then each authorization's) and then takes the order's write lock, while a request
+// for an authorization holds the authorization's write lock and then waits for its
+// order's read lock. Two reads of an order and a request for one of its
+// authorizations at once can each wait for another, and once one of them holds the
+// store's read lock, the first write to the store (a new order) waits, and with it
+// every request after it. A test that sends the CA hundreds of orders at once beside
+// other work, where such a meeting is likely, turns this on; Pebble's own goroutines
+// (validation, issuance) still run beside the one request.
+func (f *Front) SetOneAtATime(on bool) { f.oneAtATime.Store(on) }
+
+// pass hands r to the CA (SetOneAtATime).
+func (f *Front) pass(w http.ResponseWriter, r *http.Request) {
+	if f.oneAtATime.Load() {
+		select {
+		case f.passing <- struct{}{}:
+			defer func() { <-f.passing }()
+		case <-r.Context().Done():
+			return // the client gave up while it waited: nothing reached the CA
+		}
+	}
+	f.proxy.ServeHTTP(w, r)
 }
 
 // Add adds a rule.
@@ -245,12 +277,12 @@ func (f *Front) serve(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case !ok && step == StepRenewalInfo && f.answerRenewalInfo(w, r):
 	case !ok:
-		f.proxy.ServeHTTP(w, r)
+		f.pass(w, r)
 	case answer.Decided && step == StepChallenge:
 		f.answerDecided(w, r)
 	case answer.Decided:
 		// Only a challenge has a verdict to wait for.
-		f.proxy.ServeHTTP(w, r)
+		f.pass(w, r)
 	case answer.Hold != nil:
 		f.answerHeld(w, r, answer.Hold)
 	default:
@@ -264,7 +296,7 @@ func (f *Front) serve(w http.ResponseWriter, r *http.Request) {
 // then stand.
 func (f *Front) answerDecided(w http.ResponseWriter, r *http.Request) {
 	rec := httptest.NewRecorder()
-	f.proxy.ServeHTTP(rec, r)
+	f.pass(rec, r)
 	var body map[string]any
 	if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &body) != nil {
 		copyAnswer(w, rec, rec.Body.Bytes())
@@ -299,7 +331,7 @@ func (f *Front) answerDecided(w http.ResponseWriter, r *http.Request) {
 // closed, unless the client has gone away by then.
 func (f *Front) answerHeld(w http.ResponseWriter, r *http.Request, hold <-chan struct{}) {
 	rec := httptest.NewRecorder()
-	f.proxy.ServeHTTP(rec, r)
+	f.pass(rec, r)
 	f.mu.Lock()
 	f.holding++
 	f.mu.Unlock()
