@@ -48,7 +48,12 @@ func TestVersion_CommitOfTheBuildSettings(t *testing.T) {
 // that says "commit unknown" unless built by the Makefile. The test copies the
 // module into a fresh repository of one commit (a worktree's .git is a file, where
 // go build records no revision) and builds there with Go's default -buildvcs=auto,
-// whatever this machine's GOFLAGS say.
+// whatever this machine's GOFLAGS say. It builds with -trimpath, as the other tests
+// that build the binary do: the fresh repository's directory then keys none of the
+// compiled packages, so both builds reuse what those tests compiled (without it, each
+// run compiled the module's packages again: alone here, 10.7 s and 17 s of CPU, 7.1 s
+// and 11 s with it), and -trimpath changes nothing the build records about version
+// control.
 func TestVersion_APlainGoBuildInACheckoutReportsItsCommit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary twice")
@@ -75,12 +80,12 @@ func TestVersion_APlainGoBuildInACheckoutReportsItsCommit(t *testing.T) {
 
 	env := []string{"GOFLAGS=-buildvcs=auto"}
 	bin := filepath.Join(t.TempDir(), "certworker")
-	runIn(t, dir, env, "go", "build", "-o", bin, "./cmd/certworker")
+	runIn(t, dir, env, "go", "build", "-trimpath", "-o", bin, "./cmd/certworker")
 	out := runIn(t, dir, nil, bin, "version")
 	require.Equal(t, "certworker "+certworker.Version()+" (commit "+rev+", "+runtime.Version()+")\n", out)
 
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "README.md"), []byte("changed\n"), 0o644))
-	runIn(t, dir, env, "go", "build", "-o", bin, "./cmd/certworker")
+	runIn(t, dir, env, "go", "build", "-trimpath", "-o", bin, "./cmd/certworker")
 	require.Contains(t, runIn(t, dir, nil, bin, "--version"), "(commit "+rev+"-dirty, ")
 }
 
