@@ -213,7 +213,12 @@ RETURNING id::text`, tn, n, int64(secsAgo/time.Second)).Scan(&id))
 }
 
 // The claim must not scan active rows: with 100,000 domains, nearly all active, the
-// plan reads the claimable set through its partial index.
+// plan reads the claimable set through its partial index. With a second CA the
+// routed claim still reads the rows in line through their index
+// (proxy_domains_line_idx), in order, and does not scan the table either: the
+// routing is looked up for the rows it reads (the pauses' key, proxy_certificates'
+// for a renewal held back), not for the queue. Both plans are read off one database,
+// filled once.
 func TestClaim_UsesThePartialIndexAt100kDomains(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -229,11 +234,22 @@ FROM generate_series(1, 100000) g`, tn)
 	plan := b.explainClaim(t)
 	require.Contains(t, plan, "proxy_domains_line_idx", "the claim does not use its index:\n%s", plan)
 	require.NotContains(t, plan, "Seq Scan on proxy_domains", "the claim scans the table:\n%s", plan)
+
+	plan = b.explain(t, queue.ClaimRoutedSQLForTest, 10, 60.0, 14400.0, "explain", 60.0, 4,
+		testDirectory, secondDirectory, 600.0, 1, 3, 16)
+	require.Contains(t, plan, "proxy_domains_line_idx", "the routed claim does not use the line's index:\n%s", plan)
+	require.NotContains(t, plan, "Seq Scan on proxy_domains", "the routed claim scans the table:\n%s", plan)
 }
 
 func (b *bundle) explainClaim(t *testing.T) string {
 	t.Helper()
-	rows, err := b.pool.Query(b.ctx, `EXPLAIN `+queue.ClaimSQLForTest, 10, 60.0, 14400.0, "explain", 60.0, 4, testDirectory, 1, 3, 16)
+	return b.explain(t, queue.ClaimSQLForTest, 10, 60.0, 14400.0, "explain", 60.0, 4, testDirectory, 1, 3, 16)
+}
+
+// explain is the plan of sql with args, one line of EXPLAIN's a line.
+func (b *bundle) explain(t *testing.T, sql string, args ...any) string {
+	t.Helper()
+	rows, err := b.pool.Query(b.ctx, `EXPLAIN `+sql, args...)
 	require.NoError(t, err)
 	defer rows.Close()
 	var plan string

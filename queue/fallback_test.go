@@ -287,35 +287,6 @@ func TestRetry_ForgetsACAsRefusal(t *testing.T) {
 	require.Empty(t, b.strings(t, `SELECT ssl_ca_refused FROM proxy_domains WHERE id = $1 AND ssl_ca_refused IS NOT NULL`, id))
 }
 
-// With a second CA the claim still reads the rows in line through their index
-// (proxy_domains_line_idx), in order, and does not scan the table: the routing is
-// looked up for the rows it reads (the pauses' key, proxy_certificates' for a renewal
-// held back), not for the queue.
-func TestClaimRouted_UsesThePartialIndexAt100kDomains(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	tn := b.tenant(t)
-	b.exec(t, `
-INSERT INTO proxy_domains (tenant_id, domain, verification_status, verification_token, ssl_status, ssl_provider)
-SELECT $1, 'bulk' || g || '.example', 'verified', 'tok',
-       CASE WHEN g % 1000 = 0 THEN 'pending' ELSE 'active' END, 'acme'
-FROM generate_series(1, 100000) g`, tn)
-	b.exec(t, `ANALYZE proxy_domains`)
-	rows, err := b.pool.Query(b.ctx, `EXPLAIN `+queue.ClaimRoutedSQLForTest, 10, 60.0, 14400.0, "explain", 60.0, 4,
-		testDirectory, secondDirectory, 600.0, 1, 3, 16)
-	require.NoError(t, err)
-	defer rows.Close()
-	var plan string
-	for rows.Next() {
-		var line string
-		require.NoError(t, rows.Scan(&line))
-		plan += line + "\n"
-	}
-	require.NoError(t, rows.Err())
-	require.Contains(t, plan, "proxy_domains_line_idx", "the routed claim does not use the line's index:\n%s", plan)
-	require.NotContains(t, plan, "Seq Scan on proxy_domains", "the routed claim scans the table:\n%s", plan)
-}
-
 // With a second CA, the next due time is exact whatever the second CA says: a row
 // held back at the first for longer than --acme-fallback-after, while the second is
 // paused too, is due when the earlier of the two pauses lets it go (here the
