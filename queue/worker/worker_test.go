@@ -39,9 +39,16 @@ func TestWorker_ADomainVerifiedWhileRunningIsClaimedThroughNotify(t *testing.T) 
 // worker's timer, not up to a poll interval late. The backoff after one failure is
 // base * 2^1, 5 s here: long enough that recording the failure (1.7 s of a 2 s
 // backoff once, beside a CPU hog) leaves the retry ahead, for the timer to bring.
-// The worker's timer is held to the retry's time as the worker learnt it (the
-// failure's retry_in); how late a loaded machine then claims and calls the issuer is
-// the machine's (the wake path's benchmarks measure it), so the gap between the two
+// The worker's timer is held to the retry's time as the database gave it: the
+// failure's retry_in was counted from the failure's transaction, and the timer's
+// next_in from the look that set it, which came after. Between the two the database's
+// clock moved on by no more than the worker's did from the first order to the log
+// line of the look (both are the one clock of this host), so next_in lies in
+// [retry_in - that, retry_in] plus the timer's slack, however slow the machine. (The
+// log lines' own times are not compared: each is written a round trip after the
+// database read its clock, and beside a CPU hog the two round trips differed by
+// 0.35 s.) How late a loaded machine then claims and calls the issuer is the
+// machine's (the wake path's benchmarks measure it), so the gap between the two
 // orders is held to no more than its lower bound.
 func TestWorker_AFailedDomainIsRetriedWhenItsBackoffRunsOut(t *testing.T) {
 	t.Parallel()
@@ -80,9 +87,11 @@ func TestWorker_AFailedDomainIsRetriedWhenItsBackoffRunsOut(t *testing.T) {
 	require.LessOrEqual(t, retryIn, qcfg.Backoff(1), "the retry is due later than the backoff")
 	require.Equal(t, listener.SourceTimer, in.StartedWith(name)[1], "the retry was not the timer's")
 	require.NotNil(t, scheduled, "no pass after the failure set the timer")
-	due, timer := failed.Time.Add(retryIn), scheduled.Time.Add(scheduled.ContextMap()["next_in"].(time.Duration))
-	require.InDelta(t, 0, timer.Sub(due).Seconds(), 0.25, "the timer was set for %s, the retry due at %s",
-		timer.Format("15:04:05.000"), due.Format("15:04:05.000"))
+	nextIn := scheduled.ContextMap()["next_in"].(time.Duration)
+	between := scheduled.Time.Sub(first.At)
+	require.LessOrEqual(t, nextIn, retryIn+worker.TimerSlack, "the timer was set for later than the retry was due")
+	require.GreaterOrEqual(t, nextIn, retryIn+worker.TimerSlack-between,
+		"the timer was set for earlier than the retry was due (%s between the first order and the look)", between)
 }
 
 // SIGTERM (here: the context) mid-order: the order gets the grace, then is handed
