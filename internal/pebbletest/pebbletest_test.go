@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -195,5 +196,46 @@ func TestStart_EachCAAdvertisesItsOwnCAAIdentity(t *testing.T) {
 		_ = resp.Body.Close()
 		require.Equal(t, []string{tc.want}, dir.Meta.CAAIdentities)
 		require.Equal(t, tc.want, tc.ca.CAAIdentity)
+	}
+}
+
+// With SetOneAtATime, requests sent at once reach the CA one after another: each
+// starts at the CA after the one before it ended there. The requests are for a
+// certificate the CA never issued, which the CA holds for 5 s (settleIssued) before
+// it answers: long enough that two let through at once would meet.
+func TestFront_OneAtATimeLetsOneRequestReachTheCAAtATime(t *testing.T) {
+	t.Parallel()
+	ca := pebbletest.StartT(t, pebbletest.Options{})
+	front := pebbletest.NewFront(t, ca)
+	front.SetOneAtATime(true)
+	client := caClient(t, ca)
+	client.Timeout = time.Minute // the second waits for the first's 5 s, then its own
+	certURL := strings.TrimSuffix(front.DirectoryURL, pebbletest.DirectoryPath) + "/certZ/0123456789abcdef"
+	const n = 2
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			resp, err := client.Post(certURL, "application/jose+json", strings.NewReader("{}"))
+			if err == nil {
+				_, err = io.Copy(io.Discard, resp.Body)
+				_ = resp.Body.Close()
+			}
+			errs <- err
+		}()
+	}
+	for range n {
+		require.NoError(t, <-errs)
+	}
+	var handled []pebbletest.Handled
+	for _, h := range ca.Handled() {
+		if h.Step == pebbletest.StepCertificate {
+			handled = append(handled, h)
+		}
+	}
+	require.Len(t, handled, n)
+	slices.SortFunc(handled, func(a, b pebbletest.Handled) int { return a.Start.Compare(b.Start) })
+	for i := 1; i < n; i++ {
+		require.False(t, handled[i].Start.Before(handled[i-1].End),
+			"request %d started at the CA %s before request %d ended there", i, handled[i-1].End.Sub(handled[i].Start), i-1)
 	}
 }
