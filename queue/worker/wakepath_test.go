@@ -3,9 +3,12 @@ package worker_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/internal/fakeissuer"
@@ -78,6 +81,34 @@ func TestWorker_AHeldRowComesBackWhileNotificationsKeepComing(t *testing.T) {
 	require.NoError(t, d.pool.QueryRow(d.ctx, `SELECT ssl_held FROM proxy_domains WHERE id = $1`, ids[0]).Scan(&held))
 	require.Nil(t, held, "the row is still held out of line")
 	workertest.Eventually(t, 30*time.Second, "the row active", func() bool { return d.countActive(t) == 1 })
+}
+
+// A connection the warm-up could not open is tried again within the warm-up's
+// bound: here the pool's first connect fails, as one past its timeout on a busy
+// server does, and Start still returns with every connection the worker may use at
+// once open. The warm-up stopped at the first failure, and left the pool empty.
+func TestStart_TheWarmUpTriesAgainAConnectionThatFailed(t *testing.T) {
+	t.Parallel()
+	d := newBenchDB(t)
+	cfg := worker.Config{Issuer: fakeissuer.New(64), Concurrency: 4, PollInterval: time.Hour}
+	pcfg, err := pgxpool.ParseConfig(d.dsn)
+	require.NoError(t, err)
+	queue.ConfigureSession(pcfg, workertest.TestSession(cfg))
+	var refused atomic.Int32
+	pcfg.BeforeConnect = func(context.Context, *pgx.ConnConfig) error {
+		if refused.CompareAndSwap(0, 1) {
+			return errors.New("the first connect fails")
+		}
+		return nil
+	}
+	pool, err := pgxpool.NewWithConfig(d.ctx, pcfg)
+	require.NoError(t, err)
+	cfg.Pool = pool
+	in := workertest.Start(t, d.dsn, "warm", cfg)
+	require.EqualValues(t, 1, refused.Load(), "the first connect did not fail")
+	require.EqualValues(t, min(pool.Config().MaxConns, int32(cfg.Concurrency+4)), pool.Stat().TotalConns(),
+		"connections open when Start returned")
+	require.Zero(t, in.Logs.FilterMessage("pool warm-up incomplete; the other connections are opened and warmed on first use").Len())
 }
 
 // When Start returns, the worker's pool holds all its connections, each with the

@@ -152,7 +152,10 @@ func (w *Worker) launch(ctx context.Context) error {
 
 // warmPool has the pool open and warm the connections the worker may use at once
 // before the wake source starts, off the path of the first verifies. Not MinConns:
-// its background connects hold the pool's slots during a failover. Best effort.
+// its background connects hold the pool's slots during a failover. Best effort,
+// within one step's bound: a connection that could not be opened (a connect past
+// its timeout on a busy server, say) is tried again after warmRetry, and what is
+// still missing when the bound runs out is opened on first use.
 func (w *Worker) warmPool(ctx context.Context) {
 	// The loop, the maintenance, the renewal-information reads and the DNS waits.
 	const warmHelpers = 4
@@ -165,14 +168,30 @@ func (w *Worker) warmPool(ctx context.Context) {
 			c.Release()
 		}
 	}()
-	for range n {
+	var lastErr error
+	for len(held) < n {
 		c, err := w.cfg.Pool.Acquire(ctx)
-		if err != nil {
-			return
+		if err == nil {
+			held = append(held, c)
+			continue
 		}
-		held = append(held, c)
+		lastErr = err
+		select {
+		case <-ctx.Done():
+		case <-time.After(warmRetry):
+			continue
+		}
+		break
+	}
+	if len(held) < n {
+		w.log.Info("pool warm-up incomplete; the other connections are opened and warmed on first use",
+			zap.Int("warmed", len(held)), zap.Int("wanted", n), zap.Error(lastErr))
 	}
 }
+
+// warmRetry is how long the pool's warm-up waits before it tries again to open a
+// connection that failed.
+const warmRetry = 100 * time.Millisecond
 
 // Wait blocks until the worker has stopped, and returns nil: database errors never
 // end it, since a worker that exits on a hiccup silently stops issuing.
