@@ -153,9 +153,11 @@ func (w *Worker) launch(ctx context.Context) error {
 // warmPool has the pool open and warm the connections the worker may use at once
 // before the wake source starts, off the path of the first verifies. Not MinConns:
 // its background connects hold the pool's slots during a failover. Best effort,
-// within one step's bound: a connection that could not be opened (a connect past
-// its timeout on a busy server, say) is tried again after warmRetry, and what is
-// still missing when the bound runs out is opened on first use.
+// within one step's bound: once the server has given one connection, one it could
+// not give (a connect past its timeout on a busy server, say) is tried again after
+// warmRetry, and what is still missing when the bound runs out is opened on first
+// use. A server that gives none is not asked again: the wake source's connect comes
+// next, and fails Start at once with the reason.
 func (w *Worker) warmPool(ctx context.Context) {
 	// The loop, the maintenance, the renewal-information reads and the DNS waits.
 	const warmHelpers = 4
@@ -176,6 +178,9 @@ func (w *Worker) warmPool(ctx context.Context) {
 			continue
 		}
 		lastErr = err
+		if len(held) == 0 {
+			break
+		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(warmRetry):
