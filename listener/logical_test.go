@@ -437,7 +437,10 @@ func TestLogical(t *testing.T) {
 	// Guards against a waker that trusts a silent stream: one that died without a
 	// FIN blocks its reads for ever. The proxy swallows everything in both
 	// directions without closing anything; the waker's request for a reply goes
-	// unanswered, and it must reconnect within PingAfter + PingTimeout + a backoff.
+	// unanswered, and it finds the connection dead by its own check (silent for
+	// PingAfter, then no reply within PingTimeout) and reconnects. How long the
+	// reconnection then takes is the server's: a new slot waits for the transactions
+	// open on the server (beside a CPU hog, 4.5 s of other tests'), and says so.
 	t.Run("DetectsHalfOpenConnection", func(t *testing.T) {
 		t.Parallel()
 		dsn := srv.NewDatabase(t)
@@ -460,12 +463,11 @@ func TestLogical(t *testing.T) {
 		b.pool = direct // changes go straight to the server
 
 		proxy.freeze()
-		frozenAt := time.Now()
 		require.Equal(t, SourceReconnect, waitWake(t, b.lg.Wakes()).Source)
-		require.Less(t, time.Since(frozenAt), 5*time.Second)
 		lost := b.logs.FilterMessage("listener connection lost").All()
 		require.Len(t, lost, 1)
-		require.Contains(t, fmt.Sprint(lost[0].ContextMap()["error"]), "ping")
+		require.Equal(t, "ping after 200ms of silence: no reply within 300ms", fmt.Sprint(lost[0].ContextMap()["error"]),
+			"the dead connection was not found by the waker's own check")
 
 		b.domain(t, "verified", "pending", "acme")
 		require.Equal(t, SourceNotify, waitWake(t, b.lg.Wakes()).Source, "the new stream must wake")
