@@ -408,6 +408,7 @@ func TestLogical(t *testing.T) {
 		t.Logf("connected, after writing %d bytes of WAL and a checkpoint: retained %d bytes", written, s[0].Retained)
 
 		// The worker's connection is cut.
+		gone := s[0].Name
 		b.terminate(t, b.lg.backendPID.Load())
 		require.Eventually(t, func() bool { return len(b.slots(t)) == 0 }, waitTimeout, 10*time.Millisecond,
 			"the slot must go with its session")
@@ -418,9 +419,14 @@ func TestLogical(t *testing.T) {
 		from = lsn()
 		write()
 		write()
+		// On a loaded machine the two writes can outlast the backoff: a slot there is
+		// then the reconnected waker's, a new one in use.
 		s = b.slots(t)
-		require.Empty(t, s, "nothing may hold WAL for a waker that is gone")
-		t.Logf("WAL sender terminated, %d bytes of WAL written since: %d slot(s) in pg_replication_slots for this database, so nothing retained",
+		for _, sl := range s {
+			require.NotEqual(t, gone, sl.Name, "nothing may hold WAL for a waker that is gone")
+			require.NotNil(t, sl.ActivePID, "slot %s is held by no session", sl.Name)
+		}
+		t.Logf("WAL sender terminated, %d bytes of WAL written since: %d slot(s) in pg_replication_slots for this database, none of them the cut session's",
 			walSince(from), len(s))
 
 		// And a clean stop: the slot the reconnection made is dropped too.
@@ -469,8 +475,20 @@ func TestLogical(t *testing.T) {
 		require.Equal(t, "ping after 200ms of silence: no reply within 300ms", fmt.Sprint(lost[0].ContextMap()["error"]),
 			"the dead connection was not found by the waker's own check")
 
-		b.domain(t, "verified", "pending", "acme")
-		require.Equal(t, SourceNotify, waitWake(t, b.lg.Wakes()).Source, "the new stream must wake")
+		// The new stream wakes on a change. Its checks are this test's: on a loaded
+		// machine a healthy stream's reply can take longer than the 300 ms
+		// PingTimeout, and the waker reconnects again (and wakes for that): then a
+		// change made before the new slot existed is not on its stream, and the
+		// test makes another.
+		for changes := 1; ; changes++ {
+			b.domain(t, "verified", "pending", "acme")
+			w := waitWake(t, b.lg.Wakes())
+			if w.Source == SourceNotify {
+				break
+			}
+			require.Equal(t, SourceReconnect, w.Source, "the new stream must wake")
+			require.Less(t, changes, 5, "the new stream never woke on a change")
+		}
 	})
 
 	// Guards against the silence check or the status updates breaking a healthy
