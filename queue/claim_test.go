@@ -3,10 +3,12 @@ package queue_test
 import (
 	"context"
 	"math"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/certworker/certworker/queue"
@@ -246,18 +248,12 @@ func (b *bundle) explainClaim(t *testing.T) string {
 	return b.explain(t, queue.ClaimSQLForTest, 10, 60.0, 14400.0, "explain", 60.0, 4, testDirectory, 1, 3, 16)
 }
 
-// explain is the plan of sql with args, one line of EXPLAIN's a line.
+// explain is the plan EXPLAIN gives for sql with args, one line of it a line.
 func (b *bundle) explain(t *testing.T, sql string, args ...any) string {
 	t.Helper()
 	rows, err := b.pool.Query(b.ctx, `EXPLAIN `+sql, args...)
 	require.NoError(t, err)
-	defer rows.Close()
-	var plan string
-	for rows.Next() {
-		var line string
-		require.NoError(t, rows.Scan(&line))
-		plan += line + "\n"
-	}
-	require.NoError(t, rows.Err())
-	return plan
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return strings.Join(lines, "\n")
 }

@@ -2,12 +2,10 @@ package queue_test
 
 import (
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/certworker/certworker/queue/issuing"
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -150,11 +148,7 @@ SELECT $1, 'h' || g || '.held.example', 'verified', 'tok', 'pending', 'acme' FRO
 	require.NoError(t, err)
 	seen := rec.take()
 	require.Len(t, seen, 1)
-	rows, err := b.pool.Query(b.ctx, "EXPLAIN "+seen[0].sql, seen[0].args...)
-	require.NoError(t, err)
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	plan := strings.Join(lines, "\n")
+	plan := b.explain(t, seen[0].sql, seen[0].args...)
 	require.Contains(t, plan, "proxy_domains_pkey", "ReturnHeld does not look its rows up by id:\n%s", plan)
 	require.NotContains(t, plan, "Semi Join", "ReturnHeld matches the held rows with its candidates:\n%s", plan)
 }

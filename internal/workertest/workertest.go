@@ -203,7 +203,14 @@ func (in *Instance) StartedWith(domain string) []string {
 // label values ("" for an unlabelled one).
 func (in *Instance) Metric(t testing.TB, name string, labels ...string) float64 {
 	t.Helper()
-	mfs, err := in.Registry.Gather()
+	return Metric(t, in.Registry, name, labels...)
+}
+
+// Metric is the value of a counter or gauge g gathers, by name and label values (0
+// when there is none).
+func Metric(t testing.TB, g prometheus.Gatherer, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
 	if err != nil {
 		t.Fatalf("gather metrics: %v", err)
 	}
