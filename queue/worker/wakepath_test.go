@@ -92,24 +92,59 @@ func TestStart_TheWarmUpTriesAgainAConnectionThatFailed(t *testing.T) {
 	t.Parallel()
 	d := newBenchDB(t)
 	cfg := worker.Config{Issuer: fakeissuer.New(64), Concurrency: 4, PollInterval: time.Hour}
-	pcfg, err := pgxpool.ParseConfig(d.dsn)
-	require.NoError(t, err)
-	queue.ConfigureSession(pcfg, workertest.TestSession(cfg))
 	var connects, refused atomic.Int32
-	pcfg.BeforeConnect = func(context.Context, *pgx.ConnConfig) error {
+	pool := d.poolConnectingThrough(t, cfg, func(context.Context, *pgx.ConnConfig) error {
 		if connects.Add(1) == 2 {
 			refused.Add(1)
 			return errors.New("the second connect fails")
 		}
 		return nil
-	}
-	pool, err := pgxpool.NewWithConfig(d.ctx, pcfg)
-	require.NoError(t, err)
+	})
 	cfg.Pool = pool
 	in := workertest.Start(t, d.dsn, "warm", cfg)
 	require.EqualValues(t, 1, refused.Load(), "the second connect did not fail")
 	require.EqualValues(t, min(pool.Config().MaxConns, int32(cfg.Concurrency+4)), pool.Stat().TotalConns(),
 		"connections open when Start returned")
+	require.Zero(t, in.Logs.FilterMessage("pool warm-up incomplete; the other connections are opened and warmed on first use").Len())
+}
+
+// The warm-up opens the pool's connections at once, not one after another: on a
+// busy server, where warming one took 7.5 s, four in a row outlasted the warm-up's
+// bound (a quarter of the lease) and Start returned with two. Here each connect waits
+// until every connection the worker may use at once is being opened; one at a time,
+// the first would wait alone and the barrier never fill.
+func TestStart_TheWarmUpOpensTheConnectionsAtOnce(t *testing.T) {
+	t.Parallel()
+	d := newBenchDB(t)
+	cfg := worker.Config{Issuer: fakeissuer.New(64), Concurrency: 4, PollInterval: time.Hour}
+	var want int32 // set before the pool's first connect
+	var arrived atomic.Int32
+	all := make(chan struct{})
+	pool := d.poolConnectingThrough(t, cfg, func(ctx context.Context, _ *pgx.ConnConfig) error {
+		switch n := arrived.Add(1); {
+		case n == want:
+			close(all)
+		case n > want:
+			return nil
+		}
+		select {
+		case <-all:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Second):
+			return errors.New("the other connects did not start within 20 s")
+		}
+	})
+	want = min(pool.Config().MaxConns, int32(cfg.Concurrency+4))
+	cfg.Pool = pool
+	in := workertest.Start(t, d.dsn, "warm", cfg)
+	select {
+	case <-all:
+	default:
+		t.Fatalf("only %d of %d connects were under way at once", arrived.Load(), want)
+	}
+	require.EqualValues(t, want, pool.Stat().TotalConns(), "connections open when Start returned")
 	require.Zero(t, in.Logs.FilterMessage("pool warm-up incomplete; the other connections are opened and warmed on first use").Len())
 }
 
@@ -164,4 +199,17 @@ FROM pg_prepared_statements WHERE statement LIKE '%WITH head AS MATERIALIZED%' A
 	// One generic plan per connection was built by its warm-up; the passes that claimed
 	// the 20 domains (some woken by several verifies at once) ran on them.
 	require.Greater(t, generic, int64(len(conns)), "claims run on the warm-up's generic plans")
+}
+
+// poolConnectingThrough is the pool a worker with cfg gets, with before as its
+// BeforeConnect: a test's hand on each connect the pool makes.
+func (d *benchDB) poolConnectingThrough(t *testing.T, cfg worker.Config, before func(context.Context, *pgx.ConnConfig) error) *pgxpool.Pool {
+	t.Helper()
+	pcfg, err := pgxpool.ParseConfig(d.dsn)
+	require.NoError(t, err)
+	queue.ConfigureSession(pcfg, workertest.TestSession(cfg))
+	pcfg.BeforeConnect = before
+	pool, err := pgxpool.NewWithConfig(d.ctx, pcfg)
+	require.NoError(t, err)
+	return pool
 }

@@ -153,44 +153,67 @@ func (w *Worker) launch(ctx context.Context) error {
 // warmPool has the pool open and warm the connections the worker may use at once
 // before the wake source starts, off the path of the first verifies. Not MinConns:
 // its background connects hold the pool's slots during a failover. Best effort,
-// within one step's bound: once the server has given one connection, one it could
-// not give (a connect past its timeout on a busy server, say) is tried again after
-// warmRetry, and what is still missing when the bound runs out is opened on first
-// use. A server that gives none is not asked again: the wake source's connect comes
-// next, and fails Start at once with the reason.
+// within one step's bound. The connections are opened and warmed at once, so on a
+// busy server start-up waits for the slowest warm-up, not for their sum. Once the
+// server has given one, a connection it could not give (a connect past its timeout,
+// say) is tried again every warmRetry, and what is still missing when the bound runs
+// out is opened on first use. A server that gives none is not asked again: the wake
+// source's connect comes next, and fails Start at once with the reason.
 func (w *Worker) warmPool(ctx context.Context) {
 	// The loop, the maintenance, the renewal-information reads and the DNS waits.
 	const warmHelpers = 4
 	n := min(int(w.cfg.Pool.Config().MaxConns), w.cfg.Concurrency+warmHelpers)
 	ctx, cancel := w.step(ctx, false)
 	defer cancel()
-	held := make([]*pgxpool.Conn, 0, n)
+	held := make([]*pgxpool.Conn, n)
+	errs := make([]error, n)
 	defer func() {
 		for _, c := range held {
-			c.Release()
+			if c != nil {
+				c.Release()
+			}
 		}
 	}()
-	var lastErr error
-	for len(held) < n {
-		c, err := w.cfg.Pool.Acquire(ctx)
-		if err == nil {
-			held = append(held, c)
-			continue
-		}
-		lastErr = err
-		if len(held) == 0 {
-			break
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(warmRetry):
-			continue
-		}
-		break
+	acquire := func(i int) bool {
+		held[i], errs[i] = w.cfg.Pool.Acquire(ctx)
+		return errs[i] == nil
 	}
-	if len(held) < n {
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { acquire(i) })
+	}
+	wg.Wait()
+	if slices.ContainsFunc(held, func(c *pgxpool.Conn) bool { return c != nil }) {
+		for i := range n {
+			if held[i] != nil {
+				continue
+			}
+			wg.Go(func() {
+				for {
+					select {
+					case <-ctx.Done():
+						return
+					case <-time.After(warmRetry):
+					}
+					if acquire(i) {
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+	warmed, lastErr := 0, error(nil)
+	for i := range n {
+		if held[i] != nil {
+			warmed++
+		} else {
+			lastErr = errs[i]
+		}
+	}
+	if warmed < n {
 		w.log.Info("pool warm-up incomplete; the other connections are opened and warmed on first use",
-			zap.Int("warmed", len(held)), zap.Int("wanted", n), zap.Error(lastErr))
+			zap.Int("warmed", warmed), zap.Int("wanted", n), zap.Error(lastErr))
 	}
 }
 
