@@ -28,7 +28,8 @@ const (
 	DefaultPingAfter = 10 * time.Second
 	// DefaultPingTimeout is that check's deadline; a live server answers in milliseconds.
 	DefaultPingTimeout = 5 * time.Second
-	// DefaultConnectTimeout bounds a whole attempt (every host, LISTEN, the slot).
+	// DefaultConnectTimeout bounds a whole attempt (every host, LISTEN, the slot). At
+	// Start, hosts that only timed out are tried again within it (firstConnect).
 	DefaultConnectTimeout = 10 * time.Second
 	// DefaultHostConnectTimeout bounds each host of a URL without connect_timeout, so
 	// that a dead primary listed first leaves time to ask the new one, as the pool does.
@@ -127,7 +128,7 @@ func (l *Listener) Start(ctx context.Context) error {
 	l.started = true
 	l.topicsMu.Unlock()
 	return l.start(ctx, func() (func(context.Context, chan struct{}), error) {
-		conn, err := l.connect(ctx)
+		conn, err := firstConnect(ctx, l.log, l.opts.ConnectTimeout, l.connect)
 		if err != nil {
 			return nil, fmt.Errorf("listener: %w", err)
 		}

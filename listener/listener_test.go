@@ -61,6 +61,16 @@ func setupWithPool(t *testing.T, pool *pgxpool.Pool, dsn string, opts Options) *
 	return &bundle{l: l, pool: pool, dsn: dsn, logs: logs, reg: reg}
 }
 
+// setupWithConfig is setupWithPool on a pool made from cfg (a test's hooks on the
+// sessions), closed when the test ends.
+func setupWithConfig(t *testing.T, cfg *pgxpool.Config, dsn string) (*pgxpool.Pool, *bundle) {
+	t.Helper()
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool, setupWithPool(t, pool, dsn, Options{})
+}
+
 // start starts b's listener and consumes the wake-up every connection emits.
 func (b *bundle) start(t *testing.T) {
 	t.Helper()
@@ -191,6 +201,41 @@ func TestListener_StartFailsFast(t *testing.T) {
 			b.l.Stop() // and Stop after a failed Start is a no-op
 		})
 	}
+}
+
+// A host that only timed out at Start (a busy server slow to answer within its
+// host's connect_timeout, which a loaded machine has shown) is tried again within the
+// attempt's bound, not taken for a dead one: here the first try reaches a port that
+// accepts and never answers, with a 300 ms host bound, and the second the server.
+// Start used to fail at the first try. A refusal still fails Start at once
+// (TestListener_StartFailsFast).
+func TestListener_StartTriesAgainAHostThatTimedOut(t *testing.T) {
+	t.Parallel()
+	mute, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = mute.Close() })
+	mutePort := uint16(mute.Addr().(*net.TCPAddr).Port)
+
+	_, dsn := pgtest.NewPool(t)
+	cfg, err := pgxpool.ParseConfig(dsn)
+	require.NoError(t, err)
+	var tries atomic.Int32
+	cfg.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+		if tries.Add(1) == 1 {
+			cc.Host, cc.Port, cc.ConnectTimeout = "127.0.0.1", mutePort, 300*time.Millisecond
+			cc.Fallbacks = nil
+		}
+		return nil
+	}
+	_, b := setupWithConfig(t, cfg, dsn)
+	b.start(t)
+	require.EqualValues(t, 2, tries.Load(), "connect tries at Start")
+	again := b.logs.FilterMessage("listener connect timed out; trying again within the attempt's bound").All()
+	require.Len(t, again, 1)
+	require.EqualValues(t, 1, again[0].ContextMap()["tries"])
+	require.Contains(t, again[0].ContextMap()["error"], "timeout")
+	b.notify(t)
+	require.Equal(t, SourceNotify, waitWake(t, b.l.Wakes()).Source)
 }
 
 // Guards against one wake-up per notification: when a statement or a burst of
@@ -636,10 +681,7 @@ func TestListener_ItsSessionIsNotWarmedUpForThePool(t *testing.T) {
 		set.Add(1)
 		return prev(ctx, conn)
 	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	b := setupWithPool(t, pool, dsn, Options{})
+	pool, b := setupWithConfig(t, cfg, dsn)
 	b.start(t)
 	require.EqualValues(t, 1, set.Load(), "the listener's session was set up with the pool's AfterConnect")
 	require.Zero(t, warmed.Load(), "the listener's session was warmed up")

@@ -70,7 +70,7 @@ func (lg *Logical) Connected() bool { return lg.connected.Load() }
 // Start connects, creates its slot and streams, as Listener.Start does (*SetupError).
 func (lg *Logical) Start(ctx context.Context) error {
 	return lg.start(ctx, func() (func(context.Context, chan struct{}), error) {
-		s, err := lg.connect(ctx)
+		s, err := firstConnect(ctx, lg.log, lg.opts.ConnectTimeout, lg.connect)
 		if err != nil {
 			var se *SetupError
 			if errors.As(err, &se) {

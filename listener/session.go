@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 )
 
@@ -65,5 +66,25 @@ func (s session[C]) keepUp(ctx context.Context, c C) {
 				zap.Error(err), zap.Duration("retry_in", delay), zap.Int("attempt", failures))
 		}
 		s.up(c, true, time.Since(lostAt))
+	}
+}
+
+// firstConnect is Start's connection attempt: one attempt, bounded by attempt (the
+// ConnectTimeout), in which the hosts are tried again while they only timed out (a
+// busy server slow to answer within its host's connect_timeout), so that a slow
+// server does not fail the start as a dead one would. A host that refused, a failed
+// login, a missing database or a setup error ends the attempt at once with its
+// reason, as does the attempt's own bound. Later attempts are keepUp's.
+func firstConnect[C any](ctx context.Context, log *zap.Logger, attempt time.Duration, connect func(context.Context) (C, error)) (C, error) {
+	ctx, cancel := context.WithTimeout(ctx, attempt)
+	defer cancel()
+	for tries := 1; ; tries++ {
+		c, err := connect(ctx)
+		if err == nil || !pgconn.Timeout(err) || ctx.Err() != nil {
+			return c, err
+		}
+		deadline, _ := ctx.Deadline()
+		log.Info("listener connect timed out; trying again within the attempt's bound",
+			zap.Error(err), zap.Int("tries", tries), zap.Duration("left", time.Until(deadline).Round(time.Millisecond)))
 	}
 }
