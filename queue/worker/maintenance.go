@@ -14,40 +14,78 @@ import (
 // maintenanceLoop runs the steps that find work no wake-up announces (abandoned
 // claims, renewals due) on its own timer, beside the loop. Only the holder of the
 // maintenance duty (queue.TakeDuty) runs them; a run this instance asked for itself
-// (wantMaintenanceIn) marks renewals even without it.
+// (wantMaintenance) marks renewals even without it. Each run is logged at Debug
+// ("maintenance ran") with the aim its timer fired for (nextMaint) and the renewals
+// it marked.
 func (w *Worker) maintenanceLoop(ctx context.Context) {
+	start := time.Now()
+	aim := nextMaint{due: start, readAt: start, readDone: start, why: "start"}
 	t := time.NewTimer(0)
 	defer t.Stop()
 	defer w.releaseMaintenanceDuty(ctx)
-	var at time.Time
 	wanted := false
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case want := <-w.maintAt:
-			if at.IsZero() || want.Before(at) {
-				at, wanted = want, true
-				t.Reset(max(time.Until(want), 0))
+			if want.due.Before(aim.due) {
+				aim, wanted = want, true
+				t.Reset(aim.timer())
 			}
 			continue
 		case <-t.C:
 		}
-		var d time.Duration
-		if held, left := w.maintenanceDuty(ctx); held {
-			w.maintain(ctx)
-			d = min(w.nextMaintenance(ctx), w.dutyTTL()/2)
+		started := time.Now()
+		renewals := 0
+		var next nextMaint
+		held, left := w.maintenanceDuty(ctx)
+		if held {
+			renewals = w.maintain(ctx)
+			next = w.nextMaintenance(ctx)
 		} else {
 			w.log.Debug("maintenance left to the instance holding the duty", zap.Duration("duty_left", left))
-			if wanted && w.markRenewals(ctx) > 0 {
-				w.kickPass()
+			if wanted {
+				if renewals = w.markRenewals(ctx); renewals > 0 {
+					w.kickPass()
+				}
 			}
-			d = min(left+timerSlack, w.cfg.PollInterval)
+			next = aimIn(min(left, w.cfg.PollInterval), started, time.Now(), "duty held elsewhere")
 		}
-		at, wanted = time.Now().Add(d), false
-		t.Reset(d)
+		w.log.Debug("maintenance ran", zap.Time("due", aim.due), zap.Time("read_at", aim.readAt),
+			zap.Time("read_done", aim.readDone), zap.String("why", aim.why), zap.Time("started", started),
+			zap.Bool("duty", held), zap.Int("renewals", renewals))
+		aim, wanted = next, false
+		t.Reset(aim.timer())
 	}
 }
+
+// nextMaint is a maintenance run wanted, and how the worker learned when: a delay
+// the database computed (renew_at - clock_timestamp() on the server, say), asked for
+// at readAt and answered by readDone. due is readDone plus that delay, without
+// timerSlack: the timer fires timerSlack after due.
+//
+// The server read its clock at some instant between readAt and readDone, so for the
+// renewal time R the delay was for, R <= due <= max(R, readAt) + (readDone - readAt)
+// (a time already past is a delay of 0: due is readDone), however slow the machine
+// and however late the timer then fires. A retried read only widens the bracket,
+// which stays true. The bracket is logged with the run ("maintenance ran"), so a
+// test holds the worker to where it aimed, not to a stopwatch.
+type nextMaint struct {
+	due, readAt, readDone time.Time
+	// why names what set the aim: "after a run: renewal" (the next renewal time
+	// read after a run; also "reclaim", "poll", "duty lease", "unreadable"),
+	// "certificate stored", "renewal information", "duty held elsewhere", "start".
+	why string
+}
+
+// aimIn is the aim d after readDone, read between readAt and readDone.
+func aimIn(d time.Duration, readAt, readDone time.Time, why string) nextMaint {
+	return nextMaint{due: readDone.Add(max(d, 0)), readAt: readAt, readDone: readDone, why: why}
+}
+
+// timer is how long from now the timer waits for a: until due, and timerSlack.
+func (a nextMaint) timer() time.Duration { return max(time.Until(a.due)+timerSlack, 0) }
 
 // dutyTTL is the maintenance duty's lease, a claim's lease: a dead holder's duty
 // runs out with its claims.
@@ -83,60 +121,66 @@ func (w *Worker) kickPass() {
 	}
 }
 
-// wantMaintenanceIn asks for a maintenance run d from now, unless one is due sooner.
-func (w *Worker) wantMaintenanceIn(d time.Duration) {
-	want := time.Now().Add(d + timerSlack)
+// wantMaintenance asks for a maintenance run at a, unless one is due sooner.
+func (w *Worker) wantMaintenance(a nextMaint) {
 	for {
 		select {
-		case w.maintAt <- want:
+		case w.maintAt <- a:
 			return
 		default:
 		}
 		select {
 		case old := <-w.maintAt:
-			if old.Before(want) {
-				want = old
+			if old.due.Before(a.due) {
+				a = old
 			}
 		default:
 		}
 	}
 }
 
-// nextMaintenance is how long until the next maintenance run, capped by the poll.
-func (w *Worker) nextMaintenance(ctx context.Context) time.Duration {
+// nextMaintenance is when the next maintenance run is due, as the database computed
+// it after a run, capped by the poll and by half the duty's lease.
+func (w *Worker) nextMaintenance(ctx context.Context) nextMaint {
 	sctx, cancel := w.step(ctx, false)
 	defer cancel()
+	readAt := time.Now()
 	next, err := w.q.NextMaintenance(sctx)
+	readDone := time.Now()
 	if err != nil {
 		w.health.failed(err)
 		w.logDBError("compute next maintenance time", err)
-		return min(w.cfg.Queue.Lease/3, w.cfg.PollInterval)
+		return aimIn(min(w.cfg.Queue.Lease/3, w.cfg.PollInterval), readAt, readDone, "after a run: unreadable")
 	}
 	w.health.ok()
-	d := w.cfg.PollInterval
-	if next.Renewals != nil {
-		d = min(d, *next.Renewals)
+	d, why := w.cfg.PollInterval, "poll"
+	if next.Renewals != nil && *next.Renewals < d {
+		d, why = *next.Renewals, "renewal"
 	}
 	if next.Reclaim != nil {
-		d = min(d, max(*next.Reclaim, w.cfg.Queue.Lease-w.health.upFor()))
+		if r := max(*next.Reclaim, w.cfg.Queue.Lease-w.health.upFor()); r < d {
+			d, why = r, "reclaim"
+		}
 	}
-	return max(d, 0) + timerSlack
+	if half := w.dutyTTL() / 2; half < d {
+		// The run renews the duty's lease.
+		d, why = half, "duty lease"
+	}
+	return aimIn(d, readAt, readDone, "after a run: "+why)
 }
 
-// maintain runs the maintenance steps once, and starts a pass when one of them
-// queued a domain.
-func (w *Worker) maintain(ctx context.Context) {
+// maintain runs the maintenance steps once, starts a pass when one of them queued a
+// domain, and returns how many renewals it marked (markRenewals).
+func (w *Worker) maintain(ctx context.Context) (renewals int) {
 	w.housekeeping(ctx)
 	w.settleStaleLedger(ctx)
 	w.recordWithdrawals(ctx)
-	queued := w.reclaim(ctx)
-	queued += w.markRenewals(ctx)
-	if queued > 0 {
-		select {
-		case w.kick <- listener.SourceTimer:
-		default:
-		}
+	reclaimed := w.reclaim(ctx)
+	renewals = w.markRenewals(ctx)
+	if reclaimed+renewals > 0 {
+		w.kickPass()
 	}
+	return renewals
 }
 
 // recordWithdrawals records the withdrawn event of the domains the proxy took out of

@@ -249,15 +249,18 @@ func (w *Worker) issue(ctx context.Context, o *order, name, profile string) (cer
 func (w *Worker) store(o *order, log *zap.Logger, cert *issuing.Certificate) string {
 	o.finishing.Store(true)
 	var renewIn time.Duration
+	// Before the first try: a retry only widens the aim's bracket (nextMaint).
+	readAt := time.Now()
 	err := w.record(o, log, "store certificate", func(ctx context.Context) (err error) {
 		renewIn, err = w.q.MarkActive(ctx, o.claim, cert)
 		return err
 	})
+	readDone := time.Now()
 	if outcome, done := w.notRecorded(o, log, err); done {
 		return outcome
 	}
 	w.caAnswered(w.caOf(o.claim.Directory))
-	w.wantMaintenanceIn(renewIn)
+	w.wantMaintenance(aimIn(renewIn, readAt, readDone, "certificate stored"))
 	log.Info("certificate issued", zap.String("directory", cert.Directory), zap.Time("not_after", cert.NotAfter), zap.Time("renew_at", cert.RenewAt),
 		zap.String("serial", cert.Serial), zap.String("profile", cert.Profile), zap.Duration("took", time.Since(o.started)))
 	return "issued"

@@ -186,7 +186,9 @@ func (w *Worker) askRenewalInfo(ctx context.Context, ri issuing.RenewalInformer,
 // maintenance look at it.
 func (w *Worker) recordRenewalInfo(ctx context.Context, c queue.RenewalInfoCandidate, info issuing.RenewalInfo) {
 	sctx, cancel := w.step(ctx, false)
+	readAt := time.Now()
 	renewIn, err := w.q.RecordRenewalInfo(sctx, c, info)
+	readDone := time.Now()
 	cancel()
 	switch {
 	case errors.Is(err, issuing.ErrCertificateReplaced):
@@ -203,7 +205,7 @@ func (w *Worker) recordRenewalInfo(ctx context.Context, c queue.RenewalInfoCandi
 	w.log.Warn("the CA moved the certificate's renewal window earlier; renewing sooner",
 		issuing.LogDomain(c.Domain, c.DomainID, c.TenantID), zap.Duration("renew_in", renewIn), zap.Time("was", c.RenewAt),
 		zap.Time("window_end", info.WindowEnd))
-	w.wantMaintenanceIn(renewIn)
+	w.wantMaintenance(aimIn(renewIn, readAt, readDone, "renewal information"))
 }
 
 // informerFor is the renewal-information source for a certificate the CA at

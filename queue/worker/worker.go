@@ -41,7 +41,7 @@ type Worker struct {
 	hb      heartbeatConn  // the heartbeat's own session; only its goroutine uses it
 	results chan result    // one per order; buffered, so an order never waits for the loop
 	kick    chan string    // a pass wanted now (after maintenance queued something)
-	maintAt chan time.Time // a maintenance run wanted at this time (a certificate's renewal)
+	maintAt chan nextMaint // a maintenance run wanted (a certificate's renewal), and how it was learned
 	health  dbHealth
 	// first is the CA at cfg.Directory; second is cfg.Fallback's, or nil.
 	first, second *ca
@@ -86,7 +86,7 @@ func New(cfg Config) (*Worker, error) {
 		hb:      heartbeatConn{cfg: cfg.Pool.Config()},
 		results: make(chan result, cfg.Concurrency),
 		kick:    make(chan string, 1),
-		maintAt: make(chan time.Time, 1),
+		maintAt: make(chan nextMaint, 1),
 		hard:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
