@@ -225,6 +225,9 @@ type CA struct {
 	orders       []Order
 	requests     map[Step]int
 	finalized    map[string]bool // paths of accepted finalize requests
+	// orderAnswers counts the order statuses answered to finalize requests and
+	// order polls.
+	orderAnswers map[string]int
 	// servedSerials are the serials (hex) of the certificates the CA served.
 	servedSerials []string
 	// handled are the requests the CA answered, with their times.
@@ -276,6 +279,7 @@ func Start(opts Options) (c *CA, err error) {
 	c = &CA{
 		HTTPPort: opts.HTTPPort, DNSServer: dnsServer, CAAIdentity: opts.CAAIdentity, minica: mc, dir: dir,
 		RootsFile: filepath.Join(dir, "roots.pem"), requests: map[Step]int{}, finalized: map[string]bool{},
+		orderAnswers: map[string]int{},
 	}
 	defer func() {
 		if err != nil {
@@ -479,13 +483,20 @@ func (c *CA) record(next http.Handler) http.Handler {
 				c.newAccounts.Add(1)
 			}
 		case r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, "/finalize-order/"):
-			sw := &statusWriter{ResponseWriter: w}
+			sw := &statusWriter{ResponseWriter: w, capture: true}
 			next.ServeHTTP(sw, r)
+			c.mu.Lock()
 			if sw.status == http.StatusOK {
-				c.mu.Lock()
 				c.finalized[r.URL.Path] = true
-				c.mu.Unlock()
 			}
+			c.countOrderAnswer(sw)
+			c.mu.Unlock()
+		case r.Method == http.MethodPost && h.Step == StepOrder:
+			sw := &statusWriter{ResponseWriter: w, capture: true}
+			next.ServeHTTP(sw, r)
+			c.mu.Lock()
+			c.countOrderAnswer(sw)
+			c.mu.Unlock()
 		case r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, certificatePath):
 			serial, _, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, certificatePath), "/")
 			c.settleIssued(serial)
@@ -635,6 +646,31 @@ func (c *CA) Requests() map[Step]int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return maps.Clone(c.requests)
+}
+
+// OrderAnswers counts the order statuses ("processing", "valid", ...) the CA gave in
+// its answers to finalize requests and to order polls so far: a client that polls an
+// order only while the CA says it is not done polls once per answer that is not
+// "valid" (or "invalid"). Pebble issues in the background after a finalize, so how
+// many "processing" answers it gives depends on how fast the machine is.
+func (c *CA) OrderAnswers() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.orderAnswers)
+}
+
+// countOrderAnswer counts the status of an order the CA answered into sw (a 200 with
+// an order object). c.mu is held.
+func (c *CA) countOrderAnswer(sw *statusWriter) {
+	if sw.status != http.StatusOK {
+		return
+	}
+	var o struct {
+		Status string `json:"status"`
+	}
+	if json.Unmarshal(sw.body.Bytes(), &o) == nil && o.Status != "" {
+		c.orderAnswers[o.Status]++
+	}
 }
 
 // Handled is a request the CA answered: its step, when it reached the CA's handler
