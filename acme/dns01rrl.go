@@ -57,6 +57,7 @@ type rateLimiter struct {
 	mu       sync.Mutex
 	prefixes map[netip.Prefix]*rrlBucket // guarded by mu
 	overflow *rrlBucket                  // guarded by mu
+	clock    steadyClock                 // guarded by mu
 }
 
 type rrlBucket struct {
@@ -98,6 +99,7 @@ func (l *rateLimiter) verdict(from net.Addr, now time.Time) rrlVerdict {
 	key, _ := ap.Prefix(bits)
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	now = l.clock.at(now)
 	b := l.bucketLocked(key, now)
 	if b.lim.AllowN(now, 1) {
 		return rrlAnswer
@@ -148,4 +150,22 @@ func addrOf(a net.Addr) (netip.Addr, bool) {
 // ranges whose questions are never rate-limited.
 func ParseDNS01RateLimitExempt(s string) ([]netip.Prefix, error) {
 	return parsePrefixes("--dns01-rate-limit-exempt", s)
+}
+
+// steadyClock hands a rate.Limiter times that never go back, under the lock that
+// orders the limiter's calls. The limiter adds the time since its last call to its
+// bucket, and takes a time earlier than that call's as given, so it counts the time
+// between them again (golang.org/x/time/rate: advance, then last = t). A caller that
+// read the clock before another but reached the limiter after it (descheduled in
+// between, as on a busy machine) would so let more through than the rate: the HTTP-01
+// responder's look-ups went one over their 50 a second beside a CPU hog.
+type steadyClock struct{ latest time.Time }
+
+// at is t, or the latest time handed out when t is before it.
+func (c *steadyClock) at(t time.Time) time.Time {
+	if t.Before(c.latest) {
+		return c.latest
+	}
+	c.latest = t
+	return t
 }

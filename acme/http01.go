@@ -245,6 +245,9 @@ type Responder struct {
 	opts    ResponderOptions
 	lookups *rate.Limiter
 	m       responderMetrics
+	// lookupMu orders the turns taken at lookups, and lookupClock their times.
+	lookupMu    sync.Mutex
+	lookupClock steadyClock
 
 	// tokens is read without a lock by every request; writers replace the whole map
 	// (tokens are few) under mu.
@@ -372,9 +375,7 @@ func (r *Responder) held(token string) (heldToken, bool) {
 // miss answers a well-formed token the memory does not hold: a look-up when the
 // budget allows, otherwise a short wait for its notification.
 func (r *Responder) miss(ctx context.Context, token string) (heldToken, string) {
-	res := r.lookups.Reserve()
-	if delay := res.Delay(); delay > maxLookupWait {
-		res.Cancel()
+	if delay, ok := r.lookupTurn(time.Now()); !ok {
 		return r.await(ctx, token)
 	} else if delay > 0 {
 		t := time.NewTimer(delay)
@@ -406,6 +407,20 @@ WHERE token = $1 AND expires_at > now()`, token).Scan(&h.keyAuth, &h.domain, &h.
 		r.update(func(m map[string]heldToken) { m[token] = h })
 	}
 	return h, resultDatabase
+}
+
+// lookupTurn takes a miss's turn at the database, asked for at now: how long until it
+// comes, or false (and no turn taken) when that is more than maxLookupWait away.
+func (r *Responder) lookupTurn(now time.Time) (time.Duration, bool) {
+	r.lookupMu.Lock()
+	defer r.lookupMu.Unlock()
+	now = r.lookupClock.at(now)
+	res := r.lookups.ReserveN(now, 1)
+	if delay := res.DelayFrom(now); delay <= maxLookupWait {
+		return delay, true
+	}
+	res.CancelAt(now)
+	return 0, false
 }
 
 // await waits up to MissWait for token to arrive by notification. With the listener
