@@ -470,8 +470,9 @@ func TestLogical(t *testing.T) {
 
 		proxy.freeze()
 		require.Equal(t, SourceReconnect, waitWake(t, b.lg.Wakes()).Source)
+		// The first loss is the frozen stream's; a slow reply can end the new one too.
 		lost := b.logs.FilterMessage("listener connection lost").All()
-		require.Len(t, lost, 1)
+		require.NotEmpty(t, lost)
 		require.Equal(t, "ping after 200ms of silence: no reply within 300ms", fmt.Sprint(lost[0].ContextMap()["error"]),
 			"the dead connection was not found by the waker's own check")
 
