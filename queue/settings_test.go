@@ -47,16 +47,7 @@ func TestSetWakeMode_TriggerNotifiesOnlyInNotifyMode(t *testing.T) {
 			VALUES ($1, $2, 'verified', 'tok', 'pending', 'acme') RETURNING ssl_queued_at`,
 			tenant, "m-"+uuid.NewString()+".example").Scan(&queued))
 		require.NotNil(t, queued, "the trigger must stamp ssl_queued_at in every mode")
-		n := 0
-		for {
-			wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-			_, err := conn.WaitForNotification(wctx)
-			cancel()
-			if err != nil {
-				return n
-			}
-			n++
-		}
+		return wakesBeforeMarker(t, ctx, conn, pool)
 	}
 
 	require.Equal(t, 1, notified(t), "no setting recorded: notify, as before migration 00004")

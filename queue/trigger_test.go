@@ -5,8 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -20,14 +22,26 @@ func (b *bundle) notifications(t *testing.T, change func()) int {
 	_, err = conn.Exec(b.ctx, "LISTEN certworker_wake")
 	require.NoError(t, err)
 	change()
+	return wakesBeforeMarker(t, b.ctx, conn, b.pool)
+}
+
+// wakesBeforeMarker counts the notifications on certworker_wake that conn, listening,
+// receives before a marker sent through pool once the changes are committed. The
+// server delivers notifications in commit order, so when the marker comes every one
+// committed before it has come, however late a busy server sends them (a 300 ms wait
+// for stragglers would take a late one for none).
+func wakesBeforeMarker(t *testing.T, ctx context.Context, conn *pgx.Conn, pool *pgxpool.Pool) int {
+	t.Helper()
+	marker := "test-marker-" + uuid.NewString()
+	_, err := pool.Exec(ctx, `SELECT pg_notify('certworker_wake', $1)`, marker)
+	require.NoError(t, err)
 	n := 0
 	for {
-		// Notifications of a committed transaction are already queued for this
-		// session; a short wait collects any stragglers.
-		ctx, cancel := context.WithTimeout(b.ctx, 300*time.Millisecond)
-		_, err := conn.WaitForNotification(ctx)
+		wctx, cancel := context.WithTimeout(ctx, time.Minute)
+		got, err := conn.WaitForNotification(wctx)
 		cancel()
-		if err != nil {
+		require.NoError(t, err, "waiting for the marker")
+		if got.Channel == "certworker_wake" && got.Payload == marker {
 			return n
 		}
 		n++
