@@ -14,6 +14,7 @@ import (
 	"math/big"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -170,6 +171,9 @@ type bundle struct {
 	keys   seal.Keyring
 	loads  *loadCounter
 	tenant string
+	// offline refuses the store's new connections (its pool's and its listener's)
+	// while set: a network the test takes away, for as long as it says.
+	offline atomic.Bool
 	// chain is the certificate the trigger benchmark stores, again and again.
 	chain issued
 
@@ -201,6 +205,12 @@ func setupTB(t testing.TB, opts certstore.Options, server ...*pgtest.Server) *bu
 	cfg, err := pgxpool.ParseConfig(dsn)
 	require.NoError(t, err)
 	cfg.ConnConfig.Tracer = b.loads
+	cfg.BeforeConnect = func(context.Context, *pgx.ConnConfig) error {
+		if b.offline.Load() {
+			return errors.New("the test took the store's network away")
+		}
+		return nil
+	}
 	b.pool, err = pgxpool.NewWithConfig(b.ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(b.pool.Close)

@@ -302,8 +302,10 @@ func TestStore_RechecksWhatItHoldsAfterReconnecting(t *testing.T) {
 	}
 	sameLoads, wildLoads := b.loads.of("same.example"), b.loads.of("www.same.example")
 
-	// Cut every connection of the store's (the pool's reconnect at once; the
-	// listener waits out its backoff, 1.5 to 3 s).
+	// Cut every connection of the store's, and keep it from connecting again until
+	// the changes are made (on a loaded machine they took longer than the listener's
+	// 1.5 to 3 s backoff, and it was back for them).
+	b.offline.Store(true)
 	_, err := b.admin.Exec(b.ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 WHERE datname = current_database() AND pid <> pg_backend_pid() AND usename = current_user`)
 	require.NoError(t, err)
@@ -317,6 +319,7 @@ WHERE datname = current_database() AND pid <> pg_backend_pid() AND usename = cur
 	require.NoError(t, err)
 	require.False(t, b.store.Connected(), "the changes must be made while the listener is away")
 	b.requireServes(t, "changed.example", changed.serial) // the notification was lost
+	b.offline.Store(false)
 
 	waitFor(t, 10*time.Second, "the listener to reconnect", b.store.Connected)
 	b.waitServes(t, "changed.example", renewed.serial, 5*time.Second)
