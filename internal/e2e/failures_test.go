@@ -151,12 +151,16 @@ func TestE2E_RateLimitPausesAndIsNotCharged(t *testing.T) {
 	}
 	require.Equal(t, 1, w.ca.OrderRequests(), "only the order after the pauses reaches Pebble")
 
-	var until time.Time
+	// The pause is the CA's Retry-After from the write that recorded the last 429, on
+	// the database's clock (the time between the 429 and that write is the host's:
+	// held to a second, it could fail on a loaded machine).
+	var until, written time.Time
 	var reason string
 	require.NoError(t, w.pool.QueryRow(w.ctx,
-		`SELECT paused_until, reason FROM certworker_pauses WHERE scope = 'ca' AND key = $1`, cfg.DirectoryURL).Scan(&until, &reason))
+		`SELECT paused_until, updated_at, reason FROM certworker_pauses WHERE scope = 'ca' AND key = $1`, cfg.DirectoryURL).Scan(&until, &written, &reason))
 	require.Equal(t, "slow down", reason)
-	require.WithinDuration(t, seen[refusals-1].at.Add(retryAfter), until, time.Second, "the pause is the CA's Retry-After")
+	require.Equal(t, retryAfter, until.Sub(written), "the pause is the CA's Retry-After")
+	require.False(t, written.Before(seen[refusals-1].at), "the pause was written at %s, before the 429 it records (%s)", written, seen[refusals-1].at)
 	t.Logf("orders started: instance a %d, instance b %d", ordersStarted(a, name), ordersStarted(b, name))
 	require.Equal(t, refusals+1, ordersStarted(a, name)+ordersStarted(b, name))
 }
