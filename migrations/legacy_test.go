@@ -191,19 +191,25 @@ func TestUp_AnInterruptedRunIsFinishedByTheNext(t *testing.T) {
 
 // A statement that gives up waiting is retried, with backoff, once the transaction it
 // waited for has ended: the retry waits for transactions older than the lock timeout
-// rather than queueing behind the same one again (and the proxy's writes with it), so
-// one retry is enough here, where a plain backoff (250 ms, 500 ms, ...) would give up
-// again and again while the transaction lasts.
+// rather than queueing behind the same one again (and the proxy's writes with it),
+// where a plain backoff (250 ms, 500 ms, ...) would give up again and again while the
+// transaction lasts: no retry comes while it is open. (Not "one retry": on a loaded
+// machine a statement of the retry gave up again, on its 100 ms, behind another
+// session's short transaction, after the old one had ended.)
 func TestUp_RetriesOnceTheOldTransactionHasEnded(t *testing.T) {
 	t.Parallel()
 	url := legacy(t)
 	snapshot := holdSnapshot(t, url)
+	type retry struct {
+		migrations.Retry
+		at time.Time
+	}
 	var mu sync.Mutex
-	var retries []migrations.Retry
+	var retries []retry
 	onRetry := func(r migrations.Retry) {
 		mu.Lock()
 		defer mu.Unlock()
-		retries = append(retries, r)
+		retries = append(retries, retry{Retry: r, at: time.Now()})
 		time.AfterFunc(time.Second, snapshot.release)
 	}
 
@@ -211,7 +217,13 @@ func TestUp_RetriesOnceTheOldTransactionHasEnded(t *testing.T) {
 	require.NoError(t, err)
 	mu.Lock()
 	defer mu.Unlock()
-	require.Len(t, retries, 1, "retried while the old transaction was still open")
+	require.NotEmpty(t, retries, "no retry: the old transaction held nothing up, the test proves nothing")
+	released := snapshot.releasedAt()
+	require.False(t, released.IsZero(), "the old transaction was not ended")
+	for _, r := range retries[1:] {
+		require.True(t, r.at.After(released), "retry %d gave up at %s, while the old transaction was still open (ended %s): %v",
+			r.Attempt, r.at.Format("15:04:05.000"), released.Format("15:04:05.000"), r.Err)
+	}
 	r := retries[0]
 	require.Equal(t, 1, r.Attempt)
 	require.Positive(t, r.Wait)
@@ -225,6 +237,15 @@ func TestUp_RetriesOnceTheOldTransactionHasEnded(t *testing.T) {
 type heldSnapshot struct {
 	once    sync.Once
 	release func()
+	// ended is when its COMMIT returned, once released.
+	mu    sync.Mutex
+	ended time.Time
+}
+
+func (h *heldSnapshot) releasedAt() time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.ended
 }
 
 func holdSnapshot(t *testing.T, url string) *heldSnapshot {
@@ -236,12 +257,12 @@ func holdSnapshot(t *testing.T, url string) *heldSnapshot {
 	_, err = conn.Exec(ctx, `SELECT 1`)
 	require.NoError(t, err)
 	h := &heldSnapshot{}
-	var mu sync.Mutex
 	h.release = func() {
 		h.once.Do(func() {
-			mu.Lock()
-			defer mu.Unlock()
+			h.mu.Lock()
+			defer h.mu.Unlock()
 			_, _ = conn.Exec(ctx, `COMMIT`)
+			h.ended = time.Now()
 		})
 	}
 	t.Cleanup(h.release)
