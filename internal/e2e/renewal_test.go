@@ -174,11 +174,15 @@ func TestE2E_ShortLivedCertificatesAreRenewedOncePerLifetime(t *testing.T) {
 		}
 		// The last certificate's renewal, if it fell due, may be cut off by the stop
 		// at any point, so only this is exact: the first run of the duty after it
-		// was due and stored marked it (no other statement locks an active row here
-		// for markRenewals to skip), and the stop left it marked, not active.
+		// was due and stored, if it ended before the stop began (a run the stop cut
+		// marks nothing: seen beside a CPU hog, a run 5 ms after the renewal time),
+		// marked it (no other statement locks an active row here for markRenewals to
+		// skip), and the stop left it marked, not active.
 		last := certs[len(certs)-1]
 		tail := "no maintenance run started after it was due"
-		if r, ok := firstRunFrom(runs, laterOf(last.renewAt, issued[last.serial])); ok {
+		if r, ok := firstRunFrom(runs, laterOf(last.renewAt, issued[last.serial])); ok && !r.logged.Before(stopAt) {
+			tail = fmt.Sprintf("the run that started at %s ended after the stop began", fmtTime(r.started))
+		} else if ok {
 			require.True(t, r.renewals >= 1 && h.status != "active",
 				"%s: the last certificate was due at %s and the run that started at %s marked %d renewals; the domain ended %q",
 				name, fmtTime(last.renewAt), fmtTime(r.started), r.renewals, h.status)
